@@ -1,0 +1,52 @@
+# Crucible's front door. A new user needs two commands:
+#   make demo   install what is missing, build, and run the main job end to end
+#   make test   install what is missing, build, and run every test
+SHELL := /bin/bash
+BUILD ?= build
+JOBS ?= $(shell nproc)
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+
+.PHONY: all build deps venv test unit-test py-test demo bench clean format asan
+
+all: build
+
+# Debian packages (skipped when already installed), then the project venv.
+deps:
+	@scripts/install-deps.sh
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: scripts/requirements-test.txt scripts/setup-venv.sh
+	@scripts/setup-venv.sh $(VENV)
+	@touch $@
+
+$(BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+unit-test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+py-test: build venv
+	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) -m pytest -q tests/integration
+
+test: unit-test py-test
+
+demo: build venv
+	@scripts/demo.sh
+
+bench: build venv
+	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) bench/train_vs_torch.py
+
+asan: deps
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_SANITIZE=ON
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS)
+
+format:
+	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'tests/*.cc' 'bench/*.cc')
+
+clean:
+	rm -rf $(BUILD) build-asan

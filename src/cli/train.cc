@@ -1,0 +1,73 @@
+// crucible train --config FILE [--set section.key=value ...]
+#include <memory>
+
+#include "cli/command.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "train/trainer.h"
+
+namespace crucible {
+namespace {
+
+struct TrainOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+};
+
+// Loads --config (or defaults when absent) and the --set overrides.
+Config LoadConfig(const TrainOptions& options) {
+  if (options.config_path.empty()) {
+    Config config = Config::Defaults();
+    for (const auto& o : options.overrides) config.ApplyOverride(o);
+    return config;
+  }
+  return Config::Load(options.config_path, options.overrides);
+}
+
+CommandRun SetupTrain(CLI::App& app) {
+  auto options = std::make_shared<TrainOptions>();
+  app.add_option("-c,--config", options->config_path, "TOML config file (configs/*.toml)");
+  app.add_option("--set", options->overrides,
+                 "override a key: section.key=value (TOML value; a bare word is a string)")
+      ->take_all();
+  app.add_flag("--print-config", options->print_config,
+               "print the resolved config as TOML and exit");
+  app.footer("Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 65 bad data, "
+             "74 I/O error.");
+  return [options]() {
+    Config config = LoadConfig(*options);
+    if (options->print_config) {
+      std::fputs(config.ToToml().c_str(), stdout);
+      return 0;
+    }
+    return RunTraining(config);
+  };
+}
+
+CommandRun SetupConfig(CLI::App& app) {
+  auto sub = app.add_subcommand("keys", "list every config key with its type, default and meaning");
+  app.require_subcommand(1);
+  return [sub]() {
+    if (!sub->parsed()) return 2;
+    std::string section;
+    for (const auto& spec : Config::Schema()) {
+      std::string s = spec.key.substr(0, spec.key.find('.'));
+      if (s != section) {
+        std::printf("%s[%s]\n", section.empty() ? "" : "\n", s.c_str());
+        section = s;
+      }
+      std::printf("  %-32s = %-14s # %s\n", spec.key.substr(s.size() + 1).c_str(),
+                  FormatConfigValue(spec.default_value).c_str(), spec.help.c_str());
+    }
+    return 0;
+  };
+}
+
+CommandRegistrar train_registrar("train", "train a model: crucible train --config FILE [--set k=v]",
+                                 SetupTrain);
+CommandRegistrar config_registrar("config", "inspect the config schema", SetupConfig);
+
+}  // namespace
+}  // namespace crucible

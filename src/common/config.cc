@@ -1,0 +1,315 @@
+#include "common/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+namespace crucible {
+
+const char* ConfigTypeName(ConfigType type) {
+  switch (type) {
+    case ConfigType::kBool: return "a boolean (true or false)";
+    case ConfigType::kInt: return "an integer";
+    case ConfigType::kFloat: return "a number";
+    case ConfigType::kString: return "a string";
+    case ConfigType::kStringList: return "an array of strings";
+    case ConfigType::kIntOrString: return "an integer or a string";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* TomlTypeName(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date or time";
+  }
+}
+
+std::string Where(const std::string& source, const toml::node& node) {
+  const auto& begin = node.source().begin;
+  if (begin.line == 0) return source;
+  return source + ":" + std::to_string(begin.line);
+}
+
+// Converts a TOML node to the schema type, or returns false.
+bool Convert(const toml::node& node, ConfigType type, ConfigValue* out) {
+  switch (type) {
+    case ConfigType::kBool:
+      if (auto v = node.value_exact<bool>()) return *out = *v, true;
+      return false;
+    case ConfigType::kInt:
+      if (auto v = node.value_exact<int64_t>()) return *out = *v, true;
+      return false;
+    case ConfigType::kFloat:
+      if (auto v = node.value_exact<double>()) return *out = *v, true;
+      if (auto v = node.value_exact<int64_t>()) return *out = static_cast<double>(*v), true;
+      return false;
+    case ConfigType::kString:
+      if (auto v = node.value_exact<std::string>()) return *out = *v, true;
+      return false;
+    case ConfigType::kIntOrString:
+      if (auto v = node.value_exact<int64_t>()) return *out = *v, true;
+      if (auto v = node.value_exact<std::string>()) return *out = *v, true;
+      return false;
+    case ConfigType::kStringList: {
+      const toml::array* array = node.as_array();
+      if (!array) return false;
+      std::vector<std::string> items;
+      for (const auto& element : *array) {
+        auto v = element.value_exact<std::string>();
+        if (!v) return false;
+        items.push_back(*v);
+      }
+      *out = items;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string DidYouMean(const std::string& key) {
+  std::string suggestion = Config::Suggest(key);
+  return suggestion.empty() ? "" : " (did you mean '" + suggestion + "'?)";
+}
+
+bool IsBareWord(const std::string& text) {
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '"' || c == '\'' || c == '[' ||
+        c == ']' || c == '{' || c == '}' || c == '=' || c == '#')
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const ConfigKeySpec* Config::FindSpec(const std::string& key) {
+  for (const auto& spec : Schema())
+    if (spec.key == key) return &spec;
+  return nullptr;
+}
+
+std::string Config::Suggest(const std::string& key) {
+  std::string best;
+  size_t best_distance = std::string::npos;
+  std::string name = key.substr(key.find('.') + 1);
+  for (const auto& spec : Schema()) {
+    size_t distance = EditDistance(key, spec.key);
+    // The same name in another section is a likely slip too.
+    std::string spec_name = spec.key.substr(spec.key.find('.') + 1);
+    if (spec_name == name) distance = std::min<size_t>(distance, 1);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = spec.key;
+    }
+  }
+  size_t allowed = std::max<size_t>(2, key.size() / 3);
+  return best_distance <= allowed ? best : "";
+}
+
+Config Config::Defaults() {
+  Config config;
+  for (const auto& spec : Schema()) config.values_[spec.key] = spec.default_value;
+  return config;
+}
+
+Config Config::Load(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!FileExists(path)) throw UsageError(path + ": config file not found");
+  if (IsDirectory(path)) throw UsageError(path + ": is a directory, expected a TOML config file");
+  return Parse(ReadFile(path), path, overrides);
+}
+
+Config Config::Parse(std::string_view toml_text, const std::string& source,
+                     const std::vector<std::string>& overrides) {
+  Config config = Defaults();
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& error) {
+    const auto& begin = error.source().begin;
+    throw UsageError(StrFormat("%s:%u:%u: TOML syntax error: %s", source.c_str(),
+                               static_cast<unsigned>(begin.line),
+                               static_cast<unsigned>(begin.column),
+                               std::string(error.description()).c_str()));
+  }
+  std::set<std::string> sections;
+  for (const auto& spec : Schema()) sections.insert(spec.key.substr(0, spec.key.find('.')));
+  for (const auto& [section_key, section_node] : table) {
+    std::string section(section_key.str());
+    const toml::table* section_table = section_node.as_table();
+    if (!section_table) {
+      throw UsageError(Where(source, section_node) + ": '" + section +
+                       "' must be a [section]; keys belong inside one of [" +
+                       [&] {
+                         std::string all;
+                         for (const auto& s : sections) all += (all.empty() ? "" : "] [") + s;
+                         return all;
+                       }() +
+                       "]" + DidYouMean("?." + section));
+    }
+    if (!sections.count(section)) {
+      std::string best;
+      size_t best_distance = std::string::npos;
+      for (const auto& s : sections) {
+        size_t d = EditDistance(section, s);
+        if (d < best_distance) best_distance = d, best = s;
+      }
+      throw UsageError(Where(source, section_node) + ": unknown section [" + section + "]" +
+                       (best_distance <= 3 ? " (did you mean [" + best + "]?)" : ""));
+    }
+    for (const auto& [name_key, node] : *section_table) {
+      std::string key = section + "." + std::string(name_key.str());
+      const ConfigKeySpec* spec = FindSpec(key);
+      if (!spec) throw UsageError(Where(source, node) + ": unknown key '" + key + "'" + DidYouMean(key));
+      ConfigValue value;
+      if (!Convert(node, spec->type, &value)) {
+        throw UsageError(Where(source, node) + ": " + key + ": expected " +
+                         ConfigTypeName(spec->type) + ", got " + TomlTypeName(node));
+      }
+      config.values_[key] = value;
+      config.set_[key] = true;
+    }
+  }
+  for (const auto& assignment : overrides) config.ApplyOverride(assignment);
+  return config;
+}
+
+void Config::ApplyOverride(const std::string& assignment) {
+  const std::string where = "--set " + assignment;
+  size_t equals = assignment.find('=');
+  if (equals == std::string::npos)
+    throw UsageError(where + ": expected section.key=value (for example training.steps=200)");
+  std::string key = Trim(assignment.substr(0, equals));
+  std::string text = Trim(assignment.substr(equals + 1));
+  size_t dot = key.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == key.size() ||
+      key.find('.', dot + 1) != std::string::npos)
+    throw UsageError(where + ": the key must be section.key (for example training.steps=200)");
+  const ConfigKeySpec* spec = FindSpec(key);
+  if (!spec) throw UsageError(where + ": unknown key '" + key + "'" + DidYouMean(key));
+  if (text.empty()) throw UsageError(where + ": missing value after '='");
+  ConfigValue value;
+  bool converted = false;
+  try {
+    std::string document = "v = " + text;
+    toml::table parsed = toml::parse(std::string_view(document), std::string_view("--set"));
+    const toml::node* node = parsed.get("v");
+    converted = node && Convert(*node, spec->type, &value);
+    if (!converted && node && spec->type == ConfigType::kString && IsBareWord(text)) {
+      value = text;  // e.g. --set job.name=123
+      converted = true;
+    }
+    if (!converted && node) {
+      throw UsageError(where + ": " + key + ": expected " + ConfigTypeName(spec->type) +
+                       ", got " + TomlTypeName(*node));
+    }
+  } catch (const toml::parse_error&) {
+    if (IsBareWord(text) &&
+        (spec->type == ConfigType::kString || spec->type == ConfigType::kIntOrString)) {
+      value = text;  // a bare word is taken as a string
+      converted = true;
+    } else if (IsBareWord(text)) {
+      throw UsageError(where + ": " + key + ": expected " + ConfigTypeName(spec->type) +
+                       ", got the word '" + text + "'");
+    } else {
+      throw UsageError(where + ": the value is not valid TOML (quote strings: key=\"a b\")");
+    }
+  }
+  values_[key] = value;
+  set_[key] = true;
+}
+
+bool Config::IsSet(const std::string& key) const {
+  auto it = set_.find(key);
+  return it != set_.end() && it->second;
+}
+
+const ConfigValue& Config::Value(const std::string& key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
+  return it->second;
+}
+
+bool Config::Bool(const std::string& key) const { return std::get<bool>(Value(key)); }
+int64_t Config::Int(const std::string& key) const {
+  const ConfigValue& value = Value(key);
+  if (const auto* s = std::get_if<std::string>(&value))
+    throw UsageError("config key '" + key + "' is \"" + *s + "\" where an integer is needed here");
+  return std::get<int64_t>(value);
+}
+double Config::Float(const std::string& key) const { return std::get<double>(Value(key)); }
+const std::string& Config::String(const std::string& key) const {
+  return std::get<std::string>(Value(key));
+}
+const std::vector<std::string>& Config::StringList(const std::string& key) const {
+  return std::get<std::vector<std::string>>(Value(key));
+}
+bool Config::HoldsString(const std::string& key) const {
+  return std::holds_alternative<std::string>(Value(key));
+}
+
+void Config::Set(const std::string& key, ConfigValue value) {
+  if (!FindSpec(key)) throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
+  values_[key] = std::move(value);
+}
+
+std::string FormatConfigValue(const ConfigValue& value) {
+  struct Visitor {
+    std::string operator()(bool v) const { return v ? "true" : "false"; }
+    std::string operator()(int64_t v) const { return std::to_string(v); }
+    std::string operator()(double v) const {
+      std::string text = FormatDouble(v);
+      if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+      if (text == "inf") return "inf";
+      return text;
+    }
+    std::string operator()(const std::string& v) const {
+      std::ostringstream out;
+      out << toml::value<std::string>(v);
+      return out.str();
+    }
+    std::string operator()(const std::vector<std::string>& v) const {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + (*this)(v[i]);
+      return out + "]";
+    }
+  };
+  return std::visit(Visitor{}, value);
+}
+
+std::string Config::ToToml() const {
+  std::string out;
+  std::string current_section;
+  for (const auto& spec : Schema()) {
+    std::string section = spec.key.substr(0, spec.key.find('.'));
+    if (section != current_section) {
+      out += (out.empty() ? "[" : "\n[") + section + "]\n";
+      current_section = section;
+    }
+    out += spec.key.substr(section.size() + 1) + " = " + FormatConfigValue(Value(spec.key)) + "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> Config::Diff(const Config& other) const {
+  std::vector<std::string> keys;
+  for (const auto& spec : Schema())
+    if (Value(spec.key) != other.Value(spec.key)) keys.push_back(spec.key);
+  return keys;
+}
+
+}  // namespace crucible

@@ -1,0 +1,91 @@
+// The schema of every config key: section.name, type, default, help. One table for the whole
+// program, so `crucible train --help-config`, validation and the resolved config agree.
+#include "common/config.h"
+
+namespace crucible {
+
+using T = ConfigType;
+using V = ConfigValue;
+
+const std::vector<ConfigKeySpec>& Config::Schema() {
+  static const std::vector<ConfigKeySpec> schema = {
+      // [job]
+      {"job.name", T::kString, V(std::string("crucible")), "name of the run"},
+      {"job.description", T::kString, V(std::string("")), "free text kept with the run"},
+      {"job.dump_folder", T::kString, V(std::string("")),
+       "run directory; empty means runs/<job.name>"},
+
+      // [model]
+      {"model.name", T::kString, V(std::string("llama")), "model family (only llama)", true},
+      {"model.flavor", T::kString, V(std::string("debug")),
+       "size preset: debug (~1M params), tiny (~5M), small (~25M), base (~125M)", true},
+      {"model.vocab_size", T::kInt, V(int64_t{0}), "vocabulary size; 0 takes the flavor's", true},
+      {"model.dim", T::kInt, V(int64_t{0}), "hidden size; 0 takes the flavor's", true},
+      {"model.n_layers", T::kInt, V(int64_t{0}), "decoder layers; 0 takes the flavor's", true},
+      {"model.n_heads", T::kInt, V(int64_t{0}), "attention heads; 0 takes the flavor's", true},
+      {"model.n_kv_heads", T::kInt, V(int64_t{0}),
+       "key/value heads (grouped-query attention); 0 takes the flavor's", true},
+      {"model.ffn_hidden_dim", T::kInt, V(int64_t{0}), "SwiGLU hidden size; 0 takes the flavor's",
+       true},
+      {"model.tie_embeddings", T::kString, V(std::string("flavor")),
+       "share the input embedding with the output head: true, false, or flavor", true},
+      {"model.rope_theta", T::kFloat, V(10000.0), "rotary embedding base", true},
+      {"model.norm_eps", T::kFloat, V(1e-5), "RMSNorm epsilon", true},
+      {"model.init_std", T::kFloat, V(0.02), "standard deviation of the weight init", true},
+      {"model.init_weights", T::kString, V(std::string("")),
+       "safetensors file (Hugging Face Llama names) to initialise the weights from", true},
+      {"model.tokenizer_path", T::kString, V(std::string("")), "tokenizer.json of the data", true},
+
+      // [training]
+      {"training.steps", T::kInt, V(int64_t{100}), "optimizer steps to train"},
+      {"training.seq_len", T::kInt, V(int64_t{256}), "tokens per sample", true},
+      {"training.local_batch_size", T::kInt, V(int64_t{8}),
+       "samples per micro-batch on one rank", true},
+      {"training.global_batch_size", T::kInt, V(int64_t{0}),
+       "samples per optimizer step over all ranks; 0 means local_batch_size x ranks "
+       "(more than that accumulates gradients over micro-batches)",
+       true},
+      {"training.max_norm", T::kFloat, V(1.0), "global gradient-norm clip; 0 disables", true},
+      {"training.dataset", T::kString, V(std::string("synthetic")),
+       "input: synthetic (seeded random tokens) or tokens (a flat file of token ids)", true},
+      {"training.dataset_path", T::kString, V(std::string("")), "file the dataset reads", true},
+      {"training.token_dtype", T::kString, V(std::string("uint16")),
+       "element type of a flat token file: uint16 or uint32", true},
+
+      // [optimizer]
+      {"optimizer.name", T::kString, V(std::string("AdamW")), "AdamW, SGD or Lion", true},
+      {"optimizer.lr", T::kFloat, V(3e-4), "peak learning rate", true},
+      {"optimizer.beta1", T::kFloat, V(0.9), "first-moment decay (SGD: momentum)", true},
+      {"optimizer.beta2", T::kFloat, V(0.95), "second-moment decay", true},
+      {"optimizer.eps", T::kFloat, V(1e-8), "AdamW epsilon", true},
+      {"optimizer.weight_decay", T::kFloat, V(0.1), "decoupled weight decay", true},
+      {"optimizer.decay_norms", T::kBool, V(false), "apply weight decay to norm weights too",
+       true},
+      {"optimizer.decay_embeddings", T::kBool, V(false),
+       "apply weight decay to the embedding table too", true},
+
+      // [lr_scheduler]
+      {"lr_scheduler.warmup_steps", T::kInt, V(int64_t{10}), "linear warmup steps", true},
+      {"lr_scheduler.decay_type", T::kString, V(std::string("cosine")),
+       "after warmup: constant, linear, cosine or wsd (stable, then linear decay)", true},
+      {"lr_scheduler.decay_ratio", T::kFloat, V(0.2),
+       "wsd: fraction of all steps spent in the final decay", true},
+      {"lr_scheduler.min_lr_factor", T::kFloat, V(0.1),
+       "floor of the decay as a fraction of the peak learning rate", true},
+
+      // [checkpoint]
+      {"checkpoint.enable", T::kBool, V(true), "write the final weights (model.safetensors)"},
+
+      // [metrics]
+      {"metrics.log_freq", T::kInt, V(int64_t{1}), "print a progress line every N steps"},
+      {"metrics.enable_jsonl", T::kBool, V(true), "write metrics.jsonl in the run directory"},
+      {"metrics.peak_gflops", T::kFloat, V(0.0),
+       "peak fp32 GFLOP/s for MFU; 0 measures the machine's sgemm throughput at start"},
+
+      // [debug]
+      {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true},
+  };
+  return schema;
+}
+
+}  // namespace crucible

@@ -1,0 +1,137 @@
+#include "data/token_source.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/philox.h"
+#include "common/strings.h"
+
+namespace crucible {
+namespace {
+
+class SyntheticSource : public TokenSource {
+ public:
+  SyntheticSource(uint64_t seed, int64_t vocab, int64_t seq_len)
+      : seed_(seed), vocab_(vocab), seq_len_(seq_len) {}
+  void Sample(int64_t index, int32_t* tokens) const override {
+    Philox rng(seed_ ^ 0x5eedda7aULL, static_cast<uint64_t>(index));
+    for (int64_t t = 0; t <= seq_len_; ++t)
+      tokens[t] = static_cast<int32_t>(rng.NextBelow(static_cast<uint64_t>(vocab_)));
+  }
+  std::string Describe() const override {
+    return StrFormat("synthetic(seed=%llu, vocab=%lld)", (unsigned long long)seed_, (long long)vocab_);
+  }
+
+ private:
+  uint64_t seed_;
+  int64_t vocab_, seq_len_;
+};
+
+class TokenFileSource : public TokenSource {
+ public:
+  TokenFileSource(const std::string& path, const std::string& dtype, int64_t vocab, int64_t seq_len)
+      : path_(path), seq_len_(seq_len) {
+    if (dtype == "uint16") {
+      width_ = 2;
+    } else if (dtype == "uint32") {
+      width_ = 4;
+    } else {
+      throw UsageError("training.token_dtype: expected uint16 or uint32, got '" + dtype + "'");
+    }
+    if (path.empty()) throw UsageError("training.dataset_path: empty; name the token file to read");
+    if (!FileExists(path)) throw UsageError(path + ": token file not found (training.dataset_path)");
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) ThrowErrno("cannot open token file " + path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw DataError(path + ": not a regular file (training.dataset_path)");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ % width_ != 0) {
+      ::close(fd);
+      throw DataError(StrFormat("%s: size %zu is not a multiple of %d bytes (token_dtype %s)",
+                                path.c_str(), size_, width_, dtype.c_str()));
+    }
+    count_ = static_cast<int64_t>(size_ / width_);
+    if (count_ < seq_len + 1) {
+      ::close(fd);
+      throw DataError(StrFormat("%s: holds %lld tokens, fewer than seq_len + 1 = %lld", path.c_str(),
+                                (long long)count_, (long long)(seq_len + 1)));
+    }
+    void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) ThrowErrno("cannot map token file " + path);
+    data_ = static_cast<const uint8_t*>(map);
+    windows_ = (count_ - 1) / seq_len;
+    // Every id must fit the model's vocabulary.
+    int64_t first_bad = -1;
+    for (int64_t i = 0; i < count_ && first_bad < 0; ++i)
+      if (static_cast<int64_t>(At(i)) >= vocab) first_bad = i;
+    if (first_bad >= 0) {
+      uint32_t bad = At(first_bad);
+      ::munmap(const_cast<uint8_t*>(data_), size_);
+      throw DataError(StrFormat("%s: token %u at position %lld is outside the vocabulary [0, %lld) "
+                                "(check token_dtype and model.vocab_size)",
+                                path.c_str(), bad, (long long)first_bad, (long long)vocab));
+    }
+  }
+  ~TokenFileSource() override { ::munmap(const_cast<uint8_t*>(data_), size_); }
+
+  void Sample(int64_t index, int32_t* tokens) const override {
+    int64_t start = (index % windows_) * seq_len_;
+    for (int64_t t = 0; t <= seq_len_; ++t) tokens[t] = static_cast<int32_t>(At(start + t));
+  }
+  std::string Describe() const override {
+    return StrFormat("tokens(%s, %lld tokens, %lld windows)", path_.c_str(), (long long)count_,
+                     (long long)windows_);
+  }
+
+ private:
+  uint32_t At(int64_t i) const {
+    if (width_ == 2) {
+      uint16_t v;
+      std::memcpy(&v, data_ + 2 * i, 2);
+      return v;
+    }
+    uint32_t v;
+    std::memcpy(&v, data_ + 4 * i, 4);
+    return v;
+  }
+  std::string path_;
+  int64_t seq_len_;
+  int width_ = 2;
+  size_t size_ = 0;
+  int64_t count_ = 0, windows_ = 0;
+  const uint8_t* data_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_size, int64_t seq_len) {
+  return std::make_unique<SyntheticSource>(seed, vocab_size, seq_len);
+}
+
+std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
+                                                 int64_t vocab_size, int64_t seq_len) {
+  return std::make_unique<TokenFileSource>(path, dtype, vocab_size, seq_len);
+}
+
+std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size) {
+  const std::string& kind = config.String("training.dataset");
+  int64_t seq_len = config.Int("training.seq_len");
+  if (kind == "synthetic")
+    return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size, seq_len);
+  if (kind == "tokens")
+    return MakeTokenFileSource(config.String("training.dataset_path"),
+                               config.String("training.token_dtype"), vocab_size, seq_len);
+  throw UsageError("training.dataset: unknown dataset '" + kind + "' (choose synthetic or tokens)");
+}
+
+}  // namespace crucible

@@ -1,0 +1,33 @@
+// Where the trainer's token sequences come from. A source defines sample i for every global
+// sample index i as a pure function of (its content, seed, i): the rank layout, the thread count
+// and where a run resumed never change which tokens sample i holds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+
+namespace crucible {
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  // Writes seq_len + 1 tokens of global sample `index` (inputs are the first seq_len, targets
+  // the last seq_len).
+  virtual void Sample(int64_t index, int32_t* tokens) const = 0;
+  virtual std::string Describe() const = 0;
+};
+
+// Seeded uniform random tokens in [0, vocab_size): for benchmarks and tests.
+std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_size,
+                                                 int64_t seq_len);
+// A flat file of uint16 or uint32 token ids; sample i is the window of seq_len + 1 tokens that
+// starts at token (i mod windows) * seq_len. Every id is checked against vocab_size on open.
+std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
+                                                 int64_t vocab_size, int64_t seq_len);
+// From [training] dataset / dataset_path / token_dtype and [debug] seed.
+std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size);
+
+}  // namespace crucible

@@ -1,0 +1,88 @@
+// CPU kernels of the Llama model, fp32. Each forward sits beside its backward; shapes are in the
+// comment above each pair (B batch, T time, C channels, H heads, KV key/value heads, D head dim,
+// F SwiGLU hidden, V vocabulary, N = B*T rows).
+//
+// Determinism: every kernel gives bit-identical results for any OpenMP thread count. Work is
+// split so that each output element is produced by one thread in a fixed order; reductions over
+// rows (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
+// Matrix products go through OpenBLAS (OpenMP build), whose sgemm partitions only the output,
+// never the inner dimension (tests/unit/kernels checks this on every build).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace crucible::kernels {
+
+// Test-only switch: when set, rmsnorm_forward adds one ULP to every output (the smoke gate must
+// notice). Never set in production code.
+extern bool g_perturb_rmsnorm_for_tests;
+
+// ---- matmul (a linear layer without bias, Hugging Face weight layout (OC, C)) ----
+// inp (N,C), weight (OC,C) -> out (N,OC)
+void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+                    int64_t OC);
+// dout (N,OC) -> dinp (N,C) (overwritten, or added to when accumulate_dinp) and
+// dweight (OC,C) (overwritten, or added to when accumulate_dweight). dinp may be null.
+void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
+                     bool accumulate_dweight);
+
+// ---- embedding ----
+// tokens (N) -> out (N,C) = table[tokens]
+void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                       int64_t C);
+// dtable (V,C) += scatter of dout (N,C) by tokens
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                        int64_t C);
+
+// ---- RMSNorm ----
+// inp (N,C), weight (C) -> out (N,C), rstd (N)
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int64_t C, float eps);
+// dout (N,C) -> dinp (N,C) (added to), dweight (C) (overwritten)
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int64_t C);
+
+// ---- rotary position embedding (Hugging Face rotate_half convention) ----
+// cos/sin tables (T, D/2) for positions 0..T-1.
+void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, double theta);
+// x (B,T,heads,D) rotated in place by position t.
+void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                  int64_t heads, int64_t D);
+// dx (B,T,heads,D) rotated back in place.
+void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
+                   int64_t T, int64_t heads, int64_t D);
+
+// ---- causal grouped-query attention ----
+// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T) (upper triangle zero)
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+// dout (B,T,H,D) -> dq (B,T,H,D), dk, dv (B,T,KV,D), all overwritten.
+// scratch: (B*KV) * 2*T*T floats.
+void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
+                        const float* probs, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+size_t attention_backward_scratch_floats(int64_t B, int64_t T, int64_t KV);
+
+// ---- SwiGLU ----
+// gate, up (N,F) -> out (N,F) = silu(gate) * up
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F);
+// dout (N,F) -> dgate, dup (N,F) overwritten
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t N, int64_t F);
+
+// ---- cross-entropy over the vocabulary ----
+// logits (N,V), targets (N) with -1 = ignore -> losses (N) (0 where ignored), lse (N).
+// Returns the number of valid targets. Throws DataError for a target outside [0,V).
+int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
+                              const int32_t* targets, int64_t N, int64_t V);
+// In place: logits (N,V) -> dlogits = (softmax - onehot(target)) * scale; ignored rows zero.
+void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+                            int64_t N, int64_t V, float scale);
+
+// ---- reductions ----
+// Sum of squares of x[0..n) in double, fixed chunk order (thread-count independent).
+double sum_of_squares(const float* x, size_t n);
+
+}  // namespace crucible::kernels

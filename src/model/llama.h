@@ -1,0 +1,109 @@
+// A Llama-3-style decoder written as plain single-process code: token embedding, RMSNorm,
+// rotary embeddings, grouped-query attention, SwiGLU MLP, final norm, output head (tied or not).
+//
+// The model owns no parameters. Weights, gradients and optimizer state are flat float buffers
+// laid out by the ParameterTable (Hugging Face Llama tensor names, shapes, offsets), so
+// checkpointing, reduction, sharding and hashing work on one span. Activation memory is planned
+// once from (micro-batch size, seq_len) when the model is built; a step allocates nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+
+namespace crucible {
+
+struct LlamaConfig {
+  std::string flavor;
+  int64_t vocab_size = 0;
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t ffn_hidden_dim = 0;
+  bool tie_embeddings = false;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  int64_t head_dim() const { return dim / n_heads; }
+};
+
+// Builds the model config from [model] (flavor preset, then explicit keys) and validates it;
+// writes the resolved values back into `config` so the run directory records them.
+LlamaConfig BuildLlamaConfig(Config& config);
+std::vector<std::string> LlamaFlavors();
+
+enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
+
+struct ParamInfo {
+  std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::vector<int64_t> shape;  // e.g. {out_features, in_features}
+  size_t offset = 0;           // into the flat buffer, in floats
+  size_t numel = 0;
+  ParamKind kind = ParamKind::kLinear;
+  int layer = -1;  // decoder layer, -1 for embedding / final norm / head
+};
+
+class ParameterTable {
+ public:
+  explicit ParameterTable(const LlamaConfig& config);
+  const std::vector<ParamInfo>& params() const { return params_; }
+  size_t total() const { return total_; }
+  const ParamInfo& Find(const std::string& name) const;  // throws if absent
+  const ParamInfo* TryFind(const std::string& name) const;
+  // Parameters counted for FLOPs: all but the input embedding lookup (the tied head counts).
+  size_t FlopParams() const { return flop_params_; }
+
+ private:
+  std::vector<ParamInfo> params_;
+  size_t total_ = 0;
+  size_t flop_params_ = 0;
+};
+
+// Llama-reference init: normal(0, init_std) truncated at 3 sigma for embeddings and input
+// projections; output projections (o_proj, down_proj) depth-scaled by 1/sqrt(2 n_layers); the
+// untied output head at std dim^-0.5 / 4, so initial logits have std ~0.25 and the first loss is
+// within ~0.05 of ln(vocab); norms at 1. A pure function of (seed, tensor, element).
+void InitWeights(const LlamaConfig& config, const ParameterTable& table, uint64_t seed,
+                 float* weights);
+
+// Floating-point operations per trained token: 6 N + 6 L d T (forward + backward; N from
+// FlopParams(), causal attention counted at half of the dense 12 L d T).
+double TrainFlopsPerToken(const LlamaConfig& config, const ParameterTable& table, int64_t seq_len);
+
+class LlamaModel {
+ public:
+  LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const LlamaConfig& config() const { return config_; }
+  const ParameterTable& table() const { return table_; }
+  int64_t batch_size() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  size_t activation_bytes() const;
+
+  // tokens, targets (B,T); targets -1 are ignored. Keeps what the backward pass needs.
+  // Returns the sum of the per-token losses (double, fixed order) and sets *valid_tokens.
+  double Forward(const float* weights, const int32_t* tokens, const int32_t* targets,
+                 int64_t* valid_tokens);
+  // Logits (B*T, V) of the last Forward (valid until Backward, which overwrites them).
+  const float* logits() const;
+  // Per-token losses (B*T) of the last Forward.
+  const float* losses() const;
+  // Gradient of loss_scale * (sum of losses of the last Forward), written over `grads`.
+  void Backward(const float* weights, float* grads, float loss_scale);
+
+ private:
+  struct Buffers;
+  LlamaConfig config_;
+  ParameterTable table_;
+  int64_t B_, T_;
+  Buffers* buffers_;
+};
+
+}  // namespace crucible

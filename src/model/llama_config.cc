@@ -1,0 +1,163 @@
+// Flavors, config validation, the parameter table, weight init and the FLOP count.
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/philox.h"
+#include "common/strings.h"
+#include "model/llama.h"
+
+namespace crucible {
+namespace {
+
+struct Flavor {
+  const char* name;
+  int64_t vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim;
+  bool tie_embeddings;
+};
+
+// Parameter counts: debug 0.89M, tiny 5.0M, small 25.8M, base 124.7M (`crucible model info`).
+constexpr Flavor kFlavors[] = {
+    {"debug", 2048, 128, 2, 4, 2, 352, false},
+    {"tiny", 8192, 256, 4, 8, 4, 688, true},
+    {"small", 8192, 512, 6, 8, 4, 1376, false},
+    {"base", 32000, 768, 12, 12, 4, 2048, false},
+};
+
+}  // namespace
+
+std::vector<std::string> LlamaFlavors() {
+  std::vector<std::string> names;
+  for (const auto& f : kFlavors) names.push_back(f.name);
+  return names;
+}
+
+LlamaConfig BuildLlamaConfig(Config& config) {
+  const std::string& name = config.String("model.flavor");
+  const Flavor* flavor = nullptr;
+  for (const auto& f : kFlavors)
+    if (name == f.name) flavor = &f;
+  if (!flavor) {
+    std::string all;
+    for (const auto& f : kFlavors) all += std::string(all.empty() ? "" : ", ") + f.name;
+    throw UsageError("model.flavor: unknown flavor '" + name + "' (choose one of " + all + ")");
+  }
+  if (config.String("model.name") != "llama")
+    throw UsageError("model.name: unknown model '" + config.String("model.name") +
+                     "' (only 'llama' is implemented)");
+  LlamaConfig m;
+  m.flavor = name;
+  auto pick = [&](const char* key, int64_t preset) {
+    int64_t value = config.Int(key);
+    if (value < 0) throw UsageError(std::string(key) + ": must not be negative");
+    int64_t resolved = value > 0 ? value : preset;
+    config.Set(key, resolved);
+    return resolved;
+  };
+  m.vocab_size = pick("model.vocab_size", flavor->vocab_size);
+  m.dim = pick("model.dim", flavor->dim);
+  m.n_layers = pick("model.n_layers", flavor->n_layers);
+  m.n_heads = pick("model.n_heads", flavor->n_heads);
+  m.n_kv_heads = pick("model.n_kv_heads", flavor->n_kv_heads);
+  m.ffn_hidden_dim = pick("model.ffn_hidden_dim", flavor->ffn_hidden_dim);
+  const std::string& tie = config.String("model.tie_embeddings");
+  if (tie == "flavor") {
+    m.tie_embeddings = flavor->tie_embeddings;
+  } else if (tie == "true" || tie == "false") {
+    m.tie_embeddings = tie == "true";
+  } else {
+    throw UsageError("model.tie_embeddings: expected true, false or flavor, got '" + tie + "'");
+  }
+  config.Set("model.tie_embeddings", std::string(m.tie_embeddings ? "true" : "false"));
+  m.rope_theta = config.Float("model.rope_theta");
+  m.norm_eps = config.Float("model.norm_eps");
+  m.init_std = config.Float("model.init_std");
+  if (m.dim % m.n_heads != 0)
+    throw UsageError(StrFormat("model.dim (%lld) must be divisible by model.n_heads (%lld)",
+                               (long long)m.dim, (long long)m.n_heads));
+  if (m.n_heads % m.n_kv_heads != 0)
+    throw UsageError(StrFormat("model.n_heads (%lld) must be divisible by model.n_kv_heads (%lld)",
+                               (long long)m.n_heads, (long long)m.n_kv_heads));
+  if (m.head_dim() % 2 != 0)
+    throw UsageError("model: the head dimension dim/n_heads must be even for rotary embeddings");
+  if (m.vocab_size > (int64_t{1} << 31) - 1) throw UsageError("model.vocab_size: too large");
+  if (!(m.rope_theta > 0) || !(m.norm_eps > 0) || !(m.init_std > 0))
+    throw UsageError("model: rope_theta, norm_eps and init_std must be positive");
+  return m;
+}
+
+ParameterTable::ParameterTable(const LlamaConfig& c) {
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind, int layer) {
+    ParamInfo info;
+    info.name = name;
+    info.shape = std::move(shape);
+    info.numel = 1;
+    for (int64_t s : info.shape) info.numel *= static_cast<size_t>(s);
+    info.offset = total_;
+    info.kind = kind;
+    info.layer = layer;
+    total_ += info.numel;
+    if (kind != ParamKind::kEmbedding || c.tie_embeddings) flop_params_ += info.numel;
+    params_.push_back(std::move(info));
+  };
+  const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1);
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {C}, ParamKind::kNorm, l);
+    add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, ParamKind::kLinear, l);
+    add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
+    add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
+    add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, ParamKind::kOutputProjection, l);
+    add(p + "post_attention_layernorm.weight", {C}, ParamKind::kNorm, l);
+    add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l);
+    add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l);
+    add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l);
+  }
+  add("model.norm.weight", {C}, ParamKind::kNorm, -1);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
+}
+
+const ParamInfo* ParameterTable::TryFind(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const ParamInfo& ParameterTable::Find(const std::string& name) const {
+  const ParamInfo* p = TryFind(name);
+  if (!p) throw Error(kExitFailure, "internal: no parameter named " + name);
+  return *p;
+}
+
+void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed,
+                 float* weights) {
+  for (size_t index = 0; index < table.params().size(); ++index) {
+    const ParamInfo& p = table.params()[index];
+    float* w = weights + p.offset;
+    if (p.kind == ParamKind::kNorm) {
+      std::fill(w, w + p.numel, 1.0f);
+      continue;
+    }
+    double std = c.init_std;
+    if (p.kind == ParamKind::kOutputProjection) std = c.init_std / std::sqrt(2.0 * c.n_layers);
+    if (p.kind == ParamKind::kHead) std = 0.25 / std::sqrt(static_cast<double>(c.dim));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < p.numel; ++i) {
+      // Each element has its own Philox stream position: thread-count independent.
+      Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
+      double z = rng.NextNormal();
+      for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();
+      if (std::fabs(z) > 3.0) z = 0.0;
+      w[i] = static_cast<float>(z * std);
+    }
+  }
+}
+
+double TrainFlopsPerToken(const LlamaConfig& c, const ParameterTable& table, int64_t seq_len) {
+  return 6.0 * static_cast<double>(table.FlopParams()) +
+         6.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.dim) *
+             static_cast<double>(seq_len);
+}
+
+}  // namespace crucible

@@ -1,0 +1,139 @@
+#include "optim/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace crucible {
+
+OptimizerConfig BuildOptimizerConfig(const Config& config) {
+  OptimizerConfig o;
+  o.name = config.String("optimizer.name");
+  if (o.name != "AdamW" && o.name != "SGD" && o.name != "Lion")
+    throw UsageError("optimizer.name: unknown optimizer '" + o.name + "' (choose AdamW, SGD or Lion)");
+  o.lr = config.Float("optimizer.lr");
+  o.beta1 = config.Float("optimizer.beta1");
+  o.beta2 = config.Float("optimizer.beta2");
+  o.eps = config.Float("optimizer.eps");
+  o.weight_decay = config.Float("optimizer.weight_decay");
+  o.decay_norms = config.Bool("optimizer.decay_norms");
+  o.decay_embeddings = config.Bool("optimizer.decay_embeddings");
+  if (!(o.lr >= 0)) throw UsageError("optimizer.lr: must be a non-negative number");
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+    throw UsageError("optimizer.beta1/beta2: must be in [0, 1)");
+  if (!(o.weight_decay >= 0)) throw UsageError("optimizer.weight_decay: must not be negative");
+  return o;
+}
+
+Optimizer::Optimizer(const OptimizerConfig& config, const ParameterTable& table, size_t begin,
+                     size_t end)
+    : config_(config), begin_(begin), end_(end) {
+  for (const auto& p : table.params()) {
+    size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
+    if (b >= e) continue;
+    bool decay = p.kind == ParamKind::kNorm        ? config.decay_norms
+                 : p.kind == ParamKind::kEmbedding ? config.decay_embeddings
+                                                   : true;
+    ranges_.push_back({b, e, decay ? static_cast<float>(config.weight_decay) : 0.0f});
+  }
+  m_.assign(end - begin, 0.0f);
+  if (config.name == "AdamW") v_.assign(end - begin, 0.0f);
+}
+
+std::vector<std::pair<std::string, std::vector<float>*>> Optimizer::State() {
+  std::vector<std::pair<std::string, std::vector<float>*>> state;
+  state.push_back({config_.name == "SGD" ? "momentum" : "exp_avg", &m_});
+  if (!v_.empty()) state.push_back({"exp_avg_sq", &v_});
+  return state;
+}
+
+void Optimizer::Step(float* params, const float* grads, double lr_double, int64_t step) {
+  const float lr = static_cast<float>(lr_double);
+  const float beta1 = static_cast<float>(config_.beta1), beta2 = static_cast<float>(config_.beta2);
+  const float eps = static_cast<float>(config_.eps);
+  const float bias1 = static_cast<float>(1.0 - std::pow(config_.beta1, static_cast<double>(step)));
+  const float bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, static_cast<double>(step))));
+  for (const Range& range : ranges_) {
+    const float decay = 1.0f - lr * range.weight_decay;
+    const int64_t b = static_cast<int64_t>(range.begin), e = static_cast<int64_t>(range.end);
+    const size_t base = begin_;
+    if (config_.name == "AdamW") {
+      const float step_size = lr / bias1;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = b; i < e; ++i) {
+        float g = grads[i];
+        float& m = m_[i - base];
+        float& v = v_[i - base];
+        m = beta1 * m + (1.0f - beta1) * g;
+        v = beta2 * v + (1.0f - beta2) * (g * g);
+        float denom = std::sqrt(v) / bias2_sqrt + eps;
+        params[i] = params[i] * decay - step_size * (m / denom);
+      }
+    } else if (config_.name == "SGD") {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = b; i < e; ++i) {
+        float& m = m_[i - base];
+        m = beta1 * m + grads[i];
+        params[i] = params[i] * decay - lr * m;
+      }
+    } else {  // Lion (Chen et al. 2023)
+#pragma omp parallel for schedule(static)
+      for (int64_t i = b; i < e; ++i) {
+        float g = grads[i];
+        float& m = m_[i - base];
+        float update = beta1 * m + (1.0f - beta1) * g;
+        float sign = update > 0.0f ? 1.0f : (update < 0.0f ? -1.0f : 0.0f);
+        params[i] = params[i] * decay - lr * sign;
+        m = beta2 * m + (1.0f - beta2) * g;
+      }
+    }
+  }
+}
+
+LrScheduleConfig BuildLrScheduleConfig(const Config& config) {
+  LrScheduleConfig s;
+  s.lr = config.Float("optimizer.lr");
+  s.warmup_steps = config.Int("lr_scheduler.warmup_steps");
+  s.decay_type = config.String("lr_scheduler.decay_type");
+  s.decay_ratio = config.Float("lr_scheduler.decay_ratio");
+  s.min_lr_factor = config.Float("lr_scheduler.min_lr_factor");
+  s.total_steps = config.Int("training.steps");
+  if (s.decay_type != "constant" && s.decay_type != "linear" && s.decay_type != "cosine" &&
+      s.decay_type != "wsd")
+    throw UsageError("lr_scheduler.decay_type: unknown schedule '" + s.decay_type +
+                     "' (choose constant, linear, cosine or wsd)");
+  if (s.warmup_steps < 0) throw UsageError("lr_scheduler.warmup_steps: must not be negative");
+  if (!(s.decay_ratio >= 0 && s.decay_ratio <= 1))
+    throw UsageError("lr_scheduler.decay_ratio: must be in [0, 1]");
+  if (!(s.min_lr_factor >= 0 && s.min_lr_factor <= 1))
+    throw UsageError("lr_scheduler.min_lr_factor: must be in [0, 1]");
+  return s;
+}
+
+double LearningRate(const LrScheduleConfig& s, int64_t step) {
+  if (step <= s.warmup_steps) return s.lr * static_cast<double>(step) / s.warmup_steps;
+  const double floor = s.lr * s.min_lr_factor;
+  const double span = static_cast<double>(std::max<int64_t>(1, s.total_steps - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  if (s.decay_type == "constant") return s.lr;
+  if (s.decay_type == "linear") return floor + (s.lr - floor) * (1.0 - progress);
+  if (s.decay_type == "cosine")
+    return floor + (s.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  // wsd: hold the peak, then decay linearly over the last decay_ratio of all steps.
+  const int64_t decay_steps =
+      std::max<int64_t>(1, std::llround(static_cast<double>(s.total_steps) * s.decay_ratio));
+  const int64_t decay_start = s.total_steps - decay_steps;
+  if (step <= decay_start) return s.lr;
+  const double fraction = std::min(1.0, static_cast<double>(step - decay_start) / decay_steps);
+  return floor + (s.lr - floor) * (1.0 - fraction);
+}
+
+float ClipScale(double grad_norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(grad_norm)) return 1.0f;
+  double coefficient = max_norm / (grad_norm + 1e-6);
+  return coefficient < 1.0 ? static_cast<float>(coefficient) : 1.0f;
+}
+
+}  // namespace crucible

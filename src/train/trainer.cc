@@ -1,0 +1,207 @@
+#include "train/trainer.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "ckpt/model_weights.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/timer.h"
+#include "data/token_source.h"
+#include "dist/exact_sum.h"
+#include "kernels/cpu/kernels.h"
+#include "model/llama.h"
+#include "optim/optim.h"
+
+namespace crucible {
+
+std::string RunDirectory(const Config& config) {
+  const std::string& folder = config.String("job.dump_folder");
+  return folder.empty() ? JoinPath("runs", config.String("job.name")) : folder;
+}
+
+double MeasurePeakGflops() {
+  const int n = 1024;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (int i = 0; i < n * n; ++i) a[i] = b[i] = static_cast<float>(i % 7) * 0.1f;
+  double best = 0;
+  Timer total;
+  for (int repeat = 0; repeat < 10 && (repeat < 3 || total.Seconds() < 0.3); ++repeat) {
+    Timer t;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                n, 0.0f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * n / t.Seconds() / 1e9);
+  }
+  return best;
+}
+
+int RunTraining(Config config) {
+  Timer wall;
+  // ---- resolve the config ----
+  LlamaConfig model_config = BuildLlamaConfig(config);
+  OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
+  LrScheduleConfig schedule = BuildLrScheduleConfig(config);
+  const int64_t steps = config.Int("training.steps");
+  const int64_t seq_len = config.Int("training.seq_len");
+  const int64_t micro_batch = config.Int("training.local_batch_size");
+  const int world = 1;
+  if (steps < 0) throw UsageError("training.steps: must not be negative");
+  if (seq_len < 1) throw UsageError("training.seq_len: must be at least 1");
+  if (micro_batch < 1) throw UsageError("training.local_batch_size: must be at least 1");
+  int64_t global_batch = config.Int("training.global_batch_size");
+  if (global_batch == 0) global_batch = micro_batch * world;
+  if (global_batch < 0 || global_batch % (micro_batch * world) != 0)
+    throw UsageError(StrFormat(
+        "training.global_batch_size (%lld) must be a positive multiple of local_batch_size x ranks "
+        "(%lld x %d)",
+        (long long)global_batch, (long long)micro_batch, world));
+  config.Set("training.global_batch_size", global_batch);
+  const int64_t accumulation = global_batch / (micro_batch * world);
+  const int64_t log_freq = std::max<int64_t>(1, config.Int("metrics.log_freq"));
+  const double max_norm = config.Float("training.max_norm");
+
+  std::unique_ptr<TokenSource> source = MakeTokenSource(config, model_config.vocab_size);
+
+  // ---- run directory ----
+  const std::string run_dir = RunDirectory(config);
+  MakeDirectories(run_dir);
+  AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
+
+  // ---- model, buffers, optimizer ----
+  LlamaModel model(model_config, micro_batch, seq_len);
+  const ParameterTable& table = model.table();
+  const size_t n_params = table.total();
+  std::vector<float> weights(n_params), grads(n_params);
+  ExactAccumulator accumulator(n_params);
+  const std::string& init_path = config.String("model.init_weights");
+  if (init_path.empty()) {
+    InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
+  } else {
+    LoadModelWeights(init_path, table, weights.data());
+  }
+  Optimizer optimizer(optimizer_config, table, 0, n_params);
+
+  double peak_gflops = config.Float("metrics.peak_gflops");
+  if (peak_gflops <= 0) {
+    PrintLine("phase=peak_flops status=measuring");
+    peak_gflops = MeasurePeakGflops();
+  }
+  const double flops_per_token = TrainFlopsPerToken(model_config, table, seq_len);
+  const int threads = omp_get_max_threads();
+  PrintLine(StrFormat(
+      "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
+      "global_batch=%lld micro_batch=%lld accumulation=%lld threads=%d activations=%s "
+      "peak_gflops=%.1f data=%s",
+      run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
+      (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
+      (long long)global_batch, (long long)micro_batch, (long long)accumulation, threads,
+      HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
+      source->Describe().c_str()));
+
+  std::FILE* metrics = nullptr;
+  if (config.Bool("metrics.enable_jsonl")) {
+    std::string path = JoinPath(run_dir, "metrics.jsonl");
+    metrics = std::fopen(path.c_str(), "w");
+    if (!metrics) ThrowErrno("cannot open " + path);
+  }
+
+  // ---- the loop ----
+  const int64_t N = micro_batch * seq_len;
+  std::vector<int32_t> sample(seq_len + 1), inputs(N), targets(N);
+  auto load_micro_batch = [&](int64_t first_sample) {
+    for (int64_t b = 0; b < micro_batch; ++b) {
+      source->Sample(first_sample + b, sample.data());
+      std::copy(sample.begin(), sample.begin() + seq_len, inputs.begin() + b * seq_len);
+      std::copy(sample.begin() + 1, sample.end(), targets.begin() + b * seq_len);
+    }
+  };
+  double last_loss = std::nan("");
+  int64_t tokens_seen = 0;
+  Timer train_timer;
+  for (int64_t step = 1; step <= steps; ++step) {
+    Timer step_timer;
+    const int64_t first = (step - 1) * global_batch;
+    // Valid-token count of the whole global batch, so every micro-batch's gradient is scaled by
+    // the same 1/valid (the loss is the token-weighted mean over the global batch).
+    int64_t valid_total = 0;
+    for (int64_t m = 0; m < accumulation; ++m) {
+      load_micro_batch(first + m * micro_batch);
+      for (int32_t t : targets) valid_total += t >= 0 ? 1 : 0;
+    }
+    if (valid_total == 0) throw DataError(StrFormat("step %lld: the global batch has no valid target tokens", (long long)step));
+    const float loss_scale = 1.0f / static_cast<float>(valid_total);
+    double loss_sum = 0.0;
+    bool finite = true;
+    accumulator.Zero();
+    for (int64_t m = 0; m < accumulation; ++m) {
+      load_micro_batch(first + m * micro_batch);
+      int64_t valid = 0;
+      loss_sum += model.Forward(weights.data(), inputs.data(), targets.data(), &valid);
+      model.Backward(weights.data(), grads.data(), loss_scale);
+      finite = accumulator.Add(grads.data()) && finite;
+    }
+    accumulator.ToFloat(grads.data());
+    const double loss = loss_sum / static_cast<double>(valid_total);
+    double grad_norm = std::sqrt(kernels::sum_of_squares(grads.data(), n_params));
+    if (!finite) grad_norm = std::nan("");
+    if (!std::isfinite(grad_norm)) {
+      LogWarn(StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
+    } else {
+      float clip = ClipScale(grad_norm, max_norm);
+      if (clip < 1.0f) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < static_cast<int64_t>(n_params); ++i) grads[i] *= clip;
+      }
+      optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step);
+    }
+    const double lr = LearningRate(schedule, step);
+    tokens_seen += global_batch * seq_len;
+    last_loss = loss;
+    const double step_seconds = step_timer.Seconds();
+    const double tokens_per_second = static_cast<double>(global_batch * seq_len) / step_seconds;
+    const double mfu = 100.0 * tokens_per_second * flops_per_token / (peak_gflops * 1e9);
+    if (step % log_freq == 0 || step == steps) {
+      PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
+                          (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));
+    }
+    if (metrics) {
+      nlohmann::json line = {{"step", step},
+                             {"loss", loss},
+                             {"lr", lr},
+                             {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nlohmann::json(nullptr)},
+                             {"tokens", tokens_seen},
+                             {"tok_per_s", tokens_per_second},
+                             {"mfu", mfu},
+                             {"step_seconds", step_seconds}};
+      std::string text = line.dump() + "\n";
+      if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() || std::fflush(metrics) != 0)
+        ThrowErrno("cannot write " + JoinPath(run_dir, "metrics.jsonl"));
+    }
+  }
+  if (metrics) std::fclose(metrics);
+
+  const uint64_t weights_hash = Hash64(weights.data(), n_params * sizeof(float));
+  if (config.Bool("checkpoint.enable")) {
+    PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
+    SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, weights.data());
+  }
+  const double train_seconds = train_timer.Seconds();
+  PrintLine(StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
+                      "tok/s=%.1f weights_xxh3=%s",
+                      (long long)steps, (long long)tokens_seen, wall.Seconds(), train_seconds,
+                      last_loss, train_seconds > 0 ? tokens_seen / train_seconds : 0.0,
+                      HexU64(weights_hash).c_str()));
+  return kExitOk;
+}
+
+}  // namespace crucible
