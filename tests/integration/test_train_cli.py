@@ -1,0 +1,209 @@
+"""crucible train end to end: determinism, the run directory, and bad input."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conftest import run_crucible
+
+SMALL = ["--set", "model.flavor=debug", "--set", "training.seq_len=64", "--set", "training.local_batch_size=4",
+         "--set", "training.steps=6", "--set", "metrics.peak_gflops=100"]
+
+
+def train(run_dir, *extra, threads=None):
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    proc = run_crucible("train", *SMALL, "--set", f"job.dump_folder={run_dir}", *extra, env=env)
+    losses = [json.loads(line)["loss"] for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
+    return proc, losses, digest
+
+
+def test_progress_lines_follow_the_contract(tmp_path):
+    proc, losses, _ = train(tmp_path / "run")
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
+    assert len(steps) == 6
+    for line in steps:
+        fields = dict(item.split("=", 1) for item in line.split())
+        assert set(fields) >= {"step", "loss", "lr", "grad_norm", "tok/s", "mfu"}
+        for key in ("loss", "lr", "grad_norm", "tok/s", "mfu"):
+            float(fields[key])
+    assert proc.stdout.splitlines()[-1].startswith("done steps=6 ")
+    assert (tmp_path / "run" / "config.toml").exists()
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    # The resolved config is complete and loads back as a config.
+    resolved = (tmp_path / "run" / "config.toml").read_text()
+    assert "dim = 128" in resolved and "global_batch_size = 4" in resolved
+    run_crucible("train", "--config", tmp_path / "run" / "config.toml", "--print-config")
+
+
+def test_two_runs_are_bit_identical(tmp_path):
+    _, losses_a, hash_a = train(tmp_path / "a")
+    _, losses_b, hash_b = train(tmp_path / "b")
+    assert losses_a == losses_b
+    assert hash_a == hash_b
+
+
+def test_thread_count_does_not_change_the_result(tmp_path):
+    _, losses_1, hash_1 = train(tmp_path / "t1", threads=1)
+    _, losses_2, hash_2 = train(tmp_path / "t2", threads=2)
+    _, losses_3, hash_3 = train(tmp_path / "t3", threads=3)
+    assert losses_1 == losses_2 == losses_3
+    assert hash_1 == hash_2 == hash_3
+
+
+def test_gradient_accumulation_equals_one_big_micro_batch_sum(tmp_path):
+    # 4 samples as one micro-batch vs 2 micro-batches of 2: same data, same normalisation.
+    _, losses_big, _ = train(tmp_path / "big", "--set", "training.global_batch_size=4")
+    _, losses_acc, _ = train(tmp_path / "acc", "--set", "training.local_batch_size=2",
+                             "--set", "training.global_batch_size=4")
+    assert np.allclose(losses_big, losses_acc, rtol=0, atol=1e-5)
+
+
+def test_seed_changes_the_result(tmp_path):
+    _, _, hash_a = train(tmp_path / "a")
+    _, _, hash_b = train(tmp_path / "b", "--set", "debug.seed=1")
+    assert hash_a != hash_b
+
+
+def test_tiny_model_learns_real_text(tmp_path):
+    # Bytes of a real English text file as uint16 tokens (vocab 256).
+    text = open("/usr/share/common-licenses/GPL-3", "rb").read()
+    tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    path = tmp_path / "gpl.u16"
+    tokens.tofile(path)
+    run_dir = tmp_path / "run"
+    run_crucible("train", "--set", "model.flavor=debug", "--set", "model.vocab_size=256",
+                 "--set", "training.dataset=tokens", "--set", f"training.dataset_path={path}",
+                 "--set", "training.seq_len=64", "--set", "training.local_batch_size=8",
+                 "--set", "training.steps=60", "--set", "optimizer.lr=3e-3",
+                 "--set", "lr_scheduler.warmup_steps=5", "--set", f"job.dump_folder={run_dir}",
+                 "--set", "metrics.peak_gflops=100")
+    losses = [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
+    assert abs(losses[0] - np.log(256)) < 0.1
+    assert np.mean(losses[-5:]) < 3.3, losses  # well below ln(256) = 5.55
+
+
+def error_of(*args):
+    proc = run_crucible(*args, check=False)
+    assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    return proc.returncode, lines
+
+
+def test_missing_config_file(tmp_path):
+    code, lines = error_of("train", "--config", tmp_path / "nope.toml")
+    assert code == 2 and len(lines) == 1 and "nope.toml" in lines[0] and "not found" in lines[0]
+
+
+def test_unknown_key_names_the_closest_valid_one(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[training]\nstpes = 10\n")
+    code, lines = error_of("train", "--config", cfg)
+    assert code == 2 and len(lines) == 1
+    assert "c.toml:2" in lines[0] and "training.stpes" in lines[0] and "training.steps" in lines[0]
+
+
+def test_unknown_section(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[trainig]\nsteps = 10\n")
+    code, lines = error_of("train", "--config", cfg)
+    assert code == 2 and "[trainig]" in lines[0] and "[training]" in lines[0]
+
+
+def test_wrong_type_names_file_key_and_type(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[job]\nname = "x"\n[training]\nsteps = "many"\n')
+    code, lines = error_of("train", "--config", cfg)
+    assert code == 2 and len(lines) == 1
+    assert "c.toml:4" in lines[0] and "training.steps" in lines[0] and "integer" in lines[0]
+
+
+def test_toml_syntax_error_names_line(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[training]\nsteps = = 3\n")
+    code, lines = error_of("train", "--config", cfg)
+    assert code == 2 and "c.toml:2" in lines[0]
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("training.steps", "section.key=value"),
+    ("steps=3", "section.key"),
+    ("training.stpes=3", "training.steps"),
+    ("training.steps=three", "integer"),
+    ("training.steps=", "missing value"),
+    ("optimizer.lr=[1", "not valid TOML"),
+])
+def test_bad_override(override, expect):
+    code, lines = error_of("train", "--set", override)
+    assert code == 2 and len(lines) == 1 and expect in lines[0], lines
+
+
+def test_override_bare_word_is_a_string(tmp_path):
+    proc = run_crucible("train", "--set", "job.name=my-run", "--set", "optimizer.lr=1e-3", "--print-config")
+    assert re.search(r"^name = ['\"]my-run['\"]$", proc.stdout, re.M) and "lr = 0.001" in proc.stdout
+
+
+def test_unreadable_token_file(tmp_path):
+    code, lines = error_of("train", *SMALL, "--set", "training.dataset=tokens",
+                           "--set", f"training.dataset_path={tmp_path / 'missing.bin'}",
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and "missing.bin" in lines[0]
+
+
+def test_token_file_with_ids_beyond_the_vocabulary(tmp_path):
+    path = tmp_path / "bad.u16"
+    np.array([1, 2, 3] * 100 + [5000], dtype=np.uint16).tofile(path)
+    code, lines = error_of("train", *SMALL, "--set", "training.dataset=tokens",
+                           "--set", f"training.dataset_path={path}", "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 65 and "bad.u16" in lines[0] and "5000" in lines[0]
+
+
+def test_token_file_of_odd_size(tmp_path):
+    path = tmp_path / "odd.u32"
+    path.write_bytes(b"\x01\x00\x00\x00" * 100 + b"\x01")
+    code, lines = error_of("train", *SMALL, "--set", "training.dataset=tokens", "--set", "training.token_dtype=uint32",
+                           "--set", f"training.dataset_path={path}", "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 65 and "odd.u32" in lines[0] and "multiple of 4" in lines[0]
+
+
+@pytest.mark.parametrize("corrupt", ["empty", "short_header", "bad_json", "truncated_data", "bad_shape"])
+def test_malformed_safetensors(tmp_path, corrupt):
+    good = tmp_path / "w.safetensors"
+    run_crucible("model", "init", "--set", "model.flavor=debug", "--out", good)
+    data = bytearray(good.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    if corrupt == "empty":
+        data = b""
+    elif corrupt == "short_header":
+        data = data[:8] + data[8:20]
+    elif corrupt == "bad_json":
+        data[8] = ord("!")
+    elif corrupt == "truncated_data":
+        data = data[:-100]
+    elif corrupt == "bad_shape":
+        text = data[8:8 + header_len].decode().replace("[2048,128]", "[2048,129]", 1)
+        data = data[:8] + text.encode() + data[8 + header_len:]
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(data))
+    code, lines = error_of("train", *SMALL, "--set", f"model.init_weights={bad}",
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 65 and len(lines) == 1 and "bad.safetensors" in lines[0], lines
+
+
+def test_unknown_flavor_and_optimizer():
+    code, lines = error_of("train", "--set", "model.flavor=huge")
+    assert code == 2 and "huge" in lines[0] and "tiny" in lines[0]
+    code, lines = error_of("train", "--set", "optimizer.name=Adam")
+    assert code == 2 and "Adam" in lines[0] and "AdamW" in lines[0]
+
+
+def test_every_command_has_help():
+    out = run_crucible("--help").stdout
+    commands = re.findall(r"^  (\w+)\s", out.split("Subcommands:")[1], re.M)
+    assert "train" in commands
+    for command in commands:
+        proc = run_crucible(command, "--help")
+        assert "Usage" in proc.stdout
+    assert run_crucible("--version").stdout.startswith("crucible ")
