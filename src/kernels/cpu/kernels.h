@@ -5,8 +5,8 @@
 // Determinism: every kernel gives bit-identical results for any OpenMP thread count. Work is
 // split so that each output element is produced by one thread in a fixed order; reductions over
 // rows (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
-// Matrix products go through OpenBLAS (OpenMP build), whose sgemm partitions only the output,
-// never the inner dimension (tests/unit/kernels checks this on every build).
+// Matrix products are cut into output tiles of shape-determined size, each one single-threaded
+// OpenBLAS sgemm (see matmul.cc); tests/unit/kernels checks thread independence on every build.
 #pragma once
 
 #include <cstddef>
