@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/profile.h"
+
 namespace crucible {
 
 namespace {
@@ -18,6 +20,7 @@ void ExactAccumulator::Zero() {
 }
 
 bool ExactAccumulator::Add(const float* values) {
+  ScopedKernelTimer profile_timer("exact_accumulate");
   const int64_t n = static_cast<int64_t>(sum_.size());
   bool ok = true;
 #pragma omp parallel for schedule(static) reduction(&& : ok)

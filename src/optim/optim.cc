@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/profile.h"
 
 namespace crucible {
 
@@ -49,6 +50,7 @@ std::vector<std::pair<std::string, std::vector<float>*>> Optimizer::State() {
 }
 
 void Optimizer::Step(float* params, const float* grads, double lr_double, int64_t step) {
+  ScopedKernelTimer profile_timer("optimizer");
   const float lr = static_cast<float>(lr_double);
   const float beta1 = static_cast<float>(config_.beta1), beta2 = static_cast<float>(config_.beta2);
   const float eps = static_cast<float>(config_.eps);

@@ -15,6 +15,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/profile.h"
 #include "common/strings.h"
 #include "common/timer.h"
 #include "data/token_source.h"
@@ -47,6 +48,7 @@ double MeasurePeakGflops() {
 
 int RunTraining(Config config) {
   Timer wall;
+  EnableKernelProfile(config.Bool("metrics.profile"));
   // ---- resolve the config ----
   LlamaConfig model_config = BuildLlamaConfig(config);
   OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
@@ -196,6 +198,7 @@ int RunTraining(Config config) {
     SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, weights.data());
   }
   const double train_seconds = train_timer.Seconds();
+  if (KernelProfileEnabled()) PrintKernelProfile();
   PrintLine(StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
                       "tok/s=%.1f weights_xxh3=%s",
                       (long long)steps, (long long)tokens_seen, wall.Seconds(), train_seconds,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -16,6 +17,7 @@ constexpr int64_t kBlock = 128;  // rows per causal block
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  ScopedKernelTimer profile_timer("attention");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D;
@@ -59,6 +61,7 @@ size_t attention_backward_scratch_floats(int64_t B, int64_t T, int64_t KV) {
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* probs, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  ScopedKernelTimer profile_timer("attention_backward");
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D;

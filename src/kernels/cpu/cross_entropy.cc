@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -26,6 +27,7 @@ inline float row_logsumexp(const float* row, int64_t V) {
 
 int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
                               const int32_t* targets, int64_t N, int64_t V) {
+  ScopedKernelTimer profile_timer("cross_entropy");
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] < -1 || targets[i] >= V)
       throw DataError(StrFormat("target token %d at position %lld is outside the vocabulary [0, %lld)",
@@ -48,6 +50,7 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
 
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                             int64_t N, int64_t V, float scale) {
+  ScopedKernelTimer profile_timer("cross_entropy_backward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* row = logits_to_dlogits + i * V;

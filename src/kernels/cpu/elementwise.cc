@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -29,6 +30,7 @@ inline float dot_lanes(const float* a, const float* b, int64_t n) {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
                        int64_t C) {
+  ScopedKernelTimer profile_timer("embedding");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i)
     std::memcpy(out + i * C, table + static_cast<int64_t>(tokens[i]) * C, C * sizeof(float));
@@ -36,6 +38,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
                         int64_t C) {
+  ScopedKernelTimer profile_timer("embedding_backward");
   // Each thread owns a slice of channels and adds the rows in token order.
   constexpr int64_t kSlice = 64;
   int64_t slices = (C + kSlice - 1) / kSlice;
@@ -52,6 +55,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                      int64_t C, float eps) {
+  ScopedKernelTimer profile_timer("rmsnorm");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
@@ -67,6 +71,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t N, int64_t C) {
+  ScopedKernelTimer profile_timer("rmsnorm_backward");
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   std::vector<float> partial(static_cast<size_t>(chunks * C), 0.0f);
 #pragma omp parallel for schedule(static)
@@ -107,6 +112,7 @@ void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, doubl
 
 void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                   int64_t heads, int64_t D) {
+  ScopedKernelTimer profile_timer("rope");
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -126,6 +132,7 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
 
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
                    int64_t T, int64_t heads, int64_t D) {
+  ScopedKernelTimer profile_timer("rope_backward");
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -144,6 +151,7 @@ void rope_backward(float* dx, const float* cos_table, const float* sin_table, in
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {
+  ScopedKernelTimer profile_timer("swiglu");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * F;
@@ -155,6 +163,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, i
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t N, int64_t F) {
+  ScopedKernelTimer profile_timer("swiglu_backward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * F;

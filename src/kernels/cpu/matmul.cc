@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible::kernels {
@@ -39,12 +40,14 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC) {
+  ScopedKernelTimer profile_timer("matmul");
   gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                      bool accumulate_dweight) {
+  ScopedKernelTimer profile_timer("matmul_backward");
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
     gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
