@@ -89,7 +89,7 @@ class Llama(torch.nn.Module):
             x = block(x, self.cos, self.sin, self.mask)
         x = Block.norm(x, self.norm)
         logits = x @ self.embed.weight.T if self.head is None else self.head(x)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def torch_tokens_per_second(f, seq_len, batch, steps, threads):
