@@ -6,11 +6,8 @@
 
 namespace crucible {
 
-void SaveModelWeights(const std::string& path, const ParameterTable& table,
-                      const LlamaConfig& m, const float* weights) {
-  std::vector<TensorView> views;
-  for (const auto& p : table.params()) views.push_back({p.name, p.shape, weights + p.offset});
-  std::map<std::string, std::string> metadata = {
+std::map<std::string, std::string> ModelWeightsMetadata(const LlamaConfig& m) {
+  return {
       {"format", "pt"},
       {"crucible.flavor", m.flavor},
       {"crucible.vocab_size", std::to_string(m.vocab_size)},
@@ -20,7 +17,13 @@ void SaveModelWeights(const std::string& path, const ParameterTable& table,
       {"crucible.n_kv_heads", std::to_string(m.n_kv_heads)},
       {"crucible.ffn_hidden_dim", std::to_string(m.ffn_hidden_dim)},
       {"crucible.tie_embeddings", m.tie_embeddings ? "true" : "false"}};
-  WriteSafetensors(path, views, metadata);
+}
+
+void SaveModelWeights(const std::string& path, const ParameterTable& table,
+                      const LlamaConfig& m, const float* weights) {
+  std::vector<TensorView> views;
+  for (const auto& p : table.params()) views.push_back({p.name, p.shape, weights + p.offset});
+  WriteSafetensors(path, views, ModelWeightsMetadata(m));
 }
 
 void LoadModelWeights(const std::string& path, const ParameterTable& table, float* weights) {

@@ -193,8 +193,8 @@ void SafetensorsReader::ReadInt32(const std::string& name, int32_t* out) const {
   std::memcpy(out, bytes_.data() + data_start_ + entry->begin, entry->numel() * 4);
 }
 
-std::string EncodeSafetensors(const std::vector<TensorView>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+std::string EncodeSafetensorsHeader(const std::vector<TensorView>& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -207,10 +207,14 @@ std::string EncodeSafetensors(const std::vector<TensorView>& tensors,
   std::string json = header.dump();
   while ((8 + json.size()) % 8 != 0) json.push_back(' ');
   std::string out;
-  out.reserve(8 + json.size() + offset);
   uint64_t length = json.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
-  out += json;
+  return out + json;
+}
+
+std::string EncodeSafetensors(const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::string out = EncodeSafetensorsHeader(tensors, metadata);
   for (const auto& t : tensors) {
     uint64_t numel = 1;
     for (int64_t s : t.shape) numel *= static_cast<uint64_t>(s);

@@ -57,6 +57,10 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorView>& te
 // The same bytes, in memory.
 std::string EncodeSafetensors(const std::vector<TensorView>& tensors,
                               const std::map<std::string, std::string>& metadata);
+// Only the 8-byte length and the JSON header (padded to 8 bytes); the tensor data follows it
+// in the order given. For writers that stream the data themselves.
+std::string EncodeSafetensorsHeader(const std::vector<TensorView>& tensors,
+                                    const std::map<std::string, std::string>& metadata);
 
 std::string ShapeString(const std::vector<int64_t>& shape);
 

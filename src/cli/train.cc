@@ -14,6 +14,7 @@ struct TrainOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   bool print_config = false;
+  std::string resume = "auto";
 };
 
 // Loads --config (or defaults when absent) and the --set overrides.
@@ -32,17 +33,20 @@ CommandRun SetupTrain(CLI::App& app) {
   app.add_option("--set", options->overrides,
                  "override a key: section.key=value (TOML value; a bare word is a string)")
       ->take_all();
+  app.add_option("--resume", options->resume,
+                 "auto (default: the newest checkpoint that verifies, if the run directory has "
+                 "any), none, or a checkpoint folder");
   app.add_flag("--print-config", options->print_config,
                "print the resolved config as TOML and exit");
   app.footer("Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 65 bad data, "
-             "74 I/O error.");
+             "74 I/O error, 143 stopped by SIGTERM/SIGUSR1 after a checkpoint.");
   return [options]() {
     Config config = LoadConfig(*options);
     if (options->print_config) {
       std::fputs(config.ToToml().c_str(), stdout);
       return 0;
     }
-    return RunTraining(config);
+    return RunTraining(config, options->resume);
   };
 }
 

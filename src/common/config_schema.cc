@@ -74,7 +74,24 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "floor of the decay as a fraction of the peak learning rate", true},
 
       // [checkpoint]
-      {"checkpoint.enable", T::kBool, V(true), "write the final weights (model.safetensors)"},
+      {"checkpoint.enable", T::kBool, V(true),
+       "save checkpoints (every `interval` steps, at the last step, on SIGTERM/SIGUSR1) and the "
+       "final weights model.safetensors in the run directory; false writes neither"},
+      {"checkpoint.folder", T::kString, V(std::string("ckpt")),
+       "checkpoint folder, relative to the run directory (or absolute)"},
+      {"checkpoint.interval", T::kIntOrString, V(int64_t{500}),
+       "steps between checkpoints, or \"auto\": Young/Daly sqrt(2 x save stall x MTBF)"},
+      {"checkpoint.async", T::kBool, V(true),
+       "copy the state to host memory and write it on a background thread"},
+      {"checkpoint.keep_latest_k", T::kInt, V(int64_t{3}),
+       "keep the newest k complete checkpoints (0 keeps all); older ones are pruned after a save"},
+      {"checkpoint.keep_every_n", T::kInt, V(int64_t{0}),
+       "also keep every checkpoint whose step is a multiple of n (0: none)"},
+      {"checkpoint.mtbf_hours", T::kFloat, V(0.0),
+       "mean time between failures for interval=\"auto\" when launch/attempts.jsonl shows none; "
+       "0 assumes 24"},
+      {"checkpoint.initial_load_hf", T::kString, V(std::string("")),
+       "Hugging Face Llama folder (config.json + model.safetensors) to start training from"},
 
       // [metrics]
       {"metrics.log_freq", T::kInt, V(int64_t{1}), "print a progress line every N steps"},

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "ckpt/hf.h"
 #include "ckpt/model_weights.h"
 #include "common/error.h"
 #include "common/files.h"
@@ -23,6 +24,8 @@
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
 #include "optim/optim.h"
+#include "train/checkpointing.h"
+#include "train/stop_signals.h"
 
 namespace crucible {
 
@@ -46,9 +49,33 @@ double MeasurePeakGflops() {
   return best;
 }
 
-int RunTraining(Config config) {
+namespace {
+
+// Keeps the metrics.jsonl lines of steps up to `last_step` (a resumed run rewrites the steps
+// after its checkpoint), atomically; returns how many lines were kept.
+int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
+  if (!FileExists(path)) return 0;
+  std::string kept;
+  int64_t lines = 0;
+  for (const std::string& line : Split(ReadFile(path), '\n')) {
+    if (line.empty()) continue;
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
+      continue;  // a line cut by a kill
+    if (record["step"].get<int64_t>() > last_step) continue;
+    kept += line + "\n";
+    ++lines;
+  }
+  AtomicWriteFile(path, kept);
+  return lines;
+}
+
+}  // namespace
+
+int RunTraining(Config config, const std::string& resume_mode) {
   Timer wall;
   EnableKernelProfile(config.Bool("metrics.profile"));
+  StopSignals stop_signals;
   // ---- resolve the config ----
   LlamaConfig model_config = BuildLlamaConfig(config);
   OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
@@ -85,13 +112,23 @@ int RunTraining(Config config) {
   const size_t n_params = table.total();
   std::vector<float> weights(n_params), grads(n_params);
   ExactAccumulator accumulator(n_params);
-  const std::string& init_path = config.String("model.init_weights");
-  if (init_path.empty()) {
-    InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
-  } else {
-    LoadModelWeights(init_path, table, weights.data());
-  }
   Optimizer optimizer(optimizer_config, table, 0, n_params);
+  Checkpointing checkpointing(config, run_dir, model_config, table, &optimizer, world);
+  const ResumePoint resume = checkpointing.Resume(resume_mode, weights.data());
+  if (!resume.resumed) {
+    const std::string& init_path = config.String("model.init_weights");
+    const std::string& hf_path = config.String("checkpoint.initial_load_hf");
+    if (!init_path.empty() && !hf_path.empty())
+      throw UsageError("model.init_weights and checkpoint.initial_load_hf are both set; choose one");
+    if (!hf_path.empty()) {
+      ImportHfModel(hf_path, model_config, table, weights.data());
+      PrintLine("phase=initial_load_hf from=" + hf_path);
+    } else if (!init_path.empty()) {
+      LoadModelWeights(init_path, table, weights.data());
+    } else {
+      InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
+    }
+  }
 
   double peak_gflops = config.Float("metrics.peak_gflops");
   if (peak_gflops <= 0) {
@@ -113,7 +150,8 @@ int RunTraining(Config config) {
   std::FILE* metrics = nullptr;
   if (config.Bool("metrics.enable_jsonl")) {
     std::string path = JoinPath(run_dir, "metrics.jsonl");
-    metrics = std::fopen(path.c_str(), "w");
+    if (resume.resumed) TruncateMetrics(path, resume.progress.step);
+    metrics = std::fopen(path.c_str(), resume.resumed ? "a" : "w");
     if (!metrics) ThrowErrno("cannot open " + path);
   }
 
@@ -127,10 +165,10 @@ int RunTraining(Config config) {
       std::copy(sample.begin() + 1, sample.end(), targets.begin() + b * seq_len);
     }
   };
-  double last_loss = std::nan("");
-  int64_t tokens_seen = 0;
+  double last_loss = resume.resumed ? resume.progress.loss : std::nan("");
+  int64_t tokens_seen = resume.progress.tokens_seen;
   Timer train_timer;
-  for (int64_t step = 1; step <= steps; ++step) {
+  for (int64_t step = resume.progress.step + 1; step <= steps; ++step) {
     Timer step_timer;
     const int64_t first = (step - 1) * global_batch;
     // Valid-token count of the whole global batch, so every micro-batch's gradient is scaled by
@@ -189,8 +227,28 @@ int RunTraining(Config config) {
       if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() || std::fflush(metrics) != 0)
         ThrowErrno("cannot write " + JoinPath(run_dir, "metrics.jsonl"));
     }
+    // ---- checkpoints and stop signals ----
+    checkpointing.NoteStepTime(step_seconds);
+    checkpointing.Poll();
+    TrainingProgress progress{step, step * global_batch, tokens_seen, loss, lr};
+    if (checkpointing.Due(step, steps))
+      checkpointing.Save(progress, weights.data(), false, step == steps ? "final" : "interval");
+    if (int signal_number = StopSignals::Requested()) {
+      std::string saved = "none (checkpoint.enable = false)";
+      if (checkpointing.enabled()) {
+        if (checkpointing.last_saved_step() != step)
+          checkpointing.Save(progress, weights.data(), true, SignalName(signal_number));
+        checkpointing.Finish();
+        saved = JoinPath(checkpointing.root(), "step-" + std::to_string(step));
+      }
+      if (metrics) std::fclose(metrics);
+      PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
+                          SignalName(signal_number), saved.c_str(), kExitSignalled));
+      return kExitSignalled;
+    }
   }
   if (metrics) std::fclose(metrics);
+  checkpointing.Finish();
 
   const uint64_t weights_hash = Hash64(weights.data(), n_params * sizeof(float));
   if (config.Bool("checkpoint.enable")) {

@@ -1,0 +1,106 @@
+// Training checkpoints on disk: one folder per step under the checkpoint root,
+//
+//   <root>/step-<n>/model.safetensors      fp32 master weights, Hugging Face Llama names
+//   <root>/step-<n>/optimizer.safetensors  optimizer state, "<state>.<parameter name>" tensors
+//   <root>/step-<n>/state.json             step, consumed samples, data cursor, RNG, LR position,
+//                                          config hash, world size, crucible version
+//   <root>/step-<n>/config.toml            the resolved config of the run that wrote it
+//   <root>/step-<n>/MANIFEST               "<xxh3-128> <bytes> <file>" for each file above
+//   <root>/step-<n>/COMPLETE               written last: step and the MANIFEST's own checksum
+//   <root>/latest                          "step-<n>": the newest published checkpoint
+//
+// A checkpoint is written in "<root>/.tmp-step-<n>.<pid>" (every file fsynced), published by
+// renaming that folder, and only then pointed to by `latest` (itself written atomically).
+// Readers trust a checkpoint only when COMPLETE is present and every file matches MANIFEST.
+// Nothing here deletes a checkpoint that failed verification: evidence stays on disk.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+#include "model/llama.h"
+
+namespace crucible {
+
+// Everything one checkpoint holds, copied out of the training state into host memory, so a
+// background thread can write it while training goes on.
+struct CheckpointSnapshot {
+  int64_t step = 0;
+  std::vector<float> weights;  // the flat parameter buffer (ParameterTable layout)
+  // Optimizer state buffers by name ("exp_avg", "exp_avg_sq", "momentum"), each covering the
+  // optimizer's slice [optimizer_begin, optimizer_begin + size) of the parameter buffer.
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;
+  size_t optimizer_begin = 0;
+  nlohmann::json state;     // becomes state.json
+  std::string config_toml;  // becomes config.toml
+};
+
+struct CheckpointFileInfo {
+  std::string name;
+  std::string xxh3;  // 128-bit, 32 hex digits
+  uint64_t bytes = 0;
+};
+
+// Called with a phase= line while a save or a verification runs (from the calling thread).
+using ProgressFn = std::function<void(const std::string& line)>;
+
+struct SaveStats {
+  std::string path;  // the published folder
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Writes `snapshot` as <root>/step-<n>, publishes it and updates `latest`. A folder already
+// named step-<n> (left by an earlier attempt) is moved aside to step-<n>.replaced-<k>, never
+// deleted. On any failure the temporary folder is removed, `latest` and the older checkpoints
+// are untouched, and IoError (exit 74) is thrown naming the file and the OS error.
+SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& snapshot,
+                          const ParameterTable& table, const LlamaConfig& model,
+                          const ProgressFn& progress = nullptr);
+
+std::string CheckpointDirName(int64_t step);  // "step-<n>"
+
+// The step-<n> folders under `root`, newest first (complete or not).
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root);
+
+// Checks COMPLETE, MANIFEST and every file's size and checksum. Returns "" when the checkpoint
+// is good, else one line naming the file that failed and how.
+std::string VerifyCheckpoint(const std::string& dir);
+
+// The checkpoint a resume should use: `latest` is read as a hint (a missing or dangling one is
+// reported), then step folders are verified newest first; each one that fails is reported with
+// its reason through `report` and skipped. Returns nullopt when `root` holds no step folder;
+// throws DataError (65) when it holds some and none verifies.
+std::optional<std::string> FindResumeCheckpoint(const std::string& root,
+                                                const std::function<void(const std::string&)>& report);
+
+// Reads a checkpoint that VerifyCheckpoint accepted: weights (table layout), the optimizer
+// state buffers named in `optimizer_state` (each filled over the slice starting at
+// `optimizer_begin`), and returns state.json. Throws DataError naming the file on a mismatch.
+nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& table, float* weights,
+                              const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
+                              size_t optimizer_begin);
+
+// Deletes complete checkpoints that the retention policy no longer keeps: the newest
+// `keep_latest_k` (0 keeps all) and every one whose step is a multiple of `keep_every_n` (0: none)
+// stay. Incomplete or unverified folders are never deleted. Returns the folders removed.
+std::vector<std::string> PruneCheckpoints(const std::string& root, int64_t keep_latest_k,
+                                          int64_t keep_every_n);
+
+// How the config of a run that resumes differs from the one that wrote the checkpoint.
+struct ConfigChanges {
+  std::vector<std::string> breaking;  // resume_sensitive keys: "key: old -> new"
+  std::vector<std::string> harmless;  // other keys
+};
+ConfigChanges CompareResumeConfigs(const Config& saved, const Config& current);
+
+// Removes `path` and everything below it (for pruning and for a failed save's temporary folder).
+void RemoveTree(const std::string& path);
+
+}  // namespace crucible

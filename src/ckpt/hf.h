@@ -1,0 +1,27 @@
+// Hugging Face interop: a LlamaForCausalLM folder (config.json, model.safetensors,
+// generation_config.json, tokenizer.json + tokenizer_config.json when a tokenizer is known) out
+// of our weights, and our weights out of such a folder (written by transformers'
+// save_pretrained, one safetensors file or shards with model.safetensors.index.json).
+// Tensor names are the same on both sides (our ParameterTable uses Hugging Face names) and
+// rotary embeddings use the same rotate-half layout, so no tensor is permuted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/llama.h"
+
+namespace crucible {
+
+// Writes the folder `out` (which must not exist, or be empty) atomically: the files are written
+// in a temporary sibling folder that is renamed to `out` when complete.
+void ExportHfModel(const std::string& out, const LlamaConfig& model, const ParameterTable& table,
+                   const float* weights, int64_t max_position_embeddings,
+                   const std::string& tokenizer_path);
+
+// Reads `dir`/config.json (must describe the same shape as `model`: every differing key is
+// listed in a UsageError) and the weights into `weights` (DataError on a missing tensor).
+void ImportHfModel(const std::string& dir, const LlamaConfig& model, const ParameterTable& table,
+                   float* weights);
+
+}  // namespace crucible

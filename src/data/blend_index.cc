@@ -1,0 +1,286 @@
+#include "data/blend_index.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <queue>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/timer.h"
+
+namespace crucible {
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// Minimum of (key, index) over a fixed set of slots; Set is O(log n).
+class TournamentTree {
+ public:
+  explicit TournamentTree(int n) {
+    leaves_ = 1;
+    while (leaves_ < n) leaves_ *= 2;
+    key_.assign(leaves_, kNever);
+    node_.resize(2 * leaves_);
+    for (int i = 0; i < leaves_; ++i) node_[leaves_ + i] = i;
+    for (int p = leaves_ - 1; p >= 1; --p) node_[p] = Better(node_[2 * p], node_[2 * p + 1]);
+  }
+  void Set(int i, double key) {
+    key_[i] = key;
+    for (int p = (leaves_ + i) >> 1; p >= 1; p >>= 1)
+      node_[p] = Better(node_[2 * p], node_[2 * p + 1]);
+  }
+  int top() const { return node_[1]; }
+  double top_key() const { return key_[node_[1]]; }
+
+ private:
+  int Better(int a, int b) const {
+    return (key_[a] < key_[b] || (key_[a] == key_[b] && a < b)) ? a : b;
+  }
+  int leaves_;
+  std::vector<double> key_;
+  std::vector<int> node_;
+};
+
+int64_t ReleaseSlot(double release) {
+  return release >= 4e18 ? static_cast<int64_t>(4e18) : static_cast<int64_t>(std::floor(release));
+}
+
+constexpr char kCacheMagic[8] = {'C', 'R', 'B', 'L', 'E', 'N', 'D', '1'};
+
+size_t Pad8(size_t n) {
+  return (n + 7) & ~size_t{7};
+}
+
+// Parses a cache file; returns false (with the reason) when it is not a complete, matching one.
+bool ParseCache(const std::string& bytes, const std::string& key_text, int64_t n, BlendIndex* index,
+                std::string* reason) {
+  if (bytes.size() < 32 || std::memcmp(bytes.data(), kCacheMagic, 8) != 0) {
+    *reason = "not a blend index";
+    return false;
+  }
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
+  if (Hash64(bytes.data(), bytes.size() - 8) != stored_hash) {
+    *reason = "checksum mismatch (partial or corrupted)";
+    return false;
+  }
+  uint64_t key_length;
+  std::memcpy(&key_length, bytes.data() + 8, 8);
+  if (key_length > bytes.size() || bytes.compare(16, key_length, key_text) != 0) {
+    *reason = "built for a different key";
+    return false;
+  }
+  size_t offset = Pad8(16 + key_length);
+  uint64_t count;
+  std::memcpy(&count, bytes.data() + offset, 8);
+  offset += 8;
+  const size_t need = offset + Pad8(count * 2) + count * 8 + 8;
+  if (count > bytes.size() || need != bytes.size()) {
+    *reason = "inconsistent size";
+    return false;
+  }
+  if (static_cast<int64_t>(count) < n) {
+    *reason = StrFormat("holds %llu samples, %lld needed", (unsigned long long)count, (long long)n);
+    return false;
+  }
+  index->dataset_index.resize(n);
+  index->dataset_sample.resize(n);
+  std::memcpy(index->dataset_index.data(), bytes.data() + offset, n * 2);
+  offset += Pad8(count * 2);
+  std::memcpy(index->dataset_sample.data(), bytes.data() + offset, n * 8);
+  return true;
+}
+
+std::string SerializeCache(const std::string& key_text, const BlendIndex& index) {
+  const uint64_t count = index.dataset_index.size();
+  std::string out;
+  out.reserve(Pad8(16 + key_text.size()) + 8 + Pad8(count * 2) + count * 8 + 8);
+  out.append(kCacheMagic, 8);
+  const uint64_t key_length = key_text.size();
+  out.append(reinterpret_cast<const char*>(&key_length), 8);
+  out += key_text;
+  out.resize(Pad8(out.size()), '\0');
+  out.append(reinterpret_cast<const char*>(&count), 8);
+  out.append(reinterpret_cast<const char*>(index.dataset_index.data()), count * 2);
+  out.resize(Pad8(out.size()), '\0');
+  out.append(reinterpret_cast<const char*>(index.dataset_sample.data()), count * 8);
+  const uint64_t hash = Hash64(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(&hash), 8);
+  return out;
+}
+
+// Holds an exclusive flock on a lock file for the lifetime of the object.
+class FileLock {
+ public:
+  FileLock(const std::string& path, bool progress) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) ThrowErrno("cannot open lock file " + path);
+    Timer waited, since_heartbeat;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) {
+        ::close(fd_);
+        ThrowErrno("cannot lock " + path);
+      }
+      if (progress && since_heartbeat.Seconds() >= 2.0) {
+        PrintLine(
+            StrFormat("phase=index_wait lock=%s waited_s=%.0f", path.c_str(), waited.Seconds()));
+        since_heartbeat.Reset();
+      }
+      ::usleep(50 * 1000);
+    }
+  }
+  ~FileLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+void BuildBlendIndex(const std::vector<double>& weights, int64_t n, uint16_t* dataset_index,
+                     int64_t* dataset_sample, const std::function<void(int64_t)>& heartbeat) {
+  const int datasets = static_cast<int>(weights.size());
+  if (datasets == 0 || datasets > 65535) throw UsageError("blend: need 1 to 65535 datasets");
+  double total = 0;
+  for (double w : weights) {
+    if (!(w > 0) || !std::isfinite(w))
+      throw UsageError("blend: weights must be positive and finite");
+    total += w;
+  }
+  std::vector<double> share(datasets);
+  double longest_gap = 1;
+  for (int d = 0; d < datasets; ++d) {
+    share[d] = weights[d] / total;
+    longest_gap = std::max(longest_gap, 1.0 / share[d]);
+  }
+  // Calendar ring for releases up to `ring` slots ahead; later ones wait in a heap.
+  int64_t ring = 2;
+  while (ring < static_cast<int64_t>(std::min(longest_gap + 2, 1048576.0))) ring *= 2;
+  const int64_t mask = ring - 1;
+  std::vector<int> head(ring, -1), next(datasets, -1);
+  using Pending = std::pair<int64_t, int>;
+  std::priority_queue<Pending, std::vector<Pending>, std::greater<Pending>> far;
+  std::vector<int64_t> taken(datasets, 0);
+  TournamentTree ready(datasets);
+  for (int d = 0; d < datasets; ++d) ready.Set(d, 1.0 / share[d]);
+
+  auto release = [&](int d) { ready.Set(d, static_cast<double>(taken[d] + 1) / share[d]); };
+  auto drain = [&](int64_t slot) {
+    int64_t bucket = slot & mask;
+    for (int d = head[bucket]; d >= 0;) {
+      int following = next[d];
+      release(d);
+      d = following;
+    }
+    head[bucket] = -1;
+  };
+  for (int64_t step = 0; step < n; ++step) {
+    while (!far.empty() && far.top().first < step + ring) {
+      auto [slot, d] = far.top();
+      far.pop();
+      if (slot <= step) {
+        release(d);
+      } else {
+        next[d] = head[slot & mask];
+        head[slot & mask] = d;
+      }
+    }
+    drain(step);
+    if (ready.top_key() == kNever) {
+      // Only reachable through rounding when the weights' shares sum to slightly under one:
+      // release the earliest pending dataset(s) early. Deterministic like everything else.
+      int64_t slot = step + 1;
+      while (slot < step + ring && head[slot & mask] < 0) ++slot;
+      if (slot < step + ring) {
+        drain(slot);
+      } else {
+        int64_t first = far.top().first;
+        while (!far.empty() && far.top().first == first) {
+          release(far.top().second);
+          far.pop();
+        }
+      }
+    }
+    const int d = ready.top();
+    dataset_index[step] = static_cast<uint16_t>(d);
+    dataset_sample[step] = taken[d]++;
+    // Dataset d may take its next sample at the first step s with taken < (s + 1) share.
+    const int64_t slot = ReleaseSlot(static_cast<double>(taken[d]) / share[d]);
+    if (slot <= step + 1) {
+      release(d);
+    } else {
+      ready.Set(d, kNever);
+      if (slot < step + 1 + ring) {
+        next[d] = head[slot & mask];
+        head[slot & mask] = d;
+      } else {
+        far.push({slot, d});
+      }
+    }
+    if (heartbeat && (step & ((1 << 22) - 1)) == (1 << 22) - 1) heartbeat(step + 1);
+  }
+}
+
+std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_text) {
+  return JoinPath(cache_dir,
+                  "blend-" + HexU64(Hash64(key_text.data(), key_text.size())) + ".index");
+}
+
+BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
+                                 const std::vector<double>& weights, int64_t n, bool progress) {
+  const std::string path = BlendIndexPath(cache_dir, key_text);
+  BlendIndex index;
+  std::string reason = "absent";
+  auto try_read = [&]() {
+    if (!FileExists(path)) {
+      reason = "absent";
+      return false;
+    }
+    return ParseCache(ReadFile(path), key_text, n, &index, &reason);
+  };
+  if (try_read()) {
+    if (progress)
+      PrintLine(
+          StrFormat("phase=index status=cached samples=%lld path=%s", (long long)n, path.c_str()));
+    return index;
+  }
+  MakeDirectories(cache_dir);
+  FileLock lock(path + ".lock", progress);
+  if (try_read()) {  // another process built it while we waited
+    if (progress)
+      PrintLine(
+          StrFormat("phase=index status=cached samples=%lld path=%s", (long long)n, path.c_str()));
+    return index;
+  }
+  if (progress)
+    PrintLine(
+        StrFormat("phase=index status=building samples=%lld datasets=%zu reason=\"%s\" path=%s",
+                  (long long)n, weights.size(), reason.c_str(), path.c_str()));
+  Timer timer;
+  index.dataset_index.resize(n);
+  index.dataset_sample.resize(n);
+  BuildBlendIndex(weights, n, index.dataset_index.data(), index.dataset_sample.data(),
+                  [&](int64_t done) {
+                    if (progress)
+                      PrintLine(StrFormat("phase=index status=building done=%lld of=%lld",
+                                          (long long)done, (long long)n));
+                  });
+  AtomicWriteFile(path, SerializeCache(key_text, index));
+  if (progress)
+    PrintLine(StrFormat("phase=index status=built samples=%lld seconds=%.3f", (long long)n,
+                        timer.Seconds()));
+  return index;
+}
+
+}  // namespace crucible

@@ -1,0 +1,263 @@
+#include "data/blended_dataset.h"
+
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <numeric>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/philox.h"
+#include "common/strings.h"
+#include "data/blend_index.h"
+#include "data/indexed_dataset.h"
+
+namespace crucible {
+namespace {
+
+constexpr uint64_t kDocumentOrderSalt = 0x646f632d6f726465ULL;  // "doc-orde"
+constexpr uint64_t kShuffleSalt = 0x73687566666c6521ULL;        // "shuffle!"
+
+uint64_t Stream(int dataset, int64_t epoch) {
+  return (static_cast<uint64_t>(dataset) << 40) |
+         (static_cast<uint64_t>(epoch) & ((1ULL << 40) - 1));
+}
+
+// One epoch of a shard: its sequences in shuffled order and where each starts in the
+// concatenation.
+struct EpochTable {
+  int64_t epoch = -1;
+  std::vector<int64_t> order;
+  std::vector<int64_t> start;  // order.size() + 1 entries
+};
+
+struct ShardReader {
+  std::unique_ptr<IndexedDataset> data;
+  std::once_flag verified;
+  std::mutex mutex;
+  std::list<std::shared_ptr<const EpochTable>> epochs;  // most recently used first
+};
+
+}  // namespace
+
+uint64_t ShufflePosition(uint64_t position, uint64_t size, uint64_t seed, uint64_t stream) {
+  if (size <= 1) return 0;
+  int bits = 64 - __builtin_clzll(size - 1);
+  const int half = (bits + 1) / 2;
+  const uint64_t mask = (half >= 64) ? ~0ULL : ((1ULL << half) - 1);
+  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed ^ kShuffleSalt),
+                                       static_cast<uint32_t>((seed ^ kShuffleSalt) >> 32)};
+  uint64_t x = position;
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (uint32_t round = 0; round < 6; ++round) {
+      PhiloxBlock block =
+          Philox4x32({static_cast<uint32_t>(right), round, static_cast<uint32_t>(stream),
+                      static_cast<uint32_t>(stream >> 32)},
+                     key);
+      const uint64_t f = ((static_cast<uint64_t>(block[1]) << 32) | block[0]) & mask;
+      const uint64_t next_right = left ^ f;
+      left = right;
+      right = next_right;
+    }
+    x = (left << half) | right;
+  } while (x >= size);
+  return x;
+}
+
+struct BlendedDataset::State {
+  BlendOptions options;
+  std::vector<BlendedShard> shards;
+  std::vector<std::unique_ptr<ShardReader>> readers;
+  BlendIndex index;
+  std::string key, path;
+
+  std::shared_ptr<const EpochTable> Epoch(int d, int64_t epoch) const {
+    ShardReader& reader = *readers[d];
+    std::lock_guard<std::mutex> lock(reader.mutex);
+    for (auto it = reader.epochs.begin(); it != reader.epochs.end(); ++it) {
+      if ((*it)->epoch == epoch) {
+        auto table = *it;
+        reader.epochs.erase(it);
+        reader.epochs.push_front(table);
+        return table;
+      }
+    }
+    auto table = std::make_shared<EpochTable>();
+    const IndexedDataset& data = *reader.data;
+    const int64_t sequences = data.sequence_count();
+    table->epoch = epoch;
+    table->order.resize(sequences);
+    std::iota(table->order.begin(), table->order.end(), int64_t{0});
+    Philox rng(options.seed ^ kDocumentOrderSalt, Stream(d, epoch));
+    for (int64_t i = sequences - 1; i > 0; --i)
+      std::swap(table->order[i], table->order[rng.NextBelow(static_cast<uint64_t>(i) + 1)]);
+    table->start.resize(sequences + 1);
+    int64_t offset = 0;
+    for (int64_t i = 0; i < sequences; ++i) {
+      table->start[i] = offset;
+      offset += data.sequence_length(table->order[i]);
+    }
+    table->start[sequences] = offset;
+    reader.epochs.push_front(table);
+    if (reader.epochs.size() > 3) reader.epochs.pop_back();
+    return table;
+  }
+};
+
+BlendedDataset::BlendedDataset(std::unique_ptr<State> state) : state_(std::move(state)) {}
+BlendedDataset::~BlendedDataset() = default;
+
+std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options) {
+  if (options.seq_len < 1) throw UsageError("blend: seq_len must be at least 1");
+  if (options.num_samples < 0)
+    throw UsageError("blend: the number of samples must not be negative");
+  auto state = std::make_unique<State>();
+  state->options = options;
+  std::vector<FileListEntry> entries = ReadFileList(options.file_list);
+  double total_weight = 0;
+  for (const auto& e : entries) total_weight += e.weight;
+  std::string tokenizer = options.tokenizer_checksum;
+  std::string tokenizer_source = "the run's tokenizer";
+  for (size_t d = 0; d < entries.size(); ++d) {
+    const FileListEntry& entry = entries[d];
+    const std::string& where = entry.where;
+    for (const std::string& file : {BinPath(entry.prefix), IdxPath(entry.prefix)})
+      if (!FileExists(file)) throw DataError(where + ": " + file + ": no such file");
+    if (!FileExists(ManifestPath(entry.prefix)))
+      throw DataError(where + ": " + entry.prefix + ": unknown corpus file: no " +
+                      ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");
+    BlendedShard shard;
+    shard.entry = entry;
+    shard.share = entry.weight / total_weight;
+    auto reader = std::make_unique<ShardReader>();
+    try {
+      shard.manifest = ReadManifest(entry.prefix);
+      std::vector<std::string> problems = CheckShardSizes(entry.prefix, shard.manifest);
+      if (!problems.empty()) throw DataError(problems.front() + " (stale or truncated shard)");
+      reader->data = std::make_unique<IndexedDataset>(entry.prefix);
+    } catch (const Error& e) {
+      throw Error(e.exit_code(), where + ": " + e.what());
+    }
+    const IndexedDataset& data = *reader->data;
+    const ShardManifest& m = shard.manifest;
+    if (DtypeName(data.dtype()) != m.dtype)
+      throw DataError(StrFormat("%s: %s: dtype mismatch: the index holds %s, the manifest says %s",
+                                where.c_str(), IdxPath(entry.prefix).c_str(),
+                                DtypeName(data.dtype()), m.dtype.c_str()));
+    if (data.total_tokens() != m.tokens || data.sequence_count() != m.documents)
+      throw DataError(
+          StrFormat("%s: %s: holds %lld tokens in %lld sequences, the manifest says %lld "
+                    "in %lld (stale shard)",
+                    where.c_str(), IdxPath(entry.prefix).c_str(), (long long)data.total_tokens(),
+                    (long long)data.sequence_count(), (long long)m.tokens, (long long)m.documents));
+    if (tokenizer.empty()) {
+      tokenizer = m.tokenizer_checksum;
+      tokenizer_source = where;
+    } else if (m.tokenizer_checksum != tokenizer) {
+      throw DataError(StrFormat("%s: %s was tokenized with tokenizer %s, but %s is %s",
+                                where.c_str(), entry.prefix.c_str(), m.tokenizer_checksum.c_str(),
+                                tokenizer_source.c_str(), tokenizer.c_str()));
+    }
+    if (options.vocab_size > 0 && m.max_token >= options.vocab_size)
+      throw DataError(
+          StrFormat("%s: %s: token id %lld does not fit the model's vocab_size %lld "
+                    "(vocabulary overflow)",
+                    where.c_str(), entry.prefix.c_str(), (long long)m.max_token,
+                    (long long)options.vocab_size));
+    shard.samples_per_epoch = (data.total_tokens() - 1) / options.seq_len;
+    if (shard.samples_per_epoch < 1)
+      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %lld",
+                                where.c_str(), entry.prefix.c_str(), (long long)data.total_tokens(),
+                                (long long)(options.seq_len + 1)));
+    state->shards.push_back(std::move(shard));
+    state->readers.push_back(std::move(reader));
+  }
+
+  std::string key =
+      StrFormat("crucible-blend v1\nseq_len=%lld seed=%llu tokenizer=%s\n",
+                (long long)options.seq_len, (unsigned long long)options.seed, tokenizer.c_str());
+  std::vector<double> weights;
+  for (const auto& shard : state->shards) {
+    key += StrFormat("weight=%s content=%s\n", FormatDouble(shard.entry.weight).c_str(),
+                     shard.manifest.content_checksum.c_str());
+    weights.push_back(shard.entry.weight);
+  }
+  std::string cache_dir = options.cache_dir;
+  if (cache_dir.empty())
+    cache_dir = JoinPath(ParentDirectory(options.file_list), ".crucible-cache");
+  state->key = key;
+  state->path = BlendIndexPath(cache_dir, key);
+  state->index =
+      LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples, options.progress);
+  return std::unique_ptr<BlendedDataset>(new BlendedDataset(std::move(state)));
+}
+
+SampleOrigin BlendedDataset::Origin(int64_t index) const {
+  if (index < 0 || index >= size())
+    throw Error(kExitFailure, StrFormat("blend: sample %lld is outside the index of %lld samples",
+                                        (long long)index, (long long)size()));
+  SampleOrigin origin;
+  origin.dataset = state_->index.dataset_index[index];
+  origin.position = state_->index.dataset_sample[index];
+  const BlendedShard& shard = state_->shards[origin.dataset];
+  origin.epoch = origin.position / shard.samples_per_epoch;
+  origin.window = static_cast<int64_t>(
+      ShufflePosition(static_cast<uint64_t>(origin.position % shard.samples_per_epoch),
+                      static_cast<uint64_t>(shard.samples_per_epoch), state_->options.seed,
+                      Stream(origin.dataset, origin.epoch)));
+  return origin;
+}
+
+void BlendedDataset::Sample(int64_t index, int32_t* tokens) const {
+  const SampleOrigin origin = Origin(index);
+  const int d = origin.dataset;
+  ShardReader& reader = *state_->readers[d];
+  std::call_once(reader.verified, [&] {
+    const BlendedShard& shard = state_->shards[d];
+    std::vector<std::string> problems = VerifyShard(shard.entry.prefix, shard.manifest);
+    if (!problems.empty()) throw DataError(shard.entry.where + ": " + problems.front());
+  });
+  const std::shared_ptr<const EpochTable> table = state_->Epoch(d, origin.epoch);
+  const int64_t seq_len = state_->options.seq_len;
+  const int64_t offset = origin.window * seq_len;
+  int64_t i =
+      std::upper_bound(table->start.begin(), table->start.end(), offset) - table->start.begin() - 1;
+  int64_t within = offset - table->start[i];
+  int64_t remaining = seq_len + 1;
+  const IndexedDataset& data = *reader.data;
+  while (remaining > 0) {
+    const int64_t sequence = table->order[i];
+    const int64_t take = std::min(remaining, data.sequence_length(sequence) - within);
+    data.ReadTokens(sequence, within, take, tokens);
+    tokens += take;
+    remaining -= take;
+    within = 0;
+    ++i;
+  }
+}
+
+std::string BlendedDataset::Describe() const {
+  return StrFormat("blend(%s, %zu datasets, %lld samples, index %s)",
+                   state_->options.file_list.c_str(), state_->shards.size(), (long long)size(),
+                   state_->path.c_str());
+}
+
+int64_t BlendedDataset::size() const {
+  return state_->index.size();
+}
+int64_t BlendedDataset::seq_len() const {
+  return state_->options.seq_len;
+}
+const std::vector<BlendedShard>& BlendedDataset::shards() const {
+  return state_->shards;
+}
+const std::string& BlendedDataset::cache_key() const {
+  return state_->key;
+}
+const std::string& BlendedDataset::cache_path() const {
+  return state_->path;
+}
+
+}  // namespace crucible

@@ -1,0 +1,84 @@
+// A weighted blend of prepared shards, as `crucible train` reads it ([training] dataset = "blend",
+// dataset_path = a blendcorpus file list) and `crucible data blend|inspect` report on it.
+//
+// Sample i of the blend is a pure function of (shards' content, weights, seq_len, seed, i):
+//  - the blend index (blend_index.h) says dataset d and its running number p;
+//  - dataset d's samples come in epochs of S_d = floor((tokens_d - 1) / seq_len) samples; epoch e
+//    concatenates the shard's sequences (documents, each ending in EOS) in an order shuffled by
+//    Philox(seed, d, e) and cuts it into windows of seq_len + 1 tokens that overlap by one;
+//  - within epoch e, position p mod S_d is mapped to a window through a Philox-keyed Feistel
+//    permutation of [0, S_d) (cycle-walking), so the shuffle needs no table and is prefix-stable.
+// Nothing depends on the rank layout, the number of samples asked for, or where a run resumed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/file_list.h"
+#include "data/manifest.h"
+#include "data/token_source.h"
+
+namespace crucible {
+
+struct BlendOptions {
+  std::string file_list;
+  int64_t seq_len = 0;
+  uint64_t seed = 0;
+  int64_t num_samples = 0;  // how many global samples to index
+  std::string cache_dir;    // "" = <file list folder>/.crucible-cache
+  // The checksum of the tokenizer the run uses ("" = take the shards', which must agree).
+  std::string tokenizer_checksum;
+  int64_t vocab_size = 0;  // the model's; 0 = do not check token ids against it
+  bool progress = true;
+};
+
+struct BlendedShard {
+  FileListEntry entry;
+  ShardManifest manifest;
+  double share = 0;  // normalised weight
+  int64_t samples_per_epoch = 0;
+};
+
+// Which dataset and which of its samples a global sample is.
+struct SampleOrigin {
+  int dataset = 0;
+  int64_t position = 0;  // the dataset's running sample number
+  int64_t epoch = 0;
+  int64_t window = 0;  // window in the epoch's concatenation
+};
+
+class BlendedDataset : public TokenSource {
+ public:
+  // Reads the file list and every manifest, opens the shards, checks them (sizes against the
+  // manifests, dtype, token ids against vocab_size and the tokenizer checksum), and loads or
+  // builds the cached blend index. Errors name the list line and the file; bad data exits 65.
+  static std::unique_ptr<BlendedDataset> Open(const BlendOptions& options);
+  ~BlendedDataset() override;
+
+  // Writes seq_len + 1 tokens of global sample `index` (< size()). The first sample drawn from a
+  // shard verifies its .bin/.idx checksums against the manifest (once per process).
+  void Sample(int64_t index, int32_t* tokens) const override;
+  std::string Describe() const override;
+
+  SampleOrigin Origin(int64_t index) const;
+  int64_t size() const;
+  int64_t seq_len() const;
+  const std::vector<BlendedShard>& shards() const;
+  // The cache key text (what the index depends on) and the cache file.
+  const std::string& cache_key() const;
+  const std::string& cache_path() const;
+
+  struct State;
+
+ private:
+  explicit BlendedDataset(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// The Feistel permutation used for the in-epoch shuffle: a bijection of [0, size) for each
+// (seed, stream). Exposed for tests.
+uint64_t ShufflePosition(uint64_t position, uint64_t size, uint64_t seed, uint64_t stream);
+
+}  // namespace crucible
