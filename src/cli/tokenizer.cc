@@ -30,7 +30,7 @@ struct TokenizerOptions {
   std::vector<std::string> special_tokens = {"<|begin_of_text|>", "<|end_of_text|>"};
   int64_t vocab_size = 8192, min_frequency = 2;
   int threads = 0;
-  bool whole_file = false, eos = false, jsonl_out = false, skip_special = false;
+  bool whole_file = false, eos = false, pieces = false, jsonl_out = false, skip_special = false;
 };
 
 // Reads documents from text files (one per line, or one per file) and jsonl files (one object
@@ -258,7 +258,17 @@ int RunEncode(const TokenizerOptions& o) {
   double bytes = 0, encode_seconds = 0;
   int64_t tokens = 0, count = 0;
   std::string text;
-  while (reader.Next(&documents)) {
+  while (o.pieces && reader.Next(&documents)) {  // debugging: pre-tokens as JSON lists
+    for (auto d : documents) {
+      std::string line = nlohmann::json(tokenizer.PreTokenize(d))
+                             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      line.push_back('\n');
+      out.Write(line.data(), line.size());
+      bytes += static_cast<double>(d.size());
+    }
+    count += static_cast<int64_t>(documents.size());
+  }
+  while (!o.pieces && reader.Next(&documents)) {
     Timer timer;
     auto encoded = tokenizer.EncodeBatch(documents, o.threads);
     encode_seconds += timer.Seconds();
@@ -395,6 +405,8 @@ CommandRun SetupTokenizer(CLI::App& app) {
   encode->add_option("-o,--out", o->out, "ids as text, one line per document (default: stdout)");
   encode->add_option("--out-bin", o->out_bin, "ids as raw little-endian uint32 instead");
   encode->add_flag("--eos", o->eos, "append the end-of-text id after each document");
+  encode->add_flag("--pieces", o->pieces,
+                   "debug: write each document's pre-tokens (and added tokens) as a JSON list");
   AddInputOptions(encode, o.get());
 
   CLI::App* decode = app.add_subcommand("decode", "token ids -> text (one line per document)");

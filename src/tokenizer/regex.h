@@ -69,8 +69,8 @@ class Regex {
   bool jit_ = false;
 };
 
-// Oniguruma's \s is Unicode White_Space, which also holds U+0085; PCRE2's \s (with UCP) does not.
-// Rewrites \s and \S so that both engines agree. Exposed for tests.
+// Oniguruma's \s is Unicode White_Space; PCRE2's \s (with UCP) lacks U+0085 and has U+180E.
+// Rewrites \s and \S as the explicit White_Space set so both engines agree. Exposed for tests.
 std::string TranslateOnigurumaPattern(const std::string& pattern);
 
 }  // namespace crucible

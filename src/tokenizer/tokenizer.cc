@@ -310,18 +310,15 @@ Tokenizer::Impl::StateLease::~StateLease() {
 Tokenizer::Impl::Impl() = default;
 Tokenizer::Impl::~Impl() = default;
 
-void Tokenizer::Impl::EncodeInto(std::string_view text, EncoderState& state,
-                                 std::vector<uint32_t>* out) const {
-  if (!IsValidUtf8(text)) {
-    state.repaired = RepairUtf8(text);
-    text = state.repaired;
-  }
-  auto encode_plain = [&](size_t start, size_t end) {
+template <class OnPiece>
+void Tokenizer::Impl::ForEachPiece(std::string_view text, EncoderState& state,
+                                   OnPiece&& on_piece) const {
+  auto plain = [&](size_t start, size_t end) {
     pre_tokenizer->Split(text.substr(start, end - start), state.pre);
-    for (std::string_view piece : state.pre.pieces) bpe->EncodeWord(piece, state.bpe, out);
+    for (std::string_view piece : state.pre.pieces) on_piece(piece, int64_t{-1});
   };
   if (added_raw.empty() && added_normalized.empty()) {
-    encode_plain(0, text.size());
+    plain(0, text.size());
     return;
   }
   // Non-normalized added tokens are cut from the raw text first, then normalized ones from
@@ -337,10 +334,37 @@ void Tokenizer::Impl::EncodeInto(std::string_view text, EncoderState& state,
   }
   for (const TextSegment& s : state.segments) {
     if (s.id >= 0)
-      out->push_back(static_cast<uint32_t>(s.id));
+      on_piece(text.substr(s.start, s.end - s.start), s.id);
     else
-      encode_plain(s.start, s.end);
+      plain(s.start, s.end);
   }
+}
+
+void Tokenizer::Impl::EncodeInto(std::string_view text, EncoderState& state,
+                                 std::vector<uint32_t>* out) const {
+  if (!IsValidUtf8(text)) {
+    state.repaired = RepairUtf8(text);
+    text = state.repaired;
+  }
+  ForEachPiece(text, state, [&](std::string_view piece, int64_t added_id) {
+    if (added_id >= 0)
+      out->push_back(static_cast<uint32_t>(added_id));
+    else
+      bpe->EncodeWord(piece, state.bpe, out);
+  });
+}
+
+std::vector<std::string> Tokenizer::PreTokenize(std::string_view text) const {
+  Impl::StateLease lease(*impl_);
+  std::string repaired;
+  if (!IsValidUtf8(text)) {
+    repaired = RepairUtf8(text);
+    text = repaired;
+  }
+  std::vector<std::string> pieces;
+  impl_->ForEachPiece(text, lease.state(),
+                      [&](std::string_view piece, int64_t) { pieces.emplace_back(piece); });
+  return pieces;
 }
 
 std::vector<uint32_t> Tokenizer::Encode(std::string_view text) const {

@@ -34,6 +34,9 @@ class Tokenizer {
   std::vector<std::vector<uint32_t>> EncodeBatch(const std::vector<std::string_view>& documents,
                                                  int threads = 0) const;
   std::string Decode(const std::vector<uint32_t>& ids) const;
+  // The pieces BPE sees (pre-tokens as raw bytes, and added tokens as written): for debugging
+  // and for comparing pre-tokenization with Hugging Face's pre_tokenize_str.
+  std::vector<std::string> PreTokenize(std::string_view text) const;
   // As Hugging Face's decode(ids, skip_special_tokens): unknown ids are skipped, bytes that do
   // not form valid UTF-8 become U+FFFD.
   std::string Decode(const std::vector<uint32_t>& ids, bool skip_special_tokens) const;

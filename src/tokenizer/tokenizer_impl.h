@@ -47,6 +47,10 @@ struct Tokenizer::Impl {
     std::unique_ptr<EncoderState> state_;
   };
   void EncodeInto(std::string_view text, EncoderState& state, std::vector<uint32_t>* out) const;
+  // Cuts out added tokens, pre-tokenizes the rest, and calls on_piece(piece, added_id) in order
+  // (added_id -1 for a pre-token). `text` must be valid UTF-8.
+  template <class OnPiece>
+  void ForEachPiece(std::string_view text, EncoderState& state, OnPiece&& on_piece) const;
   std::string ComputeChecksum() const;
   nlohmann::ordered_json ToJson() const;
 
