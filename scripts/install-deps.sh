@@ -8,6 +8,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip python3-torch python3-numpy
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

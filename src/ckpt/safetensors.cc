@@ -159,6 +159,7 @@ void SafetensorsReader::ReadFloat32(const std::string& name,
                     ", expected " + ShapeString(expected_shape));
   const char* data = bytes_.data() + data_start_ + entry->begin;
   size_t n = entry->numel();
+  if (n == 0) return;  // an empty tensor: `out` may be null
   if (entry->dtype == "F32") {
     std::memcpy(out, data, n * 4);
   } else if (entry->dtype == "BF16") {
@@ -190,7 +191,7 @@ void SafetensorsReader::ReadInt32(const std::string& name, int32_t* out) const {
   if (!entry) throw DataError(source_ + ": no tensor named '" + name + "'");
   if (entry->dtype != "I32")
     throw DataError(source_ + ": tensor '" + name + "' has dtype " + entry->dtype + ", expected I32");
-  std::memcpy(out, bytes_.data() + data_start_ + entry->begin, entry->numel() * 4);
+  if (entry->numel() > 0) std::memcpy(out, bytes_.data() + data_start_ + entry->begin, entry->numel() * 4);
 }
 
 std::string EncodeSafetensorsHeader(const std::vector<TensorView>& tensors,

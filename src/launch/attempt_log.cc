@@ -1,0 +1,162 @@
+#include "launch/attempt_log.h"
+
+#include <cstdlib>
+
+#include "common/strings.h"
+#include "launch/hostlist.h"
+#include "launch/rank_environment.h"
+
+namespace crucible {
+namespace {
+
+constexpr size_t kTailLines = 20;
+constexpr size_t kMaxCandidates = 32;
+
+// Digits at text[pos...] followed by `terminator`; returns the number and moves pos past both.
+std::optional<int> NumberThen(std::string_view text, size_t* pos, std::string_view terminator) {
+  size_t start = *pos, end = start;
+  while (end < text.size() && end - start < 9 && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == start || text.substr(end, terminator.size()) != terminator) return std::nullopt;
+  *pos = end + terminator.size();
+  return std::atoi(std::string(text.substr(start, end - start)).c_str());
+}
+
+bool IsTimeLimitMessage(std::string_view text) {
+  return text.find("DUE TO TIME LIMIT") != std::string_view::npos ||
+         (text.find("walltime") != std::string_view::npos &&
+          text.find("exceeded limit") != std::string_view::npos);
+}
+
+}  // namespace
+
+OutputLine ParseOutputLine(std::string_view raw, LabelStyle style) {
+  OutputLine line;
+  size_t pos = 0;
+  switch (style) {
+    case LabelStyle::kColon: {  // optional padding, "3: "
+      while (pos < raw.size() && raw[pos] == ' ') ++pos;
+      if (auto rank = NumberThen(raw, &pos, ": ")) {
+        line.rank = *rank;
+        line.text = raw.substr(pos);
+        return line;
+      }
+      break;
+    }
+    case LabelStyle::kOpenMpi: {  // "[1,3]<stdout>:" (also <stderr>, <stddiag>)
+      if (raw.substr(0, 1) == "[") {
+        pos = 1;
+        if (NumberThen(raw, &pos, ",")) {
+          if (auto rank = NumberThen(raw, &pos, "]<")) {
+            size_t close = raw.find(">:", pos);
+            if (close != std::string_view::npos && close - pos <= 8) {
+              line.rank = *rank;
+              line.text = raw.substr(close + 2);
+              return line;
+            }
+          }
+        }
+      }
+      break;
+    }
+    case LabelStyle::kBracket: {  // "[3] "
+      if (raw.substr(0, 1) == "[") {
+        pos = 1;
+        if (auto rank = NumberThen(raw, &pos, "] ")) {
+          line.rank = *rank;
+          line.text = raw.substr(pos);
+          return line;
+        }
+      }
+      break;
+    }
+    case LabelStyle::kNone:
+      break;
+  }
+  line.text = raw;
+  return line;
+}
+
+std::string DisplayLine(const OutputLine& line) {
+  return line.rank < 0 ? line.text : std::to_string(line.rank) + ": " + line.text;
+}
+
+AttemptLog::AttemptLog(const BadNodePatterns* patterns, std::vector<std::string> active_nodes)
+    : patterns_(patterns), active_nodes_(std::move(active_nodes)) {}
+
+void AttemptLog::Add(const OutputLine& line, double seconds) {
+  const std::string& text = line.text;
+  RankIdentity identity;
+  if (ParseRankAnnouncement(text, &identity)) {
+    rank_nodes_[identity.rank] = identity.node;
+    return;
+  }
+  if (line.rank >= 0) {
+    auto node = rank_nodes_.find(line.rank);
+    if (node != rank_nodes_.end()) node_last_output_[NormalizeHost(node->second)] = seconds;
+  }
+  if (StartsWith(text, "step=")) {
+    const int64_t step = std::strtoll(text.c_str() + 5, nullptr, 10);
+    if (!first_step_) {
+      first_step_ = step;
+      first_step_seconds_ = seconds;
+    }
+    last_step_ = step;
+  } else if (patterns_ && candidates_.size() < kMaxCandidates) {
+    if (auto match = patterns_->Find(text))
+      candidates_.push_back({*match, line.rank, DisplayLine(line)});
+  }
+  if (!time_limit_line_ && IsTimeLimitMessage(text)) time_limit_line_ = DisplayLine(line);
+  tail_.push_back(DisplayLine(line));
+  if (tail_.size() > kTailLines) tail_.pop_front();
+}
+
+std::vector<std::string> AttemptLog::RankNodes() const {
+  std::vector<std::string> nodes;
+  for (const auto& [rank, node] : rank_nodes_)
+    if (FindHost(nodes, node) < 0) nodes.push_back(node);
+  return nodes;
+}
+
+std::optional<std::string> AttemptLog::ResolveNode(const Candidate& candidate) const {
+  if (!candidate.match.host.empty()) {
+    int index = FindHost(active_nodes_, candidate.match.host);
+    if (index >= 0) return active_nodes_[index];
+  }
+  for (int rank : {candidate.match.rank, candidate.line_rank}) {
+    auto node = rank_nodes_.find(rank);
+    if (rank < 0 || node == rank_nodes_.end()) continue;
+    int index = FindHost(active_nodes_, node->second);
+    if (index >= 0) return active_nodes_[index];
+  }
+  return std::nullopt;
+}
+
+std::optional<NamedNode> AttemptLog::BadNode() const {
+  for (const Candidate& candidate : candidates_) {
+    if (auto node = ResolveNode(candidate))
+      return NamedNode{*node, candidate.match.pattern, candidate.line};
+  }
+  return std::nullopt;
+}
+
+std::string AttemptLog::FirstSilentNode(double gap) const {
+  if (active_nodes_.size() < 2) return "";
+  std::string quietest;
+  double quietest_time = 0, next_time = 0;
+  bool first = true;
+  for (const std::string& node : active_nodes_) {
+    auto it = node_last_output_.find(NormalizeHost(node));
+    if (it == node_last_output_.end()) return "";  // a node that never spoke tells nothing
+    if (first || it->second < quietest_time) {
+      next_time = first ? 1e300 : quietest_time;
+      quietest_time = it->second;
+      quietest = node;
+    } else if (it->second < next_time) {
+      next_time = it->second;
+    }
+    first = false;
+  }
+  return next_time - quietest_time >= gap ? quietest : "";
+}
+
+}  // namespace crucible

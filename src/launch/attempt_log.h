@@ -1,0 +1,81 @@
+// What one attempt's output said, gathered line by line as it streams past (nothing is kept
+// but the evidence): progress (`step=<n>` lines), which rank runs on which node, the first
+// line a bad-node pattern matched, a scheduler's time-limit message, when each node last
+// spoke, and the last lines for the summary.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "launch/bad_node_patterns.h"
+#include "launch/command.h"
+
+namespace crucible {
+
+struct OutputLine {
+  int rank = -1;     // from the launcher's label; -1 when the line has none
+  std::string text;  // the line without its label
+};
+// Splits the rank label the MPI launcher put in front of a line.
+OutputLine ParseOutputLine(std::string_view raw, LabelStyle style);
+// The line as the launcher passes it through: "<rank>: text" or the text alone.
+std::string DisplayLine(const OutputLine& line);
+
+// A node a log line blamed, with the line itself as evidence.
+struct NamedNode {
+  std::string node;
+  std::string pattern;
+  std::string evidence;
+};
+
+class AttemptLog {
+ public:
+  AttemptLog(const BadNodePatterns* patterns, std::vector<std::string> active_nodes);
+
+  // Feeds one line; `seconds` is the time since the attempt started.
+  void Add(const OutputLine& line, double seconds);
+
+  bool reached_step() const { return first_step_.has_value(); }
+  std::optional<int64_t> first_step() const { return first_step_; }
+  std::optional<int64_t> last_step() const { return last_step_; }
+  std::optional<double> first_step_seconds() const { return first_step_seconds_; }
+  const std::map<int, std::string>& rank_nodes() const { return rank_nodes_; }
+  // Distinct nodes ranks announced, in rank order.
+  std::vector<std::string> RankNodes() const;
+  const std::optional<std::string>& time_limit_line() const { return time_limit_line_; }
+  const std::deque<std::string>& tail() const { return tail_; }
+
+  // The first pattern match that resolves to an active node (a host the match names, or the
+  // node of the rank it names or the line came from).
+  std::optional<NamedNode> BadNode() const;
+
+  // The active node whose ranks went quiet first, when that is clear: every active node spoke
+  // after its ranks started, and the quietest fell silent at least `gap` seconds before any
+  // other. Empty otherwise.
+  std::string FirstSilentNode(double gap) const;
+
+ private:
+  struct Candidate {
+    BadNodePatterns::Match match;
+    int line_rank;
+    std::string line;
+  };
+  std::optional<std::string> ResolveNode(const Candidate& candidate) const;
+
+  const BadNodePatterns* patterns_;
+  std::vector<std::string> active_nodes_;
+  std::optional<int64_t> first_step_, last_step_;
+  std::optional<double> first_step_seconds_;
+  std::map<int, std::string> rank_nodes_;
+  std::map<std::string, double> node_last_output_;
+  std::vector<Candidate> candidates_;
+  std::optional<std::string> time_limit_line_;
+  std::deque<std::string> tail_;
+};
+
+}  // namespace crucible

@@ -1,0 +1,119 @@
+#include "launch/classifier.h"
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "launch/detect.h"
+
+namespace crucible {
+namespace {
+
+bool IsWalltimeCode(int code) {
+  return code == 143 || code == 271 || code == -29;
+}
+
+std::string LastLine(const AttemptLog* log) {
+  return log && !log->tail().empty() ? log->tail().back() : "(no output)";
+}
+
+}  // namespace
+
+const char* VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kSuccess:
+      return "success";
+    case Verdict::kConfigError:
+      return "config_error";
+    case Verdict::kDiskIo:
+      return "disk_io";
+    case Verdict::kWalltime:
+      return "walltime";
+    case Verdict::kBadNode:
+      return "bad_node";
+    case Verdict::kHang:
+      return "hang";
+    case Verdict::kNoProgress:
+      return "no_progress";
+    default:
+      return "unknown";
+  }
+}
+
+Classification ClassifyAttempt(const AttemptFacts& facts) {
+  const int code = facts.exit_code;
+  const AttemptLog* log = facts.log;
+  const bool reached_step = log && log->reached_step();
+  Classification c;
+
+  if (code == 0 && !facts.timed_out) {
+    c.verdict = Verdict::kSuccess;
+    c.evidence = "exit 0";
+    return c;
+  }
+  if (code == kExitUsage || code == kExitBadData) {
+    c.verdict = Verdict::kConfigError;
+    c.evidence =
+        StrFormat("exit %d (%s): %s", code,
+                  code == kExitUsage ? "usage or config error" : "bad data", LastLine(log).c_str());
+    return c;
+  }
+  if (!reached_step && !facts.previous_reached_step) {
+    c.verdict = Verdict::kConfigError;
+    c.evidence = StrFormat("two attempts in a row reached no step= line; exit %d: %s", code,
+                           LastLine(log).c_str());
+    return c;
+  }
+  if (code == kExitIo) {
+    c.verdict = Verdict::kDiskIo;
+    c.evidence = "exit 74 (I/O error): " + LastLine(log);
+    return c;
+  }
+  if (IsWalltimeCode(code)) {
+    const bool little_left =
+        facts.time_left_seconds && *facts.time_left_seconds <= facts.walltime_margin_seconds;
+    if (little_left || (log && log->time_limit_line())) {
+      c.verdict = Verdict::kWalltime;
+      c.evidence =
+          log && log->time_limit_line()
+              ? *log->time_limit_line()
+              : StrFormat("exit %d with %.0f s of wall time left", code, *facts.time_left_seconds);
+      return c;
+    }
+  }
+  if (log) {
+    if (auto named = log->BadNode()) {
+      c.verdict = Verdict::kBadNode;
+      c.node = named->node;
+      c.pattern = named->pattern;
+      c.evidence = named->evidence;
+      return c;
+    }
+  }
+  for (const auto& [node, state] : facts.node_states) {
+    if (IsBadNodeState(state)) {
+      c.verdict = Verdict::kBadNode;
+      c.node = node;
+      c.pattern = "scheduler-state";
+      c.evidence = "scheduler reports node " + node + " " + state;
+      return c;
+    }
+  }
+  if (facts.timed_out || code == kExitTimeout) {
+    c.verdict = Verdict::kHang;
+    c.node = log ? log->FirstSilentNode(facts.silence_gap_seconds) : "";
+    c.pattern = c.node.empty() ? "" : "first-silent";
+    c.evidence = c.node.empty()
+                     ? "no output within the watchdog timeout; last line: " + LastLine(log)
+                     : "node " + c.node + " went silent first; last line: " + LastLine(log);
+    return c;
+  }
+  if (!reached_step) {
+    c.verdict = Verdict::kNoProgress;
+    c.evidence = StrFormat("exit %d before the first step= line: %s", code, LastLine(log).c_str());
+    return c;
+  }
+  c.verdict = Verdict::kUnknown;
+  c.evidence = StrFormat("exit %d: %s", code, LastLine(log).c_str());
+  return c;
+}
+
+}  // namespace crucible

@@ -1,0 +1,57 @@
+// Why an attempt ended, decided from its exit code, its log and the scheduler's state, in this
+// fixed order (docs/launch.md, "Failover"):
+//   success      exit 0
+//   config_error exit 2 or 65, or a second attempt in a row that reached no `step=` line
+//   disk_io      exit 74: retry in place, no node to blame
+//   walltime     exit 143, 271 or -29 while the scheduler says little time is left (or its
+//                log says the job hit its time limit); a 143 with hours left is not walltime
+//   bad_node     a bad-node pattern in the log, or the scheduler's node state, names a node
+//   hang         exit 124 from the watchdog; names the node that went silent first, if known
+//   no_progress  a first attempt that reached no `step=` line: retry in place once, so a
+//                config error is caught on the next attempt without touching the spares
+//   unknown      anything else
+// Every verdict carries the evidence line it was decided on.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/attempt_log.h"
+
+namespace crucible {
+
+enum class Verdict {
+  kSuccess,
+  kConfigError,
+  kDiskIo,
+  kWalltime,
+  kBadNode,
+  kHang,
+  kNoProgress,
+  kUnknown
+};
+const char* VerdictName(Verdict verdict);
+
+struct AttemptFacts {
+  int exit_code = 0;
+  bool timed_out = false;  // the watchdog killed it (exit 124)
+  const AttemptLog* log = nullptr;
+  bool previous_reached_step = true;               // false: the attempt before also made no step
+  std::optional<double> time_left_seconds;         // from the scheduler; nullopt if unknown
+  double walltime_margin_seconds = 300;            // "little time is left" means at most this
+  std::map<std::string, std::string> node_states;  // scheduler's state of each active node
+  double silence_gap_seconds = 1.0;                // see AttemptLog::FirstSilentNode
+};
+
+struct Classification {
+  Verdict verdict = Verdict::kUnknown;
+  std::string evidence;  // the line or fact the verdict rests on
+  std::string node;      // the node to blame (bad_node, and hang when known); empty otherwise
+  std::string pattern;   // the pattern that named it, or "scheduler-state" / "first-silent"
+};
+
+Classification ClassifyAttempt(const AttemptFacts& facts);
+
+}  // namespace crucible

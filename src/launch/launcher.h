@@ -1,0 +1,52 @@
+// `crucible launch`: detection, the attempt loop (watchdog, retries with backoff, failover to
+// spare nodes, resubmission), and the records it leaves in <run_dir>/launch/. The one entry
+// point the CLI calls; see docs/launch.md for the behaviour in full.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launch/detect.h"
+
+namespace crucible {
+
+struct LaunchOptions {
+  std::vector<std::string> command;  // what every rank runs
+  std::string run_dir = "runs/launch";
+  // Layout; 0 means "from the allocation".
+  int np = 0;
+  int ppn = 0;
+  int nodes = 0;
+  std::string hostfile;
+  std::string mpi = "auto";  // auto, openmpi, mpich, none
+  bool dry_run = false;
+  // Watchdog.
+  double timeout_seconds = 0;
+  double kill_grace_seconds = 1;
+  // Retries: attempts after the first; -1 means 0, or 10 with --auto-retry.
+  int retries = -1;
+  double backoff_base_seconds = 5;
+  double backoff_cap_seconds = 60;
+  // Failover.
+  bool auto_retry = false;
+  int spares = -1;  // -1: every allocated node left over
+  std::vector<std::string> pattern_files;
+  double walltime_margin_seconds = 300;
+  // Resubmission and health check.
+  bool resubmit = false;
+  std::string resubmit_script;
+  bool preflight = false;
+  double preflight_timeout_seconds = 60;
+  std::string preflight_command;  // a site health check run on every node, e.g. a GPU test
+  // The crucible binary ranks run the wrapper from; empty: this process's executable.
+  std::string crucible_path;
+};
+
+// Validates the options (UsageError, exit 2, for bad input), runs the job, and returns its
+// exit code: the last attempt's, or 124 when the watchdog killed it.
+int RunLaunch(const LaunchOptions& options, const Environment& env);
+
+// The pause before retry `retry` (1-based): base x 2^(retry-1), at most cap.
+double BackoffSeconds(int retry, double base, double cap);
+
+}  // namespace crucible

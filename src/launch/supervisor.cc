@@ -1,0 +1,323 @@
+#include "launch/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/timer.h"
+#include "launch/process.h"
+#include "launch/rank_environment.h"
+
+namespace crucible {
+namespace {
+
+int signal_pipe[2] = {-1, -1};
+std::atomic<int> first_signal{0};
+std::atomic<int> signal_count{0};
+
+void WakeUp() {
+  const int saved = errno;
+  char byte = 1;
+  ssize_t ignored = write(signal_pipe[1], &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+void OnSignal(int signal_number) {
+  int expected = 0;
+  first_signal.compare_exchange_strong(expected, signal_number);
+  signal_count.fetch_add(1);
+  WakeUp();
+}
+
+void OnChild(int) {
+  WakeUp();
+}
+
+void WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed stdout must not stop the job
+    done += static_cast<size_t>(n);
+  }
+}
+
+void DrainSignalPipe() {
+  char buffer[64];
+  while (read(signal_pipe[0], buffer, sizeof(buffer)) > 0) {
+  }
+}
+
+// One output stream of the job: bytes in, complete lines out.
+struct Stream {
+  int fd = -1;
+  int out_fd = 1;
+  std::string partial;
+  bool open() const { return fd >= 0; }
+};
+
+constexpr size_t kMaxLine = 64 * 1024;
+
+class Watcher {
+ public:
+  Watcher(const SupervisorOptions& options, AttemptLog* log, LabelStyle labels)
+      : options_(options), log_(log), labels_(labels) {
+    if (!options.log_path.empty()) {
+      log_fd_ = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (log_fd_ < 0) ThrowErrno("cannot open attempt log " + options.log_path);
+    }
+  }
+  ~Watcher() {
+    if (log_fd_ >= 0) close(log_fd_);
+  }
+
+  // Reads what is available; returns false at end of stream.
+  bool Read(Stream* stream) {
+    char buffer[65536];
+    ssize_t n = read(stream->fd, buffer, sizeof(buffer));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (n <= 0) {
+      if (!stream->partial.empty()) Line(stream, stream->partial);
+      stream->partial.clear();
+      close(stream->fd);
+      stream->fd = -1;
+      return false;
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      if (buffer[i] != '\n') continue;
+      stream->partial.append(buffer + start, i - start);
+      Line(stream, stream->partial);
+      stream->partial.clear();
+      start = i + 1;
+    }
+    stream->partial.append(buffer + start, n - start);
+    if (stream->partial.size() >= kMaxLine) {
+      Line(stream, stream->partial);
+      stream->partial.clear();
+    }
+    return true;
+  }
+
+  double last_line_seconds() const { return last_line_seconds_; }
+  double first_line_seconds() const { return first_line_seconds_; }
+  const Timer& timer() const { return timer_; }
+
+ private:
+  void Line(Stream* stream, const std::string& raw) {
+    const double now = timer_.Seconds();
+    last_line_seconds_ = now;
+    if (first_line_seconds_ < 0) first_line_seconds_ = now;
+    OutputLine line = ParseOutputLine(raw, labels_);
+    if (log_) log_->Add(line, now);
+    std::string shown = DisplayLine(line) + "\n";
+    if (log_fd_ >= 0) WriteAll(log_fd_, shown);
+    RankIdentity ignored;
+    if (options_.pass_through && !ParseRankAnnouncement(line.text, &ignored))
+      WriteAll(stream->out_fd, shown);
+  }
+
+  const SupervisorOptions& options_;
+  AttemptLog* log_;
+  LabelStyle labels_;
+  int log_fd_ = -1;
+  Timer timer_;
+  double last_line_seconds_ = 0;
+  double first_line_seconds_ = -1;
+};
+
+// Signals the job's process group and every process of the job.
+void SignalJob(pid_t child, const std::string& marker, int signal_number) {
+  kill(-child, signal_number);
+  for (pid_t pid : JobProcesses(marker)) kill(pid, signal_number);
+}
+
+// Reaps every exited child (as subreaper, orphaned ranks too); records the job's own status.
+void Reap(pid_t child, int* child_status, bool* child_done) {
+  while (true) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    if (pid == child) {
+      *child_status = status;
+      *child_done = true;
+    }
+  }
+}
+
+}  // namespace
+
+void InstallLaunchSignalHandlers() {
+  if (signal_pipe[0] >= 0) return;
+  if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) ThrowErrno("pipe");
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &action, nullptr);
+  action.sa_handler = OnChild;
+  action.sa_flags = SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &action, nullptr);  // wakes poll() when the job exits
+  signal(SIGPIPE, SIG_IGN);
+  BecomeSubreaper();
+}
+
+int PendingLaunchSignal() {
+  return first_signal.load();
+}
+
+bool SleepUnlessSignalled(double seconds) {
+  Timer timer;
+  while (PendingLaunchSignal() == 0) {
+    double left = seconds - timer.Seconds();
+    if (left <= 0) return true;
+    pollfd p{signal_pipe[0], POLLIN, 0};
+    poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    DrainSignalPipe();
+  }
+  return false;
+}
+
+AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& options,
+                         AttemptLog* log) {
+  InstallLaunchSignalHandlers();
+  if (!command.hostfile_path.empty())
+    AtomicWriteFile(command.hostfile_path, command.hostfile_contents);
+  Watcher watcher(options, log, command.labels);
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) ThrowErrno("pipe");
+  const int signals_before = signal_count.load();
+
+  pid_t child = fork();
+  if (child < 0) ThrowErrno("fork");
+  if (child == 0) {
+    setsid();
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    for (const auto& [key, value] : command.env) setenv(key.c_str(), value.c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& arg : command.argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::string message = "crucible launch: error: cannot run " + command.argv[0] + ": " +
+                          std::strerror(errno) + "\n";
+    WriteAll(2, message);
+    _exit(errno == ENOENT ? 127 : 126);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Stream streams[2];
+  streams[0].fd = out_pipe[0];
+  streams[0].out_fd = 1;
+  streams[1].fd = err_pipe[0];
+  streams[1].out_fd = 2;
+
+  AttemptRun run;
+  int child_status = 0;
+  bool child_done = false;
+  double drain_deadline = -1;  // after the child exits, how long leftover writers may hold pipes
+  int signals_seen = signals_before;
+
+  auto kill_job = [&]() {
+    SignalJob(child, options.marker, SIGTERM);
+    SignalJob(child, options.marker, SIGCONT);
+    Timer grace;
+    while (grace.Seconds() < options.kill_grace_seconds) {
+      Reap(child, &child_status, &child_done);
+      if (child_done && JobProcesses(options.marker).empty()) return;
+      usleep(20000);
+    }
+    if (options.before_kill) options.before_kill();
+    Timer hard;
+    while (hard.Seconds() < 10) {
+      SignalJob(child, options.marker, SIGKILL);
+      usleep(10000);
+      Reap(child, &child_status, &child_done);
+      if (child_done && JobProcesses(options.marker).empty()) return;
+    }
+  };
+
+  while (streams[0].open() || streams[1].open() || !child_done) {
+    const double now = watcher.timer().Seconds();
+    // A signal to the launcher is forwarded to the job (srun and mpirun pass it to the ranks);
+    // a second one kills the job.
+    const int signals_now = signal_count.load();
+    if (signals_now != signals_seen) {
+      if (run.signal_received != 0) break;
+      run.signal_received = PendingLaunchSignal();
+      signals_seen = signals_now;
+      kill(-child, run.signal_received);
+    }
+    double wait = 1.0;
+    if (options.timeout_seconds > 0) {
+      double silent_for = now - watcher.last_line_seconds();
+      if (silent_for >= options.timeout_seconds) {
+        run.timed_out = true;
+        break;
+      }
+      wait = std::min(wait, options.timeout_seconds - silent_for);
+    }
+    if (child_done) {
+      if (drain_deadline < 0) drain_deadline = now + 2.0;
+      if (now >= drain_deadline) break;
+      wait = std::min(wait, drain_deadline - now);
+    }
+    pollfd fds[3];
+    int count = 0;
+    for (Stream& s : streams)
+      if (s.open()) fds[count++] = {s.fd, POLLIN, 0};
+    fds[count++] = {signal_pipe[0], POLLIN, 0};
+    int ready = poll(fds, count, static_cast<int>(wait * 1000) + 1);
+    if (ready < 0 && errno != EINTR) ThrowErrno("poll");
+    DrainSignalPipe();
+    for (Stream& s : streams) {
+      if (!s.open()) continue;
+      for (int i = 0; i < count; ++i)
+        if (fds[i].fd == s.fd && fds[i].revents) watcher.Read(&s);
+    }
+    Reap(child, &child_status, &child_done);
+  }
+  // Whatever is still running now is the silent job, a job signalled twice, or a leftover
+  // holding our pipes.
+  if (run.timed_out || !child_done || !JobProcesses(options.marker).empty()) kill_job();
+  // Read what the writers left; a writer this host cannot see must not hold us forever.
+  for (Stream& s : streams) {
+    while (s.open()) {
+      pollfd p{s.fd, POLLIN, 0};
+      if (poll(&p, 1, 1000) <= 0) {
+        close(s.fd);
+        s.fd = -1;
+      } else {
+        watcher.Read(&s);
+      }
+    }
+  }
+  while (!child_done) {
+    int status = 0;
+    pid_t pid = waitpid(child, &status, 0);
+    if (pid == child) child_status = status, child_done = true;
+    if (pid < 0 && errno != EINTR) break;
+  }
+  run.exit_code = run.timed_out ? kExitTimeout : ExitCodeFromStatus(child_status);
+  run.seconds = watcher.timer().Seconds();
+  run.first_line_seconds = watcher.first_line_seconds();
+  return run;
+}
+
+}  // namespace crucible

@@ -1,0 +1,141 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer/regex.h"
+
+#include <pcre2.h>
+
+#include "common/error.h"
+
+namespace crucible {
+
+// Unicode White_Space, as Oniguruma's \s matches it (checked against `tokenizers` on every code
+// point): PCRE2's \s misses U+0085 and has U+180E.
+constexpr const char* kWhiteSpace =
+    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
+    "\\x{202F}\\x{205F}\\x{3000}";
+
+// Letters and numbers assigned after the Unicode version of Debian's PCRE2 (10.42) and known to
+// the Oniguruma inside `tokenizers` (found by comparing the two on every code point; the test
+// test_pre_tokenization_agrees_on_every_code_point keeps it so).
+constexpr const char* kNewerLetters =
+    "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}"
+    "\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}"
+    "\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}"
+    "\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}"
+    "\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}"
+    "\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}"
+    "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}"
+    "\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}";
+constexpr const char* kNewerNumbers =
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}"
+    "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}"
+    "\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}";
+
+std::string TranslateOnigurumaPattern(const std::string& pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      char next = pattern[i + 1];
+      ++i;
+      if ((next == 'p' || next == 'P') &&
+          (pattern.compare(i + 1, 3, "{L}") == 0 || pattern.compare(i + 1, 3, "{N}") == 0)) {
+        std::string extended = std::string("\\p") + pattern.substr(i + 1, 3) +
+                               (pattern[i + 2] == 'L' ? kNewerLetters : kNewerNumbers);
+        i += 3;
+        if (in_class && next == 'p')
+          out += extended;
+        else if (next == 'p')
+          out += "[" + extended + "]";
+        else if (!in_class)
+          out += "[^" + extended + "]";
+        else
+          out += "\\P" + pattern.substr(i - 2, 3);  // \P{..} inside a class stays as is
+        continue;
+      }
+      if (next == 's') {
+        out += in_class ? std::string(kWhiteSpace) : std::string("[") + kWhiteSpace + "]";
+      } else if (next == 'S' && !in_class) {
+        out += std::string("[^") + kWhiteSpace + "]";
+      } else {
+        // \S inside a class cannot be widened the same way; it stays PCRE2's \S.
+        out += '\\';
+        out += next;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' (or '^]') right after the opening bracket is a literal.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+RegexScratch::RegexScratch() {
+  match_data_ = pcre2_match_data_create(1, nullptr);
+  match_context_ = pcre2_match_context_create(nullptr);
+  jit_stack_ = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+  if (jit_stack_)
+    pcre2_jit_stack_assign(static_cast<pcre2_match_context*>(match_context_), nullptr, jit_stack_);
+}
+
+RegexScratch::~RegexScratch() {
+  pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
+  pcre2_match_context_free(static_cast<pcre2_match_context*>(match_context_));
+  if (jit_stack_) pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
+}
+
+Regex::Regex(const std::string& pattern, const std::string& where)
+    : where_(where), translated_(TranslateOnigurumaPattern(pattern)) {
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated_.data()), translated_.size(),
+                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+  if (!code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error_code, message, sizeof(message));
+    throw DataError(where + ": unsupported pre-tokenizer regex '" + pattern +
+                    "' (PCRE2: " + reinterpret_cast<const char*>(message) + " at offset " +
+                    std::to_string(error_offset) + ")");
+  }
+  jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  code_ = code;
+}
+
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
+
+bool Regex::Find(std::string_view text, size_t from, RegexScratch& scratch, size_t* start,
+                 size_t* end) const {
+  auto* code = static_cast<pcre2_code*>(code_);
+  auto* data = static_cast<pcre2_match_data*>(scratch.match_data_);
+  auto* context = static_cast<pcre2_match_context*>(scratch.match_context_);
+  auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // The caller guarantees valid UTF-8; PCRE2's own check would rescan the whole text per call.
+  int rc =
+      jit_ ? pcre2_jit_match(code, subject, text.size(), from, PCRE2_NO_UTF_CHECK, data, context)
+           : pcre2_match(code, subject, text.size(), from, PCRE2_NO_UTF_CHECK, data, context);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof(message));
+    throw DataError(where_ + ": pre-tokenizer regex failed on the input (PCRE2: " +
+                    reinterpret_cast<const char*>(message) + ")");
+  }
+  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
+  *start = ovector[0];
+  *end = ovector[1];
+  return true;
+}
+
+}  // namespace crucible

@@ -1,0 +1,208 @@
+// Checkpoint folders: write, verify, load, fall back, prune; the interval rule; the async writer.
+#include "ckpt/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/async_writer.h"
+#include "ckpt/interval.h"
+#include "common/error.h"
+#include "common/files.h"
+
+namespace crucible {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ckpt_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    config_ = Config::Defaults();
+    for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=1", "model.n_heads=2",
+                          "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
+      config_.ApplyOverride(o);
+    model_ = BuildLlamaConfig(config_);
+    table_ = std::make_unique<ParameterTable>(model_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  CheckpointSnapshot Snapshot(int64_t step) {
+    CheckpointSnapshot s;
+    s.step = step;
+    s.weights.resize(table_->total());
+    for (size_t i = 0; i < s.weights.size(); ++i) s.weights[i] = static_cast<float>(i) * 0.5f + step;
+    s.optimizer_state = {{"exp_avg", std::vector<float>(table_->total(), 1.0f * step)},
+                         {"exp_avg_sq", std::vector<float>(table_->total(), 2.0f * step)}};
+    s.state = {{"step", step}, {"consumed_samples", step * 4}};
+    s.config_toml = config_.ToToml();
+    return s;
+  }
+  std::string Dir(int64_t step) { return (root_ / CheckpointDirName(step)).string(); }
+
+  fs::path root_;
+  Config config_;
+  LlamaConfig model_;
+  std::unique_ptr<ParameterTable> table_;
+};
+
+TEST_F(CheckpointTest, WrittenCheckpointVerifiesAndLoadsBack) {
+  WriteCheckpoint(root_.string(), Snapshot(7), *table_, model_);
+  EXPECT_EQ(VerifyCheckpoint(Dir(7)), "");
+  EXPECT_EQ(ReadFile((root_ / "latest").string()), "step-7\n");
+  std::vector<float> weights(table_->total()), m(table_->total()), v(table_->total());
+  nlohmann::json state = LoadCheckpoint(Dir(7), *table_, weights.data(), {{"exp_avg", &m}, {"exp_avg_sq", &v}}, 0);
+  EXPECT_EQ(state["step"], 7);
+  EXPECT_EQ(weights, Snapshot(7).weights);
+  EXPECT_EQ(m[3], 7.0f);
+  EXPECT_EQ(v[5], 14.0f);
+  // No temporary folder is left behind.
+  for (const auto& entry : fs::directory_iterator(root_))
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+}
+
+TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  const std::string model = Dir(1) + "/model.safetensors";
+  fs::resize_file(model, fs::file_size(model) - 4);
+  EXPECT_NE(VerifyCheckpoint(Dir(1)).find("model.safetensors: "), std::string::npos);
+
+  WriteCheckpoint(root_.string(), Snapshot(2), *table_, model_);
+  {
+    std::fstream f(Dir(2) + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x7f');
+  }
+  EXPECT_NE(VerifyCheckpoint(Dir(2)).find("optimizer.safetensors: checksum"), std::string::npos);
+
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  { std::ofstream(Dir(3) + "/MANIFEST", std::ios::app) << "# edited\n"; }
+  EXPECT_NE(VerifyCheckpoint(Dir(3)).find("MANIFEST: checksum"), std::string::npos);
+
+  WriteCheckpoint(root_.string(), Snapshot(4), *table_, model_);
+  fs::remove(Dir(4) + "/COMPLETE");
+  EXPECT_NE(VerifyCheckpoint(Dir(4)).find("COMPLETE is missing"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
+  for (int64_t step : {10, 20, 30}) WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+  fs::remove(Dir(30) + "/state.json");
+  fs::remove(root_ / "latest");
+  std::vector<std::string> reports;
+  auto found = FindResumeCheckpoint(root_.string(), [&](const std::string& r) { reports.push_back(r); });
+  ASSERT_TRUE(found);
+  EXPECT_EQ(*found, Dir(20));
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_NE(reports[0].find("latest is missing"), std::string::npos);
+  EXPECT_NE(reports[1].find("step-30 is unusable: state.json: missing"), std::string::npos);
+  EXPECT_TRUE(fs::exists(Dir(30)));  // evidence kept
+
+  fs::remove(Dir(20) + "/COMPLETE");
+  fs::remove(Dir(10) + "/COMPLETE");
+  try {
+    FindResumeCheckpoint(root_.string(), [](const std::string&) {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitBadData);
+    EXPECT_NE(std::string(e.what()).find("none of the 3 checkpoints verifies"), std::string::npos);
+  }
+  EXPECT_FALSE(FindResumeCheckpoint((root_ / "absent").string(), [](const std::string&) {}));
+}
+
+TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
+  for (int64_t step = 5; step <= 40; step += 5) WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+  fs::remove(Dir(5) + "/COMPLETE");  // incomplete: never deleted
+  auto removed = PruneCheckpoints(root_.string(), 2, 20);
+  EXPECT_EQ(removed.size(), 4u);  // 10, 15, 25, 30
+  std::vector<int64_t> kept;
+  for (const auto& [step, dir] : ListCheckpoints(root_.string())) kept.push_back(step);
+  EXPECT_EQ(kept, (std::vector<int64_t>{40, 35, 20, 5}));
+  EXPECT_TRUE(PruneCheckpoints(root_.string(), 0, 0).empty());  // 0 keeps all
+}
+
+TEST_F(CheckpointTest, SavingAStepAgainMovesTheOldFolderAside) {
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  fs::remove(Dir(3) + "/COMPLETE");
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  EXPECT_EQ(VerifyCheckpoint(Dir(3)), "");
+  EXPECT_TRUE(fs::exists(root_ / "step-3.replaced-1" / "model.safetensors"));
+}
+
+TEST_F(CheckpointTest, WriteFailureIsAnIoErrorAndLeavesNoFolder) {
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  // A plain file where the temporary folder's parent should be.
+  const std::string blocked = (root_ / "blocked").string();
+  { std::ofstream(blocked) << "x"; }
+  try {
+    WriteCheckpoint(blocked + "/ckpt", Snapshot(2), *table_, model_);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitIo);
+  }
+  EXPECT_EQ(VerifyCheckpoint(Dir(1)), "");
+  EXPECT_EQ(ReadFile((root_ / "latest").string()), "step-1\n");
+}
+
+TEST_F(CheckpointTest, ConfigChangesAreSplitIntoBreakingAndHarmless) {
+  Config changed = config_;
+  changed.ApplyOverride("training.seq_len=512");
+  changed.ApplyOverride("training.steps=7");
+  ConfigChanges changes = CompareResumeConfigs(config_, changed);
+  ASSERT_EQ(changes.breaking.size(), 1u);
+  EXPECT_EQ(changes.breaking[0], "training.seq_len: 256 -> 512");
+  ASSERT_EQ(changes.harmless.size(), 1u);
+  EXPECT_EQ(changes.harmless[0], "training.steps: 100 -> 7");
+}
+
+TEST(IntervalTest, YoungDalyAndMtbfFromAttempts) {
+  EXPECT_DOUBLE_EQ(YoungDalyIntervalSeconds(2.0, 3600.0), std::sqrt(2.0 * 2.0 * 3600.0));
+  EXPECT_NEAR(ExpectedLostFraction(2.0, 120.0, 3600.0), 2.0 / 120 + 122.0 / 7200, 1e-12);
+  EXPECT_EQ(IntervalSteps(10.0, 0.3), 33);
+  EXPECT_EQ(IntervalSteps(0.01, 1.0), 1);
+
+  const std::string path = fs::temp_directory_path() / ("attempts_" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream out(path);
+    out << R"({"attempt":1,"wall_s":3600,"exit_code":137})" << "\n"
+        << "not json\n"
+        << R"({"attempt":2,"start":100,"end":7300,"exit_code":143})" << "\n"
+        << R"({"attempt":3,"duration_s":1800,"rc":1})" << "\n";
+  }
+  MtbfEstimate estimate = EstimateMtbf(path, 0);
+  EXPECT_EQ(estimate.source, "attempts.jsonl");
+  EXPECT_EQ(estimate.failures, 2);
+  EXPECT_DOUBLE_EQ(estimate.seconds, (3600.0 + 7200.0 + 1800.0) / 2);
+  fs::remove(path);
+  EXPECT_EQ(EstimateMtbf(path, 5.0).source, "checkpoint.mtbf_hours");
+  EXPECT_DOUBLE_EQ(EstimateMtbf(path, 5.0).seconds, 18000.0);
+  EXPECT_EQ(EstimateMtbf(path, 0).source, "default");
+}
+
+TEST(AsyncWriterTest, RunsInTheBackgroundAndRethrowsErrors) {
+  AsyncWriter writer;
+  std::atomic<bool> release{false};
+  writer.Start([&]() {
+    while (!release) std::this_thread::yield();
+  });
+  EXPECT_TRUE(writer.Busy());
+  writer.Rethrow();  // does not block on a running job
+  release = true;
+  writer.Wait();
+  EXPECT_FALSE(writer.Busy());
+  writer.Start([]() { throw IoError("disk full"); });
+  try {
+    writer.Wait();
+    FAIL() << "expected the job's error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitIo);
+  }
+  writer.Wait();  // the error is reported once
+}
+
+}  // namespace
+}  // namespace crucible
