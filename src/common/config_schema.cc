@@ -47,8 +47,12 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        true},
       {"training.max_norm", T::kFloat, V(1.0), "global gradient-norm clip; 0 disables", true},
       {"training.dataset", T::kString, V(std::string("synthetic")),
-       "input: synthetic (seeded random tokens) or tokens (a flat file of token ids)", true},
+       "input: synthetic (seeded random tokens), tokens (a flat file of token ids) or blend (a "
+       "blendcorpus file list of prepared shards, see docs/data.md)",
+       true},
       {"training.dataset_path", T::kString, V(std::string("")), "file the dataset reads", true},
+      {"training.data_cache_dir", T::kString, V(std::string("")),
+       "blend index cache; empty means <file list folder>/.crucible-cache"},
       {"training.token_dtype", T::kString, V(std::string("uint16")),
        "element type of a flat token file: uint16 or uint32", true},
 

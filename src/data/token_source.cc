@@ -11,6 +11,8 @@
 #include "common/files.h"
 #include "common/philox.h"
 #include "common/strings.h"
+#include "data/blended_dataset.h"
+#include "tokenizer/tokenizer.h"
 
 namespace crucible {
 namespace {
@@ -25,7 +27,8 @@ class SyntheticSource : public TokenSource {
       tokens[t] = static_cast<int32_t>(rng.NextBelow(static_cast<uint64_t>(vocab_)));
   }
   std::string Describe() const override {
-    return StrFormat("synthetic(seed=%llu, vocab=%lld)", (unsigned long long)seed_, (long long)vocab_);
+    return StrFormat("synthetic(seed=%llu, vocab=%lld)", (unsigned long long)seed_,
+                     (long long)vocab_);
   }
 
  private:
@@ -45,7 +48,8 @@ class TokenFileSource : public TokenSource {
       throw UsageError("training.token_dtype: expected uint16 or uint32, got '" + dtype + "'");
     }
     if (path.empty()) throw UsageError("training.dataset_path: empty; name the token file to read");
-    if (!FileExists(path)) throw UsageError(path + ": token file not found (training.dataset_path)");
+    if (!FileExists(path))
+      throw UsageError(path + ": token file not found (training.dataset_path)");
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) ThrowErrno("cannot open token file " + path);
     struct stat st;
@@ -62,8 +66,8 @@ class TokenFileSource : public TokenSource {
     count_ = static_cast<int64_t>(size_ / width_);
     if (count_ < seq_len + 1) {
       ::close(fd);
-      throw DataError(StrFormat("%s: holds %lld tokens, fewer than seq_len + 1 = %lld", path.c_str(),
-                                (long long)count_, (long long)(seq_len + 1)));
+      throw DataError(StrFormat("%s: holds %lld tokens, fewer than seq_len + 1 = %lld",
+                                path.c_str(), (long long)count_, (long long)(seq_len + 1)));
     }
     void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -77,9 +81,10 @@ class TokenFileSource : public TokenSource {
     if (first_bad >= 0) {
       uint32_t bad = At(first_bad);
       ::munmap(const_cast<uint8_t*>(data_), size_);
-      throw DataError(StrFormat("%s: token %u at position %lld is outside the vocabulary [0, %lld) "
-                                "(check token_dtype and model.vocab_size)",
-                                path.c_str(), bad, (long long)first_bad, (long long)vocab));
+      throw DataError(
+          StrFormat("%s: token %u at position %lld is outside the vocabulary [0, %lld) "
+                    "(check token_dtype and model.vocab_size)",
+                    path.c_str(), bad, (long long)first_bad, (long long)vocab));
     }
   }
   ~TokenFileSource() override { ::munmap(const_cast<uint8_t*>(data_), size_); }
@@ -114,7 +119,8 @@ class TokenFileSource : public TokenSource {
 
 }  // namespace
 
-std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_size, int64_t seq_len) {
+std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_size,
+                                                 int64_t seq_len) {
   return std::make_unique<SyntheticSource>(seed, vocab_size, seq_len);
 }
 
@@ -127,11 +133,33 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
   const std::string& kind = config.String("training.dataset");
   int64_t seq_len = config.Int("training.seq_len");
   if (kind == "synthetic")
-    return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size, seq_len);
+    return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size,
+                               seq_len);
   if (kind == "tokens")
     return MakeTokenFileSource(config.String("training.dataset_path"),
                                config.String("training.token_dtype"), vocab_size, seq_len);
-  throw UsageError("training.dataset: unknown dataset '" + kind + "' (choose synthetic or tokens)");
+  if (kind == "blend") {
+    BlendOptions options;
+    options.file_list = config.String("training.dataset_path");
+    if (options.file_list.empty())
+      throw UsageError("training.dataset_path: empty; name the blendcorpus file list to read");
+    options.seq_len = seq_len;
+    options.seed = static_cast<uint64_t>(config.Int("debug.seed"));
+    const int64_t global_batch = config.Int("training.global_batch_size") > 0
+                                     ? config.Int("training.global_batch_size")
+                                     : config.Int("training.local_batch_size");
+    options.num_samples = config.Int("training.steps") * global_batch;
+    options.cache_dir = config.String("training.data_cache_dir");
+    options.vocab_size = vocab_size;
+    const std::string& tokenizer_path = config.String("model.tokenizer_path");
+    if (!tokenizer_path.empty()) {
+      const Tokenizer tokenizer = Tokenizer::Load(tokenizer_path);
+      options.tokenizer_checksum = tokenizer.Checksum();
+    }
+    return BlendedDataset::Open(options);
+  }
+  throw UsageError("training.dataset: unknown dataset '" + kind +
+                   "' (choose synthetic, tokens or blend)");
 }
 
 }  // namespace crucible

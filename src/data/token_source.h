@@ -27,7 +27,9 @@ std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_si
 // starts at token (i mod windows) * seq_len. Every id is checked against vocab_size on open.
 std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
                                                  int64_t vocab_size, int64_t seq_len);
-// From [training] dataset / dataset_path / token_dtype and [debug] seed.
+// From [training] dataset / dataset_path / token_dtype / data_cache_dir, [model] tokenizer_path
+// and [debug] seed. dataset = "blend" reads a blendcorpus file list of prepared shards and
+// indexes steps x global_batch_size samples (see blended_dataset.h and docs/data.md).
 std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size);
 
 }  // namespace crucible

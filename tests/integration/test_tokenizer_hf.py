@@ -210,3 +210,24 @@ def test_pre_tokenization_agrees_on_every_code_point(style, corpus, tmp_path):
                      if ours[i][j] != expected[j])
             pytest.fail(f"document {i}: piece {k}: crucible {ours[i][k - 2:k + 3]!r} "
                         f"hf {expected[k - 2:k + 3]!r}")
+
+
+def test_added_token_flags_match_hf(corpus, tmp_path):
+    from tokenizers import AddedToken
+    path = tmp_path / "hf.json"
+    hf_train("llama3", corpus["train"], path, vocab_size=600)
+    hf = Tokenizer.from_file(str(path))
+    hf.add_special_tokens([AddedToken("<m>", lstrip=True, rstrip=True, special=True,
+                                      normalized=False)])
+    hf.add_tokens([AddedToken("word", single_word=True, normalized=True),
+                   AddedToken("zz", normalized=True), AddedToken("zzz!", normalized=False),
+                   AddedToken("東京", single_word=True, normalized=True)])
+    flagged = tmp_path / "flagged.json"
+    hf.save(str(flagged))
+    texts = ["a  <m>\n b", "<m><m> <m>", "word words sword word_ word!", "zz zzz zzz! zzzz!",
+             "東京 東京都 (東京) x東京", "\t<m>\t", "no added tokens here", "word"]
+    docs = tmp_path / "flags.jsonl"
+    write_jsonl(docs, texts)
+    ours = crucible_encode(flagged, docs, tmp_path)
+    expected = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    assert ours == expected

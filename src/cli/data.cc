@@ -1,0 +1,319 @@
+// crucible data prepare|blend|verify|inspect: text/jsonl -> Megatron shards with manifests, the
+// cached blend index of a file list, re-checking shards against their manifests, and a report of
+// a blend (realised mixture against the weights, document/token statistics, decoded samples).
+// See docs/data.md.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "cli/command.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/timer.h"
+#include "data/blended_dataset.h"
+#include "data/file_list.h"
+#include "data/indexed_dataset.h"
+#include "data/manifest.h"
+#include "data/prepare.h"
+#include "tokenizer/tokenizer.h"
+
+namespace crucible {
+namespace {
+
+struct DataOptions {
+  // prepare
+  std::vector<std::string> inputs;
+  std::string output, tokenizer, field = "text", format = "auto", split = "file";
+  bool quiet = false;
+  // blend / verify / inspect
+  std::string list, cache_dir;
+  int64_t seq_len = 0, samples = 0, decode = 2;
+  uint64_t seed = 0;
+  std::vector<std::string> prefixes;
+};
+
+int RunPrepare(const DataOptions& o) {
+  const Tokenizer tokenizer = Tokenizer::Load(o.tokenizer);
+  TokenEncoder encoder;
+  encoder.encode = [&tokenizer](std::string_view text) { return tokenizer.Encode(text); };
+  encoder.vocab_size = tokenizer.vocab_size();
+  encoder.eos_id = tokenizer.eos_id();
+  encoder.checksum = tokenizer.Checksum();
+  PrepareOptions options;
+  options.inputs = o.inputs;
+  options.output_prefix = o.output;
+  options.format = o.format;
+  options.json_field = o.field;
+  options.split = o.split;
+  options.progress = !o.quiet;
+  const PrepareResult r = PrepareShard(options, encoder);
+  PrintLine(
+      StrFormat("prepared prefix=%s documents=%lld tokens=%lld dtype=%s input_mb=%.2f "
+                "seconds=%.2f mb/s=%.2f skipped_empty=%lld content=%s",
+                o.output.c_str(), (long long)r.manifest.documents, (long long)r.manifest.tokens,
+                r.manifest.dtype.c_str(), r.input_bytes / 1e6, r.seconds,
+                r.input_bytes / 1e6 / std::max(r.seconds, 1e-9), (long long)r.skipped_empty,
+                r.manifest.content_checksum.c_str()));
+  return kExitOk;
+}
+
+BlendOptions MakeBlendOptions(const DataOptions& o, bool progress) {
+  BlendOptions b;
+  b.file_list = o.list;
+  b.seq_len = o.seq_len;
+  b.seed = o.seed;
+  b.num_samples = o.samples;
+  b.cache_dir = o.cache_dir;
+  b.progress = progress;
+  if (!o.tokenizer.empty()) {
+    const Tokenizer tokenizer = Tokenizer::Load(o.tokenizer);
+    b.tokenizer_checksum = tokenizer.Checksum();
+    b.vocab_size = tokenizer.vocab_size();
+  }
+  return b;
+}
+
+// Per corpus: samples taken and the worst deviation |taken(n) - n * share| over every prefix n.
+struct CorpusMixture {
+  double share = 0;
+  int64_t taken = 0;
+  double worst_prefix_error = 0;
+};
+
+std::map<std::string, CorpusMixture> RealisedMixture(const BlendedDataset& blend,
+                                                     double* worst_dataset_error) {
+  const auto& shards = blend.shards();
+  const int64_t n = blend.size();
+  // Per dataset the deviation is extreme just before (most negative) and just after (most
+  // positive) each of its samples, and at the end: O(N + D).
+  std::vector<int64_t> taken(shards.size(), 0);
+  std::vector<double> worst(shards.size(), 0);
+  std::vector<int> corpus_of(shards.size());
+  std::map<std::string, int> corpus_ids;
+  for (size_t d = 0; d < shards.size(); ++d)
+    corpus_of[d] = corpus_ids.emplace(shards[d].entry.corpus, corpus_ids.size()).first->second;
+  std::vector<double> corpus_share(corpus_ids.size(), 0);
+  for (size_t d = 0; d < shards.size(); ++d) corpus_share[corpus_of[d]] += shards[d].share;
+  std::vector<int64_t> corpus_taken(corpus_ids.size(), 0);
+  std::vector<double> corpus_worst(corpus_ids.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const SampleOrigin o = blend.Origin(i);
+    const int d = o.dataset, c = corpus_of[d];
+    worst[d] = std::max(worst[d], std::abs(taken[d] - i * shards[d].share));
+    corpus_worst[c] = std::max(corpus_worst[c], std::abs(corpus_taken[c] - i * corpus_share[c]));
+    ++taken[d];
+    ++corpus_taken[c];
+    worst[d] = std::max(worst[d], std::abs(taken[d] - (i + 1) * shards[d].share));
+    corpus_worst[c] =
+        std::max(corpus_worst[c], std::abs(corpus_taken[c] - (i + 1) * corpus_share[c]));
+  }
+  *worst_dataset_error = 0;
+  for (size_t d = 0; d < shards.size(); ++d)
+    *worst_dataset_error =
+        std::max({*worst_dataset_error, worst[d], std::abs(taken[d] - n * shards[d].share)});
+  std::map<std::string, CorpusMixture> out;
+  for (const auto& [name, c] : corpus_ids)
+    out[name] = {corpus_share[c], corpus_taken[c],
+                 std::max(corpus_worst[c], std::abs(corpus_taken[c] - n * corpus_share[c]))};
+  return out;
+}
+
+int RunBlend(const DataOptions& o) {
+  Timer timer;
+  auto blend = BlendedDataset::Open(MakeBlendOptions(o, !o.quiet));
+  double worst = 0;
+  auto mixture = RealisedMixture(*blend, &worst);
+  for (const auto& [name, m] : mixture)
+    PrintLine(StrFormat("corpus=%s weight=%.6f realised=%.6f samples=%lld max_prefix_error=%.3f",
+                        name.c_str(), m.share,
+                        blend->size() ? m.taken / (double)blend->size() : 0.0, (long long)m.taken,
+                        m.worst_prefix_error));
+  PrintLine(
+      StrFormat("blend datasets=%zu samples=%lld seq_len=%lld seed=%llu "
+                "max_prefix_error_per_dataset=%.3f index=%s seconds=%.2f",
+                blend->shards().size(), (long long)blend->size(), (long long)o.seq_len,
+                (unsigned long long)o.seed, worst, blend->cache_path().c_str(), timer.Seconds()));
+  return kExitOk;
+}
+
+int RunVerify(const DataOptions& o) {
+  std::vector<std::pair<std::string, std::string>> shards;  // (where, prefix)
+  if (!o.list.empty())
+    for (const auto& e : ReadFileList(o.list)) shards.push_back({e.where, e.prefix});
+  for (const auto& p : o.prefixes) {
+    std::string prefix = p;
+    if (EndsWith(prefix, ".bin") || EndsWith(prefix, ".idx")) prefix.resize(prefix.size() - 4);
+    shards.push_back({prefix, prefix});
+  }
+  if (shards.empty()) throw UsageError("data verify: name shard prefixes or --list FILE");
+  int bad = 0;
+  for (const auto& [where, prefix] : shards) {
+    std::vector<std::string> problems;
+    try {
+      const ShardManifest m = ReadManifest(prefix);
+      problems = VerifyShard(prefix, m);
+      if (problems.empty()) IndexedDataset check(prefix);  // structure too
+    } catch (const Error& e) {
+      problems.push_back(e.what());
+    }
+    if (problems.empty()) {
+      PrintLine("ok " + prefix);
+    } else {
+      ++bad;
+      for (const auto& p : problems)
+        std::fprintf(stderr, "crucible: error: %s: %s\n", where.c_str(), p.c_str());
+      PrintLine("bad " + prefix);
+    }
+  }
+  PrintLine(StrFormat("verified shards=%zu bad=%d", shards.size(), bad));
+  return bad ? kExitBadData : kExitOk;
+}
+
+int RunInspect(const DataOptions& o) {
+  auto blend = BlendedDataset::Open(MakeBlendOptions(o, !o.quiet));
+  std::printf("Blend %s: %zu datasets, %lld samples of %lld+1 tokens, seed %llu\n", o.list.c_str(),
+              blend->shards().size(), (long long)blend->size(), (long long)o.seq_len,
+              (unsigned long long)o.seed);
+  std::printf("\nShards (documents end with EOS; lengths in tokens):\n");
+  std::printf("  %-28s %-12s %9s %11s %8s %8s %8s %10s\n", "prefix", "corpus", "documents",
+              "tokens", "mean", "min", "max", "samples/ep");
+  for (const auto& s : blend->shards()) {
+    IndexedDataset data(s.entry.prefix);
+    int64_t shortest = INT64_MAX, longest = 0;
+    for (int64_t i = 0; i < data.sequence_count(); ++i) {
+      shortest = std::min(shortest, data.sequence_length(i));
+      longest = std::max(longest, data.sequence_length(i));
+    }
+    std::string name = s.entry.prefix.substr(s.entry.prefix.find_last_of('/') + 1);
+    std::printf("  %-28s %-12s %9lld %11lld %8.1f %8lld %8lld %10lld\n", name.c_str(),
+                s.entry.corpus.c_str(), (long long)data.sequence_count(),
+                (long long)data.total_tokens(),
+                data.total_tokens() / std::max<double>(1, data.sequence_count()),
+                (long long)shortest, (long long)longest, (long long)s.samples_per_epoch);
+  }
+  double worst = 0;
+  auto mixture = RealisedMixture(*blend, &worst);
+  std::printf("\nRealised mixture over %lld samples (weight = normalised share):\n",
+              (long long)blend->size());
+  std::printf("  %-16s %9s %9s %9s %10s %17s\n", "corpus", "weight", "realised", "samples",
+              "epochs", "max prefix error");
+  for (const auto& [name, m] : mixture) {
+    double corpus_epochs = 0;
+    for (const auto& s : blend->shards())
+      if (s.entry.corpus == name)
+        corpus_epochs =
+            std::max(corpus_epochs, m.taken * (s.share / m.share) / s.samples_per_epoch);
+    std::printf("  %-16s %9.4f %9.4f %9lld %10.2f %17.3f\n", name.c_str(), m.share,
+                blend->size() ? m.taken / (double)blend->size() : 0.0, (long long)m.taken,
+                corpus_epochs, m.worst_prefix_error);
+  }
+  std::printf("  worst deviation of any dataset at any prefix: %.3f samples\n", worst);
+  if (o.decode > 0 && blend->size() > 0) {
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!o.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::Load(o.tokenizer));
+    std::vector<int32_t> tokens(o.seq_len + 1);
+    for (int64_t i = 0; i < std::min(o.decode, blend->size()); ++i) {
+      blend->Sample(i, tokens.data());
+      const SampleOrigin origin = blend->Origin(i);
+      std::printf(
+          "\nSample %lld (corpus %s, dataset %d, its sample %lld, epoch %lld, window %lld):\n",
+          (long long)i, blend->shards()[origin.dataset].entry.corpus.c_str(), origin.dataset,
+          (long long)origin.position, (long long)origin.epoch, (long long)origin.window);
+      if (tokenizer) {
+        std::printf("%s\n",
+                    tokenizer->Decode(std::vector<uint32_t>(tokens.begin(), tokens.end())).c_str());
+      } else {
+        for (int32_t t : tokens) std::printf("%d ", t);
+        std::printf("\n");
+      }
+    }
+  }
+  return kExitOk;
+}
+
+int RunDump(const DataOptions& o) {
+  if (o.prefixes.size() != 1) throw UsageError("data dump: name one shard prefix");
+  std::string prefix = o.prefixes[0];
+  if (EndsWith(prefix, ".bin") || EndsWith(prefix, ".idx")) prefix.resize(prefix.size() - 4);
+  IndexedDataset data(prefix);
+  std::string line;
+  for (int64_t s = 0; s < data.sequence_count(); ++s) {
+    line = "[";
+    for (int64_t t : data.Sequence(s)) line += std::to_string(t) + ",";
+    if (line.size() > 1) line.pop_back();
+    line += "]\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+  }
+  return kExitOk;
+}
+
+void AddBlendOptions(CLI::App* app, DataOptions* o, bool need_samples) {
+  app->add_option("--list", o->list, "blendcorpus file list: `weight prefix [corpus]` per line")
+      ->required();
+  app->add_option("--seq-len", o->seq_len, "tokens per sample (each sample holds seq_len + 1)")
+      ->required();
+  auto* samples = app->add_option("--samples", o->samples, "global samples to index");
+  if (need_samples) samples->required();
+  app->add_option("--seed", o->seed, "shuffle seed (the [debug] seed of a run)");
+  app->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.json: its checksum must match the shards' (and decodes samples)");
+  app->add_option("--cache-dir", o->cache_dir,
+                  "blend index cache (default: <list folder>/.crucible-cache)");
+  app->add_flag("-q,--quiet", o->quiet, "no phase= lines");
+}
+
+CommandRun SetupData(CLI::App& app) {
+  auto o = std::make_shared<DataOptions>();
+  app.require_subcommand(1);
+  app.footer(
+      "Exit codes: 0 ok, 2 usage, 65 bad data (named file and line), 74 I/O. See docs/data.md.");
+  CLI::App* prepare =
+      app.add_subcommand("prepare", "text/jsonl files -> Megatron .bin/.idx shard + manifest");
+  prepare
+      ->add_option("inputs", o->inputs,
+                   "input files (.jsonl/.json: one JSON document per line; else text)")
+      ->required();
+  prepare
+      ->add_option("-o,--output", o->output,
+                   "output prefix (writes PREFIX.bin, .idx, .manifest.json)")
+      ->required();
+  prepare->add_option("-t,--tokenizer", o->tokenizer, "tokenizer.json (byte-level BPE)")
+      ->required();
+  prepare->add_option("--field", o->field, "jsonl: field holding the text (default text)");
+  prepare->add_option("--format", o->format, "auto (by extension), text or jsonl");
+  prepare->add_option("--split", o->split,
+                      "text: a document is a file, paragraph (blank-line separated) or line");
+  prepare->add_flag("-q,--quiet", o->quiet, "no progress lines");
+  CLI::App* blend = app.add_subcommand(
+      "blend", "build (or reuse) the cached blend index of a file list and report its mixture");
+  AddBlendOptions(blend, o.get(), true);
+  CLI::App* verify =
+      app.add_subcommand("verify", "re-hash shards and compare with their manifests");
+  verify->add_option("prefixes", o->prefixes, "shard prefixes");
+  verify->add_option("--list", o->list, "verify every shard of a file list");
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "realised mixture vs weights, document/token statistics, decoded samples");
+  AddBlendOptions(inspect, o.get(), true);
+  inspect->add_option("--decode", o->decode,
+                      "samples to print (decoded with --tokenizer, else ids)");
+  CLI::App* dump = app.add_subcommand(
+      "dump",
+      "print every sequence of a .bin/.idx shard (any Megatron shard) as a JSON array of ids");
+  dump->add_option("prefix", o->prefixes, "shard prefix")->required();
+  return [o, prepare, blend, verify, inspect, dump]() {
+    if (dump->parsed()) return RunDump(*o);
+    if (prepare->parsed()) return RunPrepare(*o);
+    if (blend->parsed()) return RunBlend(*o);
+    if (verify->parsed()) return RunVerify(*o);
+    if (inspect->parsed()) return RunInspect(*o);
+    return static_cast<int>(kExitUsage);
+  };
+}
+
+CommandRegistrar data_registrar("data", "data pipeline: prepare, blend, verify, inspect",
+                                SetupData);
+
+}  // namespace
+}  // namespace crucible

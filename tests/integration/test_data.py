@@ -1,0 +1,277 @@
+"""The data pipeline through the real binary: prepare -> Megatron shards (read by megatron-core's
+own reader, and the reverse), blend, verify, inspect, train on a blend, and bad input."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import crucible_binary, run_crucible
+import megatron_compat
+
+EOS_TOKEN = "<|end_of_text|>"
+
+TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+    "A fortune: you will be hungry again in one hour. 1234567890 !?",
+    "The Jargon File: hacker slang, kludge, cruft, foo, bar; \"quoted\" & <angled>.",
+    "Unicode: na\u00efve caf\u00e9, \u00fcber, \u65e5\u672c\u8a9e, emoji \U0001F600.",
+]
+
+
+def corpus(n, salt=""):
+    return [f"{TEXTS[i % len(TEXTS)]} ({salt}{i})" for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory):
+    """A small byte-level BPE tokenizer.json trained by Hugging Face `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>", EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(400), trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def hf(tokenizer_json):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(tokenizer_json))
+
+
+def write_jsonl(path, docs, field="text"):
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps({field: d, "meta": 1}) + "\n")
+    return path
+
+
+def prepare(tmp, tokenizer_json, name, docs, *extra):
+    src = write_jsonl(tmp / f"{name}.jsonl", docs)
+    run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp / "shards" / name, src, *extra)
+    return tmp / "shards" / name
+
+
+def test_megatron_reads_our_shard(tmp_path, tokenizer_json):
+    docs = corpus(257)
+    prefix = prepare(tmp_path, tokenizer_json, "web", docs)
+    tok = hf(tokenizer_json)
+    eos = tok.token_to_id(EOS_TOKEN)
+    ds = megatron_compat.indexed_dataset().IndexedDataset(str(prefix))
+    assert len(ds) == len(docs)
+    assert ds.sequence_lengths.dtype == np.int32 and ds.index.dtype == np.uint16
+    assert list(ds.document_indices) == list(range(len(docs) + 1))
+    for i, text in enumerate(docs):
+        assert ds[i].tolist() == tok.encode(text).ids + [eos], f"document {i}"
+    manifest = json.loads(Path(str(prefix) + ".manifest.json").read_text())
+    assert manifest["documents"] == len(docs)
+    assert manifest["tokens"] == int(ds.sequence_lengths.sum())
+
+
+def test_we_read_a_shard_megatron_wrote(tmp_path):
+    module = megatron_compat.indexed_dataset()
+    import torch
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 50000, size=int(rng.integers(0, 40))).tolist() for _ in range(123)]
+    prefix = str(tmp_path / "meg")
+    builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for d in docs:
+        builder.add_document(torch.tensor(d, dtype=torch.int64), [len(d)])
+    builder.finalize(prefix + ".idx")
+    out = run_crucible("data", "dump", prefix).stdout.splitlines()
+    assert [json.loads(line) for line in out] == docs
+    # int32 (large vocabularies) too.
+    builder = module.IndexedDatasetBuilder(prefix + "32.bin", dtype=np.int32)
+    for d in docs:
+        builder.add_document(torch.tensor([x * 40 for x in d], dtype=torch.int64), [len(d)])
+    builder.finalize(prefix + "32.idx")
+    out = run_crucible("data", "dump", prefix + "32").stdout.splitlines()
+    assert [json.loads(line) for line in out] == [[x * 40 for x in d] for d in docs]
+
+
+def test_text_splits_and_field(tmp_path, tokenizer_json):
+    (tmp_path / "book.txt").write_text("para one\nstill one\n\npara two\n")
+    run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "p", "--split", "paragraph",
+                 tmp_path / "book.txt")
+    tok = hf(tokenizer_json)
+    eos = tok.token_to_id(EOS_TOKEN)
+    got = [json.loads(x) for x in run_crucible("data", "dump", tmp_path / "p").stdout.splitlines()]
+    assert got == [tok.encode("para one\nstill one").ids + [eos], tok.encode("para two").ids + [eos]]
+    write_jsonl(tmp_path / "b.jsonl", ["alpha", "beta"], field="body")
+    run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "f", "--field", "body",
+                 tmp_path / "b.jsonl")
+    assert len(run_crucible("data", "dump", tmp_path / "f").stdout.splitlines()) == 2
+
+
+def blend_setup(tmp_path, tokenizer_json):
+    prepare(tmp_path, tokenizer_json, "web", corpus(300, "w"))
+    prepare(tmp_path, tokenizer_json, "books", corpus(120, "b"))
+    prepare(tmp_path, tokenizer_json, "dict", corpus(40, "d"))
+    lst = tmp_path / "blend.txt"
+    lst.write_text("0.5 shards/web web\n0.3 shards/books books\n0.2 shards/dict dict\n")
+    return lst
+
+
+def test_blend_verify_inspect_and_train(tmp_path, tokenizer_json):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    out = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 5000,
+                       "--tokenizer", tokenizer_json).stdout
+    assert "phase=index status=building" in out
+    mixture = {l.split()[0].split("=")[1]: dict(kv.split("=", 1) for kv in l.split()) for l in out.splitlines()
+               if l.startswith("corpus=")}
+    assert set(mixture) == {"web", "books", "dict"}
+    for name, weight in [("web", 0.5), ("books", 0.3), ("dict", 0.2)]:
+        assert int(mixture[name]["samples"]) == round(5000 * weight)
+        assert float(mixture[name]["max_prefix_error"]) <= 1.0
+    again = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 3000).stdout
+    assert "status=cached" in again
+
+    assert "verified shards=3 bad=0" in run_crucible("data", "verify", "--list", lst).stdout
+    report = run_crucible("data", "inspect", "-q", "--list", lst, "--seq-len", 32, "--samples", 5000,
+                          "--tokenizer", tokenizer_json, "--decode", 2).stdout
+    assert "Realised mixture" in report and "Sample 1 (corpus" in report
+    assert EOS_TOKEN in report  # samples are decoded with the tokenizer
+
+    config = tmp_path / "train.toml"
+    config.write_text(f"""
+[job]
+dump_folder = "{tmp_path / 'run'}"
+[model]
+flavor = "debug"
+vocab_size = 640
+tokenizer_path = "{tokenizer_json}"
+[training]
+steps = 3
+seq_len = 32
+local_batch_size = 4
+dataset = "blend"
+dataset_path = "{lst}"
+[metrics]
+peak_gflops = 100.0
+[checkpoint]
+enable = false
+""")
+    train = run_crucible("train", "--config", config).stdout
+    assert "data=blend(" in train and "step=3 " in train
+
+
+def test_verify_names_corrupted_and_truncated_shards(tmp_path, tokenizer_json):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    bin_path = tmp_path / "shards" / "books.bin"
+    data = bytearray(bin_path.read_bytes())
+    data[7] ^= 0xFF
+    bin_path.write_bytes(bytes(data))
+    idx_path = tmp_path / "shards" / "dict.idx"
+    idx_path.write_bytes(idx_path.read_bytes()[:-5])
+    proc = run_crucible("data", "verify", "--list", lst, check=False)
+    assert proc.returncode == 65
+    assert "books.bin: corrupted" in proc.stderr and "blend.txt:2" in proc.stderr
+    assert "dict.idx: truncated" in proc.stderr and "blend.txt:3" in proc.stderr
+    assert "ok " + str(tmp_path / "shards" / "web") in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["missing", "zero_weight", "negative_weight", "unknown_corpus_file",
+                                  "truncated_idx", "wrong_magic", "vocab_overflow", "empty_corpus"])
+def test_bad_blend_input_exits_65_naming_file_and_line(tmp_path, tokenizer_json, case):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    shards = tmp_path / "shards"
+    line = 2
+    extra = []
+    if case == "missing":
+        lst.write_text("0.5 shards/web\n0.5 shards/nothing_here\n")
+        needle = "nothing_here.bin: no such file"
+    elif case == "zero_weight":
+        lst.write_text("0.5 shards/web\n0 shards/books\n")
+        needle = "weight 0 must be a positive"
+    elif case == "negative_weight":
+        lst.write_text("0.5 shards/web\n-1 shards/books\n")
+        needle = "weight -1 must be a positive"
+    elif case == "unknown_corpus_file":
+        for ext in (".bin", ".idx"):
+            (shards / ("stray" + ext)).write_bytes((shards / ("web" + ext)).read_bytes())
+        lst.write_text("0.5 shards/web\n0.5 shards/stray\n")
+        needle = "unknown corpus file"
+    elif case == "truncated_idx":
+        p = shards / "books.idx"
+        p.write_bytes(p.read_bytes()[:-8])
+        needle = "books.idx: truncated"
+    elif case == "wrong_magic":
+        p = shards / "books.idx"
+        p.write_bytes(b"XXXXXXXXX" + p.read_bytes()[9:])
+        needle = "wrong magic"
+    elif case == "vocab_overflow":
+        # A shard tokenized with ids the run's tokenizer/model cannot have: our 600-id tokenizer
+        # against a model of 300 ids.
+        lst.write_text("0.5 shards/web\n")
+        line = 1
+        extra = ["--set", "model.vocab_size=300"]
+        needle = "vocabulary overflow"
+    elif case == "empty_corpus":
+        prepare(tmp_path, tokenizer_json, "tiny", ["x"])
+        lst.write_text("0.5 shards/web\n0.5 shards/tiny\n")
+        needle = "empty corpus"
+    if case == "vocab_overflow":
+        config = tmp_path / "t.toml"
+        config.write_text(f'[training]\ndataset = "blend"\ndataset_path = "{lst}"\nseq_len = 32\nsteps = 1\n'
+                          f'[metrics]\npeak_gflops = 1.0\n[job]\ndump_folder = "{tmp_path / "run"}"\n')
+        proc = run_crucible("train", "--config", config, *extra, check=False)
+    else:
+        proc = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 100, check=False)
+    assert proc.returncode == 65, proc.stderr
+    assert f"blend.txt:{line}" in proc.stderr and needle in proc.stderr, proc.stderr
+    assert not list((tmp_path / ".crucible-cache").glob("*.tmp*")) if (tmp_path / ".crucible-cache").exists() else True
+
+
+def test_prepare_bad_input_exits_65_and_leaves_nothing(tmp_path, tokenizer_json):
+    (tmp_path / "empty.txt").write_text("")
+    proc = run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "out" / "e",
+                        tmp_path / "empty.txt", check=False)
+    assert proc.returncode == 65 and "empty corpus" in proc.stderr and "empty.txt" in proc.stderr
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": "wrong field"}\n')
+    proc = run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "out" / "b",
+                        tmp_path / "bad.jsonl", check=False)
+    assert proc.returncode == 65 and "bad.jsonl:2: no field 'text'" in proc.stderr
+    proc = run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "out" / "m",
+                        tmp_path / "missing.jsonl", check=False)
+    assert proc.returncode == 65 and "missing.jsonl" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_interrupted_prepare_leaves_nothing_that_looks_complete(tmp_path, tokenizer_json):
+    big = tmp_path / "big.jsonl"
+    with open(big, "w") as f:
+        line = json.dumps({"text": " ".join(TEXTS) * 4}) + "\n"
+        for _ in range(60000):
+            f.write(line)
+    out = tmp_path / "out" / "big"
+    proc = subprocess.Popen([crucible_binary(), "data", "prepare", "-t", str(tokenizer_json), "-o", str(out), str(big)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # the first progress line: encoding is under way
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.startswith("phase=prepare"), first
+    for ext in (".bin", ".idx", ".manifest.json"):
+        assert not Path(str(out) + ext).exists(), ext
+
+
+def test_concurrent_blend_builders_agree(tmp_path, tokenizer_json):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    cmd = [crucible_binary(), "data", "blend", "--list", str(lst), "--seq-len", "32", "--samples", "3000000"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    built = sum("status=built" in o for o, _ in outs)
+    assert built >= 1
+    summaries = {[l for l in o.splitlines() if l.startswith("blend ")][0].rsplit(" seconds=", 1)[0] for o, _ in outs}
+    assert len(summaries) == 1
+    cache = list((tmp_path / ".crucible-cache").iterdir())
+    assert sorted(p.suffix for p in cache) == [".index", ".lock"], cache
