@@ -21,32 +21,46 @@ namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
-// Minimum of (key, index) over a fixed set of slots; Set is O(log n).
+// Minimum of (key, index) over a fixed set of slots; Set is O(log n). A node is the 128-bit
+// integer (bits of the key, index): keys are positive doubles (or +inf), whose bit patterns
+// order like their values, so one integer comparison orders by key then index, without
+// unpredictable branches. Siblings are adjacent, and an update stops where a node's value does
+// not change.
 class TournamentTree {
  public:
   explicit TournamentTree(int n) {
     leaves_ = 1;
     while (leaves_ < n) leaves_ *= 2;
-    key_.assign(leaves_, kNever);
     node_.resize(2 * leaves_);
-    for (int i = 0; i < leaves_; ++i) node_[leaves_ + i] = i;
-    for (int p = leaves_ - 1; p >= 1; --p) node_[p] = Better(node_[2 * p], node_[2 * p + 1]);
+    for (int i = 0; i < leaves_; ++i) node_[leaves_ + i] = Pack(kNever, i);
+    for (int p = leaves_ - 1; p >= 1; --p) node_[p] = std::min(node_[2 * p], node_[2 * p + 1]);
   }
   void Set(int i, double key) {
-    key_[i] = key;
-    for (int p = (leaves_ + i) >> 1; p >= 1; p >>= 1)
-      node_[p] = Better(node_[2 * p], node_[2 * p + 1]);
+    int p = leaves_ + i;
+    node_[p] = Pack(key, i);
+    for (; p > 1; p >>= 1) {
+      const Node winner = std::min(node_[p & ~1], node_[p | 1]);
+      if (node_[p >> 1] == winner) break;
+      node_[p >> 1] = winner;
+    }
   }
-  int top() const { return node_[1]; }
-  double top_key() const { return key_[node_[1]]; }
+  int top() const { return static_cast<int>(static_cast<uint32_t>(node_[1])); }
+  double top_key() const {
+    const uint64_t bits = static_cast<uint64_t>(node_[1] >> 32);
+    double key;
+    std::memcpy(&key, &bits, 8);
+    return key;
+  }
 
  private:
-  int Better(int a, int b) const {
-    return (key_[a] < key_[b] || (key_[a] == key_[b] && a < b)) ? a : b;
+  using Node = unsigned __int128;
+  static Node Pack(double key, int index) {
+    uint64_t bits;
+    std::memcpy(&bits, &key, 8);
+    return (static_cast<Node>(bits) << 32) | static_cast<uint32_t>(index);
   }
   int leaves_;
-  std::vector<double> key_;
-  std::vector<int> node_;
+  std::vector<Node> node_;
 };
 
 int64_t ReleaseSlot(double release) {
