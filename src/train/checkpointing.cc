@@ -122,6 +122,8 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   auto warn = [](const std::string& line) { LogWarn(line); };
   std::string dir;
   if (mode == "auto") {
+    if (ListCheckpoints(root_).empty() && !FileExists(JoinPath(root_, "latest"))) return point;
+    PrintLine("phase=resume status=verifying root=" + root_);
     std::optional<std::string> found = FindResumeCheckpoint(root_, warn);
     if (!found) return point;
     dir = *found;
@@ -143,6 +145,7 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
       dir = *found;
     }
   }
+  PrintLine("phase=resume status=loading from=" + dir);
   Timer timer;
   const std::string saved_config_path = JoinPath(dir, "config.toml");
   Config saved = Config::Parse(ReadFile(saved_config_path), saved_config_path);

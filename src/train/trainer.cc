@@ -104,7 +104,6 @@ int RunTraining(Config config, const std::string& resume_mode) {
   // ---- run directory ----
   const std::string run_dir = RunDirectory(config);
   MakeDirectories(run_dir);
-  AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
 
   // ---- model, buffers, optimizer ----
   LlamaModel model(model_config, micro_batch, seq_len);
@@ -115,6 +114,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
   Optimizer optimizer(optimizer_config, table, 0, n_params);
   Checkpointing checkpointing(config, run_dir, model_config, table, &optimizer, world);
   const ResumePoint resume = checkpointing.Resume(resume_mode, weights.data());
+  // After the resume check, so a config that cannot resume does not replace the run's record.
+  AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
   if (!resume.resumed) {
     const std::string& init_path = config.String("model.init_weights");
     const std::string& hf_path = config.String("checkpoint.initial_load_hf");

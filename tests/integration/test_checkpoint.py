@@ -256,6 +256,8 @@ def test_config_change_that_breaks_resume_is_a_clear_error(tmp_path, straight):
     assert proc.returncode == 2
     assert "training.seq_len: 32 -> 64" in proc.stderr and "debug.seed: 0 -> 3" in proc.stderr
     assert "log_freq" not in proc.stderr.split("break resume:")[1]
+    # The run's recorded config is still the one that can resume.
+    assert "seq_len = 32" in (run_dir / "config.toml").read_text()
 
 
 def test_harmless_config_change_is_allowed_and_listed(tmp_path, straight):
