@@ -6,6 +6,7 @@ packages=(
   libopenblas-openmp-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
   libopenmpi-dev openmpi-bin
+  slurm-wlm munge
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip python3-torch python3-numpy
   clang libclang-rt-14-dev

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -47,7 +48,7 @@ PreflightResult RunPreflight(const LaunchSpec& base, const PreflightOptions& opt
   AttemptLog log(nullptr, spec.nodes);
   AttemptRun run = RunSupervised(command, supervisor, &log);
 
-  std::map<std::string, std::string> reports;  // normalised node -> "ok" or reason
+  std::map<std::string, std::string> reports;  // active node -> "ok" or reason
   std::string text;
   try {
     text = ReadFile(log_path);
@@ -59,19 +60,25 @@ PreflightResult RunPreflight(const LaunchSpec& base, const PreflightOptions& opt
     std::string report = line.substr(at + sizeof(kPrefix) - 1);
     size_t node_at = report.find("node=");
     if (node_at == std::string::npos) continue;
+    // The node as the rank named it; else (a local run calls itself by its host name) the
+    // active node of its rank, one rank per node in order.
     std::string node = report.substr(node_at + 5, report.find(' ', node_at) - node_at - 5);
+    int index = FindHost(spec.nodes, node);
+    size_t rank_at = report.find("rank=");
+    if (index < 0 && rank_at != std::string::npos) index = std::atoi(report.c_str() + rank_at + 5);
+    if (index < 0 || index >= static_cast<int>(spec.nodes.size())) continue;
+    node = spec.nodes[index];
     if (StartsWith(report, "ok ")) {
-      reports.emplace(NormalizeHost(node), "ok");
+      reports.emplace(node, "ok");
     } else {
       size_t reason = report.find("reason=");
-      reports[NormalizeHost(node)] =
-          reason == std::string::npos ? report : report.substr(reason + 7);
+      reports[node] = reason == std::string::npos ? report : report.substr(reason + 7);
     }
   }
   PreflightResult result;
   result.seconds = run.seconds;
   for (const std::string& node : spec.nodes) {
-    auto it = reports.find(NormalizeHost(node));
+    auto it = reports.find(node);
     if (it == reports.end()) {
       result.failed[node] = run.timed_out
                                 ? StrFormat("no report within %.0f s", options.timeout_seconds)

@@ -315,6 +315,10 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     if (pid < 0 && errno != EINTR) break;
   }
   run.exit_code = run.timed_out ? kExitTimeout : ExitCodeFromStatus(child_status);
+  // Stopped by a signal to the launcher: mpirun and srun report that with codes of their own;
+  // the contract is 128 + the signal (143 for SIGTERM).
+  if (!run.timed_out && run.signal_received != 0 && run.exit_code != 0)
+    run.exit_code = 128 + run.signal_received;
   run.seconds = watcher.timer().Seconds();
   run.first_line_seconds = watcher.first_line_seconds();
   return run;

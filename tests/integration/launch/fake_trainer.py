@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A stand-in for `crucible train` that keeps the trainer's contracts (docs/launch.md) and fails
+on request, for the launcher's integration tests and benchmarks.
+
+Rank 0 prints `step=<n> ...` lines; every rank waits for the others at each step (a barrier on
+files in --state), so one stopped rank silences the job like a stuck collective would. Progress
+is saved in --state after each step and resumed from there, like a checkpoint. SIGTERM saves and
+exits 143. Failures are injected by rank, node, attempt and step.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--step-seconds", type=float, default=0.0)
+    p.add_argument("--state", default="", help="folder for progress, pids and the barrier")
+    p.add_argument("--exit", type=int, default=None, help="exit with this code before any step")
+    p.add_argument("--fail-at-step", type=int, default=0)
+    p.add_argument("--fail-rank", type=int, default=None)
+    p.add_argument("--fail-node", default=None)
+    p.add_argument("--fail-attempts", type=int, default=1, help="fail while CRUCIBLE_ATTEMPT <= this")
+    p.add_argument("--fail-code", type=int, default=1)
+    p.add_argument("--fail-signal", default=None, help="KILL or STOP: signal itself instead")
+    p.add_argument("--fail-message", default=None, help="printed to stderr before failing")
+    p.add_argument("--fail-stamp", default=None, help="write time.time() here just before failing")
+    p.add_argument("--orphan", action="store_true", help="each rank leaves a setsid'd child behind")
+    p.add_argument("--finish-when-resubmitted", type=int, default=0,
+                   help="when CRUCIBLE_JOB_CHAIN is set, stop after this many more steps")
+    a = p.parse_args()
+
+    rank = env_int("CRUCIBLE_RANK", 0)
+    world = env_int("CRUCIBLE_WORLD_SIZE", 1)
+    attempt = env_int("CRUCIBLE_ATTEMPT", 1)
+    node = os.environ.get("CRUCIBLE_NODE", "")
+    state = a.state
+    if state:
+        os.makedirs(state, exist_ok=True)
+        with open(os.path.join(state, f"pid-{attempt}-{rank}"), "w") as f:
+            f.write(f"{os.getpid()}\n")
+        with open(os.path.join(state, f"node-{attempt}-{rank}"), "w") as f:
+            f.write(node + "\n")
+    if a.orphan:
+        child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        if state:
+            with open(os.path.join(state, f"orphan-{attempt}-{rank}"), "w") as f:
+                f.write(f"{child.pid}\n")
+    if a.exit is not None:
+        print(f"fake_trainer: error: asked to exit {a.exit}", file=sys.stderr, flush=True)
+        sys.exit(a.exit)
+
+    progress = os.path.join(state, "progress") if state else ""
+    start = 1
+    if progress and os.path.exists(progress):
+        start = int(open(progress).read().strip() or 0) + 1
+        if rank == 0:
+            print(f"phase=resume step={start - 1}", flush=True)
+    last = a.steps
+    if a.finish_when_resubmitted and os.environ.get("CRUCIBLE_JOB_CHAIN"):
+        last = start + a.finish_when_resubmitted - 1
+    current = [start - 1]
+
+    def on_term(signum, frame):
+        if rank == 0:
+            print(f"phase=stop signal=TERM step={current[0]}", flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    should_fail = (a.fail_rank is None or a.fail_rank == rank) and \
+                  (a.fail_node is None or a.fail_node == node) and attempt <= a.fail_attempts
+    for step in range(start, last + 1):
+        if should_fail and a.fail_at_step and step >= a.fail_at_step:
+            if a.fail_message:
+                print(a.fail_message, file=sys.stderr, flush=True)
+            if a.fail_stamp:
+                with open(a.fail_stamp, "w") as f:
+                    f.write(repr(time.time()))
+            if a.fail_signal:
+                os.kill(os.getpid(), getattr(signal, "SIG" + a.fail_signal))
+                if a.fail_signal == "STOP":
+                    continue
+            sys.exit(a.fail_code)
+        if state and world > 1:  # barrier: every rank reaches this step before any goes on
+            open(os.path.join(state, f"at-{attempt}-{rank}-{step}"), "w").close()
+            while not all(os.path.exists(os.path.join(state, f"at-{attempt}-{r}-{step}"))
+                          for r in range(world)):
+                time.sleep(0.01)
+        if a.step_seconds:
+            time.sleep(a.step_seconds)
+        current[0] = step
+        if rank == 0:
+            if progress:
+                with open(progress + ".tmp", "w") as f:
+                    f.write(f"{step}\n")
+                os.replace(progress + ".tmp", progress)
+            print(f"step={step} loss={10.0 / step:.4f} node={node} world={world}", flush=True)
+    if rank == 0:
+        print(f"done steps={last}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

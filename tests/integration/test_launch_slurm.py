@@ -1,0 +1,121 @@
+"""crucible launch on a real Slurm cluster: one slurmctld and four slurmd daemons (n1..n4) on this
+machine, started and stopped by this module (tests/integration/slurm/). Skipped only when the
+machine cannot run Slurm at all (packages missing or not root), with the reason."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CRUCIBLE = os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible"))
+FAKE = str(ROOT / "tests" / "integration" / "launch" / "fake_trainer.py")
+SLURM = ROOT / "tests" / "integration" / "slurm"
+
+
+def attempts(run_dir):
+    lines = (Path(run_dir) / "launch" / "attempts.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "attempt"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run([str(SLURM / "start-cluster.sh"), str(folder), "4"], capture_output=True,
+                           text=True, timeout=120)
+    if start.returncode == 3:
+        subprocess.run([str(SLURM / "stop-cluster.sh"), str(folder)], timeout=60)
+        pytest.skip(start.stderr.strip())
+    try:
+        assert start.returncode == 0, start.stderr + "".join(
+            p.read_text()[-2000:] for p in (folder / "log").glob("*.log"))
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "PBS_", "CRUCIBLE_", "OMPI_", "PMI"))}
+        env.update(SLURM_CONF=start.stdout.strip(), OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", CRUCIBLE_MPI="none")
+        yield folder, env
+    finally:
+        subprocess.run([str(SLURM / "stop-cluster.sh"), str(folder)], timeout=60)
+        for pid_file in (folder / "pids").glob("*.pid"):
+            pid = int(pid_file.read_text().strip() or 0)
+            assert not pid or not Path(f"/proc/{pid}").exists(), f"{pid_file.name} still running"
+
+
+@pytest.fixture(scope="module")
+def walltime_job(cluster):
+    """Submitted first, so its minute of wall time runs while the other tests do."""
+    folder, env = cluster
+    work = folder / "walltime"
+    work.mkdir()
+    script = work / "job.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 1 -t 1 -o {work}/slurm-%j.out
+exec {CRUCIBLE} launch --run-dir {work}/run --resubmit -- \\
+    {sys.executable} {FAKE} --steps 100000 --step-seconds 0.5 --state {work}/state \\
+    --finish-when-resubmitted 3
+""")
+    submit = subprocess.run(["sbatch", str(script)], env=env, cwd=work, capture_output=True, text=True,
+                            timeout=30)
+    assert submit.returncode == 0, submit.stderr
+    return work, submit.stdout.split()[-1]
+
+
+def test_failover_swaps_the_named_node_for_the_spare(cluster, walltime_job, tmp_path):
+    folder, env = cluster
+    run_dir, state = tmp_path / "run", tmp_path / "state"
+    # 4 nodes allocated, 3 active: n4 is the spare. Rank 1 (on n2) is SIGKILLed at step 6.
+    proc = subprocess.run(
+        ["salloc", "-N", "4", "--time=5", CRUCIBLE, "launch", "--run-dir", str(run_dir), "--nodes", "3",
+         "--auto-retry", "--backoff-base", "0.2", "--preflight", "--",
+         sys.executable, FAKE, "--steps", "12", "--state", str(state), "--fail-node", "n2",
+         "--fail-at-step", "6", "--fail-signal", "KILL"],
+        env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = attempts(run_dir)
+    assert len(records) == 2, proc.stderr
+    first, second = records
+    assert first["nodes"] == ["n1", "n2", "n3"] and first["spares"] == []
+    assert first["verdict"] == "bad_node" and first["blamed_node"] == "n2"
+    assert first["evidence"] == "srun: error: n2: task 1: Killed"
+    assert first["action"] == "swap" and first["detail"] == "n2->n4"
+    assert first["argv"][:2] == ["srun", "--nodelist=n1,n2,n3"]
+    # The ranks of the second attempt really ran on the new node list.
+    assert second["argv"][:2] == ["srun", "--nodelist=n1,n4,n3"]
+    # srun numbers ranks in Slurm's node order, so n4 hosts rank 2 now.
+    assert sorted(second["rank_nodes"].values()) == ["n1", "n3", "n4"]
+    assert sorted((state / f"node-2-{r}").read_text().strip() for r in range(3)) == ["n1", "n3", "n4"]
+    assert second["verdict"] == "success"
+    assert second["first_step"] == first["last_step"] + 1  # resumed, not restarted
+    bad = (run_dir / "launch" / "bad_nodes.txt").read_text()
+    assert bad.startswith("n2\tnamed\tattempt=1\tverdict=bad_node\treplaced_by=n4")
+    assert "summary" in proc.stderr
+
+
+def test_walltime_ends_the_job_and_resubmit_queues_the_follow_on(cluster, walltime_job):
+    folder, env = cluster
+    work, job = walltime_job
+    run_dir = work / "run"
+    deadline = time.time() + 240
+    records = []
+    while time.time() < deadline:
+        if (run_dir / "launch" / "attempts.jsonl").exists():
+            records = attempts(run_dir)
+            if any(r["verdict"] == "success" for r in records):
+                break
+        time.sleep(1)
+    outputs = "".join(p.read_text() for p in work.glob("slurm-*.out"))
+    assert len(records) == 2, outputs
+    first, second = records
+    assert first["job_id"] == job
+    assert first["verdict"] == "walltime", outputs
+    assert "DUE TO TIME LIMIT" in first["evidence"] or first["time_left_seconds"] is not None
+    assert first["action"] == "resubmit"
+    follow_on = first["resubmitted_job"]
+    assert first["job_chain"] == [job]
+    assert second["job_id"] == follow_on and second["verdict"] == "success"
+    assert second["first_step"] == first["last_step"] + 1 or second["first_step"] > first["last_step"]
+    state = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True)
+    assert "JobState=TIMEOUT" in state.stdout or "Reason=TimeLimit" in state.stdout or state.returncode != 0

@@ -1,0 +1,136 @@
+// Full argv of every scheduler x MPI flavour.
+#include "launch/command.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace crucible {
+namespace {
+
+using Argv = std::vector<std::string>;
+
+LaunchSpec Spec(Scheduler scheduler, MpiFlavour mpi) {
+  LaunchSpec spec;
+  spec.scheduler = scheduler;
+  spec.mpi = mpi;
+  spec.nodes = {"n1", "n3", "n4"};
+  spec.ranks_per_node = 2;
+  spec.ranks = 6;
+  spec.cpus_per_node = 8;
+  spec.hostfile_path = "/run/launch/hostfile-2";
+  spec.step_name = "crucible-77";
+  spec.env = {{"CRUCIBLE_ATTEMPT", "2"}, {"CRUCIBLE_RUN_DIR", "/run"}};
+  spec.rank_wrapper = {"/bin/crucible", "launch-rank", "--"};
+  spec.command = {"crucible", "train", "--config", "a b.toml"};
+  return spec;
+}
+
+const Argv kTail = {"/bin/crucible", "launch-rank", "--",      "crucible",
+                    "train",         "--config",    "a b.toml"};
+
+Argv With(Argv head) {
+  head.insert(head.end(), kTail.begin(), kTail.end());
+  return head;
+}
+
+TEST(LaunchCommand, SlurmOpenMpiUsesSrunWithExplicitNodeList) {
+  LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi));
+  EXPECT_EQ(c.argv,
+            With({"srun", "--nodelist=n1,n3,n4", "-N", "3", "-n", "6", "--ntasks-per-node=2",
+                  "--kill-on-bad-exit=1", "--label", "--mpi=pmix", "--job-name=crucible-77"}));
+  EXPECT_EQ(c.labels, LabelStyle::kColon);
+  EXPECT_EQ(c.env.at("CRUCIBLE_ATTEMPT"), "2");
+  EXPECT_TRUE(c.hostfile_path.empty());
+}
+
+TEST(LaunchCommand, SlurmMpichUsesPmi2) {
+  LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kSlurm, MpiFlavour::kMpich));
+  EXPECT_EQ(c.argv,
+            With({"srun", "--nodelist=n1,n3,n4", "-N", "3", "-n", "6", "--ntasks-per-node=2",
+                  "--kill-on-bad-exit=1", "--label", "--mpi=pmi2", "--job-name=crucible-77"}));
+}
+
+TEST(LaunchCommand, SlurmWithoutMpiLeavesThePluginToTheSite) {
+  LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kSlurm, MpiFlavour::kNone));
+  EXPECT_EQ(c.argv,
+            With({"srun", "--nodelist=n1,n3,n4", "-N", "3", "-n", "6", "--ntasks-per-node=2",
+                  "--kill-on-bad-exit=1", "--label", "--job-name=crucible-77"}));
+}
+
+TEST(LaunchCommand, PbsOpenMpiWritesHostfileAndBindsCores) {
+  LaunchSpec spec = Spec(Scheduler::kPbs, MpiFlavour::kOpenMpi);
+  spec.as_root = true;
+  LaunchCommand c = BuildLaunchCommand(spec);
+  EXPECT_EQ(c.argv,
+            With({"mpiexec", "--hostfile", "/run/launch/hostfile-2", "--np", "6", "--map-by",
+                  "ppr:2:node:PE=4", "--bind-to", "core", "--tag-output", "--allow-run-as-root",
+                  "-x", "CRUCIBLE_ATTEMPT", "-x", "CRUCIBLE_RUN_DIR"}));
+  EXPECT_EQ(c.hostfile_path, "/run/launch/hostfile-2");
+  EXPECT_EQ(c.hostfile_contents, "n1 slots=2\nn3 slots=2\nn4 slots=2\n");
+  EXPECT_EQ(c.labels, LabelStyle::kOpenMpi);
+}
+
+TEST(LaunchCommand, PbsMpichUsesPalsOptions) {
+  LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kPbs, MpiFlavour::kMpich));
+  EXPECT_EQ(c.argv, With({"mpiexec", "--hostfile", "/run/launch/hostfile-2", "--np", "6", "--ppn",
+                          "2", "--cpu-bind", "depth", "--depth", "4", "--label"}));
+  EXPECT_EQ(c.hostfile_contents, "n1\nn3\nn4\n");
+  EXPECT_EQ(c.labels, LabelStyle::kColon);
+}
+
+TEST(LaunchCommand, LocalOpenMpiRunsAsRootWithHosts) {
+  LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kOpenMpi);
+  spec.as_root = true;
+  LaunchCommand c = BuildLaunchCommand(spec);
+  EXPECT_EQ(c.argv, With({"mpirun", "--np", "6", "--host", "n1:2,n3:2,n4:2", "--oversubscribe",
+                          "--bind-to", "none", "--tag-output", "--allow-run-as-root", "-x",
+                          "CRUCIBLE_ATTEMPT", "-x", "CRUCIBLE_RUN_DIR"}));
+}
+
+TEST(LaunchCommand, LocalOpenMpiOnThisHostOnly) {
+  LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kOpenMpi);
+  spec.nodes = {"localhost"};
+  spec.ranks = 2;
+  LaunchCommand c = BuildLaunchCommand(spec);
+  EXPECT_EQ(c.argv, With({"mpirun", "--np", "2", "--oversubscribe", "--bind-to", "none",
+                          "--tag-output", "-x", "CRUCIBLE_ATTEMPT", "-x", "CRUCIBLE_RUN_DIR"}));
+}
+
+TEST(LaunchCommand, LocalMpichUsesHydra) {
+  LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kLocal, MpiFlavour::kMpich));
+  EXPECT_EQ(c.argv, With({"mpiexec", "-n", "6", "-hosts", "n1,n3,n4", "-ppn", "2", "-l"}));
+  EXPECT_EQ(c.labels, LabelStyle::kBracket);
+}
+
+TEST(LaunchCommand, LocalWithoutMpiRunsOneRankDirectly) {
+  LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kNone);
+  spec.nodes = {"localhost"};
+  spec.ranks = 1;
+  LaunchCommand c = BuildLaunchCommand(spec);
+  EXPECT_EQ(c.argv, kTail);
+  EXPECT_EQ(c.labels, LabelStyle::kNone);
+}
+
+TEST(LaunchCommand, RejectsLayoutsNoLauncherCanRun) {
+  LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kNone);
+  EXPECT_THROW(BuildLaunchCommand(spec), Error);  // 6 ranks, no MPI
+  spec = Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi);
+  spec.ranks = 7;  // 3 nodes x 2
+  EXPECT_THROW(BuildLaunchCommand(spec), Error);
+  spec = Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi);
+  spec.command.clear();
+  EXPECT_THROW(BuildLaunchCommand(spec), Error);
+}
+
+TEST(LaunchCommand, ArgumentsStayArgvNotShell) {
+  LaunchSpec spec = Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi);
+  spec.command = {"echo", "$(rm -rf /)", "a;b", "it's"};
+  LaunchCommand c = BuildLaunchCommand(spec);
+  EXPECT_EQ(Argv(c.argv.end() - 4, c.argv.end()), spec.command);
+  EXPECT_EQ(ShellQuote({"echo", "$(rm -rf /)", "it's", "plain"}),
+            "echo '$(rm -rf /)' 'it'\\''s' plain");
+}
+
+}  // namespace
+}  // namespace crucible
