@@ -119,3 +119,56 @@ def test_walltime_ends_the_job_and_resubmit_queues_the_follow_on(cluster, wallti
     assert second["first_step"] == first["last_step"] + 1 or second["first_step"] > first["last_step"]
     state = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True)
     assert "JobState=TIMEOUT" in state.stdout or "Reason=TimeLimit" in state.stdout or state.returncode != 0
+
+
+TRAIN_SETTINGS = ["--set", "model.flavor=debug", "--set", "model.dim=32", "--set", "model.n_layers=1",
+                  "--set", "model.n_heads=2", "--set", "model.n_kv_heads=2", "--set", "model.vocab_size=256",
+                  "--set", "model.ffn_hidden_dim=64", "--set", "training.seq_len=16",
+                  "--set", "training.local_batch_size=2", "--set", "training.steps=300",
+                  "--set", "checkpoint.interval=20", "--set", "checkpoint.async=false",
+                  "--set", "metrics.peak_gflops=100"]
+
+
+def test_crucible_train_fails_over_and_ends_bit_identical(cluster, walltime_job, tmp_path):
+    """crucible train under --auto-retry on 3 of 4 nodes; its process is SIGKILLed mid-run; the
+    node is swapped for the spare, training resumes from the last checkpoint, and the final
+    weights equal those of an uninterrupted run, bit for bit."""
+    folder, env = cluster
+    env = dict(env, OMP_NUM_THREADS="1")
+    reference = tmp_path / "reference"
+    plain = subprocess.run([CRUCIBLE, "train", *TRAIN_SETTINGS, "--set", f"job.dump_folder={reference}"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+
+    run_dir = tmp_path / "run"
+    wrapper = str(ROOT / "tests" / "integration" / "launch" / "rank0_trains.sh")
+    proc = subprocess.Popen(
+        ["salloc", "-N", "4", "--time=10", CRUCIBLE, "launch", "--run-dir", str(run_dir), "--nodes", "3",
+         "--auto-retry", "--backoff-base", "0.2", "--timeout", "60", "--",
+         wrapper, CRUCIBLE, "train", *TRAIN_SETTINGS, "--set", f"job.dump_folder={run_dir}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed_at = None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if killed_at is None and line.startswith("0: step="):
+            step = int(line.split()[1].split("=")[1])
+            pid_file = run_dir / "trainer-1.pid"
+            if step >= 50 and pid_file.exists():
+                os.kill(int(pid_file.read_text()), 9)
+                killed_at = step
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, stderr
+    assert killed_at is not None, "training ended before it could be interrupted"
+    first, second = attempts(run_dir)
+    assert first["verdict"] == "bad_node" and first["blamed_node"] == "n1"  # rank 0 ran on n1
+    assert first["evidence"] == "srun: error: n1: task 0: Exited with exit code 137"  # 128 + SIGKILL
+    assert first["detail"] == "n1->n4"
+    assert sorted(second["rank_nodes"].values()) == ["n2", "n3", "n4"]
+    # Resumed from the newest complete checkpoint before the kill, not from step 1.
+    assert second["first_step"] > 1 and (second["first_step"] - 1) % 20 == 0
+    assert second["first_step"] - 1 <= killed_at
+    assert any("phase=resume" in line for line in lines)
+    done = [line for line in lines if "done steps=300" in line]
+    assert done and plain.stdout.split("weights_xxh3=")[1].split()[0] in done[-1]
+    assert (run_dir / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
