@@ -2,7 +2,8 @@
 // side by side and prints ratios):
 //   data_bench blend-index WEIGHTS_FILE SAMPLES OUT_PREFIX
 //       builds the blend index for the weights (one per line) and prints
-//       "blend_index samples=N datasets=D seconds=S max_prefix_error=E"; writes OUT_PREFIX.dataset
+//       "blend_index samples=N datasets=D seconds=S cpu_seconds=C max_prefix_error=E" (wall and
+//       process CPU time: CPU time holds up on a busy machine); writes OUT_PREFIX.dataset
 //       (uint16) and OUT_PREFIX.sample (int64) so the caller can compare against Megatron's.
 //   data_bench loader FILE_LIST SEQ_LEN GLOBAL_BATCH BATCHES [SEED]
 //       reads BATCHES global batches through DataLoader (rank 0 of 1, one prefetch thread) and
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -31,8 +33,10 @@ int BlendIndexBench(const std::string& weights_file, int64_t samples, const std:
   std::vector<uint16_t> dataset(samples);
   std::vector<int64_t> sample(samples);
   Timer timer;
+  const std::clock_t cpu_start = std::clock();
   BuildBlendIndex(weights, samples, dataset.data(), sample.data());
   const double seconds = timer.Seconds();
+  const double cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   double total = 0;
   for (double w : weights) total += w;
   double worst = 0;
@@ -41,8 +45,9 @@ int BlendIndexBench(const std::string& weights_file, int64_t samples, const std:
     worst = std::max(
         {worst, std::abs(sample[i] - i * share), std::abs(sample[i] + 1 - (i + 1) * share)});
   }
-  std::printf("blend_index samples=%lld datasets=%zu seconds=%.4f max_prefix_error=%.4f\n",
-              (long long)samples, weights.size(), seconds, worst);
+  std::printf(
+      "blend_index samples=%lld datasets=%zu seconds=%.4f cpu_seconds=%.4f max_prefix_error=%.4f\n",
+      (long long)samples, weights.size(), seconds, cpu_seconds, worst);
   AtomicWriteFile(out + ".dataset", dataset.data(), dataset.size() * 2);
   AtomicWriteFile(out + ".sample", sample.data(), sample.size() * 8);
   return 0;

@@ -227,10 +227,12 @@ void BuildBlendIndex(const std::vector<double>& weights, int64_t n, uint16_t* da
       }
     }
     const int d = ready.top();
+    const double due = ready.top_key();  // (taken + 1) / share, computed when d was released
     dataset_index[step] = static_cast<uint16_t>(d);
     dataset_sample[step] = taken[d]++;
-    // Dataset d may take its next sample at the first step s with taken < (s + 1) share.
-    const int64_t slot = ReleaseSlot(static_cast<double>(taken[d]) / share[d]);
+    // Dataset d may take its next sample at the first step s with taken < (s + 1) share, and
+    // taken / share is now exactly the due time it was just picked at.
+    const int64_t slot = ReleaseSlot(due);
     if (slot <= step + 1) {
       release(d);
     } else {
