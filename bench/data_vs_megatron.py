@@ -61,6 +61,25 @@ def bench_blend_index(binary_dir, samples, datasets, tmp):
     return (meg_seconds, meg_cpu, meg_error), (ours_seconds, ours_cpu, ours_error)
 
 
+def skewed_mixtures(binary_dir, tmp, trials=20, datasets=6, samples=20000):
+    """Worst prefix deviation of each method over random skewed mixes (weights = u^3)."""
+    build = megatron_compat.blending_helper()
+    worst_meg = worst_ours = 0.0
+    rng = np.random.default_rng(2)
+    for _ in range(trials):
+        weights = rng.random(datasets) ** 3 + 1e-3
+        shares = weights / weights.sum()
+        index, sample = np.zeros(samples, dtype=np.int16), np.zeros(samples, dtype=np.int64)
+        build(index, sample, shares, datasets, samples, False)
+        worst_meg = max(worst_meg, max_prefix_error(index.astype(np.int64), sample, shares))
+        np.savetxt(tmp / "skewed.txt", weights, fmt="%.17g")
+        subprocess.run([binary_dir / "data_bench", "blend-index", tmp / "skewed.txt", str(samples), tmp / "skewed"],
+                       check=True, capture_output=True)
+        worst_ours = max(worst_ours, max_prefix_error(np.fromfile(tmp / "skewed.dataset", dtype=np.uint16).astype(np.int64),
+                                                      np.fromfile(tmp / "skewed.sample", dtype=np.int64), shares))
+    return worst_meg, worst_ours
+
+
 def make_blend(crucible, tmp):
     """Three corpora of generated English-like text, a tokenizer trained by crucible, shards."""
     rng = np.random.default_rng(1)
@@ -134,6 +153,9 @@ def main():
         print(f"  {'megatron-core build_blending_indices':38} {meg[0]:8.3f} {meg[1]:8.3f} {meg[2]:28.3f}")
         print(f"  {'crucible quota method':38} {ours[0]:8.3f} {ours[1]:8.3f} {ours[2]:28.3f}")
         print(f"  speedup: {meg[0] / ours[0]:.1f}x wall, {meg[1] / ours[1]:.1f}x cpu (target >= 10x)")
+        worst_meg, worst_ours = skewed_mixtures(binary_dir, tmp)
+        print(f"  skewed mixes (20 x 6 datasets, weights u^3, 20,000 samples): worst prefix deviation "
+              f"megatron {worst_meg:.3f}, crucible {worst_ours:.3f} samples")
         loader_tps, train_tps = bench_loader(binary_dir, crucible, tmp)
         print("loader throughput (seq_len 256, global batch 64, blend of 3 corpora)")
         print(f"  {'crucible DataLoader':34} {loader_tps:14,.0f} tokens/s")
