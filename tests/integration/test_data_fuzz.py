@@ -3,7 +3,8 @@
 The target (tests/fuzz/idx_fuzzer.cc) is built with clang from tests/fuzz/CMakeLists.txt into
 <build>/fuzz with AddressSanitizer and UBSan; any crash, sanitizer report or exception other than
 crucible::Error fails the test and leaves the input in the test's folder. The seed corpus is the
-hand-made .idx files in tests/fuzz/corpus/idx plus one that `crucible data prepare` wrote."""
+small valid .idx files in tests/fuzz/corpus/idx (uint16, int32 with multi-sequence documents,
+uint8, empty)."""
 import os
 import shutil
 import subprocess
