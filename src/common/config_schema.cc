@@ -105,8 +105,22 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"metrics.profile", T::kBool, V(false),
        "time every kernel and print phase=profile lines (per-kernel share) at the end"},
 
+      // [parallelism]
+      {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
+       "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1)"},
+      {"parallelism.consistency_check_steps", T::kInt, V(int64_t{50}),
+       "every N steps the ranks compare a hash of their parameters (silent data corruption); 0 "
+       "disables"},
+
+      // [comm]
+      {"comm.train_timeout_seconds", T::kFloat, V(600.0),
+       "a rank waiting longer than this in a collective aborts the job, naming the collective"},
+
       // [debug]
       {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true},
+      {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
+       "test only: this rank flips one bit of its parameters at debug.corrupt_step"},
+      {"debug.corrupt_step", T::kInt, V(int64_t{0}), "test only: see debug.corrupt_rank"},
   };
   return schema;
 }

@@ -35,11 +35,13 @@ bool ExactAccumulator::Add(const float* values) {
   return ok;
 }
 
-void ExactAccumulator::ToFloat(float* out) const {
-  const int64_t n = static_cast<int64_t>(sum_.size());
+void ExactAccumulator::ToFloat(float* out) const { Int128ToFloat(sum_.data(), out, sum_.size()); }
+
+void Int128ToFloat(const __int128* in, float* out, size_t count) {
+  const int64_t n = static_cast<int64_t>(count);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<float>(static_cast<double>(sum_[i]) * kInverseScale);
+    out[i] = static_cast<float>(static_cast<double>(in[i]) * kInverseScale);
 }
 
 }  // namespace crucible

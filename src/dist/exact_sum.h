@@ -27,4 +27,7 @@ class ExactAccumulator {
   std::vector<__int128> sum_;
 };
 
+// Converts n fixed-point sums to float (int128 -> double -> float, round to nearest each).
+void Int128ToFloat(const __int128* in, float* out, size_t n);
+
 }  // namespace crucible

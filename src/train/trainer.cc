@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -20,6 +22,8 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "data/token_source.h"
+#include "dist/communicator.h"
+#include "dist/data_parallel.h"
 #include "dist/exact_sum.h"
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
@@ -83,7 +87,12 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int64_t steps = config.Int("training.steps");
   const int64_t seq_len = config.Int("training.seq_len");
   const int64_t micro_batch = config.Int("training.local_batch_size");
-  const int world = 1;
+  Communicator& comm = Communicator::Get();
+  comm.SetTimeout(config.Float("comm.train_timeout_seconds"));
+  const int world = comm.world();
+  const int rank = comm.rank();
+  const bool leader = rank == 0;
+  if (comm.distributed()) SetLogRank(rank);
   if (steps < 0) throw UsageError("training.steps: must not be negative");
   if (seq_len < 1) throw UsageError("training.seq_len: must be at least 1");
   if (micro_batch < 1) throw UsageError("training.local_batch_size: must be at least 1");
@@ -103,19 +112,50 @@ int RunTraining(Config config, const std::string& resume_mode) {
 
   // ---- run directory ----
   const std::string run_dir = RunDirectory(config);
-  MakeDirectories(run_dir);
+  if (leader) MakeDirectories(run_dir);
+  comm.Barrier("run-directory creation");
 
   // ---- model, buffers, optimizer ----
   LlamaModel model(model_config, micro_batch, seq_len);
   const ParameterTable& table = model.table();
   const size_t n_params = table.total();
-  std::vector<float> weights(n_params), grads(n_params);
-  ExactAccumulator accumulator(n_params);
-  Optimizer optimizer(optimizer_config, table, 0, n_params);
-  Checkpointing checkpointing(config, run_dir, model_config, table, &optimizer, world);
+  // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
+  DataParallel data_parallel(comm, n_params, static_cast<int>(config.Int("parallelism.zero_stage")));
+  std::vector<float> weights(data_parallel.padded_size()), grads(data_parallel.padded_size());
+  ExactAccumulator accumulator(data_parallel.padded_size());
+  const size_t update_begin = data_parallel.update_begin(), update_end = data_parallel.update_end();
+  Optimizer optimizer(optimizer_config, table, update_begin, update_end);
+  // Checkpoints hold the optimizer state of every parameter. Under ZeRO-1 each rank updates
+  // only its shard; the full state is gathered into `full_state` before a save and a resume
+  // loads the full state and keeps the shard, so a checkpoint resumes on any number of ranks.
+  std::unique_ptr<Optimizer> full_state;
+  if (data_parallel.zero_stage() == 1 && world > 1)
+    full_state = std::make_unique<Optimizer>(optimizer_config, table, 0, n_params);
+  Optimizer* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
+  Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, world);
   const ResumePoint resume = checkpointing.Resume(resume_mode, weights.data());
+  auto shard_state = [&](bool gather) {
+    if (!full_state) return;
+    auto shard = optimizer.State();
+    auto full = full_state->State();
+    for (size_t i = 0; i < shard.size(); ++i) {
+      std::vector<float>& part = *shard[i].second;
+      std::vector<float>& whole = *full[i].second;
+      if (gather) {
+        std::vector<float> padded(data_parallel.padded_size(), 0.0f);
+        std::copy(part.begin(), part.end(), padded.begin() + update_begin);
+        comm.AllGatherFloat(padded.data() + rank * (data_parallel.padded_size() / world),
+                            padded.data(), data_parallel.padded_size() / world,
+                            "optimizer-state all-gather");
+        std::copy(padded.begin(), padded.begin() + n_params, whole.begin());
+      } else {
+        std::copy(whole.begin() + update_begin, whole.begin() + update_end, part.begin());
+      }
+    }
+  };
+  if (resume.resumed) shard_state(false);
   // After the resume check, so a config that cannot resume does not replace the run's record.
-  AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
+  if (leader) AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
   if (!resume.resumed) {
     const std::string& init_path = config.String("model.init_weights");
     const std::string& hf_path = config.String("checkpoint.initial_load_hf");
@@ -131,25 +171,46 @@ int RunTraining(Config config, const std::string& resume_mode) {
     }
   }
 
+  // Peak of the whole job: every rank measures its own share of the machine at the same time.
   double peak_gflops = config.Float("metrics.peak_gflops");
   if (peak_gflops <= 0) {
-    PrintLine("phase=peak_flops status=measuring");
-    peak_gflops = MeasurePeakGflops();
+    if (leader) PrintLine("phase=peak_flops status=measuring");
+    double mine = MeasurePeakGflops();
+    std::vector<double> all(world);
+    comm.AllGatherDouble(&mine, all.data(), 1, "peak-flops all-gather");
+    peak_gflops = 0;
+    for (double p : all) peak_gflops += p;
+  } else {
+    peak_gflops *= world;
   }
   const double flops_per_token = TrainFlopsPerToken(model_config, table, seq_len);
   const int threads = omp_get_max_threads();
-  PrintLine(StrFormat(
-      "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
-      "global_batch=%lld micro_batch=%lld accumulation=%lld threads=%d activations=%s "
-      "peak_gflops=%.1f data=%s",
-      run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
-      (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
-      (long long)global_batch, (long long)micro_batch, (long long)accumulation, threads,
-      HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
-      source->Describe().c_str()));
+  if (leader) {
+    PrintLine(StrFormat(
+        "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
+        "global_batch=%lld micro_batch=%lld accumulation=%lld ranks=%d zero_stage=%d threads=%d "
+        "activations=%s peak_gflops=%.1f data=%s",
+        run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
+        (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
+        (long long)global_batch, (long long)micro_batch, (long long)accumulation, world,
+        data_parallel.zero_stage(), threads,
+        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
+        source->Describe().c_str()));
+    // Memory per rank: weights and gradients (padded), the exact accumulator (16 bytes per
+    // parameter), the optimizer state of this rank's part, activations.
+    const double padded = static_cast<double>(data_parallel.padded_size());
+    const double state_floats = static_cast<double>(optimizer.State().size()) *
+                                static_cast<double>(update_end - update_begin);
+    PrintLine(StrFormat("phase=memory weights=%s grads=%s accumulator=%s optimizer_state=%s "
+                        "activations=%s communicated_per_step=%s",
+                        HumanBytes(4 * padded).c_str(), HumanBytes(4 * padded).c_str(),
+                        HumanBytes(16 * padded).c_str(), HumanBytes(4 * state_floats).c_str(),
+                        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(),
+                        HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep())).c_str()));
+  }
 
   std::FILE* metrics = nullptr;
-  if (config.Bool("metrics.enable_jsonl")) {
+  if (leader && config.Bool("metrics.enable_jsonl")) {
     std::string path = JoinPath(run_dir, "metrics.jsonl");
     if (resume.resumed) TruncateMetrics(path, resume.progress.step);
     metrics = std::fopen(path.c_str(), resume.resumed ? "a" : "w");
@@ -169,41 +230,63 @@ int RunTraining(Config config, const std::string& resume_mode) {
   double last_loss = resume.resumed ? resume.progress.loss : std::nan("");
   int64_t tokens_seen = resume.progress.tokens_seen;
   Timer train_timer;
+  const int64_t consistency_steps = config.Int("parallelism.consistency_check_steps");
+  const int64_t corrupt_rank = config.Int("debug.corrupt_rank");
+  const int64_t corrupt_step = config.Int("debug.corrupt_step");
   for (int64_t step = resume.progress.step + 1; step <= steps; ++step) {
     Timer step_timer;
-    const int64_t first = (step - 1) * global_batch;
+    comm.SetStep(step);
+    // Replicas must agree before they are used. Checked before the step's forward pass, because
+    // under ZeRO-1 the next parameter all-gather would overwrite a corrupted replica (after it
+    // had already produced wrong gradients).
+    if (world > 1 && consistency_steps > 0 && step > 1 && (step - 1) % consistency_steps == 0)
+      data_parallel.CheckConsistency(weights.data(), n_params, step - 1);
+    // This rank's micro-batches are the consecutive global micro-batches
+    // [rank * accumulation, (rank + 1) * accumulation) of the step's global batch.
+    const int64_t first = (step - 1) * global_batch + rank * accumulation * micro_batch;
     // Valid-token count of the whole global batch, so every micro-batch's gradient is scaled by
     // the same 1/valid (the loss is the token-weighted mean over the global batch).
-    int64_t valid_total = 0;
+    int64_t valid_local = 0;
     for (int64_t m = 0; m < accumulation; ++m) {
       load_micro_batch(first + m * micro_batch);
-      for (int32_t t : targets) valid_total += t >= 0 ? 1 : 0;
+      for (int32_t t : targets) valid_local += t >= 0 ? 1 : 0;
     }
+    const int64_t valid_total = data_parallel.Sum(valid_local);
     if (valid_total == 0) throw DataError(StrFormat("step %lld: the global batch has no valid target tokens", (long long)step));
     const float loss_scale = 1.0f / static_cast<float>(valid_total);
-    double loss_sum = 0.0;
+    std::vector<double> micro_losses(accumulation);
     bool finite = true;
     accumulator.Zero();
     for (int64_t m = 0; m < accumulation; ++m) {
       load_micro_batch(first + m * micro_batch);
       int64_t valid = 0;
-      loss_sum += model.Forward(weights.data(), inputs.data(), targets.data(), &valid);
+      micro_losses[m] = model.Forward(weights.data(), inputs.data(), targets.data(), &valid);
       model.Backward(weights.data(), grads.data(), loss_scale);
       finite = accumulator.Add(grads.data()) && finite;
     }
-    accumulator.ToFloat(grads.data());
-    const double loss = loss_sum / static_cast<double>(valid_total);
-    double grad_norm = std::sqrt(kernels::sum_of_squares(grads.data(), n_params));
+    finite = !data_parallel.Any(!finite);
+    data_parallel.ReduceGradients(accumulator, grads.data());
+    const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total);
+    double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data()));
     if (!finite) grad_norm = std::nan("");
     if (!std::isfinite(grad_norm)) {
-      LogWarn(StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
+      if (leader) LogWarn(StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
     } else {
       float clip = ClipScale(grad_norm, max_norm);
       if (clip < 1.0f) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < static_cast<int64_t>(n_params); ++i) grads[i] *= clip;
+        for (int64_t i = static_cast<int64_t>(update_begin); i < static_cast<int64_t>(update_end); ++i)
+          grads[i] *= clip;
       }
       optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step);
+      data_parallel.GatherParams(weights.data());
+    }
+    if (corrupt_rank == rank && corrupt_step == step) {
+      // Test-only: flip one bit of this rank's replica, as a faulty node would.
+      uint32_t bits;
+      std::memcpy(&bits, &weights[n_params / 2], 4);
+      bits ^= 1u << 3;
+      std::memcpy(&weights[n_params / 2], &bits, 4);
     }
     const double lr = LearningRate(schedule, step);
     tokens_seen += global_batch * seq_len;
@@ -211,7 +294,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const double step_seconds = step_timer.Seconds();
     const double tokens_per_second = static_cast<double>(global_batch * seq_len) / step_seconds;
     const double mfu = 100.0 * tokens_per_second * flops_per_token / (peak_gflops * 1e9);
-    if (step % log_freq == 0 || step == steps) {
+    if (leader && (step % log_freq == 0 || step == steps)) {
       PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                           (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));
     }
@@ -232,33 +315,46 @@ int RunTraining(Config config, const std::string& resume_mode) {
     checkpointing.NoteStepTime(step_seconds);
     checkpointing.Poll();
     TrainingProgress progress{step, step * global_batch, tokens_seen, loss, lr};
-    if (checkpointing.Due(step, steps))
+    // Every rank must agree to stop at the same step, or the others would wait in a collective.
+    int signal_number = StopSignals::Requested();
+    if (data_parallel.Any(signal_number != 0) && signal_number == 0) signal_number = SIGTERM;
+    // The leader decides (the "auto" interval depends on its measured save stalls).
+    const bool due = data_parallel.Any(leader && checkpointing.Due(step, steps));
+    const bool save_now = due || (signal_number != 0 && checkpointing.enabled() &&
+                                  data_parallel.Any(leader && checkpointing.last_saved_step() != step));
+    if (save_now) shard_state(true);
+    if (leader && due)
       checkpointing.Save(progress, weights.data(), false, step == steps ? "final" : "interval");
-    if (int signal_number = StopSignals::Requested()) {
+    if (signal_number != 0) {
       std::string saved = "none (checkpoint.enable = false)";
       if (checkpointing.enabled()) {
-        if (checkpointing.last_saved_step() != step)
+        if (leader && checkpointing.last_saved_step() != step)
           checkpointing.Save(progress, weights.data(), true, SignalName(signal_number));
-        checkpointing.Finish();
+        if (leader) checkpointing.Finish();
         saved = JoinPath(checkpointing.root(), "step-" + std::to_string(step));
       }
+      comm.Barrier("stop");
       if (metrics) std::fclose(metrics);
-      PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
-                          SignalName(signal_number), saved.c_str(), kExitSignalled));
+      if (leader)
+        PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
+                            SignalName(signal_number), saved.c_str(), kExitSignalled));
+      comm.Finalize();
       return kExitSignalled;
     }
   }
   if (metrics) std::fclose(metrics);
-  checkpointing.Finish();
+  if (leader) checkpointing.Finish();
 
   const uint64_t weights_hash = Hash64(weights.data(), n_params * sizeof(float));
-  if (config.Bool("checkpoint.enable")) {
+  if (leader && config.Bool("checkpoint.enable")) {
     PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
     SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, weights.data());
   }
   const double train_seconds = train_timer.Seconds();
-  if (KernelProfileEnabled()) PrintKernelProfile();
-  PrintLine(StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
+  if (leader && KernelProfileEnabled()) PrintKernelProfile();
+  comm.Barrier("end of training");
+  comm.Finalize();
+  if (leader) PrintLine(StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
                       "tok/s=%.1f weights_xxh3=%s",
                       (long long)steps, (long long)tokens_seen, wall.Seconds(), train_seconds,
                       last_loss, train_seconds > 0 ? tokens_seen / train_seconds : 0.0,

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling on one machine: 2 MPI ranks x 1 thread vs 1 rank x 2 threads, same model,
+global batch and micro-batch, in one run. Prints tokens/s of each, the scaling efficiency
+(2x1 rate / 1x2 rate), and the bytes each rank sends per step against the theoretical minimum of
+an fp32 ring all-reduce.
+
+    .venv/bin/python bench/dp_scaling.py [--flavor small] [--seq-len 512] [--steps 4]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def run(binary, ranks, threads, args):
+    with tempfile.TemporaryDirectory() as run_dir:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), **MPI_ENV)
+        cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core" if ranks > 1 else "none"]
+        for key in list(MPI_ENV) + ["OMP_NUM_THREADS"]:
+            cmd += ["-x", key]
+        cmd += [binary, "train", "--set", f"model.flavor={args.flavor}", "--set", f"training.seq_len={args.seq_len}",
+                "--set", f"training.local_batch_size={args.micro_batch}",
+                "--set", f"training.global_batch_size={args.global_batch}", "--set", f"training.steps={args.steps}",
+                "--set", f"job.dump_folder={run_dir}", "--set", "checkpoint.enable=false",
+                "--set", f"parallelism.zero_stage={args.zero_stage}"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr}")
+        records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+        timed = [r["step_seconds"] for r in records[1:]]
+        rate = args.global_batch * args.seq_len * len(timed) / sum(timed)
+        memory = re.search(r"^phase=memory .*$", proc.stdout, re.M).group(0)
+        digest = re.search(r"weights_xxh3=(\w+)", proc.stdout).group(1)
+        return rate, memory, digest
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flavor", default="small")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--zero-stage", type=int, default=1)
+    parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", "build/crucible"))
+    args = parser.parse_args()
+    one, memory_one, digest_one = run(args.crucible, 1, 2, args)
+    two, memory_two, digest_two = run(args.crucible, 2, 1, args)
+    params = int(subprocess.run([args.crucible, "model", "info", "--set", f"model.flavor={args.flavor}"],
+                                capture_output=True, text=True, check=True).stdout.split("total_params=")[1].split()[0])
+    minimum = 2 * (2 - 1) / 2 * 4 * params
+    sent = re.search(r"communicated_per_step=(\S+ \S+)", memory_two).group(1)
+    print(f"1 rank x 2 threads: tok/s={one:.1f}  {memory_one}")
+    print(f"2 ranks x 1 thread: tok/s={two:.1f}  {memory_two}")
+    print(f"scaling efficiency (2x1 / 1x2) = {two / one:.3f}")
+    print(f"bytes per rank per step: {sent} (model) vs fp32 ring all-reduce minimum {minimum / 2**20:.1f} MiB")
+    print(f"identical final weights: {digest_one == digest_two} ({digest_one} {digest_two})")
+    print("overlap of communication with backward: none (reduction runs after the last micro-batch)")
+
+
+if __name__ == "__main__":
+    main()

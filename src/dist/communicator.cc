@@ -1,0 +1,200 @@
+#include "dist/communicator.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace crucible {
+namespace {
+
+MPI_Datatype g_int128_type = MPI_DATATYPE_NULL;
+MPI_Op g_int128_sum = MPI_OP_NULL;
+
+void SumInt128(void* in, void* inout, int* count, MPI_Datatype*) {
+  const __int128* a = static_cast<const __int128*>(in);
+  __int128* b = static_cast<__int128*>(inout);
+  for (int i = 0; i < *count; ++i) b[i] += a[i];
+}
+
+std::string Hostname() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+// MPI counts are int: large buffers go in pieces of at most this many elements.
+constexpr size_t kMaxCount = size_t{1} << 28;
+
+}  // namespace
+
+bool Communicator::LaunchedByMpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+Communicator& Communicator::Get() {
+  static Communicator communicator;
+  return communicator;
+}
+
+Communicator::Communicator() : host_(Hostname()) {
+  if (!LaunchedByMpi()) return;
+  int provided = 0;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    throw Error(kExitFailure, "MPI_Init_thread failed on host " + host_);
+  mpi_ = true;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  MPI_Type_contiguous(16, MPI_BYTE, &g_int128_type);
+  MPI_Type_commit(&g_int128_type);
+  MPI_Op_create(&SumInt128, /*commute=*/1, &g_int128_sum);
+}
+
+void Communicator::Wait(void* request_ptr, const char* what) {
+  MPI_Request* request = static_cast<MPI_Request*>(request_ptr);
+  auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  int spins = 0;
+  while (true) {
+    MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_seconds_) {
+      Abort(StrFormat("collective timeout: rank %d on host %s waited %.0f s in %s at step %lld "
+                      "(comm.train_timeout_seconds = %.0f); another rank is dead or hung",
+                      rank_, host_.c_str(), waited, what, (long long)step_, timeout_seconds_),
+            kExitFailure);
+    }
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+void Communicator::AllReduceInt128(__int128* data, size_t count, const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  for (size_t done = 0; done < count; done += kMaxCount) {
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, data + done, static_cast<int>(std::min(kMaxCount, count - done)),
+                   g_int128_type, g_int128_sum, MPI_COMM_WORLD, &request);
+    Wait(&request, what);
+  }
+}
+
+void Communicator::ReduceScatterInt128(const __int128* send, __int128* receive, size_t count,
+                                       const char* what) {
+  if (!mpi_ || world_ == 1) {
+    if (send != receive) std::memcpy(receive, send, count * sizeof(__int128));
+    return;
+  }
+  if (count > kMaxCount) throw Error(kExitFailure, "reduce-scatter block too large for MPI");
+  MPI_Request request;
+  MPI_Ireduce_scatter_block(send, receive, static_cast<int>(count), g_int128_type, g_int128_sum,
+                            MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+}
+
+void Communicator::AllReduceInt64(int64_t* data, size_t count, const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD,
+                 &request);
+  Wait(&request, what);
+}
+
+void Communicator::AllReduceOr(bool* flag, const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  int value = *flag ? 1 : 0;
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+  *flag = value != 0;
+}
+
+namespace {
+template <typename T>
+void GatherImpl(bool mpi, int world, const T* send, T* receive, size_t count, MPI_Datatype type,
+                const std::function<void(MPI_Request*)>& wait) {
+  if (!mpi || world == 1) {
+    if (send != receive) std::memcpy(receive, send, count * sizeof(T));
+    return;
+  }
+  if (count > kMaxCount) throw Error(kExitFailure, "all-gather block too large for MPI");
+  MPI_Request request;
+  MPI_Iallgather(send, static_cast<int>(count), type, receive, static_cast<int>(count), type,
+                 MPI_COMM_WORLD, &request);
+  wait(&request);
+}
+}  // namespace
+
+void Communicator::AllGatherFloat(const float* send, float* receive, size_t count, const char* what) {
+  if (mpi_ && world_ > 1 && send == receive + rank_ * count) {  // this rank's block is in place
+    if (count > kMaxCount) throw Error(kExitFailure, "all-gather block too large for MPI");
+    MPI_Request request;
+    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, receive, static_cast<int>(count), MPI_FLOAT,
+                   MPI_COMM_WORLD, &request);
+    Wait(&request, what);
+    return;
+  }
+  GatherImpl(mpi_, world_, send, receive, count, MPI_FLOAT, [&](MPI_Request* r) { Wait(r, what); });
+}
+void Communicator::AllGatherDouble(const double* send, double* receive, size_t count, const char* what) {
+  GatherImpl(mpi_, world_, send, receive, count, MPI_DOUBLE, [&](MPI_Request* r) { Wait(r, what); });
+}
+void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t count, const char* what) {
+  GatherImpl(mpi_, world_, send, receive, count, MPI_UINT64_T, [&](MPI_Request* r) { Wait(r, what); });
+}
+
+std::vector<std::string> Communicator::AllGatherString(const std::string& value, const char* what) {
+  constexpr size_t kWidth = 256;
+  std::vector<char> send(kWidth, 0), receive(kWidth * world_, 0);
+  std::memcpy(send.data(), value.data(), std::min(value.size(), kWidth - 1));
+  if (mpi_ && world_ > 1) {
+    MPI_Request request;
+    MPI_Iallgather(send.data(), kWidth, MPI_CHAR, receive.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD,
+                   &request);
+    Wait(&request, what);
+  } else {
+    receive = send;
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < world_; ++r) out.emplace_back(receive.data() + r * kWidth);
+  return out;
+}
+
+void Communicator::Barrier(const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+}
+
+void Communicator::Abort(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "crucible: error: %s\n", message.c_str());
+  std::fflush(stderr);
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+void Communicator::Finalize() {
+  if (!mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Op_free(&g_int128_sum);
+    MPI_Type_free(&g_int128_type);
+    MPI_Finalize();
+  }
+  mpi_ = false;
+}
+
+}  // namespace crucible

@@ -1,0 +1,133 @@
+#include "dist/data_parallel.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/error.h"
+#include "common/hash.h"
+#include "common/profile.h"
+#include "common/strings.h"
+#include "kernels/cpu/kernels.h"
+
+namespace crucible {
+
+DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
+    : comm_(comm), n_params_(n_params), zero_stage_(zero_stage) {
+  if (zero_stage != 0 && zero_stage != 1)
+    throw UsageError("parallelism.zero_stage: " + std::to_string(zero_stage) +
+                     " is not supported (choose 0 or 1)");
+  const size_t world = static_cast<size_t>(comm.world());
+  const size_t chunks = (n_params + kNormChunk - 1) / kNormChunk;
+  shard_ = ((chunks + world - 1) / world) * kNormChunk;
+  padded_ = shard_ * world;
+  if (zero_stage == 0) {
+    update_begin_ = 0;
+    update_end_ = n_params;
+  } else {
+    const size_t rank = static_cast<size_t>(comm.rank());
+    update_begin_ = std::min(n_params, rank * shard_);
+    update_end_ = std::min(n_params, (rank + 1) * shard_);
+    shard_sum_.resize(shard_);
+  }
+}
+
+void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) {
+  ScopedKernelTimer profile_timer("gradient_reduce");
+  if (accumulator.size() != padded_) throw Error(kExitFailure, "internal: accumulator not padded");
+  if (zero_stage_ == 0) {
+    comm_.AllReduceInt128(accumulator.data(), padded_, "gradient all-reduce");
+    Int128ToFloat(accumulator.data(), grads, n_params_);
+    return;
+  }
+  comm_.ReduceScatterInt128(accumulator.data(), shard_sum_.data(), shard_, "gradient reduce-scatter");
+  Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
+}
+
+double DataParallel::GradNormSquared(const float* grads) {
+  // Partial sums of the chunks this rank owns, then every rank's partials in chunk order.
+  const size_t chunks_per_rank = shard_ / kNormChunk;
+  const size_t first_chunk = zero_stage_ == 0 ? 0 : update_begin_ / kNormChunk;
+  const size_t local_chunks = zero_stage_ == 0 ? padded_ / kNormChunk : chunks_per_rank;
+  std::vector<double> local(local_chunks, 0.0);
+  for (size_t c = 0; c < local_chunks; ++c) {
+    size_t begin = (first_chunk + c) * kNormChunk;
+    size_t end = std::min(n_params_, begin + kNormChunk);
+    if (begin < end) local[c] = kernels::sum_of_squares(grads + begin, end - begin);
+  }
+  std::vector<double> all;
+  if (zero_stage_ == 0) {
+    all = local;
+  } else {
+    all.resize(chunks_per_rank * comm_.world());
+    comm_.AllGatherDouble(local.data(), all.data(), chunks_per_rank, "gradient-norm all-gather");
+  }
+  double total = 0.0;
+  for (double partial : all) total += partial;
+  return total;
+}
+
+void DataParallel::GatherParams(float* weights) {
+  if (zero_stage_ == 0) return;
+  ScopedKernelTimer profile_timer("parameter_gather");
+  comm_.AllGatherFloat(weights + comm_.rank() * shard_, weights, shard_, "parameter all-gather");
+}
+
+double DataParallel::OrderedSum(const std::vector<double>& local_values) {
+  std::vector<double> all(local_values.size() * comm_.world());
+  comm_.AllGatherDouble(local_values.data(), all.data(), local_values.size(), "loss all-gather");
+  double total = 0.0;
+  for (double v : all) total += v;
+  return total;
+}
+
+int64_t DataParallel::Sum(int64_t value) {
+  comm_.AllReduceInt64(&value, 1, "token-count all-reduce");
+  return value;
+}
+
+bool DataParallel::Any(bool value) {
+  comm_.AllReduceOr(&value, "non-finite flag all-reduce");
+  return value;
+}
+
+void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64_t step) {
+  uint64_t mine = Hash64(weights, n_params * sizeof(float));
+  std::vector<uint64_t> hashes(comm_.world());
+  comm_.AllGatherU64(&mine, hashes.data(), 1, "consistency-check all-gather");
+  std::map<uint64_t, int> votes;
+  for (uint64_t h : hashes) ++votes[h];
+  if (votes.size() == 1) return;
+  uint64_t majority = std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
+                        return a.second < b.second;
+                      })->first;
+  std::vector<std::string> hosts = comm_.AllGatherString(comm_.host(), "host-name all-gather");
+  std::string culprits;
+  for (int r = 0; r < comm_.world(); ++r) {
+    if (hashes[r] == majority) continue;
+    culprits += StrFormat("%srank %d on host %s (hash %s)", culprits.empty() ? "" : ", ", r,
+                          hosts[r].c_str(), HexU64(hashes[r]).c_str());
+  }
+  // Every rank reports; the launcher's bad-node pattern `crucible-sdc` blames the named host.
+  for (int r = 0; r < comm_.world(); ++r) {
+    if (hashes[r] == majority || r != comm_.rank()) continue;
+    comm_.Abort(StrFormat("silent data corruption: rank %d on host %s holds parameters that differ "
+                          "from the majority (hash %s vs %s) at step %lld",
+                          r, hosts[r].c_str(), HexU64(hashes[r]).c_str(), HexU64(majority).c_str(),
+                          (long long)step),
+                kExitFailure);
+  }
+  comm_.Barrier("consistency-check abort");  // the disagreeing rank aborts the job
+  comm_.Abort("consistency check failed at step " + std::to_string(step) + ": " + culprits,
+              kExitFailure);
+}
+
+size_t DataParallel::CommunicatedBytesPerStep() const {
+  const size_t world = static_cast<size_t>(comm_.world());
+  if (world == 1) return 0;
+  // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer.
+  const size_t gradient = 16 * padded_;
+  if (zero_stage_ == 0) return 2 * gradient * (world - 1) / world;
+  return gradient * (world - 1) / world + 4 * padded_ * (world - 1) / world;
+}
+
+}  // namespace crucible

@@ -1,0 +1,62 @@
+// Data parallelism over flat buffers, with results that do not depend on the number of ranks.
+//
+// Each rank sums the gradients of its micro-batches exactly (ExactAccumulator); the ranks then
+// add their 128-bit fixed-point sums with integer MPI reductions, which are exact and therefore
+// order-free, and convert to fp32 once. The gradient norm is a sum of squares over fixed chunks of
+// kNormChunk elements, combined in chunk order on every rank, so it matches the single-process
+// norm bit for bit. Micro-batch losses are gathered and summed in global micro-batch order.
+//
+// ZeRO stage 1 shards the optimizer state: the gradient is reduce-scattered, each rank updates
+// its shard of the parameters, and the shards are all-gathered. Shards are whole multiples of
+// kNormChunk, so buffers are padded to padded_size(). Stage 0 keeps everything replicated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/exact_sum.h"
+
+namespace crucible {
+
+class DataParallel {
+ public:
+  static constexpr size_t kNormChunk = size_t{1} << 14;
+
+  DataParallel(Communicator& comm, size_t n_params, int zero_stage);
+
+  int zero_stage() const { return zero_stage_; }
+  // Length every flat buffer (weights, gradients, accumulator) must have.
+  size_t padded_size() const { return padded_; }
+  // The part of the parameters this rank updates ([0, n_params) for stage 0).
+  size_t update_begin() const { return update_begin_; }
+  size_t update_end() const { return update_end_; }
+
+  // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end).
+  void ReduceGradients(ExactAccumulator& accumulator, float* grads);
+  // Squared global norm of grads over all parameters, identical for any number of ranks.
+  double GradNormSquared(const float* grads);
+  // Stage 1: every rank receives every shard of the updated parameters.
+  void GatherParams(float* weights);
+  // Sum of every rank's values in rank order (so in global micro-batch order when each rank
+  // holds its consecutive micro-batches), identical for any number of ranks.
+  double OrderedSum(const std::vector<double>& local_values);
+  int64_t Sum(int64_t value);
+  bool Any(bool value);
+  // Compares a hash of the replicated parameters across ranks; on a mismatch aborts the job
+  // with "silent data corruption: rank R on host H ..." naming each rank that disagrees with the
+  // majority.
+  void CheckConsistency(const float* weights, size_t n_params, int64_t step);
+  // Bytes this rank sends per step for the gradient reduction and parameter gather (model).
+  size_t CommunicatedBytesPerStep() const;
+
+ private:
+  Communicator& comm_;
+  size_t n_params_, padded_, shard_;
+  int zero_stage_;
+  size_t update_begin_, update_end_;
+  std::vector<__int128> shard_sum_;
+};
+
+}  // namespace crucible

@@ -1,0 +1,108 @@
+"""Data parallelism over MPI: bit-identical results for any number of ranks and ZeRO stage,
+resume on a different world size, the silent-data-corruption check, collective timeouts."""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import crucible_binary
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+BASE = ["model.flavor=debug", "training.seq_len=32", "training.local_batch_size=2", "training.global_batch_size=8",
+        "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=2", "lr_scheduler.decay_type=constant",
+        "optimizer.lr=1e-3"]
+
+
+def mpirun(np, settings, timeout=300, check=True):
+    args = ["mpirun", "-np", str(np)]
+    for key in MPI_ENV:
+        args += ["-x", key]
+    args.append(crucible_binary())
+    args.append("train")
+    for item in settings:
+        args += ["--set", item]
+    env = dict(os.environ, **MPI_ENV)
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mpirun -np {np} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def result(proc, run_dir):
+    losses = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in losses], digest
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_one_two_and_four_ranks_give_identical_losses_and_weights(tmp_path, zero_stage):
+    results = {}
+    for np in (1, 2, 4):
+        run_dir = tmp_path / f"np{np}"
+        proc = mpirun(np, BASE + ["training.steps=6", f"parallelism.zero_stage={zero_stage}",
+                                  f"job.dump_folder={run_dir}"])
+        results[np] = result(proc, run_dir)
+        # Only rank 0 prints progress lines.
+        assert len([l for l in proc.stdout.splitlines() if l.startswith("step=")]) == 6
+        first_loss = results[np][0][0][1]
+        assert abs(first_loss - math.log(2048)) < 0.1, first_loss  # not divided by the DP size
+    assert results[1] == results[2] == results[4]
+
+
+def test_checkpoint_of_two_ranks_resumes_bit_exact_on_one_and_four(tmp_path):
+    straight = tmp_path / "straight"
+    reference = result(mpirun(1, BASE + ["training.steps=8", f"job.dump_folder={straight}"]), straight)
+    for resume_ranks in (1, 4):
+        run_dir = tmp_path / f"resumed{resume_ranks}"
+        mpirun(2, BASE + ["training.steps=4", "checkpoint.interval=4", f"job.dump_folder={run_dir}"])
+        proc = mpirun(resume_ranks, BASE + ["training.steps=8", "checkpoint.interval=4", f"job.dump_folder={run_dir}"])
+        assert "phase=resume" in proc.stdout
+        assert result(proc, run_dir) == reference
+
+
+@pytest.mark.parametrize("zero_stage,interval,detected_after", [(0, 2, 4), (1, 1, 3)])
+def test_consistency_check_names_the_corrupted_rank(tmp_path, zero_stage, interval, detected_after):
+    proc = mpirun(2, BASE + ["training.steps=8", f"parallelism.zero_stage={zero_stage}",
+                             f"parallelism.consistency_check_steps={interval}", "debug.corrupt_rank=1",
+                             "debug.corrupt_step=3", f"job.dump_folder={tmp_path / 'run'}"], check=False)
+    assert proc.returncode != 0
+    match = re.search(r"silent data corruption: rank (\d+) on host (\S+) .* at step (\d+)", proc.stderr)
+    assert match, proc.stderr
+    assert match.group(1) == "1" and int(match.group(3)) == detected_after
+    steps = [l for l in proc.stdout.splitlines() if l.startswith("step=")]
+    assert len(steps) == detected_after
+
+
+def test_a_hung_rank_aborts_the_job_after_the_collective_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [crucible_binary(), "train"]
+    for item in BASE + ["training.steps=1000", "comm.train_timeout_seconds=3", f"job.dump_folder={run_dir}"]:
+        args += ["--set", item]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step=2 "):
+                break
+        ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
+        pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
+        pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+        assert len(pids) == 2, pids
+        os.kill(max(pids), signal.SIGSTOP)  # one rank hangs
+        stopped_at = time.time()
+        _, stderr = proc.communicate(timeout=60)
+        elapsed = time.time() - stopped_at
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    assert "collective timeout" in stderr and "at step" in stderr, stderr
+    assert elapsed < 3 + 15, elapsed
