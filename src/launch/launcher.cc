@@ -122,6 +122,7 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
     plan.active_nodes = CeilDiv(options.np, options.ppn);
   } else {
     plan.active_nodes = std::max(1, allocated - spares);
+    if (options.np > 0) plan.active_nodes = std::min(plan.active_nodes, options.np);
   }
   if (plan.active_nodes > allocated)
     throw UsageError(StrFormat("%d node(s) needed, but the allocation (%s) has only %d",
