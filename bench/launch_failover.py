@@ -30,7 +30,9 @@ def one_recovery(np, env):
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         recovered = None
         for line in proc.stdout:
-            if recovered is None and stamp.exists() and "step=" in line and "phase=" not in line:
+            # Step 3 is the first one the failed attempt never completed (the barrier holds
+            # rank 0 there), so its line is the next attempt's first step.
+            if recovered is None and line.split(": ", 1)[-1].startswith("step=3 "):
                 recovered = time.time()
         proc.wait()
         if proc.returncode != 0 or recovered is None:

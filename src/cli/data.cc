@@ -233,6 +233,20 @@ int RunInspect(const DataOptions& o) {
   return kExitOk;
 }
 
+int RunManifest(const DataOptions& o) {
+  const Tokenizer tokenizer = Tokenizer::Load(o.tokenizer);
+  for (std::string prefix : o.prefixes) {
+    if (EndsWith(prefix, ".bin") || EndsWith(prefix, ".idx")) prefix.resize(prefix.size() - 4);
+    const ShardManifest m =
+        DescribeShard(prefix, tokenizer.Checksum(), tokenizer.vocab_size(), tokenizer.eos_id());
+    WriteManifest(prefix, m);
+    PrintLine(StrFormat("manifest prefix=%s documents=%lld tokens=%lld dtype=%s content=%s",
+                        prefix.c_str(), (long long)m.documents, (long long)m.tokens,
+                        m.dtype.c_str(), m.content_checksum.c_str()));
+  }
+  return kExitOk;
+}
+
 int RunDump(const DataOptions& o) {
   if (o.prefixes.size() != 1) throw UsageError("data dump: name one shard prefix");
   std::string prefix = o.prefixes[0];
@@ -302,8 +316,15 @@ CommandRun SetupData(CLI::App& app) {
       "dump",
       "print every sequence of a .bin/.idx shard (any Megatron shard) as a JSON array of ids");
   dump->add_option("prefix", o->prefixes, "shard prefix")->required();
-  return [o, prepare, blend, verify, inspect, dump]() {
+  CLI::App* manifest = app.add_subcommand("manifest",
+                                          "write the manifest of an existing .bin/.idx shard (e.g. "
+                                          "made by Megatron) so it can be blended");
+  manifest->add_option("prefixes", o->prefixes, "shard prefixes")->required();
+  manifest->add_option("-t,--tokenizer", o->tokenizer, "tokenizer.json the shard was made with")
+      ->required();
+  return [o, prepare, blend, verify, inspect, dump, manifest]() {
     if (dump->parsed()) return RunDump(*o);
+    if (manifest->parsed()) return RunManifest(*o);
     if (prepare->parsed()) return RunPrepare(*o);
     if (blend->parsed()) return RunBlend(*o);
     if (verify->parsed()) return RunVerify(*o);

@@ -287,6 +287,10 @@ int RunEncode(const TokenizerOptions& o) {
       }
     }
     count += static_cast<int64_t>(documents.size());
+    // A heartbeat per batch (64 MiB); on stderr, since stdout may be carrying the ids.
+    LogInfo(StrFormat("phase=encode documents=%lld MB=%.1f tokens=%lld MB/s=%.1f", (long long)count,
+                      bytes / 1e6, (long long)tokens,
+                      bytes / 1e6 / std::max(total.Seconds(), 1e-9)));
   }
   out.Write(text.data(), text.size());
   out.Commit();

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/philox.h"
 #include "common/strings.h"
+#include "common/timer.h"
 #include "data/blend_index.h"
 #include "data/indexed_dataset.h"
 
@@ -216,8 +217,13 @@ void BlendedDataset::Sample(int64_t index, int32_t* tokens) const {
   ShardReader& reader = *state_->readers[d];
   std::call_once(reader.verified, [&] {
     const BlendedShard& shard = state_->shards[d];
+    Timer timer;
     std::vector<std::string> problems = VerifyShard(shard.entry.prefix, shard.manifest);
     if (!problems.empty()) throw DataError(shard.entry.where + ": " + problems.front());
+    if (state_->options.progress)
+      PrintLine(StrFormat("phase=verify shard=%s status=ok mb=%.1f seconds=%.3f",
+                          shard.entry.prefix.c_str(), shard.manifest.bin.bytes / 1e6,
+                          timer.Seconds()));
   });
   const std::shared_ptr<const EpochTable> table = state_->Epoch(d, origin.epoch);
   const int64_t seq_len = state_->options.seq_len;

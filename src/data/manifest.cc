@@ -91,6 +91,31 @@ ShardManifest ReadManifest(const std::string& prefix) {
   return m;
 }
 
+ShardManifest DescribeShard(const std::string& prefix, const std::string& tokenizer_checksum,
+                            int64_t vocab_size, int64_t eos_id) {
+  ShardManifest m;
+  {
+    IndexedDataset data(prefix);
+    m.dtype = DtypeName(data.dtype());
+    m.documents = data.sequence_count();
+    m.tokens = data.total_tokens();
+    m.max_token = data.MaxToken();
+  }
+  if (m.max_token >= vocab_size)
+    throw DataError(
+        StrFormat("%s: token id %lld does not fit the tokenizer's vocabulary of %lld "
+                  "(vocabulary overflow)",
+                  BinPath(prefix).c_str(), (long long)m.max_token, (long long)vocab_size));
+  const std::string base = prefix.substr(prefix.find_last_of('/') + 1);
+  m.bin = {base + ".bin", FileSize(BinPath(prefix)), HashFileHex(BinPath(prefix))};
+  m.idx = {base + ".idx", FileSize(IdxPath(prefix)), HashFileHex(IdxPath(prefix))};
+  m.content_checksum = ContentChecksum(m.bin.xxh3_128, m.idx.xxh3_128);
+  m.tokenizer_checksum = tokenizer_checksum;
+  m.vocab_size = vocab_size;
+  m.eos_id = eos_id;
+  return m;
+}
+
 std::vector<std::string> CheckShardSizes(const std::string& prefix, const ShardManifest& m) {
   std::vector<std::string> problems;
   for (const auto& [path, file] : {std::pair{BinPath(prefix), &m.bin}, {IdxPath(prefix), &m.idx}}) {

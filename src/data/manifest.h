@@ -40,6 +40,12 @@ void WriteManifest(const std::string& prefix, const ShardManifest& manifest);
 // completed by prepare) or malformed; the message names the file.
 ShardManifest ReadManifest(const std::string& prefix);
 
+// Describes an existing .bin/.idx pair (one written by Megatron's preprocess_data.py, say) so it
+// can be blended: hashes both files, counts sequences and tokens, finds the largest id (which
+// must be below vocab_size). The caller writes it with WriteManifest.
+ShardManifest DescribeShard(const std::string& prefix, const std::string& tokenizer_checksum,
+                            int64_t vocab_size, int64_t eos_id);
+
 // Re-hashes prefix.bin and prefix.idx and compares them with the manifest; returns one line per
 // problem (missing, truncated, size or checksum changed), empty when the shard is intact.
 std::vector<std::string> VerifyShard(const std::string& prefix, const ShardManifest& manifest);

@@ -13,8 +13,6 @@
 #include "launch/hostlist.h"
 #include "launch/process.h"
 
-extern char** environ;
-
 namespace crucible {
 namespace {
 
@@ -75,15 +73,6 @@ std::string ScontrolField(std::string_view text, const std::string& key) {
 }
 
 }  // namespace
-
-Environment CurrentEnvironment() {
-  Environment env;
-  for (char** entry = environ; *entry; ++entry) {
-    const char* equals = std::strchr(*entry, '=');
-    if (equals) env[std::string(*entry, equals - *entry)] = equals + 1;
-  }
-  return env;
-}
 
 const char* SchedulerName(Scheduler scheduler) {
   switch (scheduler) {

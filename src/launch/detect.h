@@ -11,10 +11,9 @@
 #include <string_view>
 #include <vector>
 
-namespace crucible {
+#include "launch/environment.h"
 
-using Environment = std::map<std::string, std::string>;
-Environment CurrentEnvironment();
+namespace crucible {
 
 enum class Scheduler { kLocal, kSlurm, kPbs };
 enum class MpiFlavour { kNone, kOpenMpi, kMpich };

@@ -122,6 +122,7 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
     plan.active_nodes = CeilDiv(options.np, options.ppn);
   } else {
     plan.active_nodes = std::max(1, allocated - spares);
+    if (options.np > 0) plan.active_nodes = std::min(plan.active_nodes, options.np);
   }
   if (plan.active_nodes > allocated)
     throw UsageError(StrFormat("%d node(s) needed, but the allocation (%s) has only %d",
@@ -165,7 +166,12 @@ LaunchSpec MakeSpec(const Plan& plan, const LaunchOptions& options,
               {"CRUCIBLE_NODELIST", JoinHosts(nodes)},
               {"CRUCIBLE_ACCELERATOR", AcceleratorName(plan.accelerator.kind)},
               {"CRUCIBLE_LAUNCH_ID", plan.launch_id}};
-  spec.rank_wrapper = {plan.crucible, "launch-rank", "--"};
+  // The small wrapper binary beside crucible when it is there (faster start), else the same
+  // code inside crucible.
+  const std::string fast_wrapper = JoinPath(ParentDirectory(plan.crucible), "crucible-rank");
+  spec.rank_wrapper = access(fast_wrapper.c_str(), X_OK) == 0
+                          ? std::vector<std::string>{fast_wrapper, "--"}
+                          : std::vector<std::string>{plan.crucible, "launch-rank", "--"};
   spec.command = options.command;
   return spec;
 }

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "launch/detect.h"
+#include "launch/environment.h"
 
 namespace crucible {
 

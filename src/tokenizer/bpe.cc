@@ -112,24 +112,23 @@ BpeModel::BpeModel(const std::array<int32_t, 256>& byte_ids,
 void BpeModel::EncodeWord(std::string_view word, BpeScratch& scratch,
                           std::vector<uint32_t>* out) const {
   if (word.empty()) return;
-  if (ignore_merges_) {
-    auto it = whole_words_.find(word);
-    if (it != whole_words_.end()) {
-      out->push_back(it->second);
-      return;
-    }
-  }
-  if (word.size() == 1) {
+  if (word.size() == 1) {  // a single byte is its own token under either path
     int32_t id = byte_ids_[static_cast<unsigned char>(word[0])];
     if (id >= 0) out->push_back(static_cast<uint32_t>(id));
     return;
   }
+  // One cache probe serves both paths: whole-word lookups (ignore_merges) and merge results.
   const uint64_t hash = XXH3_64bits(word.data(), word.size());
   if (scratch.cache.Find(word, hash, out)) return;
   scratch.symbols.clear();
-  for (unsigned char b : word)
-    if (byte_ids_[b] >= 0) scratch.symbols.push_back(static_cast<uint32_t>(byte_ids_[b]));
-  MergeSymbols(scratch);
+  auto whole = ignore_merges_ ? whole_words_.find(word) : whole_words_.end();
+  if (whole != whole_words_.end()) {
+    scratch.symbols.push_back(whole->second);
+  } else {
+    for (unsigned char b : word)
+      if (byte_ids_[b] >= 0) scratch.symbols.push_back(static_cast<uint32_t>(byte_ids_[b]));
+    MergeSymbols(scratch);
+  }
   scratch.cache.Insert(word, hash, scratch.symbols.data(), scratch.symbols.size());
   out->insert(out->end(), scratch.symbols.begin(), scratch.symbols.end());
 }

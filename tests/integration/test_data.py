@@ -98,6 +98,28 @@ def test_we_read_a_shard_megatron_wrote(tmp_path):
     assert [json.loads(line) for line in out] == [[x * 40 for x in d] for d in docs]
 
 
+def test_megatron_written_shard_joins_a_blend(tmp_path, tokenizer_json):
+    """A shard written by Megatron's IndexedDatasetBuilder, given a manifest, blends with ours."""
+    module = megatron_compat.indexed_dataset()
+    import torch
+    tok = hf(tokenizer_json)
+    eos = tok.token_to_id(EOS_TOKEN)
+    docs = corpus(80, "m")
+    builder = module.IndexedDatasetBuilder(str(tmp_path / "meg.bin"), dtype=np.uint16)
+    for text in docs:
+        builder.add_document(torch.tensor(tok.encode(text).ids + [eos]), [len(tok.encode(text).ids) + 1])
+    builder.finalize(str(tmp_path / "meg.idx"))
+    out = run_crucible("data", "manifest", "-t", tokenizer_json, tmp_path / "meg").stdout
+    assert "documents=80" in out
+    prepare(tmp_path, tokenizer_json, "ours", corpus(80, "o"))
+    lst = tmp_path / "blend.txt"
+    lst.write_text("1 meg megatron\n1 shards/ours crucible\n")
+    assert "verified shards=2 bad=0" in run_crucible("data", "verify", "--list", lst).stdout
+    report = run_crucible("data", "inspect", "-q", "--list", lst, "--seq-len", 16, "--samples", 200,
+                          "--tokenizer", tokenizer_json, "--decode", 0).stdout
+    assert "megatron" in report and "crucible" in report
+
+
 def test_text_splits_and_field(tmp_path, tokenizer_json):
     (tmp_path / "book.txt").write_text("para one\nstill one\n\npara two\n")
     run_crucible("data", "prepare", "-q", "-t", tokenizer_json, "-o", tmp_path / "p", "--split", "paragraph",

@@ -220,7 +220,7 @@ def test_dry_run_prints_command_and_environment_and_runs_nothing(tmp_path):
     proc = launch(["--run-dir", str(run_dir), "--np", "2", "--dry-run"], ["echo", "it's"])
     assert proc.returncode == 0, proc.stderr
     assert "CRUCIBLE_RUN_DIR=" + str(run_dir) in proc.stdout
-    assert "launch-rank -- echo 'it'\\''s'" in proc.stdout
+    assert "crucible-rank -- echo 'it'\\''s'" in proc.stdout
     assert "mpirun --np 2" in proc.stdout
     assert not run_dir.exists()
 

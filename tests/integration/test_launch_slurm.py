@@ -172,3 +172,24 @@ def test_crucible_train_fails_over_and_ends_bit_identical(cluster, walltime_job,
     done = [line for line in lines if "done steps=300" in line]
     assert done and plain.stdout.split("weights_xxh3=")[1].split()[0] in done[-1]
     assert (run_dir / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+
+
+def test_real_mpi_ranks_talk_across_the_virtual_nodes(cluster, walltime_job, tmp_path):
+    """Open MPI ranks started by srun --mpi=pmix (the launcher's Slurm x Open MPI command) on 3 of
+    the 4 nodes: one rank per node, and an allreduce over all of them."""
+    folder, env = cluster
+    program = tmp_path / "mpi_hello"
+    compiled = subprocess.run(["mpicc", str(ROOT / "tests/integration/launch/mpi_hello.c"), "-o", str(program)],
+                              capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    env = dict(env, CRUCIBLE_MPI="openmpi")
+    proc = subprocess.run(["salloc", "-N", "4", "--time=5", CRUCIBLE, "launch", "--run-dir", str(tmp_path / "run"),
+                           "--nodes", "3", "--timeout", "60", "--", str(program)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(l for l in proc.stdout.splitlines() if "mpi_rank=" in l)
+    assert len(lines) == 3
+    assert all("mpi_size=3 allreduce=3" in l for l in lines)
+    assert sorted(l.split("node=")[1].split()[0] for l in lines) == ["n1", "n2", "n3"]
+    record = attempts(tmp_path / "run")[0]
+    assert "--mpi=pmix" in record["argv"] and "--nodelist=n1,n2,n3" in record["argv"]
