@@ -46,6 +46,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "(more than that accumulates gradients over micro-batches)",
        true},
       {"training.max_norm", T::kFloat, V(1.0), "global gradient-norm clip; 0 disables", true},
+      {"training.master_dtype", T::kString, V(std::string("float32")),
+       "storage of the master weights: float32, or bfloat16 (emulated: rounded after every "
+       "update; small updates are lost, see the frozen-parameter detector)",
+       true},
       {"training.dataset", T::kString, V(std::string("synthetic")),
        "input: synthetic (seeded random tokens), tokens (a flat file of token ids) or blend (a "
        "blendcorpus file list of prepared shards, see docs/data.md)",
@@ -118,6 +122,18 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
 
       // [debug]
       {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true},
+      {"debug.detectors", T::kBool, V(true),
+       "silent-bug detectors: frozen parameters, step-1 loss vs ln(vocab), non-finite gradients"},
+      {"debug.frozen_steps", T::kInt, V(int64_t{20}),
+       "warn when a parameter tensor is unchanged for this many consecutive steps; 0 disables"},
+      {"debug.initial_loss_tolerance", T::kFloat, V(0.5),
+       "warn when a fresh model's step-1 loss is further than this from ln(vocab_size)"},
+      {"debug.fake_loss_divisor", T::kFloat, V(1.0),
+       "test only: divide the logged loss by this (emulates a loss divided by the DP size)"},
+      {"debug.inject_nan_step", T::kInt, V(int64_t{0}),
+       "test only: put a NaN into the gradient of debug.inject_nan_tensor at this step"},
+      {"debug.inject_nan_tensor", T::kString, V(std::string("model.norm.weight")),
+       "test only: see debug.inject_nan_step"},
       {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
        "test only: this rank flips one bit of its parameters at debug.corrupt_step"},
       {"debug.corrupt_step", T::kInt, V(int64_t{0}), "test only: see debug.corrupt_rank"},

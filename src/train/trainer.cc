@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "model/llama.h"
 #include "optim/optim.h"
 #include "train/checkpointing.h"
+#include "train/detectors.h"
 #include "train/stop_signals.h"
 
 namespace crucible {
@@ -79,6 +81,10 @@ int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
 int RunTraining(Config config, const std::string& resume_mode) {
   Timer wall;
   EnableKernelProfile(config.Bool("metrics.profile"));
+  // Test-only: CRUCIBLE_TEST_PERTURB_KERNEL=rmsnorm moves every RMSNorm output by one ULP, so
+  // tests can show that the smoke gate notices a kernel whose rounding changed.
+  if (const char* perturb = std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL"))
+    kernels::g_perturb_rmsnorm_for_tests = std::string(perturb) == "rmsnorm";
   StopSignals stop_signals;
   // ---- resolve the config ----
   LlamaConfig model_config = BuildLlamaConfig(config);
@@ -154,6 +160,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     }
   };
   if (resume.resumed) shard_state(false);
+  Detectors detectors(config, table, update_begin, update_end);
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader) AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
   if (!resume.resumed) {
@@ -171,6 +178,10 @@ int RunTraining(Config config, const std::string& resume_mode) {
     }
   }
 
+  const bool fresh_model = !resume.resumed && config.String("model.init_weights").empty() &&
+                           config.String("checkpoint.initial_load_hf").empty();
+  if (detectors.bf16_storage())
+    for (size_t i = 0; i < n_params; ++i) weights[i] = RoundToBfloat16(weights[i]);
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
   double peak_gflops = config.Float("metrics.peak_gflops");
   if (peak_gflops <= 0) {
@@ -233,6 +244,10 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int64_t consistency_steps = config.Int("parallelism.consistency_check_steps");
   const int64_t corrupt_rank = config.Int("debug.corrupt_rank");
   const int64_t corrupt_step = config.Int("debug.corrupt_step");
+  const double fake_loss_divisor = config.Float("debug.fake_loss_divisor");
+  const int64_t inject_nan_step = config.Int("debug.inject_nan_step");
+  const ParamInfo* inject_nan_tensor =
+      inject_nan_step > 0 ? &table.Find(config.String("debug.inject_nan_tensor")) : nullptr;
   for (int64_t step = resume.progress.step + 1; step <= steps; ++step) {
     Timer step_timer;
     comm.SetStep(step);
@@ -262,11 +277,21 @@ int RunTraining(Config config, const std::string& resume_mode) {
       int64_t valid = 0;
       micro_losses[m] = model.Forward(weights.data(), inputs.data(), targets.data(), &valid);
       model.Backward(weights.data(), grads.data(), loss_scale);
-      finite = accumulator.Add(grads.data()) && finite;
+      if (inject_nan_tensor && step == inject_nan_step && leader && m == 0)
+        grads[inject_nan_tensor->offset] = std::nanf("");  // test only
+      if (!accumulator.Add(grads.data())) {
+        finite = false;
+        LogWarn(StrFormat("step %lld: non-finite gradient in %s (micro-batch %lld); the update "
+                          "will be skipped",
+                          (long long)step, detectors.FindNonFinite(grads.data()).c_str(),
+                          (long long)(rank * accumulation + m)));
+      }
     }
     finite = !data_parallel.Any(!finite);
     data_parallel.ReduceGradients(accumulator, grads.data());
-    const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total);
+    const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total) /
+                        fake_loss_divisor;  // the divisor is a test-only fault
+    if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data()));
     if (!finite) grad_norm = std::nan("");
     if (!std::isfinite(grad_norm)) {
@@ -278,7 +303,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
         for (int64_t i = static_cast<int64_t>(update_begin); i < static_cast<int64_t>(update_end); ++i)
           grads[i] *= clip;
       }
+      detectors.BeforeUpdate(weights.data());
       optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step);
+      detectors.AfterUpdate(weights.data(), step);
       data_parallel.GatherParams(weights.data());
     }
     if (corrupt_rank == rank && corrupt_step == step) {

@@ -1,0 +1,239 @@
+#include "eval/smoke.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace crucible {
+
+const char* SmokeConfig() {
+  return R"([job]
+name = "smoke"
+
+[model]
+flavor = "debug"
+vocab_size = 512
+dim = 64
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_hidden_dim = 160
+
+[training]
+steps = 8
+seq_len = 64
+local_batch_size = 2
+global_batch_size = 4
+dataset = "synthetic"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-3
+
+[lr_scheduler]
+warmup_steps = 2
+decay_type = "cosine"
+
+[checkpoint]
+enable = true
+interval = 1000
+
+[metrics]
+peak_gflops = 1.0
+
+[debug]
+seed = 1234
+)";
+}
+
+namespace {
+
+std::string Bits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, 8);
+  return HexU64(bits);
+}
+
+// Runs argv with extra environment; output to log_path. Returns the exit status.
+int RunChild(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+             const std::string& log_path) {
+  pid_t pid = ::fork();
+  if (pid < 0) ThrowErrno("fork");
+  if (pid == 0) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string SelfPath() {
+  std::vector<char> buffer(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buffer.data(), buffer.size() - 1);
+  if (n <= 0) ThrowErrno("readlink /proc/self/exe");
+  return std::string(buffer.data(), n);
+}
+
+nlohmann::ordered_json Observe(const std::string& run_dir) {
+  nlohmann::ordered_json result;
+  result["steps"] = nlohmann::ordered_json::array();
+  std::string metrics = ReadFile(JoinPath(run_dir, "metrics.jsonl"));
+  for (const std::string& line : Split(metrics, '\n')) {
+    if (Trim(line).empty()) continue;
+    nlohmann::json record = nlohmann::json::parse(line);
+    double loss = record["loss"].get<double>();
+    double grad_norm = record["grad_norm"].is_null() ? std::nan("") : record["grad_norm"].get<double>();
+    result["steps"].push_back({{"step", record["step"].get<int64_t>()},
+                               {"loss", loss},
+                               {"loss_bits", Bits(loss)},
+                               {"grad_norm", grad_norm},
+                               {"grad_norm_bits", Bits(grad_norm)}});
+  }
+  SafetensorsReader weights(JoinPath(run_dir, "model.safetensors"));
+  result["tensors"] = nlohmann::ordered_json::object();
+  std::vector<float> buffer;
+  for (const auto& t : weights.tensors()) {
+    buffer.resize(t.numel());
+    weights.ReadFloat32(t.name, t.shape, buffer.data());
+    result["tensors"][t.name] = HexU64(Hash64(buffer.data(), buffer.size() * sizeof(float)));
+  }
+  return result;
+}
+
+}  // namespace
+
+int RunSmoke(const SmokeOptions& options) {
+  std::string work = options.work_dir;
+  bool temporary = work.empty();
+  if (temporary) {
+    char pattern[] = "/tmp/crucible-smoke-XXXXXX";
+    if (!::mkdtemp(pattern)) ThrowErrno("mkdtemp");
+    work = pattern;
+  }
+  MakeDirectories(work);
+  const std::string config_path = JoinPath(work, "smoke.toml");
+  const std::string run_dir = JoinPath(work, "run");
+  AtomicWriteFile(config_path, std::string(SmokeConfig()));
+  const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
+  // Pin OpenBLAS to one kernel family so the golden holds on any x86-64-v3 CPU, and fix the
+  // thread count (results do not depend on it, but the run should be the same run).
+  std::vector<std::string> env = {"OPENBLAS_CORETYPE=Haswell",
+                                  options.ranks > 1 ? "OMP_NUM_THREADS=1" : "OMP_NUM_THREADS=2"};
+  std::vector<std::string> argv;
+  if (options.ranks > 1) {
+    env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
+    env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+    argv = {"mpirun", "--oversubscribe", "-np", std::to_string(options.ranks), "-x",
+            "OPENBLAS_CORETYPE", "-x", "OMP_NUM_THREADS"};
+    if (std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL")) {
+      argv.push_back("-x");
+      argv.push_back("CRUCIBLE_TEST_PERTURB_KERNEL");
+    }
+  }
+  for (const std::string& a : {binary, std::string("train"), std::string("--config"), config_path,
+                               std::string("--set"), "job.dump_folder=" + run_dir,
+                               std::string("--resume"), std::string("none")})
+    argv.push_back(a);
+  const std::string log_path = JoinPath(work, "train.log");
+  PrintLine(StrFormat("phase=smoke status=training ranks=%d log=%s", options.ranks, log_path.c_str()));
+  int status = RunChild(argv, env, log_path);
+  if (status != 0)
+    throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d; see %s", status,
+                                        log_path.c_str()));
+  nlohmann::ordered_json observed = Observe(run_dir);
+  int result = 0;
+  if (options.update) {
+    nlohmann::ordered_json golden;
+    golden["about"] = "crucible smoke golden file: regenerate only with `crucible smoke --update`";
+    golden["config"] = SmokeConfig();
+    golden["steps"] = observed["steps"];
+    golden["tensors"] = observed["tensors"];
+    MakeDirectories(ParentDirectory(options.golden));
+    AtomicWriteFile(options.golden, golden.dump(2) + "\n");
+    PrintLine("smoke: golden written to " + options.golden);
+  } else {
+    if (!FileExists(options.golden))
+      throw UsageError(options.golden + ": golden file not found (create it with crucible smoke --update)");
+    nlohmann::json golden;
+    try {
+      golden = nlohmann::json::parse(ReadFile(options.golden));
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(options.golden + ": not valid JSON: " + e.what());
+    }
+    if (golden.value("config", "") != std::string(SmokeConfig()))
+      PrintLine("smoke: note: the golden was made with a different smoke config");
+    const auto& want_steps = golden["steps"];
+    const auto& got_steps = observed["steps"];
+    for (size_t i = 0; i < std::max(want_steps.size(), got_steps.size()) && result == 0; ++i) {
+      if (i >= want_steps.size() || i >= got_steps.size()) {
+        PrintLine(StrFormat("smoke: FAIL step count differs: %zu steps, golden has %zu", got_steps.size(),
+                            want_steps.size()));
+        result = 1;
+        break;
+      }
+      for (const char* key : {"loss", "grad_norm"}) {
+        std::string bits_key = std::string(key) + "_bits";
+        if (want_steps[i][bits_key] != got_steps[i][bits_key]) {
+          PrintLine(StrFormat("smoke: FAIL first difference at step %lld: %s %.17g (bits %s), golden %.17g (bits %s)",
+                              (long long)got_steps[i]["step"].get<int64_t>(), key,
+                              got_steps[i][key].get<double>(), got_steps[i][bits_key].get<std::string>().c_str(),
+                              want_steps[i][key].get<double>(), want_steps[i][bits_key].get<std::string>().c_str()));
+          result = 1;
+          break;
+        }
+      }
+    }
+    for (const auto& [name, hash] : golden["tensors"].items()) {
+      if (!observed["tensors"].contains(name)) {
+        PrintLine("smoke: FAIL tensor " + name + " is missing");
+        result = 1;
+        break;
+      }
+      if (observed["tensors"][name] != hash) {
+        PrintLine(StrFormat("smoke: FAIL first differing tensor: %s (xxh3 %s, golden %s)", name.c_str(),
+                            observed["tensors"][name].get<std::string>().c_str(),
+                            hash.get<std::string>().c_str()));
+        result = 1;
+        break;
+      }
+    }
+    if (result == 0)
+      PrintLine(StrFormat("smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d)",
+                          got_steps.size(), observed["tensors"].size(), options.golden.c_str(), options.ranks));
+  }
+  if (temporary) {
+    for (const char* name : {"run/metrics.jsonl", "run/model.safetensors", "run/config.toml", "smoke.toml", "train.log"})
+      ::unlink(JoinPath(work, name).c_str());
+    std::string cleanup = "rm -rf '" + work + "'";
+    if (std::system(cleanup.c_str()) != 0) LogWarn("smoke: could not remove " + work);
+  }
+  return result;
+}
+
+}  // namespace crucible

@@ -1,0 +1,25 @@
+// The bit-exact smoke gate: a fixed small training run whose per-step loss and gradient-norm
+// bit patterns and final per-tensor weight hashes must equal a stored golden file. Any change
+// in any kernel's rounding, in data order or in the optimizer shows up as a difference; the gate
+// names the first differing step and tensor.
+#pragma once
+
+#include <string>
+
+namespace crucible {
+
+struct SmokeOptions {
+  std::string golden;      // tests/golden/smoke.json
+  int ranks = 1;           // 1, or more through mpirun (the golden is the same for any count)
+  bool update = false;     // rewrite the golden instead of comparing
+  std::string work_dir;    // where the run goes; empty: a temporary folder, removed after
+  std::string binary;      // the crucible binary to run; empty: this one
+};
+
+// Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch.
+int RunSmoke(const SmokeOptions& options);
+
+// The fixed configuration of the smoke run (TOML).
+const char* SmokeConfig();
+
+}  // namespace crucible

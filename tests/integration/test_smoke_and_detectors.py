@@ -1,0 +1,82 @@
+"""The bit-exact smoke gate and the silent-bug detectors of the trainer."""
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import REPO, run_crucible
+
+GOLDEN = REPO / "tests" / "golden" / "smoke.json"
+SMALL = ["--set", "model.flavor=debug", "--set", "training.seq_len=32", "--set", "training.local_batch_size=4",
+         "--set", "metrics.peak_gflops=10", "--set", "checkpoint.enable=false"]
+
+
+def test_smoke_gate_passes_on_a_clean_tree():
+    proc = run_crucible("smoke", "--golden", GOLDEN)
+    assert "smoke: PASS" in proc.stdout
+
+
+def test_smoke_gate_passes_with_two_ranks_against_the_same_golden():
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed")
+    proc = run_crucible("smoke", "--golden", GOLDEN, "--ranks", "2")
+    assert "smoke: PASS" in proc.stdout
+
+
+def test_smoke_gate_fails_when_a_kernel_changes_its_rounding_by_one_ulp():
+    proc = run_crucible("smoke", "--golden", GOLDEN, env={"CRUCIBLE_TEST_PERTURB_KERNEL": "rmsnorm"}, check=False)
+    assert proc.returncode == 1
+    assert "smoke: FAIL first difference at step 1" in proc.stdout
+    assert "smoke: FAIL first differing tensor" in proc.stdout
+
+
+def test_smoke_update_writes_a_golden_that_then_passes(tmp_path):
+    golden = tmp_path / "golden.json"
+    run_crucible("smoke", "--golden", golden, "--update")
+    data = json.loads(golden.read_text())
+    assert len(data["steps"]) == 8 and len(data["tensors"]) > 10
+    assert data == json.loads(GOLDEN.read_text()), "the stored golden is stale: rerun crucible smoke --update"
+    run_crucible("smoke", "--golden", golden)
+
+
+def test_missing_golden_is_a_usage_error(tmp_path):
+    proc = run_crucible("smoke", "--golden", tmp_path / "none.json", check=False)
+    assert proc.returncode == 2 and "none.json" in proc.stderr
+
+
+def warnings_of(tmp_path, *settings):
+    proc = run_crucible("train", *SMALL, "--set", f"job.dump_folder={tmp_path / 'run'}", *settings)
+    return [l for l in proc.stderr.splitlines() if l.startswith("warning:")], proc
+
+
+def test_bf16_master_weights_freeze_the_norms_and_the_detector_says_so(tmp_path):
+    warnings, _ = warnings_of(tmp_path, "--set", "training.steps=12", "--set", "training.master_dtype=bfloat16",
+                              "--set", "optimizer.lr=1e-3", "--set", "lr_scheduler.warmup_steps=0",
+                              "--set", "debug.frozen_steps=5")
+    ulp = [w for w in warnings if "below half a bfloat16 ULP" in w]
+    named = {w.split()[3].rstrip(":") for w in ulp}
+    assert "model.norm.weight" in named and "model.layers.0.input_layernorm.weight" in named, warnings
+    assert not any("q_proj" in n for n in named), warnings  # large-enough updates are not flagged
+    assert any("model.norm.weight: unchanged for 5 steps" in w for w in warnings)
+
+
+def test_float32_master_weights_raise_no_warning(tmp_path):
+    warnings, _ = warnings_of(tmp_path, "--set", "training.steps=12", "--set", "debug.frozen_steps=5",
+                              "--set", "optimizer.lr=1e-3", "--set", "lr_scheduler.warmup_steps=0")
+    assert warnings == []
+
+
+def test_a_loss_divided_by_a_fake_dp_factor_is_reported_at_step_one(tmp_path):
+    warnings, _ = warnings_of(tmp_path, "--set", "training.steps=2", "--set", "debug.fake_loss_divisor=2")
+    assert len(warnings) == 1 and "step-1 loss" in warnings[0] and "ln(vocab_size)" in warnings[0]
+
+
+def test_an_injected_nan_gradient_is_named_on_the_step_it_appears(tmp_path):
+    warnings, proc = warnings_of(tmp_path, "--set", "training.steps=4", "--set", "debug.inject_nan_step=3",
+                                 "--set", "debug.inject_nan_tensor=model.layers.1.mlp.up_proj.weight")
+    assert any(w.startswith("warning: step 3: non-finite gradient in model.layers.1.mlp.up_proj.weight")
+               for w in warnings), warnings
+    lines = {l.split()[0]: l for l in proc.stdout.splitlines() if l.startswith("step=")}
+    assert "grad_norm=nan" in lines["step=3"]
+    assert "loss=nan" not in lines["step=3"] and "grad_norm=nan" not in lines["step=4"]
