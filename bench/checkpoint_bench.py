@@ -25,7 +25,7 @@ CRUCIBLE = os.environ.get("CRUCIBLE", "build/crucible")
 SETTINGS = {  # flavor: (steps, interval, seq_len)
     "tiny": (24, 3, 64),
     "small": (24, 3, 64),
-    "base": (16, 4, 64),
+    "base": (8, 2, 32),
 }
 
 

@@ -7,6 +7,7 @@
 #  4. blend them with weights (a blendcorpus file list) and report the realised mixture;
 #  5. train the `tiny` model on the blend and print the loss curve.
 # Everything lands in demo/ (corpora/, tokenizer.json, shards/, blend.txt, run/).
+# DEMO_STEPS=N trains N steps instead of configs/demo.toml's (a quick end-to-end check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 crucible=${CRUCIBLE:-build/crucible}
@@ -33,13 +34,14 @@ cat > "$out/blend.txt" <<LIST
 0.2       shards/gcide      dictionary
 LIST
 "$crucible" data verify --list "$out/blend.txt" | tail -n 1
-steps=$("$crucible" train --config configs/demo.toml --print-config | sed -n 's/^steps = //p')
+steps=${DEMO_STEPS:-$("$crucible" train --config configs/demo.toml --print-config | sed -n 's/^steps = //p')}
 "$crucible" data inspect -q --list "$out/blend.txt" --seq-len 256 --samples $((steps * 4)) \
   --tokenizer "$out/tokenizer.json" --decode 1
 say "blend $out/blend.txt"
 
 "$crucible" train --config configs/demo.toml --set "model.tokenizer_path=$out/tokenizer.json" \
-  --set "training.dataset_path=$out/blend.txt" --set "job.dump_folder=$out/run"
+  --set "training.dataset_path=$out/blend.txt" --set "job.dump_folder=$out/run" \
+  --set "training.steps=$steps"
 python3 - "$out/run/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -47,4 +49,4 @@ first, last = rows[0], rows[-1]
 print(f"demo: loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']} "
       f"({last['tokens']} tokens of the blend)")
 PY
-say "run directory $out/run (config.toml, metrics.jsonl, model.safetensors)"
+say "run directory $out/run (config.toml, metrics.jsonl, ckpt/, model.safetensors)"

@@ -1,6 +1,12 @@
 #include "ckpt/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -59,31 +65,72 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : source_(path) {
   if (!FileExists(path)) throw UsageError(path + ": safetensors file not found");
-  bytes_ = ReadFile(path);
-  Parse();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ThrowErrno("cannot open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    ThrowErrno("cannot stat " + path);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  // Map the file (checkpoints are gigabytes: no allocation, no copy); read it if mapping fails.
+  void* mapping = size_ > 0 ? ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  if (mapping != MAP_FAILED) {
+    mapping_ = mapping;
+    data_ = static_cast<const char*>(mapping);
+  } else {
+    bytes_.resize(size_);
+    size_t done = 0;
+    while (done < size_) {
+      ssize_t n = ::read(fd, bytes_.data() + done, size_ - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int saved = errno;
+        ::close(fd);
+        if (n == 0) throw DataError(path + ": file shrank while being read");
+        errno = saved;
+        ThrowErrno("cannot read " + path);
+      }
+      done += static_cast<size_t>(n);
+    }
+    data_ = bytes_.data();
+  }
+  ::close(fd);
+  try {
+    Parse();
+  } catch (...) {
+    if (mapping_) ::munmap(mapping_, size_);
+    throw;
+  }
 }
 
 SafetensorsReader::SafetensorsReader(std::string bytes, const std::string& source)
     : source_(source), bytes_(std::move(bytes)) {
+  data_ = bytes_.data();
+  size_ = bytes_.size();
   Parse();
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (mapping_) ::munmap(mapping_, size_);
 }
 
 void SafetensorsReader::Parse() {
   auto bad = [&](const std::string& what) {
     return DataError(source_ + ": not a valid safetensors file: " + what);
   };
-  if (bytes_.size() < 8) throw bad(StrFormat("file is %zu bytes, shorter than the 8-byte header length", bytes_.size()));
+  if (size_ < 8) throw bad(StrFormat("file is %zu bytes, shorter than the 8-byte header length", size_));
   uint64_t header_length = 0;
-  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<uint8_t>(bytes_[i]);
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<uint8_t>(data_[i]);
   if (header_length > kMaxHeaderBytes) throw bad(StrFormat("header length %llu is implausible", (unsigned long long)header_length));
-  if (header_length > bytes_.size() - 8)
+  if (header_length > size_ - 8)
     throw bad(StrFormat("header length %llu exceeds the file size %zu (truncated?)",
-                        (unsigned long long)header_length, bytes_.size()));
+                        (unsigned long long)header_length, size_));
   data_start_ = 8 + header_length;
-  const uint64_t data_size = bytes_.size() - data_start_;
+  const uint64_t data_size = size_ - data_start_;
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + data_start_);
+    header = nlohmann::json::parse(data_ + 8, data_ + data_start_);
   } catch (const nlohmann::json::exception& e) {
     throw bad(std::string("header is not valid JSON (") + e.what() + ")");
   }
@@ -157,7 +204,7 @@ void SafetensorsReader::ReadFloat32(const std::string& name,
   if (entry->shape != expected_shape)
     throw DataError(source_ + ": tensor '" + name + "' has shape " + ShapeString(entry->shape) +
                     ", expected " + ShapeString(expected_shape));
-  const char* data = bytes_.data() + data_start_ + entry->begin;
+  const char* data = data_ + data_start_ + entry->begin;
   size_t n = entry->numel();
   if (n == 0) return;  // an empty tensor: `out` may be null
   if (entry->dtype == "F32") {
@@ -191,7 +238,7 @@ void SafetensorsReader::ReadInt32(const std::string& name, int32_t* out) const {
   if (!entry) throw DataError(source_ + ": no tensor named '" + name + "'");
   if (entry->dtype != "I32")
     throw DataError(source_ + ": tensor '" + name + "' has dtype " + entry->dtype + ", expected I32");
-  if (entry->numel() > 0) std::memcpy(out, bytes_.data() + data_start_ + entry->begin, entry->numel() * 4);
+  if (entry->numel() > 0) std::memcpy(out, data_ + data_start_ + entry->begin, entry->numel() * 4);
 }
 
 std::string EncodeSafetensorsHeader(const std::vector<TensorView>& tensors,

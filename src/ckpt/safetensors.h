@@ -21,10 +21,14 @@ struct TensorEntry {
 
 class SafetensorsReader {
  public:
-  // Reads and validates the whole file; throws DataError (65) or UsageError (missing file).
+  // Maps (or reads) and validates the whole file; throws DataError (65) or UsageError (missing
+  // file). The file must not be truncated by another process while the reader lives.
   explicit SafetensorsReader(const std::string& path);
   // Validates bytes already in memory; `source` names them in errors.
   SafetensorsReader(std::string bytes, const std::string& source);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -39,7 +43,10 @@ class SafetensorsReader {
  private:
   void Parse();
   std::string source_;
-  std::string bytes_;
+  std::string bytes_;           // the contents when not mapped
+  void* mapping_ = nullptr;     // the mmap of the file, if mapped
+  const char* data_ = nullptr;  // the contents: bytes_ or the mapping
+  size_t size_ = 0;
   size_t data_start_ = 0;
   std::vector<TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -260,6 +260,7 @@ IndexedDataset::~IndexedDataset() {
 
 void IndexedDataset::ReadTokens(int64_t sequence, int64_t offset, int64_t count,
                                 int32_t* out) const {
+  if (count <= 0) return;  // an empty sequence (and an empty .bin maps to nullptr)
   const int width = DtypeSize(static_cast<uint8_t>(index_.dtype));
   const uint8_t* p = bin_map_ + index_.pointer(sequence) + offset * width;
   switch (index_.dtype) {

@@ -28,7 +28,9 @@ class Regex {
  public:
   // Compiles an Oniguruma-syntax pattern as tokenizer.json writes it. Throws DataError naming
   // `where` when PCRE2 rejects it.
-  Regex(const std::string& pattern, const std::string& where);
+  // The GPT-2 and Llama 3 patterns get a hand-written matcher for ASCII text that hands over to
+  // PCRE2 whenever a decision depends on a non-ASCII character (allow_fast=false: PCRE2 only).
+  Regex(const std::string& pattern, const std::string& where, bool allow_fast = true);
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
@@ -41,7 +43,14 @@ class Regex {
     size_t search_from = 0;
     size_t last_match_end = static_cast<size_t>(-1);
     size_t start, end;
-    while (search_from <= text.size() && Find(text, search_from, scratch, &start, &end)) {
+    while (search_from <= text.size()) {
+      if (fast_ != FastPattern::kNone && search_from < text.size() &&
+          FastMatchAt(text, search_from, &end)) {
+        on_match(search_from, end);
+        search_from = last_match_end = end;
+        continue;
+      }
+      if (!Find(text, search_from, scratch, &start, &end)) break;
       if (start == end && end == last_match_end) {
         if (search_from >= text.size()) break;
         search_from += CharLength(static_cast<unsigned char>(text[search_from]));
@@ -57,8 +66,12 @@ class Regex {
   const std::string& pcre2_pattern() const { return translated_; }
 
  private:
+  enum class FastPattern { kNone, kGpt2, kLlama3 };
   bool Find(std::string_view text, size_t from, RegexScratch& scratch, size_t* start,
             size_t* end) const;
+  // The match that starts at text[pos] (these patterns match every character, so one does),
+  // when it can be decided from ASCII bytes alone; false means "ask PCRE2".
+  bool FastMatchAt(std::string_view text, size_t pos, size_t* end) const;
   static size_t CharLength(unsigned char lead) {
     return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
   }
@@ -66,6 +79,7 @@ class Regex {
   std::string where_;
   std::string translated_;
   void* code_ = nullptr;  // pcre2_code_8*
+  FastPattern fast_ = FastPattern::kNone;
   bool jit_ = false;
 };
 

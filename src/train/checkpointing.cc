@@ -88,12 +88,18 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
   config_hash_ = HexU64(Hash64(config.ToToml().data(), config.ToToml().size()));
   last_saved_step_ = 0;
   if (enabled_ && async_) {
-    // Allocate (and touch) the host snapshot now, so a save's stall is a warm memory copy.
-    AllocateSnapshotBuffer(&snapshot_.weights, table_.total());
+    // Allocate and touch the host snapshot now, on the writer thread while the run starts, so a
+    // save's stall is a warm memory copy and the start is not delayed by the page faults.
+    std::vector<size_t> sizes;
     for (const auto& [name, buffer] : optimizer_->State()) {
       snapshot_.optimizer_state.push_back({name, {}});
-      AllocateSnapshotBuffer(&snapshot_.optimizer_state.back().second, buffer->size());
+      sizes.push_back(buffer->size());
     }
+    writer_.Start([this, sizes]() {
+      AllocateSnapshotBuffer(&snapshot_.weights, table_.total());
+      for (size_t i = 0; i < sizes.size(); ++i)
+        AllocateSnapshotBuffer(&snapshot_.optimizer_state[i].second, sizes[i]);
+    });
   }
 }
 
