@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -179,15 +180,6 @@ class DocumentReader {
   std::string line_;
 };
 
-int64_t FileBytes(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return 0;
-  std::fseek(f, 0, SEEK_END);
-  long size = std::ftell(f);
-  std::fclose(f);
-  return size;
-}
-
 }  // namespace
 
 PrepareResult PrepareShard(const PrepareOptions& options, const TokenEncoder& encoder) {
@@ -199,7 +191,9 @@ PrepareResult PrepareShard(const PrepareOptions& options, const TokenEncoder& en
   int64_t total_bytes = 0;
   for (const auto& input : options.inputs) {
     if (!FileExists(input)) throw DataError(input + ": input file not found");
-    total_bytes += FileBytes(input);
+    std::error_code error;
+    const auto size = std::filesystem::file_size(input, error);
+    total_bytes += error ? 0 : static_cast<int64_t>(size);
   }
   const std::string& prefix = options.output_prefix;
   MakeDirectories(ParentDirectory(prefix));

@@ -61,7 +61,7 @@ def crucible_encode(tokenizer_path, docs_path, tmp_path, threads=2):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     base = tmp_path_factory.mktemp("corpus")
-    train_docs = list(tokenizer_corpus.documents(1_500_000)) + TRICKY * 3
+    train_docs = list(tokenizer_corpus.documents(800_000)) + TRICKY * 3
     test_docs = TRICKY + list(tokenizer_corpus.documents(2_000_000))[-150:]
     write_jsonl(base / "train.jsonl", train_docs)
     write_jsonl(base / "test.jsonl", test_docs)
