@@ -106,6 +106,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"metrics.enable_jsonl", T::kBool, V(true), "write metrics.jsonl in the run directory"},
       {"metrics.peak_gflops", T::kFloat, V(0.0),
        "peak fp32 GFLOP/s for MFU; 0 measures the machine's sgemm throughput at start"},
+      {"metrics.per_rank", T::kBool, V(false),
+       "with several ranks, every rank also writes metrics-rank<r>.jsonl (its loss share, time)"},
       {"metrics.profile", T::kBool, V(false),
        "time every kernel and print phase=profile lines (per-kernel share) at the end"},
 

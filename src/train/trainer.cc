@@ -228,6 +228,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
     if (!metrics) ThrowErrno("cannot open " + path);
   }
 
+  std::FILE* rank_metrics = nullptr;
+  if (config.Bool("metrics.per_rank") && world > 1) {
+    std::string path = JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank));
+    rank_metrics = std::fopen(path.c_str(), resume.resumed ? "a" : "w");
+    if (!rank_metrics) ThrowErrno("cannot open " + path);
+  }
+
   // ---- the loop ----
   const int64_t N = micro_batch * seq_len;
   std::vector<int32_t> sample(seq_len + 1), inputs(N), targets(N);
@@ -338,6 +345,21 @@ int RunTraining(Config config, const std::string& resume_mode) {
       if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() || std::fflush(metrics) != 0)
         ThrowErrno("cannot write " + JoinPath(run_dir, "metrics.jsonl"));
     }
+    if (rank_metrics) {
+      // This rank's own view: its micro-batches' share of the loss and its time.
+      double local_loss = 0.0;
+      for (double l : micro_losses) local_loss += l;
+      nlohmann::json line = {{"step", step},
+                             {"rank", rank},
+                             {"host", comm.host()},
+                             {"local_loss_sum", local_loss},
+                             {"local_valid_tokens", valid_local},
+                             {"step_seconds", step_seconds}};
+      std::string text = line.dump() + "\n";
+      if (std::fwrite(text.data(), 1, text.size(), rank_metrics) != text.size() ||
+          std::fflush(rank_metrics) != 0)
+        ThrowErrno("cannot write per-rank metrics in " + run_dir);
+    }
     // ---- checkpoints and stop signals ----
     checkpointing.NoteStepTime(step_seconds);
     checkpointing.Poll();
@@ -362,6 +384,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       }
       comm.Barrier("stop");
       if (metrics) std::fclose(metrics);
+      if (rank_metrics) std::fclose(rank_metrics);
       if (leader)
         PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
                             SignalName(signal_number), saved.c_str(), kExitSignalled));
@@ -370,6 +393,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     }
   }
   if (metrics) std::fclose(metrics);
+  if (rank_metrics) std::fclose(rank_metrics);
   if (leader) checkpointing.Finish();
 
   const uint64_t weights_hash = Hash64(weights.data(), n_params * sizeof(float));

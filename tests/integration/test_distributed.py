@@ -46,10 +46,14 @@ def test_one_two_and_four_ranks_give_identical_losses_and_weights(tmp_path, zero
     for np in (1, 2, 4):
         run_dir = tmp_path / f"np{np}"
         proc = mpirun(np, BASE + ["training.steps=6", f"parallelism.zero_stage={zero_stage}",
-                                  f"job.dump_folder={run_dir}"])
+                                  f"job.dump_folder={run_dir}", "metrics.per_rank=true"])
         results[np] = result(proc, run_dir)
         # Only rank 0 prints progress lines.
         assert len([l for l in proc.stdout.splitlines() if l.startswith("step=")]) == 6
+        if np > 1:  # every rank's own metrics, whose loss shares add up to the global loss
+            shares = [json.loads(open(run_dir / f"metrics-rank{r}.jsonl").readline()) for r in range(np)]
+            total = sum(s["local_loss_sum"] for s in shares) / sum(s["local_valid_tokens"] for s in shares)
+            assert abs(total - results[np][0][0][1]) < 1e-9
         first_loss = results[np][0][0][1]
         assert abs(first_loss - math.log(2048)) < 0.1, first_loss  # not divided by the DP size
     assert results[1] == results[2] == results[4]
