@@ -120,6 +120,36 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
   }
 }
 
+LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embeddings) {
+  const std::string config_path = JoinPath(dir, "config.json");
+  if (!FileExists(config_path))
+    throw UsageError(config_path + ": missing (not a Hugging Face model folder)");
+  nlohmann::json c = ReadJson(config_path);
+  if (!c.is_object()) throw DataError(config_path + ": not a JSON object");
+  auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+    if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+    if (fallback >= 0) return fallback;
+    throw DataError(config_path + ": no integer '" + key + "'");
+  };
+  LlamaConfig m;
+  m.flavor = "hf";
+  m.vocab_size = integer("vocab_size", -1);
+  m.dim = integer("hidden_size", -1);
+  m.ffn_hidden_dim = integer("intermediate_size", -1);
+  m.n_layers = integer("num_hidden_layers", -1);
+  m.n_heads = integer("num_attention_heads", -1);
+  m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
+  m.norm_eps = c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number() ? c["rms_norm_eps"].get<double>() : 1e-6;
+  m.rope_theta = c.contains("rope_theta") && c["rope_theta"].is_number() ? c["rope_theta"].get<double>() : 10000.0;
+  m.tie_embeddings = c.value("tie_word_embeddings", false);
+  if (c.contains("initializer_range") && c["initializer_range"].is_number())
+    m.init_std = c["initializer_range"].get<double>();
+  if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 || m.n_heads % m.n_kv_heads != 0)
+    throw DataError(config_path + ": hidden_size / num_attention_heads / num_key_value_heads do not divide");
+  if (max_position_embeddings) *max_position_embeddings = integer("max_position_embeddings", 0);
+  return m;
+}
+
 void ImportHfModel(const std::string& dir, const LlamaConfig& m, const ParameterTable& table,
                    float* weights) {
   if (!IsDirectory(dir)) throw UsageError("checkpoint.initial_load_hf: " + dir + ": no such folder");

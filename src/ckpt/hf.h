@@ -19,6 +19,11 @@ void ExportHfModel(const std::string& out, const LlamaConfig& model, const Param
                    const float* weights, int64_t max_position_embeddings,
                    const std::string& tokenizer_path);
 
+// The model shape described by `dir`/config.json (a LlamaForCausalLM folder), and its
+// max_position_embeddings in *max_position_embeddings (0 when absent). UsageError if the file is
+// missing, DataError if it is not JSON or lacks a shape key. ImportHfModel then checks the rest.
+LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embeddings);
+
 // Reads `dir`/config.json (must describe the same shape as `model`: every differing key is
 // listed in a UsageError) and the weights into `weights` (DataError on a missing tensor).
 void ImportHfModel(const std::string& dir, const LlamaConfig& model, const ParameterTable& table,
