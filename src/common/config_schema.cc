@@ -111,6 +111,21 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"metrics.profile", T::kBool, V(false),
        "time every kernel and print phase=profile lines (per-kernel share) at the end"},
 
+      // [validation]
+      {"validation.enable", T::kBool, V(false), "evaluate during training"},
+      {"validation.freq", T::kInt, V(int64_t{100}), "evaluate every N steps (and after the last)"},
+      {"validation.tasks", T::kStringList, V(std::vector<std::string>{}),
+       "multiple-choice task files (lm-eval JSONL shapes, see docs/eval.md)"},
+      {"validation.held_out", T::kString, V(std::string("")),
+       "held-out text (.jsonl of {\"text\"} or plain text) for loss and bits per byte"},
+      {"validation.steps", T::kInt, V(int64_t{0}),
+       "items per task and held-out documents per evaluation; 0 means all"},
+      {"validation.gate_after_steps", T::kInt, V(int64_t{0}),
+       "eval gate: from this step on, a task still at chance within its standard error is "
+       "reported (0 disables)"},
+      {"validation.gate_action", T::kString, V(std::string("warn")),
+       "what the eval gate does: warn, or stop (exit 2)"},
+
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
        "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1)"},

@@ -31,6 +31,7 @@
 #include "optim/optim.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
+#include "train/validation.h"
 #include "train/stop_signals.h"
 
 namespace crucible {
@@ -228,6 +229,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
     if (!metrics) ThrowErrno("cannot open " + path);
   }
 
+  std::unique_ptr<Validation> validation;
+  if (leader) validation = std::make_unique<Validation>(config, model_config, run_dir);
+  const bool validate = data_parallel.Any(leader && validation->enabled());
   std::FILE* rank_metrics = nullptr;
   if (config.Bool("metrics.per_rank") && world > 1) {
     std::string path = JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank));
@@ -359,6 +363,16 @@ int RunTraining(Config config, const std::string& resume_mode) {
       if (std::fwrite(text.data(), 1, text.size(), rank_metrics) != text.size() ||
           std::fflush(rank_metrics) != 0)
         ThrowErrno("cannot write per-rank metrics in " + run_dir);
+    }
+    // ---- evaluation during training (rank 0; the others wait at the barrier) ----
+    if (validate && (step % config.Int("validation.freq") == 0 || step == steps)) {
+      bool keep_going = true;
+      if (leader) keep_going = validation->Run(step, weights.data(), n_params);
+      comm.Barrier("validation");
+      if (data_parallel.Any(!keep_going))
+        throw UsageError(StrFormat("stopped by the eval gate at step %lld (validation.gate_action = "
+                                   "stop); the last checkpoint is kept",
+                                   (long long)step));
     }
     // ---- checkpoints and stop signals ----
     checkpointing.NoteStepTime(step_seconds);

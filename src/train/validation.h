@@ -1,0 +1,35 @@
+// Evaluation during training ([validation]): every `freq` steps, held-out bits per byte and the
+// multiple-choice tasks on the current weights, logged to <run>/eval/validation.jsonl and as
+// `phase=eval` lines; and the eval gate: after `gate_after_steps`, a task whose accuracy is still
+// within one standard error of chance is reported loudly (or stops the run, by config). Loss is not proof of
+// learning; downstream accuracy is.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "model/llama.h"
+
+namespace crucible {
+
+class Validation {
+ public:
+  Validation(const Config& config, const LlamaConfig& model, const std::string& run_dir);
+  ~Validation();
+  bool enabled() const { return enabled_; }
+  // Evaluates `weights` after `step`; returns false when the gate says stop.
+  bool Run(int64_t step, const float* weights, size_t n_params);
+
+ private:
+  struct State;
+  bool enabled_ = false;
+  int64_t freq_ = 0, limit_ = 0, gate_after_ = 0;
+  bool gate_stop_ = false, gate_checked_ = false;
+  std::vector<std::string> tasks_;
+  std::string held_out_, log_path_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace crucible
