@@ -10,14 +10,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import run_crucible
-from eval_model import ENV, small_task, train_model
+from eval_model import ENV, STEPS, small_task, trained_model
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    run, hf, tokenizer = train_model(root, steps=40)
-    return root, run, hf, tokenizer
+    run, hf, tokenizer = trained_model(tmp_path_factory)
+    return run.parent, run, hf, tokenizer
 
 
 def evaluate(target, *args, check=True):
@@ -30,7 +29,7 @@ def test_run_checkpoint_and_export_give_the_same_predictions(model, tmp_path):
              small_task("fortune_ending", tmp_path / "fortune.jsonl", 12),
              small_task("jargon_term", tmp_path / "jargon.jsonl", 12)]
     outputs = {}
-    for name, target in [("run", run), ("checkpoint", run / "ckpt" / "step-40"), ("hf", hf)]:
+    for name, target in [("run", run), ("checkpoint", run / "ckpt" / f"step-{STEPS}"), ("hf", hf)]:
         proc = evaluate(target, "--tasks", *tasks, "--json", tmp_path / f"{name}.json",
                         "--predictions", tmp_path / f"{name}.jsonl", "--batch-size", 5)
         assert f"kind={name}" in proc.stdout
