@@ -142,3 +142,11 @@ def test_missing_inputs_are_usage_errors(model, tmp_path):
     (broken / "model.safetensors").write_bytes((hf / "model.safetensors").read_bytes()[:1000])
     proc = evaluate(broken, "--tasks", task, check=False)
     assert proc.returncode == 65 and "model.safetensors" in proc.stderr, proc.stderr
+
+
+def test_limit_scores_only_the_first_items(model, tmp_path):
+    root, run, hf, tokenizer = model
+    task = small_task("fortune_ending", tmp_path / "fortune.jsonl", 10)
+    evaluate(hf, "--tasks", task, "--limit", 3, "--json", tmp_path / "r.json", "--predictions", tmp_path / "p.jsonl", "-q")
+    assert json.loads((tmp_path / "r.json").read_text())["tasks"]["fortune"]["items"] == 3
+    assert [json.loads(line)["line"] for line in (tmp_path / "p.jsonl").read_text().splitlines()] == [1, 2, 3]
