@@ -8,6 +8,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -93,17 +94,24 @@ class DocumentReader {
     carry_.clear();
     bool eof = false;
     std::vector<char> chunk(1 << 20);
-    while (whole_file_ || buffer_.size() < kBatchBytes) {
-      ssize_t n = ::read(fd_, chunk.data(), chunk.size());
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        ThrowErrno("cannot read " + path_);
+    for (size_t target = kBatchBytes;; target += kBatchBytes) {
+      while (whole_file_ || buffer_.size() < target) {
+        ssize_t n = ::read(fd_, chunk.data(), chunk.size());
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          ThrowErrno("cannot read " + path_);
+        }
+        if (n == 0) {
+          eof = true;
+          break;
+        }
+        buffer_.append(chunk.data(), static_cast<size_t>(n));
       }
-      if (n == 0) {
-        eof = true;
+      // Stop at the end of the file or once the block holds a whole line; a line longer than a
+      // batch makes the block grow until it ends.
+      if (eof ||
+          buffer_.find('\n', target > kBatchBytes ? target - kBatchBytes : 0) != std::string::npos)
         break;
-      }
-      buffer_.append(chunk.data(), static_cast<size_t>(n));
     }
     if (eof) {
       ::close(fd_);
@@ -112,7 +120,6 @@ class DocumentReader {
       return !buffer_.empty() || whole_file_;
     }
     size_t last = buffer_.rfind('\n');
-    if (last == std::string::npos) return ReadBlock();  // one line longer than a batch
     carry_ = buffer_.substr(last + 1);
     buffer_.resize(last);
     return true;

@@ -6,7 +6,7 @@ from pathlib import Path
 from conftest import REPO, run_crucible
 
 TASKS = REPO / "configs" / "tasks"
-ENV = {"OMP_NUM_THREADS": "2"}
+ENV = {"OMP_NUM_THREADS": "1"}  # 2 threads on a loaded 2-core machine spin-wait (10x slower)
 
 
 def small_task(name, out, items):
@@ -29,7 +29,18 @@ def task_text(limit=None):
     return documents
 
 
-def train_model(root: Path, steps=120):
+STEPS = 60
+_trained = {}
+
+
+def trained_model(tmp_path_factory):
+    """train_model once per pytest process, shared by the eval test modules."""
+    if "model" not in _trained:
+        _trained["model"] = train_model(tmp_path_factory.mktemp("eval_model"))
+    return _trained["model"]
+
+
+def train_model(root: Path, steps=STEPS):
     """Returns (run directory, HF export folder, tokenizer.json)."""
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in task_text()))

@@ -10,14 +10,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import run_crucible
-from eval_model import ENV, small_task, train_model
+from eval_model import ENV, STEPS, small_task, trained_model
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    run, hf, tokenizer = train_model(root, steps=40)
-    return root, run, hf, tokenizer
+    run, hf, tokenizer = trained_model(tmp_path_factory)
+    return run.parent, run, hf, tokenizer
 
 
 def evaluate(target, *args, check=True):
@@ -30,7 +29,7 @@ def test_run_checkpoint_and_export_give_the_same_predictions(model, tmp_path):
              small_task("fortune_ending", tmp_path / "fortune.jsonl", 12),
              small_task("jargon_term", tmp_path / "jargon.jsonl", 12)]
     outputs = {}
-    for name, target in [("run", run), ("checkpoint", run / "ckpt" / "step-40"), ("hf", hf)]:
+    for name, target in [("run", run), ("checkpoint", run / "ckpt" / f"step-{STEPS}"), ("hf", hf)]:
         proc = evaluate(target, "--tasks", *tasks, "--json", tmp_path / f"{name}.json",
                         "--predictions", tmp_path / f"{name}.jsonl", "--batch-size", 5)
         assert f"kind={name}" in proc.stdout
@@ -143,3 +142,11 @@ def test_missing_inputs_are_usage_errors(model, tmp_path):
     (broken / "model.safetensors").write_bytes((hf / "model.safetensors").read_bytes()[:1000])
     proc = evaluate(broken, "--tasks", task, check=False)
     assert proc.returncode == 65 and "model.safetensors" in proc.stderr, proc.stderr
+
+
+def test_limit_scores_only_the_first_items(model, tmp_path):
+    root, run, hf, tokenizer = model
+    task = small_task("fortune_ending", tmp_path / "fortune.jsonl", 10)
+    evaluate(hf, "--tasks", task, "--limit", 3, "--json", tmp_path / "r.json", "--predictions", tmp_path / "p.jsonl", "-q")
+    assert json.loads((tmp_path / "r.json").read_text())["tasks"]["fortune"]["items"] == 3
+    assert [json.loads(line)["line"] for line in (tmp_path / "p.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -8,9 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import tokenizer_corpus  # noqa: E402

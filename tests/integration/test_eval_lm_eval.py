@@ -1,0 +1,130 @@
+"""Cross-check of `crucible eval` against lm-evaluation-harness itself: a trained tiny model is
+exported to Hugging Face, lm-eval 0.4.3 (HF backend, dtype=float32, transformers 4.40.2 on
+Debian's torch 1.13) scores our JSONL tasks through custom task YAMLs (dataset_path: json), and
+crucible scores the same tasks on the same export. acc, acc_norm, their standard errors and every
+item's prediction must be identical; per-choice log-likelihoods agree within 1e-3 nats. The
+bits-per-byte of held-out text is computed by lm-eval's loglikelihood_rolling (transformers'
+forward pass) and must agree within 1e-4 relative.
+
+lm-eval lives in .venv/lm-eval (scripts/setup-lm-eval.sh, run by the fixture) and is imported only
+in a subprocess with that folder first on PYTHONPATH, offline."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_crucible
+from eval_model import ENV, small_task, trained_model
+
+ITEMS = 32
+LL_ATOL = 1e-3
+BPB_RTOL = 1e-4
+
+# One YAML per shape, as lm-eval's own tasks read such docs (the arc one is lm-eval's arc_easy).
+YAMLS = {
+    "kjv_next_verse": ("generic", 'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{gold}}"'),
+    "fortune_ending": ("hellaswag", 'doc_to_text: "{{ctx}}"\ndoc_to_choice: "{{endings}}"\ndoc_to_target: "{{label}}"'),
+    "jargon_term": ("arc", 'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices.text}}"\n'
+                           'doc_to_target: "{{choices.label.index(answerKey)}}"'),
+}
+
+LM_EVAL = r"""
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+model_dir, include, tasks, prefix, out = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4], sys.argv[5]
+results = lm_eval.simple_evaluate(
+    model="hf", model_args=f"pretrained={model_dir},dtype=float32,prefix_token_id={prefix}",
+    tasks=tasks, batch_size=16, device="cpu", log_samples=True, task_manager=TaskManager(include_path=include))
+samples = {t: [{"doc_id": s["doc_id"], "lls": [r[0] for r in s["filtered_resps"]],
+                "acc": s.get("acc"), "acc_norm": s.get("acc_norm")} for s in results["samples"][t]]
+           for t in tasks if t in results["samples"] and results["samples"][t] and "acc" in results["samples"][t][0]}
+json.dump({"results": results["results"], "samples": samples}, open(out, "w"), default=float)
+"""
+
+
+@pytest.fixture(scope="module")
+def lm_eval_python():
+    venv = Path(sys.executable).parent.parent
+    subprocess.run([str(REPO / "scripts" / "setup-lm-eval.sh"), str(venv)], check=True)
+    target = venv / "lm-eval"
+
+    def run(code, *args, home):
+        env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="1", HF_HOME=str(home),
+                   HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   HF_DATASETS_CACHE=str(home / "datasets"), TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        return proc.stdout
+    return run
+
+
+def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_python):
+    run, hf, tokenizer = trained_model(tmp_path_factory)
+    include = tmp_path / "lm_eval_tasks"
+    include.mkdir()
+    tasks = []
+    for name, (shape, fields) in YAMLS.items():
+        data = small_task(name, tmp_path / f"{name}.jsonl", ITEMS)
+        (include / f"{name}.yaml").write_text(
+            f"task: crucible_{name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            f"test_split: test\noutput_type: multiple_choice\n{fields}\n"
+            "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+            "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n")
+        tasks.append((name, data))
+    held = tmp_path / "held.jsonl"
+    verses = [json.loads(line)["context"] for line in (REPO / "configs/tasks/kjv_next_verse.jsonl").read_text().splitlines()]
+    # Verses the model saw in training: the check is agreement with lm-eval, not the model's quality.
+    documents = [" ".join(verses[i:i + 6]) for i in range(200, 248, 6)]
+    documents.append(" ".join(verses[:30]))  # longer than 128 tokens: several rolling windows
+    held.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    (include / "held.yaml").write_text(
+        f"task: crucible_held\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {held}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: "{{text}}"\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+
+    bos = json.loads((hf / "config.json").read_text())["bos_token_id"]
+    names = [f"crucible_{n}" for n, _ in tasks] + ["crucible_held"]
+    lm_eval_python(LM_EVAL, hf, include, ",".join(names), bos, tmp_path / "lm_eval.json", home=tmp_path / "hf_home")
+    theirs = json.loads((tmp_path / "lm_eval.json").read_text())
+
+    run_crucible("eval", hf, "--tasks", *[d for _, d in tasks], "--text", held, "--json", tmp_path / "ours.json",
+                 "--predictions", tmp_path / "ours.jsonl", env=ENV)
+    ours = json.loads((tmp_path / "ours.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
+
+    worst = 0.0
+    for name, _ in tasks:
+        summary, reference = ours["tasks"][name], theirs["results"][f"crucible_{name}"]
+        mine = [r for r in rows if r["task"] == name]
+        samples = sorted(theirs["samples"][f"crucible_{name}"], key=lambda s: s["doc_id"])
+        assert len(samples) == len(mine) == ITEMS
+        for row, sample in zip(mine, samples):
+            lls = np.array(sample["lls"])
+            worst = max(worst, float(np.abs(lls - np.array(row["loglikelihoods"])).max()))
+            assert (row["acc"], row["acc_norm"]) == (sample["acc"], sample["acc_norm"]), (name, row, sample)
+            assert row["pred"] == int(np.argmax(lls)), (name, row, sample)
+        print(f"{name}: crucible acc={summary['acc']:.4f}±{summary['acc_stderr']:.4f} "
+              f"acc_norm={summary['acc_norm']:.4f}±{summary['acc_norm_stderr']:.4f} | lm-eval "
+              f"acc={reference['acc,none']:.4f}±{reference['acc_stderr,none']:.4f} "
+              f"acc_norm={reference['acc_norm,none']:.4f}±{reference['acc_norm_stderr,none']:.4f}")
+        assert summary["acc"] == pytest.approx(reference["acc,none"], abs=1e-12)
+        assert summary["acc_norm"] == pytest.approx(reference["acc_norm,none"], abs=1e-12)
+        assert summary["acc_stderr"] == pytest.approx(reference["acc_stderr,none"], abs=1e-9)
+        assert summary["acc_norm_stderr"] == pytest.approx(reference["acc_norm_stderr,none"], abs=1e-9)
+    print(f"max |ll_crucible - ll_lm_eval| = {worst:.3g} nats")
+    assert worst < LL_ATOL
+
+    held_ours, held_theirs = ours["perplexity"]["held"], theirs["results"]["crucible_held"]
+    print(f"bits_per_byte: crucible {held_ours['bits_per_byte']:.8f} lm-eval {held_theirs['bits_per_byte,none']:.8f}; "
+          f"byte_perplexity {held_ours['byte_perplexity']:.8f} vs {held_theirs['byte_perplexity,none']:.8f}; "
+          f"word_perplexity {held_ours['word_perplexity']:.6f} vs {held_theirs['word_perplexity,none']:.6f}")
+    assert held_ours["windows"] > len(documents)
+    assert held_ours["bits_per_byte"] == pytest.approx(held_theirs["bits_per_byte,none"], rel=BPB_RTOL)
+    assert held_ours["byte_perplexity"] == pytest.approx(held_theirs["byte_perplexity,none"], rel=BPB_RTOL)
+    assert held_ours["word_perplexity"] == pytest.approx(held_theirs["word_perplexity,none"], rel=BPB_RTOL)
