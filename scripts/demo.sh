@@ -5,7 +5,8 @@
 #  2. train a byte-level BPE tokenizer (8192 ids) on them;
 #  3. prepare each corpus as its own Megatron .bin/.idx shard with a manifest;
 #  4. blend them with weights (a blendcorpus file list) and report the realised mixture;
-#  5. train the `tiny` model on the blend and print the loss curve.
+#  5. score the untrained model on the demo tasks (configs/tasks, scripts/make-demo-tasks.py),
+#     train the `tiny` model on the blend, print the loss curve and the accuracy after training.
 # Everything lands in demo/ (corpora/, tokenizer.json, shards/, blend.txt, run/).
 # DEMO_STEPS=N trains N steps instead of configs/demo.toml's (a quick end-to-end check).
 set -euo pipefail
@@ -39,9 +40,32 @@ steps=${DEMO_STEPS:-$("$crucible" train --config configs/demo.toml --print-confi
   --tokenizer "$out/tokenizer.json" --decode 1
 say "blend $out/blend.txt"
 
+# Downstream accuracy before training (the freshly initialised weights: a 0-step run) ...
+"$crucible" train --config configs/demo.toml --set "model.tokenizer_path=$out/tokenizer.json" \
+  --set "training.dataset_path=$out/blend.txt" --set "job.dump_folder=$out/init" \
+  --set "training.steps=0" --resume none > "$out/init.log"
+"$crucible" eval -q "$out/init" --tasks configs/tasks/*.jsonl --json "$out/eval-before.json" > /dev/null
+say "accuracy of the untrained model in $out/eval-before.json"
+
 "$crucible" train --config configs/demo.toml --set "model.tokenizer_path=$out/tokenizer.json" \
   --set "training.dataset_path=$out/blend.txt" --set "job.dump_folder=$out/run" \
   --set "training.steps=$steps"
+# ... and after.
+"$crucible" eval -q "$out/run" --tasks configs/tasks/*.jsonl --json "$out/eval-after.json"
+python3 - "$out/eval-before.json" "$out/eval-after.json" <<'PY'
+import json, sys
+before, after = (json.load(open(p)) for p in sys.argv[1:3])
+def tasks(doc):
+    items = doc["tasks"] if isinstance(doc["tasks"], list) else [dict(v, name=k) for k, v in doc["tasks"].items()]
+    return {t["name"]: t for t in items}
+b, a = tasks(before), tasks(after)
+print("demo: downstream accuracy, before -> after training (chance; standard error; distance from chance)")
+for name in a:
+    t = a[name]
+    z = (t["acc"] - t["chance"]) / t["acc_stderr"] if t["acc_stderr"] > 0 else 0.0
+    print(f"demo:   {name:16s} acc {b[name]['acc']:.3f} -> {t['acc']:.3f}   acc_norm {b[name]['acc_norm']:.3f} -> "
+          f"{t['acc_norm']:.3f}   (chance {t['chance']:.3f}; stderr {t['acc_stderr']:.3f}; {z:+.1f} SE)")
+PY
 python3 - "$out/run/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]

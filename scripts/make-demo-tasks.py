@@ -9,6 +9,9 @@ sorted inputs):
                                    true second half among the second halves of 3 other fortunes
   jargon_term.jsonl      arc       {question, choices {text, label}, answerKey}: the first sentence
                                    of a Jargon File definition (headword masked); choose the term
+  kjv_word_order.jsonl   generic   {context, choices, gold}: the first words of a King James verse;
+                                   choose its true rest among 3 shuffles of the same words (the
+                                   easiest task: a model that learns English word order passes it)
 
 Usage: make-demo-tasks.py OUT_DIR [--items N] [--seed S]   (standard library only)
 Written to configs/tasks/ by default; `crucible eval RUN --tasks configs/tasks/*.jsonl` scores them.
@@ -123,6 +126,27 @@ def jargon_term(rng, items):
     return rows
 
 
+def kjv_word_order(rng, items):
+    verses = [text for _, text in kjv_verses()]
+    rows = []
+    candidates = [i for i, text in enumerate(verses) if 12 <= len(text.split()) <= 30]
+    for i in sorted(rng.sample(candidates, items)):
+        words = verses[i].split()
+        cut = 4
+        context, rest = " ".join(words[:cut]), words[cut:]
+        true_rest = " ".join(rest)
+        choices = [true_rest]
+        while len(choices) < CHOICES:
+            shuffled = rest[:]
+            rng.shuffle(shuffled)
+            if " ".join(shuffled) not in choices:
+                choices.append(" ".join(shuffled))
+        order = list(range(CHOICES))
+        rng.shuffle(order)
+        rows.append({"context": context, "choices": [choices[k] for k in order], "gold": order.index(0)})
+    return rows
+
+
 def write(path, rows):
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -141,7 +165,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     # One generator per task, seeded from (seed, task), so tasks do not depend on each other.
     for name, build in [("kjv_next_verse", kjv_next_verse), ("fortune_ending", fortune_ending),
-                        ("jargon_term", jargon_term)]:
+                        ("jargon_term", jargon_term), ("kjv_word_order", kjv_word_order)]:
         rng = random.Random(f"{args.seed}/{name}")
         write(os.path.join(args.out, name + ".jsonl"), build(rng, args.items))
 
