@@ -35,7 +35,8 @@ cat > "$out/blend.txt" <<LIST
 0.2       shards/gcide      dictionary
 LIST
 "$crucible" data verify --list "$out/blend.txt" | tail -n 1
-steps=${DEMO_STEPS:-$("$crucible" train --config configs/demo.toml --print-config | sed -n 's/^steps = //p')}
+steps=${DEMO_STEPS:-$("$crucible" train --config configs/demo.toml --print-config |
+  awk '/^\[/ { section = $0 } section == "[training]" && $1 == "steps" { print $3 }')}
 "$crucible" data inspect -q --list "$out/blend.txt" --seq-len 256 --samples $((steps * 4)) \
   --tokenizer "$out/tokenizer.json" --decode 1
 say "blend $out/blend.txt"
