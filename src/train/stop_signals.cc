@@ -1,6 +1,7 @@
 #include "train/stop_signals.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -20,7 +21,15 @@ void OnStopSignal(int signal_number) {
     raise(SIGTERM);
     return;
   }
-  if (g_requested == 0) g_requested = signal_number;
+  if (g_requested == 0) {
+    g_requested = signal_number;
+    // Tell the operator (and tests) at once; write(2) is async-signal-safe.
+    static const char kMessage[] =
+        "crucible: stop requested: finishing this step, then a checkpoint and exit 143 (a second "
+        "SIGTERM exits at once)\n";
+    ssize_t ignored = write(2, kMessage, sizeof(kMessage) - 1);
+    (void)ignored;
+  }
 }
 
 }  // namespace

@@ -120,20 +120,22 @@ def test_stop_signal_checkpoints_exits_143_and_resumes_bit_exact(tmp_path, strai
     assert_identical_to_straight(run_dir, resumed.stdout, straight)
 
 
-def test_second_sigterm_exits_at_once_without_a_complete_checkpoint(tmp_path, straight):
-    # Slower steps (seq_len 256, batch 8) so both signals land inside one step.
+def test_second_sigterm_exits_at_once_without_a_complete_checkpoint(tmp_path):
+    # Long steps (seq_len 1024, batch 16: seconds each) so the second signal surely lands inside
+    # the step that the first one asked to finish.
     run_dir = tmp_path / "run"
-    slow = ["--set", "training.seq_len=256", "--set", "training.local_batch_size=8"]
-    proc, step = start_and_wait(run_dir, slow, 11)
-    proc.send_signal(signal.SIGTERM)
-    # Keep signalling every 5 ms: the first delivered SIGTERM starts the graceful stop (two sent
-    # before the handler runs would merge into one); any later one must kill the process at once.
-    while proc.poll() is None:
-        time.sleep(0.005)
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
+    slow = ["--set", "training.seq_len=1024", "--set", "training.local_batch_size=16",
+            "--set", "checkpoint.interval=1"]
+    proc = subprocess.Popen(train_args(run_dir, *slow), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    for line in proc.stdout:  # the first step and its checkpoint are done
+        if "status=complete" in line:
             break
+    proc.send_signal(signal.SIGTERM)
+    for line in proc.stderr:  # the handler has taken the first signal
+        if "stop requested" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGTERM, out
     assert "stopped step=" not in out
@@ -141,7 +143,7 @@ def test_second_sigterm_exits_at_once_without_a_complete_checkpoint(tmp_path, st
     # Every folder named step-<n> is complete; a save cut short would only have a .tmp- name.
     for folder in ckpt.glob("step-*"):
         assert (folder / "COMPLETE").exists(), folder
-    assert not (ckpt / "step-11").exists() or (ckpt / "step-11" / "COMPLETE").exists()
+    assert (ckpt / "step-1" / "COMPLETE").exists()
 
 
 def corrupt_and_resume(tmp_path, straight, corrupt):
