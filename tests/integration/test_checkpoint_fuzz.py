@@ -7,32 +7,17 @@ the test's folder. The seed corpus is a few valid files written by the safetenso
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from conftest import REPO, crucible_binary
+from conftest import REPO, build_fuzzer
 
 SECONDS = int(os.environ.get("CRUCIBLE_FUZZ_SECONDS", "20"))
 
 
-def build_fuzzer():
-    clang = shutil.which("clang++")
-    assert clang, "clang++ not found: run scripts/install-deps.sh (clang, libclang-rt-14-dev)"
-    build = Path(crucible_binary()).resolve().parent / "fuzz"
-    if not (build / "build.ninja").exists():
-        subprocess.run(["cmake", "-S", REPO / "tests" / "fuzz", "-B", build, "-G", "Ninja",
-                        f"-DCMAKE_CXX_COMPILER={clang}", "-DCMAKE_BUILD_TYPE="], check=True,
-                       capture_output=True)
-    proc = subprocess.run(["cmake", "--build", build, "--target", "safetensors_fuzzer"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return build / "safetensors_fuzzer"
-
-
 def test_safetensors_reader_survives_libfuzzer(tmp_path):
-    fuzzer = build_fuzzer()
+    fuzzer = build_fuzzer("safetensors_fuzzer")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     save_file({"a": np.ones((2, 3), np.float32), "b": np.arange(4, dtype=np.int32),

@@ -8,28 +8,14 @@ uint8, empty)."""
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
-from conftest import REPO, crucible_binary
+from conftest import REPO, build_fuzzer
 
 SECONDS = int(os.environ.get("CRUCIBLE_FUZZ_SECONDS", "20"))
 
 
-def build_fuzzer():
-    clang = shutil.which("clang++")
-    assert clang, "clang++ not found: run scripts/install-deps.sh (clang, libclang-rt-14-dev)"
-    build = Path(crucible_binary()).resolve().parent / "fuzz"
-    if not (build / "build.ninja").exists():
-        subprocess.run(["cmake", "-S", REPO / "tests" / "fuzz", "-B", build, "-G", "Ninja",
-                        f"-DCMAKE_CXX_COMPILER={clang}", "-DCMAKE_BUILD_TYPE="], check=True,
-                       capture_output=True)
-    proc = subprocess.run(["cmake", "--build", build, "--target", "idx_fuzzer"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return build / "idx_fuzzer"
-
-
 def test_idx_reader_survives_libfuzzer(tmp_path):
-    fuzzer = build_fuzzer()
+    fuzzer = build_fuzzer("idx_fuzzer")
     corpus = tmp_path / "corpus"
     shutil.copytree(REPO / "tests" / "fuzz" / "corpus" / "idx", corpus)
     proc = subprocess.run([fuzzer, f"-max_total_time={SECONDS}", "-timeout=10", "-rss_limit_mb=2048",
