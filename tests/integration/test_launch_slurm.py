@@ -124,28 +124,45 @@ def test_walltime_ends_the_job_and_resubmit_queues_the_follow_on(cluster, wallti
 TRAIN_SETTINGS = ["--set", "model.flavor=debug", "--set", "model.dim=32", "--set", "model.n_layers=1",
                   "--set", "model.n_heads=2", "--set", "model.n_kv_heads=2", "--set", "model.vocab_size=256",
                   "--set", "model.ffn_hidden_dim=64", "--set", "training.seq_len=16",
-                  "--set", "training.local_batch_size=2", "--set", "training.steps=300",
-                  "--set", "checkpoint.interval=20", "--set", "checkpoint.async=false",
-                  "--set", "metrics.peak_gflops=100"]
+                  "--set", "training.local_batch_size=2", "--set", "training.global_batch_size=6",
+                  "--set", "training.steps=300", "--set", "checkpoint.interval=20",
+                  "--set", "checkpoint.async=false", "--set", "metrics.peak_gflops=100"]
+
+
+def rank_pid(run_dir, rank):
+    """The pid of the `crucible train` process of data-parallel rank `rank` in run_dir."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (len(argv) > 1 and argv[0].endswith(b"crucible") and argv[1] == b"train"
+                and f"job.dump_folder={run_dir}".encode() in argv
+                and f"SLURM_PROCID={rank}".encode() in environ):
+            return int(proc.name)
+    return None
 
 
 def test_crucible_train_fails_over_and_ends_bit_identical(cluster, walltime_job, tmp_path):
-    """crucible train under --auto-retry on 3 of 4 nodes; its process is SIGKILLed mid-run; the
-    node is swapped for the spare, training resumes from the last checkpoint, and the final
-    weights equal those of an uninterrupted run, bit for bit."""
+    """crucible train as 3 data-parallel MPI ranks (srun --mpi=pmix, one per node) under
+    --auto-retry on 3 of 4 nodes; rank 1 is SIGKILLed mid-run; its node is swapped for the spare,
+    the 3 ranks resume on the new node list from the last checkpoint, and the final weights equal
+    those of an uninterrupted single-process run, bit for bit."""
     folder, env = cluster
-    env = dict(env, OMP_NUM_THREADS="1")
+    env = dict(env, OMP_NUM_THREADS="1", CRUCIBLE_MPI="openmpi")
     reference = tmp_path / "reference"
     plain = subprocess.run([CRUCIBLE, "train", *TRAIN_SETTINGS, "--set", f"job.dump_folder={reference}"],
                            env=env, capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
 
     run_dir = tmp_path / "run"
-    wrapper = str(ROOT / "tests" / "integration" / "launch" / "rank0_trains.sh")
     proc = subprocess.Popen(
         ["salloc", "-N", "4", "--time=10", CRUCIBLE, "launch", "--run-dir", str(run_dir), "--nodes", "3",
          "--auto-retry", "--backoff-base", "0.2", "--timeout", "60", "--",
-         wrapper, CRUCIBLE, "train", *TRAIN_SETTINGS, "--set", f"job.dump_folder={run_dir}"],
+         CRUCIBLE, "train", *TRAIN_SETTINGS, "--set", f"job.dump_folder={run_dir}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed_at = None
     lines = []
@@ -153,18 +170,18 @@ def test_crucible_train_fails_over_and_ends_bit_identical(cluster, walltime_job,
         lines.append(line)
         if killed_at is None and line.startswith("0: step="):
             step = int(line.split()[1].split("=")[1])
-            pid_file = run_dir / "trainer-1.pid"
-            if step >= 50 and pid_file.exists():
-                os.kill(int(pid_file.read_text()), 9)
+            pid = rank_pid(run_dir, 1) if step >= 50 else None
+            if pid:
+                os.kill(pid, 9)
                 killed_at = step
     stderr = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, stderr
     assert killed_at is not None, "training ended before it could be interrupted"
     first, second = attempts(run_dir)
-    assert first["verdict"] == "bad_node" and first["blamed_node"] == "n1"  # rank 0 ran on n1
-    assert first["evidence"] == "srun: error: n1: task 0: Exited with exit code 137"  # 128 + SIGKILL
-    assert first["detail"] == "n1->n4"
-    assert sorted(second["rank_nodes"].values()) == ["n2", "n3", "n4"]
+    assert first["verdict"] == "bad_node" and first["blamed_node"] == "n2", first  # rank 1 ran on n2
+    assert first["evidence"].startswith("srun: error: n2: task 1: "), first["evidence"]
+    assert first["detail"] == "n2->n4"
+    assert sorted(second["rank_nodes"].values()) == ["n1", "n3", "n4"]
     # Resumed from the newest complete checkpoint before the kill, not from step 1.
     assert second["first_step"] > 1 and (second["first_step"] - 1) % 20 == 0
     assert second["first_step"] - 1 <= killed_at
