@@ -46,7 +46,10 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
 double DataParallel::GradNormSquared(const float* grads) {
   // Partial sums of the chunks this rank owns, then every rank's partials in chunk order.
   const size_t chunks_per_rank = shard_ / kNormChunk;
-  const size_t first_chunk = zero_stage_ == 0 ? 0 : update_begin_ / kNormChunk;
+  // Rank r owns chunks [r * chunks_per_rank, (r + 1) * chunks_per_rank) of the padded buffer
+  // (not update_begin_ / kNormChunk: that is clipped to the parameter count, and a rank whose
+  // shard lies wholly in the padding would then sum another rank's chunk).
+  const size_t first_chunk = zero_stage_ == 0 ? 0 : static_cast<size_t>(comm_.rank()) * chunks_per_rank;
   const size_t local_chunks = zero_stage_ == 0 ? padded_ / kNormChunk : chunks_per_rank;
   std::vector<double> local(local_chunks, 0.0);
   for (size_t c = 0; c < local_chunks; ++c) {

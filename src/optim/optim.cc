@@ -45,7 +45,9 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParameterTable& table,
 std::vector<std::pair<std::string, std::vector<float>*>> Optimizer::State() {
   std::vector<std::pair<std::string, std::vector<float>*>> state;
   state.push_back({config_.name == "SGD" ? "momentum" : "exp_avg", &m_});
-  if (!v_.empty()) state.push_back({"exp_avg_sq", &v_});
+  // By optimizer, not by size: a rank whose shard is empty still has (empty) AdamW buffers, so
+  // every rank walks the same list in collective operations.
+  if (config_.name == "AdamW") state.push_back({"exp_avg_sq", &v_});
   return state;
 }
 

@@ -110,3 +110,17 @@ def test_a_hung_rank_aborts_the_job_after_the_collective_timeout(tmp_path):
     assert proc.returncode != 0
     assert "collective timeout" in stderr and "at step" in stderr, stderr
     assert elapsed < 3 + 15, elapsed
+
+
+def test_a_rank_with_an_empty_shard_checkpoints_and_resumes(tmp_path):
+    # 3 ranks and a model of two norm chunks: rank 2's ZeRO-1 shard is empty.
+    tiny = ["model.flavor=debug", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
+            "model.vocab_size=256", "model.ffn_hidden_dim=64", "training.seq_len=16", "training.local_batch_size=2",
+            "training.global_batch_size=6", "metrics.peak_gflops=10", "checkpoint.interval=3"]
+    straight = tmp_path / "straight"
+    reference = result(mpirun(1, tiny + ["training.steps=6", f"job.dump_folder={straight}"]), straight)
+    run_dir = tmp_path / "run"
+    mpirun(3, tiny + ["training.steps=3", f"job.dump_folder={run_dir}"])
+    proc = mpirun(3, tiny + ["training.steps=6", f"job.dump_folder={run_dir}"])
+    assert "phase=resume" in proc.stdout
+    assert result(proc, run_dir) == reference
