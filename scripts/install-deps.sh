@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Crucible builds and tests with; does nothing when all are present.
+# Installs the Debian packages Crucible builds and tests with (or the packages named as
+# arguments); does nothing when all are present.
 set -euo pipefail
-packages=(
+default_packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-openmp-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
@@ -11,12 +12,13 @@ packages=(
   python3 python3-venv python3-pip python3-torch python3-numpy
   clang libclang-rt-14-dev
 )
+if [ $# -gt 0 ]; then packages=("$@"); else packages=("${default_packages[@]}"); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "install-deps: installing ${missing[*]}"
+  echo "install-deps: installing ${missing[*]}" >&2
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
