@@ -122,7 +122,9 @@ std::string ReadSmallFile(const std::string& path) {
 
 }  // namespace
 
-std::string CheckpointDirName(int64_t step) { return "step-" + std::to_string(step); }
+std::string CheckpointDirName(int64_t step) {
+  return "step-" + std::to_string(step);
+}
 
 void RemoveTree(const std::string& path) {
   std::error_code error;
@@ -146,8 +148,10 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
     std::vector<CheckpointFileInfo> files;
 
     std::vector<TensorView> views;
-    for (const auto& p : table.params()) views.push_back({p.name, p.shape, snapshot.weights.data() + p.offset});
-    files.push_back(WriteTensorsFile(temporary, "model.safetensors", views, ModelWeightsMetadata(model), progress));
+    for (const auto& p : table.params())
+      views.push_back({p.name, p.shape, snapshot.weights.data() + p.offset});
+    files.push_back(WriteTensorsFile(temporary, "model.safetensors", views,
+                                     ModelWeightsMetadata(model), progress));
 
     views.clear();
     std::map<std::string, std::string> optimizer_metadata = {
@@ -160,13 +164,15 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
         views.push_back({state_name, {static_cast<int64_t>(buffer.size())}, buffer.data()});
       }
     }
-    files.push_back(WriteTensorsFile(temporary, "optimizer.safetensors", views, optimizer_metadata, progress));
+    files.push_back(
+        WriteTensorsFile(temporary, "optimizer.safetensors", views, optimizer_metadata, progress));
     files.push_back(WriteTextFile(temporary, "state.json", snapshot.state.dump(2) + "\n"));
     files.push_back(WriteTextFile(temporary, "config.toml", snapshot.config_toml));
 
     std::string manifest = std::string(kManifestHeader) + "\n";
     for (const auto& f : files) {
-      manifest += StrFormat("%s %llu %s\n", f.xxh3.c_str(), (unsigned long long)f.bytes, f.name.c_str());
+      manifest +=
+          StrFormat("%s %llu %s\n", f.xxh3.c_str(), (unsigned long long)f.bytes, f.name.c_str());
       stats.bytes += f.bytes;
     }
     CheckpointFileInfo manifest_info = WriteTextFile(temporary, "MANIFEST", manifest);
@@ -207,7 +213,8 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
     if (!entry.is_directory(error)) continue;
     found.push_back({std::stoll(name.substr(5)), entry.path().string()});
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   return found;
 }
 
@@ -241,14 +248,16 @@ std::string VerifyCheckpoint(const std::string& dir) {
     uint64_t bytes = std::filesystem::file_size(path, error);
     if (error) return file + ": cannot stat (" + error.message() + ")";
     if (std::to_string(bytes) != fields[1])
-      return file + ": " + std::to_string(bytes) + " bytes, MANIFEST says " + fields[1] + " (truncated or overwritten)";
+      return file + ": " + std::to_string(bytes) + " bytes, MANIFEST says " + fields[1] +
+             " (truncated or overwritten)";
     std::string hash;
     try {
       hash = HashFileHex(path);
     } catch (const Error& e) {
       return file + ": " + e.what();
     }
-    if (hash != fields[0]) return file + ": checksum " + hash + " does not match MANIFEST " + fields[0] + " (corrupt)";
+    if (hash != fields[0])
+      return file + ": checksum " + hash + " does not match MANIFEST " + fields[0] + " (corrupt)";
     has_model = has_model || file == "model.safetensors";
     has_state = has_state || file == "state.json";
     ++listed;
@@ -265,11 +274,13 @@ std::optional<std::string> FindResumeCheckpoint(
   std::string latest;
   if (FileExists(latest_path)) latest = Trim(ReadSmallFile(latest_path));
   if (checkpoints.empty()) {
-    if (!latest.empty()) report(latest_path + " names " + latest + " but " + root + " holds no step folder");
+    if (!latest.empty())
+      report(latest_path + " names " + latest + " but " + root + " holds no step folder");
     return std::nullopt;
   }
   if (latest.empty()) {
-    report(latest_path + " is missing; choosing the newest checkpoint that verifies by scanning " + root);
+    report(latest_path + " is missing; choosing the newest checkpoint that verifies by scanning " +
+           root);
   } else if (!IsDirectory(JoinPath(root, latest))) {
     report(latest_path + " names " + latest + ", which does not exist; scanning " + root);
   } else if (JoinPath(root, latest) != checkpoints.front().second) {
@@ -283,14 +294,16 @@ std::optional<std::string> FindResumeCheckpoint(
     report("checkpoint " + dir + " is unusable: " + failure + "; falling back to the one before");
     failures.push_back(dir + ": " + failure);
   }
-  throw DataError(StrFormat("%s: none of the %zu checkpoints verifies (newest: %s); nothing was "
-                            "deleted. Pass --resume none to start over or --resume PATH",
-                            root.c_str(), checkpoints.size(), failures.front().c_str()));
+  throw DataError(
+      StrFormat("%s: none of the %zu checkpoints verifies (newest: %s); nothing was "
+                "deleted. Pass --resume none to start over or --resume PATH",
+                root.c_str(), checkpoints.size(), failures.front().c_str()));
 }
 
-nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& table, float* weights,
-                              const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
-                              size_t optimizer_begin) {
+nlohmann::json LoadCheckpoint(
+    const std::string& dir, const ParameterTable& table, float* weights,
+    const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
+    size_t optimizer_begin) {
   const std::string state_path = JoinPath(dir, "state.json");
   nlohmann::json state;
   try {

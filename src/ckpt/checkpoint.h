@@ -77,15 +77,16 @@ std::string VerifyCheckpoint(const std::string& dir);
 // reported), then step folders are verified newest first; each one that fails is reported with
 // its reason through `report` and skipped. Returns nullopt when `root` holds no step folder;
 // throws DataError (65) when it holds some and none verifies.
-std::optional<std::string> FindResumeCheckpoint(const std::string& root,
-                                                const std::function<void(const std::string&)>& report);
+std::optional<std::string> FindResumeCheckpoint(
+    const std::string& root, const std::function<void(const std::string&)>& report);
 
 // Reads a checkpoint that VerifyCheckpoint accepted: weights (table layout), the optimizer
 // state buffers named in `optimizer_state` (each filled over the slice starting at
 // `optimizer_begin`), and returns state.json. Throws DataError naming the file on a mismatch.
-nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& table, float* weights,
-                              const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
-                              size_t optimizer_begin);
+nlohmann::json LoadCheckpoint(
+    const std::string& dir, const ParameterTable& table, float* weights,
+    const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
+    size_t optimizer_begin);
 
 // Deletes complete checkpoints that the retention policy no longer keeps: the newest
 // `keep_latest_k` (0 keeps all) and every one whose step is a multiple of `keep_every_n` (0: none)

@@ -76,43 +76,44 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
       FindSpecialTokens(tokenizer, &bos, &eos);
     }
-    nlohmann::ordered_json config = {
-        {"architectures", {"LlamaForCausalLM"}},
-        {"model_type", "llama"},
-        {"vocab_size", m.vocab_size},
-        {"hidden_size", m.dim},
-        {"intermediate_size", m.ffn_hidden_dim},
-        {"num_hidden_layers", m.n_layers},
-        {"num_attention_heads", m.n_heads},
-        {"num_key_value_heads", m.n_kv_heads},
-        {"head_dim", m.head_dim()},
-        {"hidden_act", "silu"},
-        {"max_position_embeddings", max_position_embeddings},
-        {"rms_norm_eps", m.norm_eps},
-        {"rope_theta", m.rope_theta},
-        {"rope_scaling", nullptr},
-        {"attention_bias", false},
-        {"attention_dropout", 0.0},
-        {"mlp_bias", false},
-        {"initializer_range", m.init_std},
-        {"pretraining_tp", 1},
-        {"tie_word_embeddings", m.tie_embeddings},
-        {"torch_dtype", "float32"},
-        {"use_cache", true},
-        {"bos_token_id", bos},
-        {"eos_token_id", eos}};
+    nlohmann::ordered_json config = {{"architectures", {"LlamaForCausalLM"}},
+                                     {"model_type", "llama"},
+                                     {"vocab_size", m.vocab_size},
+                                     {"hidden_size", m.dim},
+                                     {"intermediate_size", m.ffn_hidden_dim},
+                                     {"num_hidden_layers", m.n_layers},
+                                     {"num_attention_heads", m.n_heads},
+                                     {"num_key_value_heads", m.n_kv_heads},
+                                     {"head_dim", m.head_dim()},
+                                     {"hidden_act", "silu"},
+                                     {"max_position_embeddings", max_position_embeddings},
+                                     {"rms_norm_eps", m.norm_eps},
+                                     {"rope_theta", m.rope_theta},
+                                     {"rope_scaling", nullptr},
+                                     {"attention_bias", false},
+                                     {"attention_dropout", 0.0},
+                                     {"mlp_bias", false},
+                                     {"initializer_range", m.init_std},
+                                     {"pretraining_tp", 1},
+                                     {"tie_word_embeddings", m.tie_embeddings},
+                                     {"torch_dtype", "float32"},
+                                     {"use_cache", true},
+                                     {"bos_token_id", bos},
+                                     {"eos_token_id", eos}};
     AtomicWriteFile(JoinPath(temporary, "config.json"), config.dump(2) + "\n");
-    nlohmann::ordered_json generation = {{"_from_model_config", true}, {"bos_token_id", bos}, {"eos_token_id", eos}};
+    nlohmann::ordered_json generation = {
+        {"_from_model_config", true}, {"bos_token_id", bos}, {"eos_token_id", eos}};
     AtomicWriteFile(JoinPath(temporary, "generation_config.json"), generation.dump(2) + "\n");
     SaveModelWeights(JoinPath(temporary, "model.safetensors"), table, m, weights);
     if (!tokenizer_path.empty()) {
       AtomicWriteFile(JoinPath(temporary, "tokenizer.json"), tokenizer_text);
-      nlohmann::ordered_json tokenizer_config = {
-          {"tokenizer_class", "PreTrainedTokenizerFast"},
-          {"model_max_length", max_position_embeddings}};
-      AtomicWriteFile(JoinPath(temporary, "tokenizer_config.json"), tokenizer_config.dump(2) + "\n");
+      nlohmann::ordered_json tokenizer_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                                 {"model_max_length", max_position_embeddings}};
+      AtomicWriteFile(JoinPath(temporary, "tokenizer_config.json"),
+                      tokenizer_config.dump(2) + "\n");
     }
-    if (::rename(temporary.c_str(), out.c_str()) != 0) ThrowErrno("cannot rename " + temporary + " to " + out);
+    if (::rename(temporary.c_str(), out.c_str()) != 0)
+      ThrowErrno("cannot rename " + temporary + " to " + out);
     FsyncDirectory(parent);
   } catch (...) {
     RemoveTree(temporary);
@@ -139,33 +140,44 @@ LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embe
   m.n_layers = integer("num_hidden_layers", -1);
   m.n_heads = integer("num_attention_heads", -1);
   m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
-  m.norm_eps = c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number() ? c["rms_norm_eps"].get<double>() : 1e-6;
-  m.rope_theta = c.contains("rope_theta") && c["rope_theta"].is_number() ? c["rope_theta"].get<double>() : 10000.0;
+  m.norm_eps = c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()
+                   ? c["rms_norm_eps"].get<double>()
+                   : 1e-6;
+  m.rope_theta = c.contains("rope_theta") && c["rope_theta"].is_number()
+                     ? c["rope_theta"].get<double>()
+                     : 10000.0;
   m.tie_embeddings = c.value("tie_word_embeddings", false);
   if (c.contains("initializer_range") && c["initializer_range"].is_number())
     m.init_std = c["initializer_range"].get<double>();
-  if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 || m.n_heads % m.n_kv_heads != 0)
-    throw DataError(config_path + ": hidden_size / num_attention_heads / num_key_value_heads do not divide");
+  if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 ||
+      m.n_heads % m.n_kv_heads != 0)
+    throw DataError(config_path +
+                    ": hidden_size / num_attention_heads / num_key_value_heads do not divide");
   if (max_position_embeddings) *max_position_embeddings = integer("max_position_embeddings", 0);
   return m;
 }
 
 void ImportHfModel(const std::string& dir, const LlamaConfig& m, const ParameterTable& table,
                    float* weights) {
-  if (!IsDirectory(dir)) throw UsageError("checkpoint.initial_load_hf: " + dir + ": no such folder");
+  if (!IsDirectory(dir))
+    throw UsageError("checkpoint.initial_load_hf: " + dir + ": no such folder");
   const std::string config_path = JoinPath(dir, "config.json");
   if (!FileExists(config_path))
-    throw UsageError("checkpoint.initial_load_hf: " + config_path + ": missing (not a Hugging Face model folder)");
+    throw UsageError("checkpoint.initial_load_hf: " + config_path +
+                     ": missing (not a Hugging Face model folder)");
   nlohmann::json c = ReadJson(config_path);
   if (!c.is_object()) throw DataError(config_path + ": not a JSON object");
   std::vector<std::string> differences;
   auto integer = [&](const char* key, int64_t ours, const char* our_key, int64_t fallback) {
     int64_t theirs = fallback;
-    if (c.contains(key) && c[key].is_number_integer()) theirs = c[key].get<int64_t>();
-    else if (fallback < 0) differences.push_back(std::string(key) + " missing");
+    if (c.contains(key) && c[key].is_number_integer())
+      theirs = c[key].get<int64_t>();
+    else if (fallback < 0)
+      differences.push_back(std::string(key) + " missing");
     if (fallback >= 0 || c.contains(key))
       if (theirs != ours)
-        differences.push_back(StrFormat("%s=%lld vs %s=%lld", key, (long long)theirs, our_key, (long long)ours));
+        differences.push_back(
+            StrFormat("%s=%lld vs %s=%lld", key, (long long)theirs, our_key, (long long)ours));
   };
   auto real = [&](const char* key, double ours, const char* our_key, double fallback) {
     double theirs = c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
@@ -177,20 +189,26 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
   integer("intermediate_size", m.ffn_hidden_dim, "model.ffn_hidden_dim", -1);
   integer("num_hidden_layers", m.n_layers, "model.n_layers", -1);
   integer("num_attention_heads", m.n_heads, "model.n_heads", -1);
-  int64_t kv = c.contains("num_key_value_heads") && c["num_key_value_heads"].is_number_integer()
-                   ? c["num_key_value_heads"].get<int64_t>()
-                   : (c.contains("num_attention_heads") && c["num_attention_heads"].is_number_integer()
-                          ? c["num_attention_heads"].get<int64_t>() : -1);
+  int64_t kv =
+      c.contains("num_key_value_heads") && c["num_key_value_heads"].is_number_integer()
+          ? c["num_key_value_heads"].get<int64_t>()
+          : (c.contains("num_attention_heads") && c["num_attention_heads"].is_number_integer()
+                 ? c["num_attention_heads"].get<int64_t>()
+                 : -1);
   if (kv != m.n_kv_heads)
-    differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld", (long long)kv, (long long)m.n_kv_heads));
-  if (c.contains("head_dim") && c["head_dim"].is_number_integer() && c["head_dim"].get<int64_t>() != m.head_dim())
-    differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld", (long long)c["head_dim"].get<int64_t>(), (long long)m.head_dim()));
+    differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld",
+                                    (long long)kv, (long long)m.n_kv_heads));
+  if (c.contains("head_dim") && c["head_dim"].is_number_integer() &&
+      c["head_dim"].get<int64_t>() != m.head_dim())
+    differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld",
+                                    (long long)c["head_dim"].get<int64_t>(),
+                                    (long long)m.head_dim()));
   real("rms_norm_eps", m.norm_eps, "model.norm_eps", 1e-6);
   real("rope_theta", m.rope_theta, "model.rope_theta", 10000.0);
   bool tied = c.value("tie_word_embeddings", false);
   if (tied != m.tie_embeddings)
-    differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s", tied ? "true" : "false",
-                                    m.tie_embeddings ? "true" : "false"));
+    differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s",
+                                    tied ? "true" : "false", m.tie_embeddings ? "true" : "false"));
   if (c.contains("hidden_act") && c["hidden_act"] != "silu")
     differences.push_back("hidden_act=" + c["hidden_act"].dump() + " (only silu)");
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
@@ -200,8 +218,8 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
   if (!differences.empty()) {
     std::string all;
     for (const auto& d : differences) all += (all.empty() ? "" : "; ") + d;
-    throw UsageError("checkpoint.initial_load_hf: " + config_path + " does not match [model]: " + all +
-                     ". Set the [model] keys to the folder's values");
+    throw UsageError("checkpoint.initial_load_hf: " + config_path + " does not match [model]: " +
+                     all + ". Set the [model] keys to the folder's values");
   }
   // Which file holds each tensor.
   std::map<std::string, std::string> file_of;
@@ -216,11 +234,13 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
       if (!index["weight_map"].contains(p.name) || !index["weight_map"][p.name].is_string())
         throw DataError(index_path + ": weight_map has no tensor '" + p.name + "'");
       std::string shard = index["weight_map"][p.name].get<std::string>();
-      if (shard.find('/') != std::string::npos) throw DataError(index_path + ": bad shard name '" + shard + "'");
+      if (shard.find('/') != std::string::npos)
+        throw DataError(index_path + ": bad shard name '" + shard + "'");
       file_of[p.name] = shard;
     }
   } else {
-    throw UsageError("checkpoint.initial_load_hf: " + dir + " has no model.safetensors (nor an index); "
+    throw UsageError("checkpoint.initial_load_hf: " + dir +
+                     " has no model.safetensors (nor an index); "
                      "re-save it with save_pretrained(..., safe_serialization=True)");
   }
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;

@@ -24,7 +24,8 @@ bool NumberField(const nlohmann::json& line, std::initializer_list<const char*> 
 
 }  // namespace
 
-MtbfEstimate EstimateMtbf(const std::string& attempts_path, double mtbf_hours, double default_hours) {
+MtbfEstimate EstimateMtbf(const std::string& attempts_path, double mtbf_hours,
+                          double default_hours) {
   MtbfEstimate estimate;
   std::ifstream in(attempts_path);
   std::string text;
@@ -34,7 +35,8 @@ MtbfEstimate EstimateMtbf(const std::string& attempts_path, double mtbf_hours, d
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json line = nlohmann::json::parse(text, nullptr, false);
     if (!line.is_object()) {
-      LogWarn(attempts_path + ":" + std::to_string(line_number) + ": not a JSON object; ignored for MTBF");
+      LogWarn(attempts_path + ":" + std::to_string(line_number) +
+              ": not a JSON object; ignored for MTBF");
       continue;
     }
     double seconds = 0, start = 0, end = 0;

@@ -21,9 +21,9 @@ constexpr uint64_t kMaxHeaderBytes = 100 << 20;
 
 int DtypeSize(const std::string& dtype) {
   static const std::map<std::string, int> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2},
-      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},  {"BOOL", 1},
-      {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+      {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -119,10 +119,13 @@ void SafetensorsReader::Parse() {
   auto bad = [&](const std::string& what) {
     return DataError(source_ + ": not a valid safetensors file: " + what);
   };
-  if (size_ < 8) throw bad(StrFormat("file is %zu bytes, shorter than the 8-byte header length", size_));
+  if (size_ < 8)
+    throw bad(StrFormat("file is %zu bytes, shorter than the 8-byte header length", size_));
   uint64_t header_length = 0;
-  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<uint8_t>(data_[i]);
-  if (header_length > kMaxHeaderBytes) throw bad(StrFormat("header length %llu is implausible", (unsigned long long)header_length));
+  for (int i = 7; i >= 0; --i)
+    header_length = (header_length << 8) | static_cast<uint8_t>(data_[i]);
+  if (header_length > kMaxHeaderBytes)
+    throw bad(StrFormat("header length %llu is implausible", (unsigned long long)header_length));
   if (header_length > size_ - 8)
     throw bad(StrFormat("header length %llu exceeds the file size %zu (truncated?)",
                         (unsigned long long)header_length, size_));
@@ -141,7 +144,8 @@ void SafetensorsReader::Parse() {
     if (name == "__metadata__") {
       if (!value.is_object()) throw bad("__metadata__ is not an object");
       for (auto m = value.begin(); m != value.end(); ++m) {
-        if (!m.value().is_string()) throw bad("__metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string())
+          throw bad("__metadata__ value '" + m.key() + "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -173,8 +177,9 @@ void SafetensorsReader::Parse() {
     entry.end = value["data_offsets"][1].get<uint64_t>();
     if (entry.begin > entry.end) throw where("data_offsets begin after they end");
     if (entry.end > data_size)
-      throw where(StrFormat("data ends at byte %llu but the data section has %llu bytes (truncated?)",
-                            (unsigned long long)entry.end, (unsigned long long)data_size));
+      throw where(
+          StrFormat("data ends at byte %llu but the data section has %llu bytes (truncated?)",
+                    (unsigned long long)entry.end, (unsigned long long)data_size));
     if (static_cast<unsigned __int128>(entry.end - entry.begin) != numel * element_size)
       throw where(StrFormat("%llu data bytes do not match shape %s of %s",
                             (unsigned long long)(entry.end - entry.begin),
@@ -237,7 +242,8 @@ void SafetensorsReader::ReadInt32(const std::string& name, int32_t* out) const {
   const TensorEntry* entry = Find(name);
   if (!entry) throw DataError(source_ + ": no tensor named '" + name + "'");
   if (entry->dtype != "I32")
-    throw DataError(source_ + ": tensor '" + name + "' has dtype " + entry->dtype + ", expected I32");
+    throw DataError(source_ + ": tensor '" + name + "' has dtype " + entry->dtype +
+                    ", expected I32");
   if (entry->numel() > 0) std::memcpy(out, data_ + data_start_ + entry->begin, entry->numel() * 4);
 }
 
@@ -249,7 +255,8 @@ std::string EncodeSafetensorsHeader(const std::vector<TensorView>& tensors,
   for (const auto& t : tensors) {
     uint64_t numel = 1;
     for (int64_t s : t.shape) numel *= static_cast<uint64_t>(s);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * numel}}};
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * numel}}};
     offset += 4 * numel;
   }
   std::string json = header.dump();

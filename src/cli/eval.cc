@@ -1,5 +1,7 @@
 // crucible eval MODEL --tasks T.jsonl... --text HELD_OUT...: multiple-choice accuracy (acc,
 // acc_norm with standard errors) and perplexity / bits-per-byte, scored as lm-eval scores them.
+#include "eval/eval.h"
+
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,7 +11,6 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "eval/eval.h"
 
 namespace crucible {
 namespace {
@@ -22,11 +23,16 @@ struct EvalCliOptions {
 };
 
 nlohmann::ordered_json ChoiceJson(const ChoiceResult& r) {
-  return {{"path", r.path},         {"shape", r.shape},
-          {"items", r.items},       {"acc", r.acc},
-          {"acc_stderr", r.acc_stderr}, {"acc_norm", r.acc_norm},
-          {"acc_norm_stderr", r.acc_norm_stderr}, {"chance", r.chance},
-          {"truncated_requests", r.truncated_requests}, {"seconds", r.seconds}};
+  return {{"path", r.path},
+          {"shape", r.shape},
+          {"items", r.items},
+          {"acc", r.acc},
+          {"acc_stderr", r.acc_stderr},
+          {"acc_norm", r.acc_norm},
+          {"acc_norm_stderr", r.acc_norm_stderr},
+          {"chance", r.chance},
+          {"truncated_requests", r.truncated_requests},
+          {"seconds", r.seconds}};
 }
 
 nlohmann::ordered_json PerplexityJson(const PerplexityResult& r) {
@@ -47,20 +53,27 @@ nlohmann::ordered_json PerplexityJson(const PerplexityResult& r) {
 CommandRun SetupEval(CLI::App& app) {
   auto o = std::make_shared<EvalCliOptions>();
   app.add_option("MODEL", o->model,
-                 "run directory, checkpoint folder (ckpt/step-<n>) or Hugging Face folder (crucible export hf)")
+                 "run directory, checkpoint folder (ckpt/step-<n>) or Hugging Face folder "
+                 "(crucible export hf)")
       ->required();
-  app.add_option("-t,--tasks", o->tasks,
-                 "multiple-choice task files (.jsonl: ctx/endings/label, question/choices/answerKey or "
-                 "context/choices/gold)")
+  app.add_option(
+         "-t,--tasks", o->tasks,
+         "multiple-choice task files (.jsonl: ctx/endings/label, question/choices/answerKey or "
+         "context/choices/gold)")
       ->take_all();
-  app.add_option("--text", o->texts, "held-out text for perplexity / bits-per-byte (.jsonl of {\"text\"} or a file)")
+  app.add_option("--text", o->texts,
+                 "held-out text for perplexity / bits-per-byte (.jsonl of {\"text\"} or a file)")
       ->take_all();
   app.add_option("--json", o->json_out, "write the results as JSON here");
-  app.add_option("--predictions", o->predictions_out, "write one JSON line per multiple-choice item here");
+  app.add_option("--predictions", o->predictions_out,
+                 "write one JSON line per multiple-choice item here");
   app.add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: the model's)");
-  app.add_option("--batch-size", o->batch_size, "sequences per forward pass")->check(CLI::Range(1, 4096));
-  app.add_option("--limit", o->limit, "score only the first N items / documents of each file")->check(CLI::NonNegativeNumber);
-  app.add_option("--max-length", o->max_length, "context length in tokens (default: seq_len or max_position_embeddings)")
+  app.add_option("--batch-size", o->batch_size, "sequences per forward pass")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--limit", o->limit, "score only the first N items / documents of each file")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-length", o->max_length,
+                 "context length in tokens (default: seq_len or max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("-q,--quiet", o->quiet, "no phase=eval heartbeats");
   return [o]() {
@@ -74,35 +87,40 @@ CommandRun SetupEval(CLI::App& app) {
     for (const std::string* out : {&o->json_out, &o->predictions_out}) {
       if (out->empty()) continue;
       const std::string parent = ParentDirectory(*out);
-      if (!parent.empty() && !IsDirectory(parent)) throw UsageError(*out + ": folder " + parent + " does not exist");
+      if (!parent.empty() && !IsDirectory(parent))
+        throw UsageError(*out + ": folder " + parent + " does not exist");
     }
     EvalModel model = LoadEvalModel(o->model, o->tokenizer, o->max_length);
-    PrintLine(StrFormat("phase=eval model=%s kind=%s params=%zu max_length=%lld vocab=%lld", model.weights_path.c_str(),
-                        model.kind.c_str(), model.weights.size(), (long long)model.max_length,
-                        (long long)model.config.vocab_size));
+    PrintLine(StrFormat("phase=eval model=%s kind=%s params=%zu max_length=%lld vocab=%lld",
+                        model.weights_path.c_str(), model.kind.c_str(), model.weights.size(),
+                        (long long)model.max_length, (long long)model.config.vocab_size));
     EvalOptions options;
     options.batch_size = o->batch_size;
     options.limit = o->limit;
     options.progress = !o->quiet;
 
     std::vector<ChoiceResult> choice_results;
-    for (const auto& task : tasks) choice_results.push_back(EvaluateChoiceTask(model, task, options));
+    for (const auto& task : tasks)
+      choice_results.push_back(EvaluateChoiceTask(model, task, options));
     std::vector<PerplexityResult> perplexity_results;
-    for (const auto& text : texts) perplexity_results.push_back(EvaluatePerplexity(model, text, options));
+    for (const auto& text : texts)
+      perplexity_results.push_back(EvaluatePerplexity(model, text, options));
 
     if (!choice_results.empty()) {
-      std::printf("\n%-24s %-9s %6s %17s %17s %7s\n", "task", "shape", "items", "acc", "acc_norm", "chance");
+      std::printf("\n%-24s %-9s %6s %17s %17s %7s\n", "task", "shape", "items", "acc", "acc_norm",
+                  "chance");
       for (const auto& r : choice_results)
-        std::printf("%-24s %-9s %6lld %8.4f ± %6.4f %8.4f ± %6.4f %7.4f\n", r.name.c_str(), r.shape.c_str(),
-                    (long long)r.items, r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.chance);
+        std::printf("%-24s %-9s %6lld %8.4f ± %6.4f %8.4f ± %6.4f %7.4f\n", r.name.c_str(),
+                    r.shape.c_str(), (long long)r.items, r.acc, r.acc_stderr, r.acc_norm,
+                    r.acc_norm_stderr, r.chance);
     }
     if (!perplexity_results.empty()) {
-      std::printf("\n%-24s %6s %9s %10s %14s %10s %10s %10s\n", "text", "docs", "tokens", "bytes", "bits_per_byte",
-                  "byte_ppl", "word_ppl", "token_ppl");
+      std::printf("\n%-24s %6s %9s %10s %14s %10s %10s %10s\n", "text", "docs", "tokens", "bytes",
+                  "bits_per_byte", "byte_ppl", "word_ppl", "token_ppl");
       for (const auto& r : perplexity_results)
-        std::printf("%-24s %6lld %9lld %10lld %14.6f %10.4f %10.3f %10.3f\n", r.name.c_str(), (long long)r.documents,
-                    (long long)r.tokens, (long long)r.bytes, r.bits_per_byte, r.byte_perplexity, r.word_perplexity,
-                    r.token_perplexity);
+        std::printf("%-24s %6lld %9lld %10lld %14.6f %10.4f %10.3f %10.3f\n", r.name.c_str(),
+                    (long long)r.documents, (long long)r.tokens, (long long)r.bytes,
+                    r.bits_per_byte, r.byte_perplexity, r.word_perplexity, r.token_perplexity);
     }
     std::fflush(stdout);
 
@@ -142,10 +160,11 @@ CommandRun SetupEval(CLI::App& app) {
   };
 }
 
-CommandRegistrar eval_registrar("eval",
-                                "score a model on multiple-choice tasks (acc, acc_norm) and held-out text "
-                                "(bits-per-byte), as lm-eval does",
-                                SetupEval);
+CommandRegistrar eval_registrar(
+    "eval",
+    "score a model on multiple-choice tasks (acc, acc_norm) and held-out text "
+    "(bits-per-byte), as lm-eval does",
+    SetupEval);
 
 }  // namespace
 }  // namespace crucible

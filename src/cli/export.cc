@@ -35,12 +35,14 @@ ExportSource ResolveSource(const std::string& source) {
   }
   const std::string config_path = JoinPath(source, "config.toml");
   if (!FileExists(config_path))
-    throw UsageError(source + ": neither a checkpoint (MANIFEST) nor a run directory (config.toml)");
+    throw UsageError(source +
+                     ": neither a checkpoint (MANIFEST) nor a run directory (config.toml)");
   Config config = Config::Parse(ReadFile(config_path), config_path);
   const std::string root = JoinPath(source, config.String("checkpoint.folder"));
   std::optional<std::string> checkpoint =
       FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
-  if (checkpoint) return {JoinPath(*checkpoint, "model.safetensors"), JoinPath(*checkpoint, "config.toml")};
+  if (checkpoint)
+    return {JoinPath(*checkpoint, "model.safetensors"), JoinPath(*checkpoint, "config.toml")};
   if (FileExists(JoinPath(source, "model.safetensors")))
     return {JoinPath(source, "model.safetensors"), config_path};
   throw UsageError(source + ": has no checkpoint and no final model.safetensors");
@@ -50,8 +52,9 @@ CommandRun SetupExport(CLI::App& app) {
   auto o = std::make_shared<ExportOptions>();
   app.require_subcommand(1);
   CLI::App* hf = app.add_subcommand(
-      "hf", "write a Hugging Face LlamaForCausalLM folder (config.json, model.safetensors, "
-            "generation_config.json, tokenizer.json when [model] tokenizer_path is set)");
+      "hf",
+      "write a Hugging Face LlamaForCausalLM folder (config.json, model.safetensors, "
+      "generation_config.json, tokenizer.json when [model] tokenizer_path is set)");
   hf->add_option("RUN_OR_CKPT", o->source, "run directory or checkpoint folder")->required();
   hf->add_option("OUT", o->out, "output folder (must not exist, or be empty)")->required();
   return [o, hf]() {
@@ -74,7 +77,8 @@ CommandRun SetupExport(CLI::App& app) {
   };
 }
 
-CommandRegistrar export_registrar("export", "export a run or checkpoint: crucible export hf RUN_OR_CKPT OUT",
+CommandRegistrar export_registrar("export",
+                                  "export a run or checkpoint: crucible export hf RUN_OR_CKPT OUT",
                                   SetupExport);
 
 }  // namespace

@@ -44,10 +44,12 @@ CommandRun SetupModel(CLI::App& app) {
   CLI::App* grads = app.add_subcommand(
       "grads", "forward and backward on one batch; write logits, losses and gradients");
   AddConfigOptions(grads, o.get());
-  grads->add_option("--weights", o->weights, "weights (.safetensors, Hugging Face names)")->required();
-  grads->add_option("--batch", o->batch,
-                    "batch (.safetensors with I32 tensors 'tokens' and 'targets' of shape [B, T]; "
-                    "target -1 is ignored)")
+  grads->add_option("--weights", o->weights, "weights (.safetensors, Hugging Face names)")
+      ->required();
+  grads
+      ->add_option("--batch", o->batch,
+                   "batch (.safetensors with I32 tensors 'tokens' and 'targets' of shape [B, T]; "
+                   "target -1 is ignored)")
       ->required();
   grads->add_option("--out", o->out, "output .safetensors file")->required();
 
@@ -57,7 +59,8 @@ CommandRun SetupModel(CLI::App& app) {
     if (info->parsed()) {
       ParameterTable table(m);
       for (const auto& p : table.params())
-        std::printf("%-48s %-14s offset=%zu\n", p.name.c_str(), ShapeString(p.shape).c_str(), p.offset);
+        std::printf("%-48s %-14s offset=%zu\n", p.name.c_str(), ShapeString(p.shape).c_str(),
+                    p.offset);
       std::printf("total_params=%zu flop_params=%zu flops_per_token(seq_len=%lld)=%.4g\n",
                   table.total(), table.FlopParams(), (long long)config.Int("training.seq_len"),
                   TrainFlopsPerToken(m, table, config.Int("training.seq_len")));
@@ -76,7 +79,8 @@ CommandRun SetupModel(CLI::App& app) {
     const TensorEntry* targets = batch.Find("targets");
     if (!tokens || !targets || tokens->dtype != "I32" || targets->dtype != "I32" ||
         tokens->shape.size() != 2 || tokens->shape != targets->shape)
-      throw DataError(o->batch + ": expected I32 tensors 'tokens' and 'targets' of the same shape [B, T]");
+      throw DataError(o->batch +
+                      ": expected I32 tensors 'tokens' and 'targets' of the same shape [B, T]");
     const int64_t B = tokens->shape[0], T = tokens->shape[1];
     LlamaModel model(m, B, T);
     std::vector<float> weights(model.table().total()), gradients(model.table().total());
@@ -86,7 +90,8 @@ CommandRun SetupModel(CLI::App& app) {
     batch.ReadInt32("targets", target_ids.data());
     for (int32_t t : token_ids)
       if (t < 0 || t >= m.vocab_size)
-        throw DataError(o->batch + ": token id " + std::to_string(t) + " is outside the vocabulary");
+        throw DataError(o->batch + ": token id " + std::to_string(t) +
+                        " is outside the vocabulary");
     int64_t valid = 0;
     double loss_sum = model.Forward(weights.data(), token_ids.data(), target_ids.data(), &valid);
     std::vector<float> logits(model.logits(), model.logits() + B * T * m.vocab_size);

@@ -1,10 +1,11 @@
 #include "common/config.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cctype>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -14,12 +15,18 @@ namespace crucible {
 
 const char* ConfigTypeName(ConfigType type) {
   switch (type) {
-    case ConfigType::kBool: return "a boolean (true or false)";
-    case ConfigType::kInt: return "an integer";
-    case ConfigType::kFloat: return "a number";
-    case ConfigType::kString: return "a string";
-    case ConfigType::kStringList: return "an array of strings";
-    case ConfigType::kIntOrString: return "an integer or a string";
+    case ConfigType::kBool:
+      return "a boolean (true or false)";
+    case ConfigType::kInt:
+      return "an integer";
+    case ConfigType::kFloat:
+      return "a number";
+    case ConfigType::kString:
+      return "a string";
+    case ConfigType::kStringList:
+      return "an array of strings";
+    case ConfigType::kIntOrString:
+      return "an integer or a string";
   }
   return "?";
 }
@@ -28,13 +35,20 @@ namespace {
 
 const char* TomlTypeName(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date or time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date or time";
   }
 }
 
@@ -141,10 +155,9 @@ Config Config::Parse(std::string_view toml_text, const std::string& source,
     table = toml::parse(toml_text, source);
   } catch (const toml::parse_error& error) {
     const auto& begin = error.source().begin;
-    throw UsageError(StrFormat("%s:%u:%u: TOML syntax error: %s", source.c_str(),
-                               static_cast<unsigned>(begin.line),
-                               static_cast<unsigned>(begin.column),
-                               std::string(error.description()).c_str()));
+    throw UsageError(StrFormat(
+        "%s:%u:%u: TOML syntax error: %s", source.c_str(), static_cast<unsigned>(begin.line),
+        static_cast<unsigned>(begin.column), std::string(error.description()).c_str()));
   }
   std::set<std::string> sections;
   for (const auto& spec : Schema()) sections.insert(spec.key.substr(0, spec.key.find('.')));
@@ -174,7 +187,8 @@ Config Config::Parse(std::string_view toml_text, const std::string& source,
     for (const auto& [name_key, node] : *section_table) {
       std::string key = section + "." + std::string(name_key.str());
       const ConfigKeySpec* spec = FindSpec(key);
-      if (!spec) throw UsageError(Where(source, node) + ": unknown key '" + key + "'" + DidYouMean(key));
+      if (!spec)
+        throw UsageError(Where(source, node) + ": unknown key '" + key + "'" + DidYouMean(key));
       ConfigValue value;
       if (!Convert(node, spec->type, &value)) {
         throw UsageError(Where(source, node) + ": " + key + ": expected " +
@@ -214,8 +228,8 @@ void Config::ApplyOverride(const std::string& assignment) {
       converted = true;
     }
     if (!converted && node) {
-      throw UsageError(where + ": " + key + ": expected " + ConfigTypeName(spec->type) +
-                       ", got " + TomlTypeName(*node));
+      throw UsageError(where + ": " + key + ": expected " + ConfigTypeName(spec->type) + ", got " +
+                       TomlTypeName(*node));
     }
   } catch (const toml::parse_error&) {
     if (IsBareWord(text) &&
@@ -240,18 +254,23 @@ bool Config::IsSet(const std::string& key) const {
 
 const ConfigValue& Config::Value(const std::string& key) const {
   auto it = values_.find(key);
-  if (it == values_.end()) throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
+  if (it == values_.end())
+    throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
   return it->second;
 }
 
-bool Config::Bool(const std::string& key) const { return std::get<bool>(Value(key)); }
+bool Config::Bool(const std::string& key) const {
+  return std::get<bool>(Value(key));
+}
 int64_t Config::Int(const std::string& key) const {
   const ConfigValue& value = Value(key);
   if (const auto* s = std::get_if<std::string>(&value))
     throw UsageError("config key '" + key + "' is \"" + *s + "\" where an integer is needed here");
   return std::get<int64_t>(value);
 }
-double Config::Float(const std::string& key) const { return std::get<double>(Value(key)); }
+double Config::Float(const std::string& key) const {
+  return std::get<double>(Value(key));
+}
 const std::string& Config::String(const std::string& key) const {
   return std::get<std::string>(Value(key));
 }
@@ -263,7 +282,8 @@ bool Config::HoldsString(const std::string& key) const {
 }
 
 void Config::Set(const std::string& key, ConfigValue value) {
-  if (!FindSpec(key)) throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
+  if (!FindSpec(key))
+    throw Error(kExitFailure, "internal: config key '" + key + "' is not in the schema");
   values_[key] = std::move(value);
 }
 

@@ -39,8 +39,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       // [training]
       {"training.steps", T::kInt, V(int64_t{100}), "optimizer steps to train"},
       {"training.seq_len", T::kInt, V(int64_t{256}), "tokens per sample", true},
-      {"training.local_batch_size", T::kInt, V(int64_t{8}),
-       "samples per micro-batch on one rank", true},
+      {"training.local_batch_size", T::kInt, V(int64_t{8}), "samples per micro-batch on one rank",
+       true},
       {"training.global_batch_size", T::kInt, V(int64_t{0}),
        "samples per optimizer step over all ranks; 0 means local_batch_size x ranks "
        "(more than that accumulates gradients over micro-batches)",
@@ -67,8 +67,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"optimizer.beta2", T::kFloat, V(0.95), "second-moment decay", true},
       {"optimizer.eps", T::kFloat, V(1e-8), "AdamW epsilon", true},
       {"optimizer.weight_decay", T::kFloat, V(0.1), "decoupled weight decay", true},
-      {"optimizer.decay_norms", T::kBool, V(false), "apply weight decay to norm weights too",
-       true},
+      {"optimizer.decay_norms", T::kBool, V(false), "apply weight decay to norm weights too", true},
       {"optimizer.decay_embeddings", T::kBool, V(false),
        "apply weight decay to the embedding table too", true},
 

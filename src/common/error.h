@@ -28,9 +28,15 @@ class Error : public std::runtime_error {
   int exit_code_;
 };
 
-inline Error UsageError(const std::string& message) { return Error(kExitUsage, message); }
-inline Error DataError(const std::string& message) { return Error(kExitBadData, message); }
-inline Error IoError(const std::string& message) { return Error(kExitIo, message); }
+inline Error UsageError(const std::string& message) {
+  return Error(kExitUsage, message);
+}
+inline Error DataError(const std::string& message) {
+  return Error(kExitBadData, message);
+}
+inline Error IoError(const std::string& message) {
+  return Error(kExitIo, message);
+}
 
 // Throws IoError with strerror(errno) appended: "<what>: <strerror>".
 [[noreturn]] void ThrowErrno(const std::string& what);

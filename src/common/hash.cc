@@ -18,7 +18,9 @@ uint64_t Hash64(const void* data, size_t size, uint64_t seed) {
 StreamHasher::StreamHasher() : state_(XXH3_createState()) {
   XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
 }
-StreamHasher::~StreamHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+StreamHasher::~StreamHasher() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
 
 void StreamHasher::Update(const void* data, size_t size) {
   XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, size);

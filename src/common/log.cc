@@ -10,8 +10,12 @@ int g_rank = -1;
 std::mutex g_mutex;
 }  // namespace
 
-void SetLogLevel(LogLevel level) { g_level = level; }
-void SetLogRank(int rank) { g_rank = rank; }
+void SetLogLevel(LogLevel level) {
+  g_level = level;
+}
+void SetLogRank(int rank) {
+  g_rank = rank;
+}
 
 void Log(LogLevel level, const std::string& message) {
   if (level < g_level) return;

@@ -11,9 +11,15 @@ enum class LogLevel { kDebug, kInfo, kWarn, kError };
 void SetLogLevel(LogLevel level);
 void SetLogRank(int rank);  // -1: no prefix
 void Log(LogLevel level, const std::string& message);
-inline void LogInfo(const std::string& message) { Log(LogLevel::kInfo, message); }
-inline void LogWarn(const std::string& message) { Log(LogLevel::kWarn, message); }
-inline void LogError(const std::string& message) { Log(LogLevel::kError, message); }
+inline void LogInfo(const std::string& message) {
+  Log(LogLevel::kInfo, message);
+}
+inline void LogWarn(const std::string& message) {
+  Log(LogLevel::kWarn, message);
+}
+inline void LogError(const std::string& message) {
+  Log(LogLevel::kError, message);
+}
 
 // Writes one complete line to stdout and flushes it (progress lines and phase= heartbeats).
 void PrintLine(const std::string& line);

@@ -31,7 +31,9 @@ class Philox {
  public:
   Philox(uint64_t seed, uint64_t stream, uint64_t offset = 0)
       : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
-        stream_(stream), block_index_(offset / 4), lane_(offset % 4) {
+        stream_(stream),
+        block_index_(offset / 4),
+        lane_(offset % 4) {
     Refill();
   }
 
@@ -68,9 +70,10 @@ class Philox {
 
  private:
   void Refill() {
-    block_ = Philox4x32({static_cast<uint32_t>(block_index_), static_cast<uint32_t>(block_index_ >> 32),
-                         static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)},
-                        key_);
+    block_ =
+        Philox4x32({static_cast<uint32_t>(block_index_), static_cast<uint32_t>(block_index_ >> 32),
+                    static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)},
+                   key_);
   }
   std::array<uint32_t, 2> key_;
   uint64_t stream_;

@@ -21,8 +21,12 @@ double Now() {
 }
 }  // namespace
 
-void EnableKernelProfile(bool enabled) { g_enabled = enabled; }
-bool KernelProfileEnabled() { return g_enabled; }
+void EnableKernelProfile(bool enabled) {
+  g_enabled = enabled;
+}
+bool KernelProfileEnabled() {
+  return g_enabled;
+}
 
 void AddKernelTime(const char* name, double seconds) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -32,7 +36,8 @@ void AddKernelTime(const char* name, double seconds) {
 std::vector<std::pair<std::string, double>> KernelProfileTotals() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<std::pair<std::string, double>> out(Totals().begin(), Totals().end());
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
   return out;
 }
 

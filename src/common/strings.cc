@@ -64,9 +64,15 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-std::string FormatFloat(float value) { return StrFormat("%.9g", static_cast<double>(value)); }
-std::string FormatDouble(double value) { return StrFormat("%.17g", value); }
-std::string HexU64(uint64_t value) { return StrFormat("%016llx", static_cast<unsigned long long>(value)); }
+std::string FormatFloat(float value) {
+  return StrFormat("%.9g", static_cast<double>(value));
+}
+std::string FormatDouble(double value) {
+  return StrFormat("%.17g", value);
+}
+std::string HexU64(uint64_t value) {
+  return StrFormat("%016llx", static_cast<unsigned long long>(value));
+}
 
 std::string HumanBytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -38,7 +38,8 @@ constexpr size_t kMaxCount = size_t{1} << 28;
 }  // namespace
 
 bool Communicator::LaunchedByMpi() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(name)) return true;
   return false;
 }
@@ -136,7 +137,8 @@ void GatherImpl(bool mpi, int world, const T* send, T* receive, size_t count, MP
 }
 }  // namespace
 
-void Communicator::AllGatherFloat(const float* send, float* receive, size_t count, const char* what) {
+void Communicator::AllGatherFloat(const float* send, float* receive, size_t count,
+                                  const char* what) {
   if (mpi_ && world_ > 1 && send == receive + rank_ * count) {  // this rank's block is in place
     if (count > kMaxCount) throw Error(kExitFailure, "all-gather block too large for MPI");
     MPI_Request request;
@@ -147,11 +149,15 @@ void Communicator::AllGatherFloat(const float* send, float* receive, size_t coun
   }
   GatherImpl(mpi_, world_, send, receive, count, MPI_FLOAT, [&](MPI_Request* r) { Wait(r, what); });
 }
-void Communicator::AllGatherDouble(const double* send, double* receive, size_t count, const char* what) {
-  GatherImpl(mpi_, world_, send, receive, count, MPI_DOUBLE, [&](MPI_Request* r) { Wait(r, what); });
+void Communicator::AllGatherDouble(const double* send, double* receive, size_t count,
+                                   const char* what) {
+  GatherImpl(mpi_, world_, send, receive, count, MPI_DOUBLE,
+             [&](MPI_Request* r) { Wait(r, what); });
 }
-void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t count, const char* what) {
-  GatherImpl(mpi_, world_, send, receive, count, MPI_UINT64_T, [&](MPI_Request* r) { Wait(r, what); });
+void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t count,
+                                const char* what) {
+  GatherImpl(mpi_, world_, send, receive, count, MPI_UINT64_T,
+             [&](MPI_Request* r) { Wait(r, what); });
 }
 
 std::vector<std::string> Communicator::AllGatherString(const std::string& value, const char* what) {

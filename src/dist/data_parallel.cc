@@ -39,7 +39,8 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
     Int128ToFloat(accumulator.data(), grads, n_params_);
     return;
   }
-  comm_.ReduceScatterInt128(accumulator.data(), shard_sum_.data(), shard_, "gradient reduce-scatter");
+  comm_.ReduceScatterInt128(accumulator.data(), shard_sum_.data(), shard_,
+                            "gradient reduce-scatter");
   Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
 }
 
@@ -49,7 +50,8 @@ double DataParallel::GradNormSquared(const float* grads) {
   // Rank r owns chunks [r * chunks_per_rank, (r + 1) * chunks_per_rank) of the padded buffer
   // (not update_begin_ / kNormChunk: that is clipped to the parameter count, and a rank whose
   // shard lies wholly in the padding would then sum another rank's chunk).
-  const size_t first_chunk = zero_stage_ == 0 ? 0 : static_cast<size_t>(comm_.rank()) * chunks_per_rank;
+  const size_t first_chunk =
+      zero_stage_ == 0 ? 0 : static_cast<size_t>(comm_.rank()) * chunks_per_rank;
   const size_t local_chunks = zero_stage_ == 0 ? padded_ / kNormChunk : chunks_per_rank;
   std::vector<double> local(local_chunks, 0.0);
   for (size_t c = 0; c < local_chunks; ++c) {
@@ -100,9 +102,10 @@ void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64
   std::map<uint64_t, int> votes;
   for (uint64_t h : hashes) ++votes[h];
   if (votes.size() == 1) return;
-  uint64_t majority = std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-                        return a.second < b.second;
-                      })->first;
+  uint64_t majority =
+      std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first;
   std::vector<std::string> hosts = comm_.AllGatherString(comm_.host(), "host-name all-gather");
   std::string culprits;
   for (int r = 0; r < comm_.world(); ++r) {

@@ -8,9 +8,9 @@
 namespace crucible {
 
 namespace {
-constexpr double kScale = 18446744073709551616.0;        // 2^64
+constexpr double kScale = 18446744073709551616.0;  // 2^64
 constexpr double kInverseScale = 1.0 / 18446744073709551616.0;
-constexpr double kLimit = 4611686018427387904.0;          // 2^62
+constexpr double kLimit = 4611686018427387904.0;  // 2^62
 }  // namespace
 
 void ExactAccumulator::Zero() {
@@ -35,7 +35,9 @@ bool ExactAccumulator::Add(const float* values) {
   return ok;
 }
 
-void ExactAccumulator::ToFloat(float* out) const { Int128ToFloat(sum_.data(), out, sum_.size()); }
+void ExactAccumulator::ToFloat(float* out) const {
+  Int128ToFloat(sum_.data(), out, sum_.size());
+}
 
 void Int128ToFloat(const __int128* in, float* out, size_t count) {
   const int64_t n = static_cast<int64_t>(count);

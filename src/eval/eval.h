@@ -32,10 +32,10 @@ struct EvalModel {
   LlamaConfig config;
   std::vector<float> weights;
   Tokenizer tokenizer;
-  int64_t max_length = 0;       // tokens the model reads at once (lm-eval's max_length)
-  int64_t prefix_token_id = -1; // before an empty context / a document: BOS, else EOS, else 0
-  std::string weights_path;     // what was loaded, for reports
-  std::string kind;             // "checkpoint", "run" or "hf"
+  int64_t max_length = 0;        // tokens the model reads at once (lm-eval's max_length)
+  int64_t prefix_token_id = -1;  // before an empty context / a document: BOS, else EOS, else 0
+  std::string weights_path;      // what was loaded, for reports
+  std::string kind;              // "checkpoint", "run" or "hf"
 };
 
 // Loads a run directory (its newest checkpoint that verifies, else its final
@@ -55,7 +55,7 @@ struct ChoiceItem {
 };
 
 struct ChoiceTask {
-  std::string name;   // file name without .jsonl
+  std::string name;  // file name without .jsonl
   std::string path;
   std::string shape;  // "hellaswag", "arc" or "generic"
   std::vector<ChoiceItem> items;
@@ -90,7 +90,7 @@ struct ChoiceResult {
   std::string name, path, shape;
   int64_t items = 0;
   double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
-  double chance = 0;  // mean of 1/choices
+  double chance = 0;               // mean of 1/choices
   int64_t truncated_requests = 0;  // requests longer than max_length + 1 (left-truncated)
   double seconds = 0;
   std::vector<ChoiceItemResult> results;

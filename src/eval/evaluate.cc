@@ -23,7 +23,8 @@ Tokenizer LoadTokenizerFor(const std::string& path, const std::string& origin) {
   if (path.empty())
     throw UsageError(origin + " names no tokenizer; pass --tokenizer PATH/tokenizer.json");
   if (!FileExists(path))
-    throw UsageError(path + ": no such tokenizer (named by " + origin + "); pass --tokenizer PATH/tokenizer.json");
+    throw UsageError(path + ": no such tokenizer (named by " + origin +
+                     "); pass --tokenizer PATH/tokenizer.json");
   return Tokenizer::Load(path);
 }
 
@@ -31,8 +32,9 @@ void FinishModel(EvalModel& model, int64_t max_length) {
   if (max_length > 0) model.max_length = max_length;
   if (model.max_length <= 0) throw UsageError("--max-length must be positive");
   if (model.tokenizer.vocab_size() > model.config.vocab_size)
-    throw DataError(StrFormat("the tokenizer has %lld ids but the model only %lld (vocab_size); wrong tokenizer?",
-                              (long long)model.tokenizer.vocab_size(), (long long)model.config.vocab_size));
+    throw DataError(StrFormat(
+        "the tokenizer has %lld ids but the model only %lld (vocab_size); wrong tokenizer?",
+        (long long)model.tokenizer.vocab_size(), (long long)model.config.vocab_size));
   // lm-eval's HFLM.prefix_token_id: BOS, else EOS.
   model.prefix_token_id = model.tokenizer.bos_id() >= 0   ? model.tokenizer.bos_id()
                           : model.tokenizer.eos_id() >= 0 ? model.tokenizer.eos_id()
@@ -55,7 +57,8 @@ int ArgMax(const std::vector<double>& values) {
 
 // lm-eval's utils.get_rolling_token_windows(tokens, prefix, max_len, context_len=1) followed by
 // make_disjoint_window: (context, continuation) pairs that predict every token exactly once.
-std::vector<TokenRequest> RollingWindows(const std::vector<uint32_t>& tokens, uint32_t prefix, int64_t max_length) {
+std::vector<TokenRequest> RollingWindows(const std::vector<uint32_t>& tokens, uint32_t prefix,
+                                         int64_t max_length) {
   std::vector<TokenRequest> windows;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return windows;
@@ -91,11 +94,13 @@ int64_t PythonWordCount(const std::string& text) {
 
 }  // namespace
 
-EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_path, int64_t max_length) {
+EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_path,
+                        int64_t max_length) {
   if (!IsDirectory(path))
     throw UsageError(path + ": no such run directory, checkpoint folder or Hugging Face folder");
   EvalModel model;
-  const bool is_checkpoint = FileExists(JoinPath(path, "MANIFEST")) || FileExists(JoinPath(path, "COMPLETE"));
+  const bool is_checkpoint =
+      FileExists(JoinPath(path, "MANIFEST")) || FileExists(JoinPath(path, "COMPLETE"));
   const bool has_toml = FileExists(JoinPath(path, "config.toml"));
   if (!is_checkpoint && !has_toml && FileExists(JoinPath(path, "config.json"))) {
     model.kind = "hf";
@@ -105,7 +110,8 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     model.weights.resize(table.total());
     ImportHfModel(path, model.config, table, model.weights.data());
     model.weights_path = JoinPath(path, "model.safetensors");
-    const std::string tokenizer = tokenizer_path.empty() ? JoinPath(path, "tokenizer.json") : tokenizer_path;
+    const std::string tokenizer =
+        tokenizer_path.empty() ? JoinPath(path, "tokenizer.json") : tokenizer_path;
     model.tokenizer = LoadTokenizerFor(tokenizer, path);
     model.max_length = max_positions > 0 ? max_positions : kDefaultMaxLength;
     FinishModel(model, max_length);
@@ -124,7 +130,8 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     Config run = Config::Parse(ReadFile(config_path), config_path);
     const std::string folder = run.String("checkpoint.folder");
     const std::string root = !folder.empty() && folder[0] == '/' ? folder : JoinPath(path, folder);
-    std::optional<std::string> checkpoint = FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
+    std::optional<std::string> checkpoint =
+        FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
     if (checkpoint) {
       weights_path = JoinPath(*checkpoint, "model.safetensors");
       config_path = JoinPath(*checkpoint, "config.toml");
@@ -134,8 +141,10 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
       throw UsageError(path + ": has no checkpoint and no final model.safetensors");
     }
   } else {
-    throw UsageError(path + ": not a run directory (config.toml), a checkpoint (MANIFEST) or a Hugging Face "
-                            "folder (config.json)");
+    throw UsageError(
+        path +
+        ": not a run directory (config.toml), a checkpoint (MANIFEST) or a Hugging Face "
+        "folder (config.json)");
   }
   Config config = Config::Parse(ReadFile(config_path), config_path);
   model.config = BuildLlamaConfig(config);
@@ -143,20 +152,23 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
   model.weights.resize(table.total());
   LoadModelWeights(weights_path, table, model.weights.data());
   model.weights_path = weights_path;
-  model.tokenizer = LoadTokenizerFor(tokenizer_path.empty() ? config.String("model.tokenizer_path") : tokenizer_path,
-                                     config_path + " [model] tokenizer_path");
+  model.tokenizer = LoadTokenizerFor(
+      tokenizer_path.empty() ? config.String("model.tokenizer_path") : tokenizer_path,
+      config_path + " [model] tokenizer_path");
   model.max_length = config.Int("training.seq_len");
   FinishModel(model, max_length);
   return model;
 }
 
-ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task, const EvalOptions& options) {
+ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task,
+                                const EvalOptions& options) {
   Timer timer;
   ChoiceResult result;
   result.name = task.name;
   result.path = task.path;
   result.shape = task.shape;
-  const int64_t items = options.limit > 0 ? std::min<int64_t>(options.limit, task.items.size()) : task.items.size();
+  const int64_t items =
+      options.limit > 0 ? std::min<int64_t>(options.limit, task.items.size()) : task.items.size();
   // Requests (context, " " + choice), with trailing context whitespace moved to the continuation.
   std::vector<std::string> texts;  // per request: context, then context + continuation
   std::vector<std::pair<int64_t, int>> owner;
@@ -164,7 +176,9 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task, 
     const ChoiceItem& item = task.items[i];
     std::string context = item.context;
     size_t kept = context.size();
-    while (kept > 0 && (context[kept - 1] == ' ' || (context[kept - 1] >= '\t' && context[kept - 1] <= '\r'))) --kept;
+    while (kept > 0 &&
+           (context[kept - 1] == ' ' || (context[kept - 1] >= '\t' && context[kept - 1] <= '\r')))
+      --kept;
     const std::string moved = context.substr(kept);
     context.resize(kept);
     for (int c = 0; c < static_cast<int>(item.choices.size()); ++c) {
@@ -182,11 +196,13 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task, 
     if (task.items[owner[r].first].context.empty()) {
       // lm-eval scores an empty context after the end-of-text token, continuation encoded alone.
       requests[r].context = {static_cast<uint32_t>(model.prefix_token_id)};
-      requests[r].continuation = model.tokenizer.Encode(" " + task.items[owner[r].first].choices[owner[r].second]);
+      requests[r].continuation =
+          model.tokenizer.Encode(" " + task.items[owner[r].first].choices[owner[r].second]);
       continue;
     }
     requests[r].context = context;
-    if (whole.size() > context.size()) requests[r].continuation.assign(whole.begin() + context.size(), whole.end());
+    if (whole.size() > context.size())
+      requests[r].continuation.assign(whole.begin() + context.size(), whole.end());
   }
   std::vector<TokenScore> scores = ScoreRequests(model, requests, options, "task=" + task.name);
   int64_t hits = 0, hits_norm = 0;
@@ -203,7 +219,8 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task, 
       out.choice_lengths.push_back(CodePoints(item.choices[c]));
       out.continuation_tokens.push_back(static_cast<int64_t>(requests[r].continuation.size()));
       if (scores[r].truncated) ++result.truncated_requests;
-      normalised.push_back(scores[r].loglikelihood / static_cast<double>(out.choice_lengths.back()));
+      normalised.push_back(scores[r].loglikelihood /
+                           static_cast<double>(out.choice_lengths.back()));
     }
     out.pred = ArgMax(out.loglikelihoods);
     out.pred_norm = ArgMax(normalised);
@@ -218,18 +235,21 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task, 
   Accuracy(hits_norm, items, &result.acc_norm, &result.acc_norm_stderr);
   result.seconds = timer.Seconds();
   if (result.truncated_requests > 0)
-    LogWarn(StrFormat("%s: %lld requests were longer than max_length %lld + 1 tokens and were left-truncated",
-                      task.path.c_str(), (long long)result.truncated_requests, (long long)model.max_length));
+    LogWarn(StrFormat(
+        "%s: %lld requests were longer than max_length %lld + 1 tokens and were left-truncated",
+        task.path.c_str(), (long long)result.truncated_requests, (long long)model.max_length));
   return result;
 }
 
-PerplexityResult EvaluatePerplexity(const EvalModel& model, const TextDocuments& text, const EvalOptions& options) {
+PerplexityResult EvaluatePerplexity(const EvalModel& model, const TextDocuments& text,
+                                    const EvalOptions& options) {
   Timer timer;
   PerplexityResult result;
   result.name = text.name;
   result.path = text.path;
-  const int64_t documents =
-      options.limit > 0 ? std::min<int64_t>(options.limit, text.documents.size()) : text.documents.size();
+  const int64_t documents = options.limit > 0
+                                ? std::min<int64_t>(options.limit, text.documents.size())
+                                : text.documents.size();
   std::vector<std::string_view> views(text.documents.begin(), text.documents.begin() + documents);
   std::vector<std::vector<uint32_t>> encoded = model.tokenizer.EncodeBatch(views);
   std::vector<TokenRequest> requests;

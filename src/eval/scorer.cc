@@ -16,7 +16,8 @@ constexpr int64_t kLengthBucket = 16;
 
 }  // namespace
 
-std::vector<TokenScore> ScoreRequests(const EvalModel& model, const std::vector<TokenRequest>& requests,
+std::vector<TokenScore> ScoreRequests(const EvalModel& model,
+                                      const std::vector<TokenRequest>& requests,
                                       const EvalOptions& options, const std::string& label) {
   const int64_t n = static_cast<int64_t>(requests.size());
   std::vector<TokenScore> scores(n);
@@ -54,7 +55,8 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model, const std::vector<
   for (int64_t begin = 0; begin < n; begin += batch) {
     const int64_t end = std::min(n, begin + batch);
     const int64_t longest = static_cast<int64_t>(windows[order[begin]].size()) - 1;
-    const int64_t T = std::min(max_length, (longest + kLengthBucket - 1) / kLengthBucket * kLengthBucket);
+    const int64_t T =
+        std::min(max_length, (longest + kLengthBucket - 1) / kLengthBucket * kLengthBucket);
     if (!llama || llama->seq_len() != T) {
       llama.reset();
       llama = std::make_unique<LlamaModel>(model.config, batch, T);
@@ -91,8 +93,8 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model, const std::vector<
     }
     if (options.progress && (timer.Seconds() - last_report >= 2.0 || end == n)) {
       last_report = timer.Seconds();
-      PrintLine(StrFormat("phase=eval %s requests=%lld/%lld seq_len=%lld elapsed_s=%.1f", label.c_str(),
-                          (long long)end, (long long)n, (long long)T, last_report));
+      PrintLine(StrFormat("phase=eval %s requests=%lld/%lld seq_len=%lld elapsed_s=%.1f",
+                          label.c_str(), (long long)end, (long long)n, (long long)T, last_report));
     }
   }
   return scores;

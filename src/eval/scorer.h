@@ -24,7 +24,8 @@ struct TokenScore {
 // Scores the requests in batches of options.batch_size (longest first, like lm-eval), each
 // reading the last max_length + 1 tokens of context + continuation minus the final one.
 // `label` names the work in phase=eval heartbeats.
-std::vector<TokenScore> ScoreRequests(const EvalModel& model, const std::vector<TokenRequest>& requests,
+std::vector<TokenScore> ScoreRequests(const EvalModel& model,
+                                      const std::vector<TokenRequest>& requests,
                                       const EvalOptions& options, const std::string& label);
 
 }  // namespace crucible

@@ -108,7 +108,8 @@ nlohmann::ordered_json Observe(const std::string& run_dir) {
     if (Trim(line).empty()) continue;
     nlohmann::json record = nlohmann::json::parse(line);
     double loss = record["loss"].get<double>();
-    double grad_norm = record["grad_norm"].is_null() ? std::nan("") : record["grad_norm"].get<double>();
+    double grad_norm =
+        record["grad_norm"].is_null() ? std::nan("") : record["grad_norm"].get<double>();
     result["steps"].push_back({{"step", record["step"].get<int64_t>()},
                                {"loss", loss},
                                {"loss_bits", Bits(loss)},
@@ -149,23 +150,24 @@ int RunSmoke(const SmokeOptions& options) {
   if (options.ranks > 1) {
     env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
     env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
-    argv = {"mpirun", "--oversubscribe", "-np", std::to_string(options.ranks), "-x",
-            "OPENBLAS_CORETYPE", "-x", "OMP_NUM_THREADS"};
+    argv = {"mpirun", "--oversubscribe",   "-np", std::to_string(options.ranks),
+            "-x",     "OPENBLAS_CORETYPE", "-x",  "OMP_NUM_THREADS"};
     if (std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL")) {
       argv.push_back("-x");
       argv.push_back("CRUCIBLE_TEST_PERTURB_KERNEL");
     }
   }
-  for (const std::string& a : {binary, std::string("train"), std::string("--config"), config_path,
-                               std::string("--set"), "job.dump_folder=" + run_dir,
-                               std::string("--resume"), std::string("none")})
+  for (const std::string& a :
+       {binary, std::string("train"), std::string("--config"), config_path, std::string("--set"),
+        "job.dump_folder=" + run_dir, std::string("--resume"), std::string("none")})
     argv.push_back(a);
   const std::string log_path = JoinPath(work, "train.log");
-  PrintLine(StrFormat("phase=smoke status=training ranks=%d log=%s", options.ranks, log_path.c_str()));
+  PrintLine(
+      StrFormat("phase=smoke status=training ranks=%d log=%s", options.ranks, log_path.c_str()));
   int status = RunChild(argv, env, log_path);
   if (status != 0)
-    throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d; see %s", status,
-                                        log_path.c_str()));
+    throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d; see %s",
+                                        status, log_path.c_str()));
   nlohmann::ordered_json observed = Observe(run_dir);
   int result = 0;
   if (options.update) {
@@ -179,7 +181,8 @@ int RunSmoke(const SmokeOptions& options) {
     PrintLine("smoke: golden written to " + options.golden);
   } else {
     if (!FileExists(options.golden))
-      throw UsageError(options.golden + ": golden file not found (create it with crucible smoke --update)");
+      throw UsageError(options.golden +
+                       ": golden file not found (create it with crucible smoke --update)");
     nlohmann::json golden;
     try {
       golden = nlohmann::json::parse(ReadFile(options.golden));
@@ -192,18 +195,20 @@ int RunSmoke(const SmokeOptions& options) {
     const auto& got_steps = observed["steps"];
     for (size_t i = 0; i < std::max(want_steps.size(), got_steps.size()) && result == 0; ++i) {
       if (i >= want_steps.size() || i >= got_steps.size()) {
-        PrintLine(StrFormat("smoke: FAIL step count differs: %zu steps, golden has %zu", got_steps.size(),
-                            want_steps.size()));
+        PrintLine(StrFormat("smoke: FAIL step count differs: %zu steps, golden has %zu",
+                            got_steps.size(), want_steps.size()));
         result = 1;
         break;
       }
       for (const char* key : {"loss", "grad_norm"}) {
         std::string bits_key = std::string(key) + "_bits";
         if (want_steps[i][bits_key] != got_steps[i][bits_key]) {
-          PrintLine(StrFormat("smoke: FAIL first difference at step %lld: %s %.17g (bits %s), golden %.17g (bits %s)",
-                              (long long)got_steps[i]["step"].get<int64_t>(), key,
-                              got_steps[i][key].get<double>(), got_steps[i][bits_key].get<std::string>().c_str(),
-                              want_steps[i][key].get<double>(), want_steps[i][bits_key].get<std::string>().c_str()));
+          PrintLine(StrFormat(
+              "smoke: FAIL first difference at step %lld: %s %.17g (bits %s), golden %.17g (bits "
+              "%s)",
+              (long long)got_steps[i]["step"].get<int64_t>(), key, got_steps[i][key].get<double>(),
+              got_steps[i][bits_key].get<std::string>().c_str(), want_steps[i][key].get<double>(),
+              want_steps[i][bits_key].get<std::string>().c_str()));
           result = 1;
           break;
         }
@@ -216,8 +221,8 @@ int RunSmoke(const SmokeOptions& options) {
         break;
       }
       if (observed["tensors"][name] != hash) {
-        PrintLine(StrFormat("smoke: FAIL first differing tensor: %s (xxh3 %s, golden %s)", name.c_str(),
-                            observed["tensors"][name].get<std::string>().c_str(),
+        PrintLine(StrFormat("smoke: FAIL first differing tensor: %s (xxh3 %s, golden %s)",
+                            name.c_str(), observed["tensors"][name].get<std::string>().c_str(),
                             hash.get<std::string>().c_str()));
         result = 1;
         break;
@@ -225,10 +230,12 @@ int RunSmoke(const SmokeOptions& options) {
     }
     if (result == 0)
       PrintLine(StrFormat("smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d)",
-                          got_steps.size(), observed["tensors"].size(), options.golden.c_str(), options.ranks));
+                          got_steps.size(), observed["tensors"].size(), options.golden.c_str(),
+                          options.ranks));
   }
   if (temporary) {
-    for (const char* name : {"run/metrics.jsonl", "run/model.safetensors", "run/config.toml", "smoke.toml", "train.log"})
+    for (const char* name : {"run/metrics.jsonl", "run/model.safetensors", "run/config.toml",
+                             "smoke.toml", "train.log"})
       ::unlink(JoinPath(work, name).c_str());
     std::string cleanup = "rm -rf '" + work + "'";
     if (std::system(cleanup.c_str()) != 0) LogWarn("smoke: could not remove " + work);

@@ -9,11 +9,11 @@
 namespace crucible {
 
 struct SmokeOptions {
-  std::string golden;      // tests/golden/smoke.json
-  int ranks = 1;           // 1, or more through mpirun (the golden is the same for any count)
-  bool update = false;     // rewrite the golden instead of comparing
-  std::string work_dir;    // where the run goes; empty: a temporary folder, removed after
-  std::string binary;      // the crucible binary to run; empty: this one
+  std::string golden;    // tests/golden/smoke.json
+  int ranks = 1;         // 1, or more through mpirun (the golden is the same for any count)
+  bool update = false;   // rewrite the golden instead of comparing
+  std::string work_dir;  // where the run goes; empty: a temporary folder, removed after
+  std::string binary;    // the crucible binary to run; empty: this one
 };
 
 // Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch.

@@ -17,7 +17,9 @@ std::string StemOf(const std::string& path) {
   return name;
 }
 
-bool IsPythonSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+bool IsPythonSpace(unsigned char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
 
 std::string StripSpace(const std::string& text) {
   size_t begin = 0, end = text.size();
@@ -71,7 +73,8 @@ std::string StringField(const nlohmann::json& doc, const char* key, const LineCo
   return doc[key].get<std::string>();
 }
 
-std::vector<std::string> StringList(const nlohmann::json& value, const std::string& key, const LineContext& at) {
+std::vector<std::string> StringList(const nlohmann::json& value, const std::string& key,
+                                    const LineContext& at) {
   if (!value.is_array()) at.Fail("'" + key + "' is not a list of strings");
   std::vector<std::string> out;
   for (const auto& v : value) {
@@ -85,14 +88,16 @@ int64_t IndexField(const nlohmann::json& value, const std::string& key, const Li
   if (value.is_number_integer()) return value.get<int64_t>();
   if (value.is_string()) {
     const std::string s = value.get<std::string>();
-    if (!s.empty() && s.size() < 10 && s.find_first_not_of("0123456789") == std::string::npos) return std::stoll(s);
+    if (!s.empty() && s.size() < 10 && s.find_first_not_of("0123456789") == std::string::npos)
+      return std::stoll(s);
   }
   at.Fail("'" + key + "' is not an integer index (got " + value.dump() + ")");
 }
 
 std::string ShapeOf(const nlohmann::json& doc) {
   if (doc.contains("ctx") && doc.contains("endings") && doc.contains("label")) return "hellaswag";
-  if (doc.contains("question") && doc.contains("choices") && doc.contains("answerKey")) return "arc";
+  if (doc.contains("question") && doc.contains("choices") && doc.contains("answerKey"))
+    return "arc";
   if (doc.contains("context") && doc.contains("choices") && doc.contains("gold")) return "generic";
   return "";
 }
@@ -103,8 +108,9 @@ ChoiceItem ParseItem(const nlohmann::json& doc, const std::string& shape, const 
   if (shape == "hellaswag") {
     item.choices = StringList(doc["endings"], "endings", at);
     if (doc.contains("activity_label") && doc.contains("ctx_a") && doc.contains("ctx_b")) {
-      item.context = HellaswagPreprocess(StringField(doc, "activity_label", at) + ": " + StringField(doc, "ctx_a", at) +
-                                         " " + Capitalize(StringField(doc, "ctx_b", at)));
+      item.context = HellaswagPreprocess(StringField(doc, "activity_label", at) + ": " +
+                                         StringField(doc, "ctx_a", at) + " " +
+                                         Capitalize(StringField(doc, "ctx_b", at)));
       for (auto& choice : item.choices) choice = HellaswagPreprocess(choice);
     } else {
       item.context = StringField(doc, "ctx", at);
@@ -116,7 +122,8 @@ ChoiceItem ParseItem(const nlohmann::json& doc, const std::string& shape, const 
       at.Fail("'choices' must be an object {\"text\": [...], \"label\": [...]} as in ai2_arc");
     item.choices = StringList(choices["text"], "choices.text", at);
     std::vector<std::string> labels = StringList(choices["label"], "choices.label", at);
-    if (labels.size() != item.choices.size()) at.Fail("'choices.label' and 'choices.text' differ in length");
+    if (labels.size() != item.choices.size())
+      at.Fail("'choices.label' and 'choices.text' differ in length");
     item.context = "Question: " + StringField(doc, "question", at) + "\nAnswer:";
     const std::string key = StringField(doc, "answerKey", at);
     gold = -1;
@@ -128,9 +135,12 @@ ChoiceItem ParseItem(const nlohmann::json& doc, const std::string& shape, const 
     item.choices = StringList(doc["choices"], "choices", at);
     gold = IndexField(doc["gold"], "gold", at);
   }
-  if (item.choices.size() < 2) at.Fail(StrFormat("%zu choice(s); a multiple-choice item needs at least 2", item.choices.size()));
+  if (item.choices.size() < 2)
+    at.Fail(
+        StrFormat("%zu choice(s); a multiple-choice item needs at least 2", item.choices.size()));
   if (gold < 0 || gold >= static_cast<int64_t>(item.choices.size()))
-    at.Fail(StrFormat("label %lld is out of range for %zu choices (0-based)", (long long)gold, item.choices.size()));
+    at.Fail(StrFormat("label %lld is out of range for %zu choices (0-based)", (long long)gold,
+                      item.choices.size()));
   item.gold = static_cast<int>(gold);
   return item;
 }
@@ -155,10 +165,12 @@ ChoiceTask LoadChoiceTask(const std::string& path) {
       std::string keys;
       for (const auto& [key, value] : doc.items()) keys += (keys.empty() ? "" : ", ") + key;
       at.Fail("unknown task shape (keys: " + keys +
-              "); expected ctx/endings/label (hellaswag), question/choices/answerKey (arc) or context/choices/gold");
+              "); expected ctx/endings/label (hellaswag), question/choices/answerKey (arc) or "
+              "context/choices/gold");
     }
     if (task.shape.empty()) task.shape = shape;
-    if (shape != task.shape) at.Fail("a " + shape + " item in a " + task.shape + " task; one shape per file");
+    if (shape != task.shape)
+      at.Fail("a " + shape + " item in a " + task.shape + " task; one shape per file");
     ChoiceItem item = ParseItem(doc, shape, at);
     item.line = static_cast<int64_t>(i + 1);
     task.items.push_back(std::move(item));
@@ -181,7 +193,8 @@ TextDocuments LoadTextDocuments(const std::string& path) {
       if (Trim(lines[i]).empty()) continue;
       const std::string where = StrFormat("%s:%zu", path.c_str(), i + 1);
       nlohmann::json doc = nlohmann::json::parse(lines[i], nullptr, false);
-      if (doc.is_discarded()) throw DataError(where + ": not valid JSON; each line must be one JSON object");
+      if (doc.is_discarded())
+        throw DataError(where + ": not valid JSON; each line must be one JSON object");
       if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string())
         throw DataError(where + ": expected an object with a string 'text'");
       text.documents.push_back(doc["text"].get<std::string>());

@@ -13,22 +13,22 @@ namespace k = kernels;
 // Activations of one micro-batch, planned once. N = B*T rows.
 struct LlamaModel::Buffers {
   struct Layer {
-    std::vector<float> x_in;               // (N,C) residual stream entering the layer
-    std::vector<float> ln1, ln1_rstd;      // (N,C), (N)
-    std::vector<float> q, k, v;            // (N,H*D), (N,KV*D) x2, after RoPE
-    std::vector<float> probs;              // (B,H,T,T)
-    std::vector<float> att;                // (N,H*D) attention output before o_proj
-    std::vector<float> x_mid;              // (N,C) residual after attention
-    std::vector<float> ln2, ln2_rstd;      // (N,C), (N)
-    std::vector<float> gate, up, hidden;   // (N,F) each
+    std::vector<float> x_in;              // (N,C) residual stream entering the layer
+    std::vector<float> ln1, ln1_rstd;     // (N,C), (N)
+    std::vector<float> q, k, v;           // (N,H*D), (N,KV*D) x2, after RoPE
+    std::vector<float> probs;             // (B,H,T,T)
+    std::vector<float> att;               // (N,H*D) attention output before o_proj
+    std::vector<float> x_mid;             // (N,C) residual after attention
+    std::vector<float> ln2, ln2_rstd;     // (N,C), (N)
+    std::vector<float> gate, up, hidden;  // (N,F) each
   };
   std::vector<Layer> layers;
-  std::vector<float> x_final;              // (N,C) residual leaving the last layer
-  std::vector<float> lnf, lnf_rstd;        // (N,C), (N)
-  std::vector<float> logits;               // (N,V), reused for dlogits
-  std::vector<float> losses, lse;          // (N)
-  std::vector<float> rope_cos, rope_sin;   // (T,D/2)
-  std::vector<int32_t> tokens, targets;    // (N)
+  std::vector<float> x_final;             // (N,C) residual leaving the last layer
+  std::vector<float> lnf, lnf_rstd;       // (N,C), (N)
+  std::vector<float> logits;              // (N,V), reused for dlogits
+  std::vector<float> losses, lse;         // (N)
+  std::vector<float> rope_cos, rope_sin;  // (T,D/2)
+  std::vector<int32_t> tokens, targets;   // (N)
   // Backward scratch.
   std::vector<float> dx, dln, dq, dk, dv, datt, dgate, dup, dhidden, att_scratch;
 };
@@ -78,7 +78,9 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.att_scratch.resize(k::attention_backward_scratch_floats(B_, T_, KV));
 }
 
-LlamaModel::~LlamaModel() { delete buffers_; }
+LlamaModel::~LlamaModel() {
+  delete buffers_;
+}
 
 size_t LlamaModel::activation_bytes() const {
   const Buffers& b = *buffers_;
@@ -94,8 +96,12 @@ size_t LlamaModel::activation_bytes() const {
   return floats * sizeof(float);
 }
 
-const float* LlamaModel::logits() const { return buffers_->logits.data(); }
-const float* LlamaModel::losses() const { return buffers_->losses.data(); }
+const float* LlamaModel::logits() const {
+  return buffers_->logits.data();
+}
+const float* LlamaModel::losses() const {
+  return buffers_->losses.data();
+}
 
 double LlamaModel::Forward(const float* w, const int32_t* tokens, const int32_t* targets,
                            int64_t* valid_tokens) {
@@ -121,8 +127,8 @@ double LlamaModel::Forward(const float* w, const int32_t* tokens, const int32_t*
     k::matmul_forward(L.v.data(), L.ln1.data(), W(p + "self_attn.v_proj.weight"), N, C, KV * D);
     k::rope_forward(L.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     k::rope_forward(L.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::attention_forward(L.att.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_,
-                         T_, H, KV, D);
+    k::attention_forward(L.att.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_,
+                         H, KV, D);
     k::matmul_forward(L.x_mid.data(), L.att.data(), W(p + "self_attn.o_proj.weight"), N, H * D, C);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N * C; ++i) L.x_mid[i] += L.x_in[i];
@@ -139,8 +145,8 @@ double LlamaModel::Forward(const float* w, const int32_t* tokens, const int32_t*
                      C, eps);
   const float* head = c.tie_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
   k::matmul_forward(b.logits.data(), b.lnf.data(), head, N, C, V);
-  int64_t valid = k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets,
-                                           N, V);
+  int64_t valid =
+      k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
   if (valid_tokens) *valid_tokens = valid;
   double sum = 0.0;
   for (int64_t i = 0; i < N; ++i) sum += b.losses[i];
@@ -172,22 +178,22 @@ void LlamaModel::Backward(const float* w, float* grads, float loss_scale) {
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
     k::matmul_backward(b.dhidden.data(), G(p + "mlp.down_proj.weight"), b.dx.data(),
                        L.hidden.data(), W(p + "mlp.down_proj.weight"), N, F, C, false, false);
-    k::swiglu_backward(b.dgate.data(), b.dup.data(), b.dhidden.data(), L.gate.data(),
-                       L.up.data(), N, F);
+    k::swiglu_backward(b.dgate.data(), b.dup.data(), b.dhidden.data(), L.gate.data(), L.up.data(),
+                       N, F);
     k::matmul_backward(b.dln.data(), G(p + "mlp.gate_proj.weight"), b.dgate.data(), L.ln2.data(),
                        W(p + "mlp.gate_proj.weight"), N, C, F, false, false);
     k::matmul_backward(b.dln.data(), G(p + "mlp.up_proj.weight"), b.dup.data(), L.ln2.data(),
                        W(p + "mlp.up_proj.weight"), N, C, F, true, false);
     // dx (d x_mid) += rmsnorm backward
     k::rmsnorm_backward(b.dx.data(), G(p + "post_attention_layernorm.weight"), b.dln.data(),
-                        L.x_mid.data(), W(p + "post_attention_layernorm.weight"),
-                        L.ln2_rstd.data(), N, C);
+                        L.x_mid.data(), W(p + "post_attention_layernorm.weight"), L.ln2_rstd.data(),
+                        N, C);
     // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))).
-    k::matmul_backward(b.datt.data(), G(p + "self_attn.o_proj.weight"), b.dx.data(),
-                       L.att.data(), W(p + "self_attn.o_proj.weight"), N, H * D, C, false, false);
+    k::matmul_backward(b.datt.data(), G(p + "self_attn.o_proj.weight"), b.dx.data(), L.att.data(),
+                       W(p + "self_attn.o_proj.weight"), N, H * D, C, false, false);
     k::attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.att_scratch.data(),
-                          b.datt.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_,
-                          T_, H, KV, D);
+                          b.datt.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_,
+                          H, KV, D);
     k::rope_backward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     k::rope_backward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
     k::matmul_backward(b.dln.data(), G(p + "self_attn.q_proj.weight"), b.dq.data(), L.ln1.data(),
@@ -197,12 +203,13 @@ void LlamaModel::Backward(const float* w, float* grads, float loss_scale) {
     k::matmul_backward(b.dln.data(), G(p + "self_attn.v_proj.weight"), b.dv.data(), L.ln1.data(),
                        W(p + "self_attn.v_proj.weight"), N, C, KV * D, true, false);
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
-    k::rmsnorm_backward(b.dx.data(), G(p + "input_layernorm.weight"), b.dln.data(),
-                        L.x_in.data(), W(p + "input_layernorm.weight"), L.ln1_rstd.data(), N, C);
+    k::rmsnorm_backward(b.dx.data(), G(p + "input_layernorm.weight"), b.dln.data(), L.x_in.data(),
+                        W(p + "input_layernorm.weight"), L.ln1_rstd.data(), N, C);
   }
   // Embedding: overwrite (untied) or add to the head's gradient (tied).
   float* dembed = G("model.embed_tokens.weight");
-  if (!c.tie_embeddings) std::fill(dembed, dembed + table_.Find("model.embed_tokens.weight").numel, 0.0f);
+  if (!c.tie_embeddings)
+    std::fill(dembed, dembed + table_.Find("model.embed_tokens.weight").numel, 0.0f);
   k::embedding_backward(dembed, b.dx.data(), b.tokens.data(), N, C);
 }
 

@@ -130,8 +130,7 @@ const ParamInfo& ParameterTable::Find(const std::string& name) const {
   return *p;
 }
 
-void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed,
-                 float* weights) {
+void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed, float* weights) {
   for (size_t index = 0; index < table.params().size(); ++index) {
     const ParamInfo& p = table.params()[index];
     float* w = weights + p.offset;
@@ -155,9 +154,9 @@ void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t see
 }
 
 double TrainFlopsPerToken(const LlamaConfig& c, const ParameterTable& table, int64_t seq_len) {
-  return 6.0 * static_cast<double>(table.FlopParams()) +
-         6.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.dim) *
-             static_cast<double>(seq_len);
+  return 6.0 * static_cast<double>(table.FlopParams()) + 6.0 * static_cast<double>(c.n_layers) *
+                                                             static_cast<double>(c.dim) *
+                                                             static_cast<double>(seq_len);
 }
 
 }  // namespace crucible

@@ -12,7 +12,8 @@ OptimizerConfig BuildOptimizerConfig(const Config& config) {
   OptimizerConfig o;
   o.name = config.String("optimizer.name");
   if (o.name != "AdamW" && o.name != "SGD" && o.name != "Lion")
-    throw UsageError("optimizer.name: unknown optimizer '" + o.name + "' (choose AdamW, SGD or Lion)");
+    throw UsageError("optimizer.name: unknown optimizer '" + o.name +
+                     "' (choose AdamW, SGD or Lion)");
   o.lr = config.Float("optimizer.lr");
   o.beta1 = config.Float("optimizer.beta1");
   o.beta2 = config.Float("optimizer.beta2");

@@ -65,15 +65,19 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
   keep_every_n_ = config.Int("checkpoint.keep_every_n");
   if (config.String("checkpoint.folder").empty())
     throw UsageError("checkpoint.folder: must not be empty (default \"ckpt\")");
-  if (keep_latest_k_ < 0) throw UsageError("checkpoint.keep_latest_k: must not be negative (0 keeps all)");
-  if (keep_every_n_ < 0) throw UsageError("checkpoint.keep_every_n: must not be negative (0: none)");
+  if (keep_latest_k_ < 0)
+    throw UsageError("checkpoint.keep_latest_k: must not be negative (0 keeps all)");
+  if (keep_every_n_ < 0)
+    throw UsageError("checkpoint.keep_every_n: must not be negative (0: none)");
   if (config.HoldsString("checkpoint.interval")) {
     const std::string& interval = config.String("checkpoint.interval");
     if (interval != "auto")
-      throw UsageError("checkpoint.interval: expected a number of steps or \"auto\", got \"" + interval + "\"");
+      throw UsageError("checkpoint.interval: expected a number of steps or \"auto\", got \"" +
+                       interval + "\"");
     auto_interval_ = true;
     const double mtbf_hours = config.Float("checkpoint.mtbf_hours");
-    if (mtbf_hours < 0) throw UsageError("checkpoint.mtbf_hours: must not be negative (0: from evidence)");
+    if (mtbf_hours < 0)
+      throw UsageError("checkpoint.mtbf_hours: must not be negative (0: from evidence)");
     MtbfEstimate mtbf = EstimateMtbf(JoinPath(run_dir, "launch/attempts.jsonl"), mtbf_hours);
     mtbf_seconds_ = mtbf.seconds;
     mtbf_source_ = mtbf.source;
@@ -159,8 +163,11 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   if (!changes.breaking.empty()) {
     std::string keys;
     for (const auto& line : changes.breaking) keys += (keys.empty() ? "" : "; ") + line;
-    throw UsageError("cannot resume from " + dir + ": the config changed in keys that break "
-                     "resume: " + keys + ". Restore them, or start over with --resume none in "
+    throw UsageError("cannot resume from " + dir +
+                     ": the config changed in keys that break "
+                     "resume: " +
+                     keys +
+                     ". Restore them, or start over with --resume none in "
                      "another job.dump_folder");
   }
   for (const auto& line : changes.harmless) LogInfo("resume: config changed (allowed): " + line);
@@ -180,9 +187,10 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   point.progress.lr = state.value("lr", 0.0);
   const int64_t global_batch = config_.Int("training.global_batch_size");
   if (point.progress.consumed_samples != point.progress.step * global_batch)
-    throw DataError(StrFormat("%s/state.json: consumed_samples %lld is not step %lld x global batch %lld",
-                              dir.c_str(), (long long)point.progress.consumed_samples,
-                              (long long)point.progress.step, (long long)global_batch));
+    throw DataError(
+        StrFormat("%s/state.json: consumed_samples %lld is not step %lld x global batch %lld",
+                  dir.c_str(), (long long)point.progress.consumed_samples,
+                  (long long)point.progress.step, (long long)global_batch));
   if (state.value("world_size", 1) != world_size_)
     LogInfo(StrFormat("resume: the checkpoint was written by %d ranks, this run has %d",
                       state.value("world_size", 1), world_size_));
@@ -226,7 +234,8 @@ void Checkpointing::ReviseInterval(bool after_save) {
   if (changed || !after_save) {
     PrintLine(StrFormat(
         "phase=checkpoint_interval rule=young_daly interval_steps=%lld interval_s=%.6f cost_s=%.6f "
-        "cost_source=%s step_s=%.6f mtbf_h=%.6f mtbf_source=%s expected_lost_pct=%.3f next_save_step=%lld",
+        "cost_source=%s step_s=%.6f mtbf_h=%.6f mtbf_source=%s expected_lost_pct=%.3f "
+        "next_save_step=%lld",
         (long long)interval_steps_, interval_seconds, cost, cost_source, step_seconds,
         mtbf_seconds_ / 3600.0, mtbf_source_.c_str(),
         100.0 * ExpectedLostFraction(cost, interval_seconds, mtbf_seconds_),
@@ -244,7 +253,7 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
     snapshot_.optimizer_state[i].first = state[i].first;
     snapshot_.optimizer_state[i].second.resize(state[i].second->size());
     CopyBuffer(snapshot_.optimizer_state[i].second.data(), state[i].second->data(),
-                 state[i].second->size());
+               state[i].second->size());
   }
   snapshot_.optimizer_begin = 0;
   snapshot_.config_toml = config_.ToToml();
@@ -254,7 +263,8 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
       {"step", progress.step},
       {"consumed_samples", progress.consumed_samples},
       {"tokens_seen", progress.tokens_seen},
-      {"loss", std::isfinite(progress.loss) ? nlohmann::json(progress.loss) : nlohmann::json(nullptr)},
+      {"loss",
+       std::isfinite(progress.loss) ? nlohmann::json(progress.loss) : nlohmann::json(nullptr)},
       {"lr", progress.lr},
       {"data_cursor",
        {{"next_sample", progress.consumed_samples},
@@ -265,7 +275,8 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
       {"rng",
        {{"generator", "philox4x32-10"},
         {"seed", config_.Int("debug.seed")},
-        {"state", "counter-based: every draw is keyed by (seed, stream, index); nothing else to save"}}},
+        {"state",
+         "counter-based: every draw is keyed by (seed, stream, index); nothing else to save"}}},
       {"lr_schedule",
        {{"position", progress.step},
         {"lr", progress.lr},
@@ -273,7 +284,10 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
         {"warmup_steps", config_.Int("lr_scheduler.warmup_steps")},
         {"total_steps", config_.Int("training.steps")}}},
       {"optimizer",
-       {{"name", optimizer_->config().name}, {"step", progress.step}, {"begin", 0}, {"end", table_.total()}}},
+       {{"name", optimizer_->config().name},
+        {"step", progress.step},
+        {"begin", 0},
+        {"end", table_.total()}}},
       {"config_hash", config_hash_},
       {"world_size", world_size_},
       {"crucible_version", CRUCIBLE_VERSION}};
@@ -285,9 +299,9 @@ void Checkpointing::WriteSnapshot() {
     snapshot_.state["weights_xxh3"] =
         HexU64(Hash64(snapshot_.weights.data(), snapshot_.weights.size() * sizeof(float)));
     SaveStats stats = WriteCheckpoint(root_, snapshot_, table_, model_, PrintLine);
-    PrintLine(StrFormat("phase=checkpoint step=%lld status=complete path=%s bytes=%llu write_s=%.3f",
-                        (long long)step, stats.path.c_str(), (unsigned long long)stats.bytes,
-                        stats.seconds));
+    PrintLine(StrFormat(
+        "phase=checkpoint step=%lld status=complete path=%s bytes=%llu write_s=%.3f",
+        (long long)step, stats.path.c_str(), (unsigned long long)stats.bytes, stats.seconds));
     for (const auto& removed : PruneCheckpoints(root_, keep_latest_k_, keep_every_n_))
       LogInfo("pruned " + removed + " (checkpoint.keep_latest_k / keep_every_n)");
   } catch (const Error& e) {
@@ -321,22 +335,23 @@ void Checkpointing::Save(const TrainingProgress& progress, const float* weights,
     WriteSnapshot();
   }
   const double stall_seconds = stall.Seconds();
-  PrintLine(StrFormat("phase=checkpoint step=%lld mode=%s reason=%s stall_s=%.4f copy_s=%.4f "
-                      "wait_s=%.4f state_bytes=%llu",
-                      (long long)progress.step, background ? "async" : "sync", reason.c_str(),
-                      stall_seconds, copy_seconds, wait_seconds,
-                      (unsigned long long)StateBytes()));
+  PrintLine(
+      StrFormat("phase=checkpoint step=%lld mode=%s reason=%s stall_s=%.4f copy_s=%.4f "
+                "wait_s=%.4f state_bytes=%llu",
+                (long long)progress.step, background ? "async" : "sync", reason.c_str(),
+                stall_seconds, copy_seconds, wait_seconds, (unsigned long long)StateBytes()));
   last_saved_step_ = progress.step;
   cost_sum_ += stall_seconds;
   ++cost_count_;
   ReviseInterval(true);
 }
 
-void Checkpointing::Poll() { writer_.Rethrow(); }
+void Checkpointing::Poll() {
+  writer_.Rethrow();
+}
 
 void Checkpointing::Finish() {
-  if (writer_.Busy())
-    PrintLine("phase=checkpoint status=waiting reason=finishing_background_save");
+  if (writer_.Busy()) PrintLine("phase=checkpoint status=waiting reason=finishing_background_save");
   writer_.Wait();
 }
 

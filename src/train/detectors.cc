@@ -26,7 +26,8 @@ namespace {
 // Half the distance to the next representable value of |x| with `mantissa_bits` stored bits.
 double HalfUlp(float x, int mantissa_bits) {
   int exponent = 0;
-  double m = std::frexp(std::fabs(static_cast<double>(x)), &exponent);  // |x| = m 2^e, m in [0.5, 1)
+  double m =
+      std::frexp(std::fabs(static_cast<double>(x)), &exponent);  // |x| = m 2^e, m in [0.5, 1)
   if (m == 0.0) exponent = -125;
   return std::ldexp(0.5, exponent - 1 - mantissa_bits);
 }
@@ -44,7 +45,8 @@ Detectors::Detectors(const Config& config, const ParameterTable& table, size_t b
   bf16_storage_ = dtype == "bfloat16";
   for (const auto& p : table.params()) {
     size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
-    if (b < e) ranges_.push_back({p.name, b, e, std::max<size_t>(1, (e - b + kSample - 1) / kSample)});
+    if (b < e)
+      ranges_.push_back({p.name, b, e, std::max<size_t>(1, (e - b + kSample - 1) / kSample)});
   }
 }
 
@@ -52,16 +54,18 @@ void Detectors::CheckFirstLoss(double loss, int64_t vocab_size) {
   if (!enabled_) return;
   const double expected = std::log(static_cast<double>(vocab_size));
   if (std::fabs(loss - expected) > initial_loss_tolerance_)
-    LogWarn(StrFormat("step-1 loss %.4f is %.2f away from ln(vocab_size) = %.4f expected of a fresh "
-                      "model: is the loss scaled (e.g. divided by the data-parallel size) or the "
-                      "init broken?",
-                      loss, loss - expected, expected));
+    LogWarn(
+        StrFormat("step-1 loss %.4f is %.2f away from ln(vocab_size) = %.4f expected of a fresh "
+                  "model: is the loss scaled (e.g. divided by the data-parallel size) or the "
+                  "init broken?",
+                  loss, loss - expected, expected));
 }
 
 std::string Detectors::FindNonFinite(const float* grads) const {
   for (const Range& r : ranges_) {
     for (size_t i = r.begin; i < r.end; ++i)
-      if (!std::isfinite(grads[i])) return StrFormat("%s (element %zu = %g)", r.name.c_str(), i - r.begin, grads[i]);
+      if (!std::isfinite(grads[i]))
+        return StrFormat("%s (element %zu = %g)", r.name.c_str(), i - r.begin, grads[i]);
   }
   return "";
 }
@@ -96,11 +100,12 @@ void Detectors::AfterUpdate(float* weights, int64_t step) {
       // Below half a ULP on frozen_steps consecutive steps (one step could be warmup).
       r.below_ulp_steps = (update > 0.0 && update < half_ulp) ? r.below_ulp_steps + 1 : 0;
       if (!r.warned_ulp && frozen_steps_ > 0 && r.below_ulp_steps >= frozen_steps_) {
-        LogWarn(StrFormat("frozen parameter %s: typical update %.3g is below half a %s ULP (%.3g) "
-                          "of its values for %lld steps, so storing it rounds the update away "
-                          "(step %lld)",
-                          r.name.c_str(), update / n, precision, half_ulp / n,
-                          (long long)r.below_ulp_steps, (long long)step));
+        LogWarn(
+            StrFormat("frozen parameter %s: typical update %.3g is below half a %s ULP (%.3g) "
+                      "of its values for %lld steps, so storing it rounds the update away "
+                      "(step %lld)",
+                      r.name.c_str(), update / n, precision, half_ulp / n,
+                      (long long)r.below_ulp_steps, (long long)step));
         r.warned_ulp = true;
       }
     }
@@ -111,8 +116,8 @@ void Detectors::AfterUpdate(float* weights, int64_t step) {
       r.unchanged_steps = (h == r.last_hash) ? r.unchanged_steps + 1 : 0;
       r.last_hash = h;
       if (r.unchanged_steps >= frozen_steps_) {
-        LogWarn(StrFormat("frozen parameter %s: unchanged for %lld steps (step %lld)", r.name.c_str(),
-                          (long long)r.unchanged_steps, (long long)step));
+        LogWarn(StrFormat("frozen parameter %s: unchanged for %lld steps (step %lld)",
+                          r.name.c_str(), (long long)r.unchanged_steps, (long long)step));
         r.warned_unchanged = true;
       }
     }

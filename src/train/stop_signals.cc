@@ -55,13 +55,18 @@ StopSignals::~StopSignals() {
   sigaction(SIGXFSZ, &g_previous_xfsz, nullptr);
 }
 
-int StopSignals::Requested() { return g_requested; }
+int StopSignals::Requested() {
+  return g_requested;
+}
 
 const char* SignalName(int signal_number) {
   switch (signal_number) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    default: return "signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "signal";
   }
 }
 

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -31,8 +31,8 @@
 #include "optim/optim.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
-#include "train/validation.h"
 #include "train/stop_signals.h"
+#include "train/validation.h"
 
 namespace crucible {
 
@@ -49,8 +49,8 @@ double MeasurePeakGflops() {
   Timer total;
   for (int repeat = 0; repeat < 10 && (repeat < 3 || total.Seconds() < 0.3); ++repeat) {
     Timer t;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
-                n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
     best = std::max(best, 2.0 * n * n * n / t.Seconds() / 1e9);
   }
   return best;
@@ -127,7 +127,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const ParameterTable& table = model.table();
   const size_t n_params = table.total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
-  DataParallel data_parallel(comm, n_params, static_cast<int>(config.Int("parallelism.zero_stage")));
+  DataParallel data_parallel(comm, n_params,
+                             static_cast<int>(config.Int("parallelism.zero_stage")));
   std::vector<float> weights(data_parallel.padded_size()), grads(data_parallel.padded_size());
   ExactAccumulator accumulator(data_parallel.padded_size());
   const size_t update_begin = data_parallel.update_begin(), update_end = data_parallel.update_end();
@@ -168,14 +169,16 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const std::string& init_path = config.String("model.init_weights");
     const std::string& hf_path = config.String("checkpoint.initial_load_hf");
     if (!init_path.empty() && !hf_path.empty())
-      throw UsageError("model.init_weights and checkpoint.initial_load_hf are both set; choose one");
+      throw UsageError(
+          "model.init_weights and checkpoint.initial_load_hf are both set; choose one");
     if (!hf_path.empty()) {
       ImportHfModel(hf_path, model_config, table, weights.data());
       PrintLine("phase=initial_load_hf from=" + hf_path);
     } else if (!init_path.empty()) {
       LoadModelWeights(init_path, table, weights.data());
     } else {
-      InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
+      InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
+                  weights.data());
     }
   }
 
@@ -213,12 +216,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const double padded = static_cast<double>(data_parallel.padded_size());
     const double state_floats = static_cast<double>(optimizer.State().size()) *
                                 static_cast<double>(update_end - update_begin);
-    PrintLine(StrFormat("phase=memory weights=%s grads=%s accumulator=%s optimizer_state=%s "
-                        "activations=%s communicated_per_step=%s",
-                        HumanBytes(4 * padded).c_str(), HumanBytes(4 * padded).c_str(),
-                        HumanBytes(16 * padded).c_str(), HumanBytes(4 * state_floats).c_str(),
-                        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(),
-                        HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep())).c_str()));
+    PrintLine(StrFormat(
+        "phase=memory weights=%s grads=%s accumulator=%s optimizer_state=%s "
+        "activations=%s communicated_per_step=%s",
+        HumanBytes(4 * padded).c_str(), HumanBytes(4 * padded).c_str(),
+        HumanBytes(16 * padded).c_str(), HumanBytes(4 * state_floats).c_str(),
+        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(),
+        HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep())).c_str()));
   }
 
   std::FILE* metrics = nullptr;
@@ -278,7 +282,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
       for (int32_t t : targets) valid_local += t >= 0 ? 1 : 0;
     }
     const int64_t valid_total = data_parallel.Sum(valid_local);
-    if (valid_total == 0) throw DataError(StrFormat("step %lld: the global batch has no valid target tokens", (long long)step));
+    if (valid_total == 0)
+      throw DataError(
+          StrFormat("step %lld: the global batch has no valid target tokens", (long long)step));
     const float loss_scale = 1.0f / static_cast<float>(valid_total);
     std::vector<double> micro_losses(accumulation);
     bool finite = true;
@@ -292,10 +298,11 @@ int RunTraining(Config config, const std::string& resume_mode) {
         grads[inject_nan_tensor->offset] = std::nanf("");  // test only
       if (!accumulator.Add(grads.data())) {
         finite = false;
-        LogWarn(StrFormat("step %lld: non-finite gradient in %s (micro-batch %lld); the update "
-                          "will be skipped",
-                          (long long)step, detectors.FindNonFinite(grads.data()).c_str(),
-                          (long long)(rank * accumulation + m)));
+        LogWarn(
+            StrFormat("step %lld: non-finite gradient in %s (micro-batch %lld); the update "
+                      "will be skipped",
+                      (long long)step, detectors.FindNonFinite(grads.data()).c_str(),
+                      (long long)(rank * accumulation + m)));
       }
     }
     finite = !data_parallel.Any(!finite);
@@ -306,12 +313,15 @@ int RunTraining(Config config, const std::string& resume_mode) {
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data()));
     if (!finite) grad_norm = std::nan("");
     if (!std::isfinite(grad_norm)) {
-      if (leader) LogWarn(StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
+      if (leader)
+        LogWarn(
+            StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
     } else {
       float clip = ClipScale(grad_norm, max_norm);
       if (clip < 1.0f) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = static_cast<int64_t>(update_begin); i < static_cast<int64_t>(update_end); ++i)
+        for (int64_t i = static_cast<int64_t>(update_begin); i < static_cast<int64_t>(update_end);
+             ++i)
           grads[i] *= clip;
       }
       detectors.BeforeUpdate(weights.data());
@@ -340,13 +350,15 @@ int RunTraining(Config config, const std::string& resume_mode) {
       nlohmann::json line = {{"step", step},
                              {"loss", loss},
                              {"lr", lr},
-                             {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nlohmann::json(nullptr)},
+                             {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm)
+                                                                    : nlohmann::json(nullptr)},
                              {"tokens", tokens_seen},
                              {"tok_per_s", tokens_per_second},
                              {"mfu", mfu},
                              {"step_seconds", step_seconds}};
       std::string text = line.dump() + "\n";
-      if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() || std::fflush(metrics) != 0)
+      if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() ||
+          std::fflush(metrics) != 0)
         ThrowErrno("cannot write " + JoinPath(run_dir, "metrics.jsonl"));
     }
     if (rank_metrics) {
@@ -370,9 +382,10 @@ int RunTraining(Config config, const std::string& resume_mode) {
       if (leader) keep_going = validation->Run(step, weights.data(), n_params);
       comm.Barrier("validation");
       if (data_parallel.Any(!keep_going))
-        throw UsageError(StrFormat("stopped by the eval gate at step %lld (validation.gate_action = "
-                                   "stop); the last checkpoint is kept",
-                                   (long long)step));
+        throw UsageError(
+            StrFormat("stopped by the eval gate at step %lld (validation.gate_action = "
+                      "stop); the last checkpoint is kept",
+                      (long long)step));
     }
     // ---- checkpoints and stop signals ----
     checkpointing.NoteStepTime(step_seconds);
@@ -383,8 +396,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
     if (data_parallel.Any(signal_number != 0) && signal_number == 0) signal_number = SIGTERM;
     // The leader decides (the "auto" interval depends on its measured save stalls).
     const bool due = data_parallel.Any(leader && checkpointing.Due(step, steps));
-    const bool save_now = due || (signal_number != 0 && checkpointing.enabled() &&
-                                  data_parallel.Any(leader && checkpointing.last_saved_step() != step));
+    const bool save_now =
+        due || (signal_number != 0 && checkpointing.enabled() &&
+                data_parallel.Any(leader && checkpointing.last_saved_step() != step));
     if (save_now) shard_state(true);
     if (leader && due)
       checkpointing.Save(progress, weights.data(), false, step == steps ? "final" : "interval");
@@ -419,11 +433,12 @@ int RunTraining(Config config, const std::string& resume_mode) {
   if (leader && KernelProfileEnabled()) PrintKernelProfile();
   comm.Barrier("end of training");
   comm.Finalize();
-  if (leader) PrintLine(StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
-                      "tok/s=%.1f weights_xxh3=%s",
-                      (long long)steps, (long long)tokens_seen, wall.Seconds(), train_seconds,
-                      last_loss, train_seconds > 0 ? tokens_seen / train_seconds : 0.0,
-                      HexU64(weights_hash).c_str()));
+  if (leader)
+    PrintLine(StrFormat(
+        "done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
+        "tok/s=%.1f weights_xxh3=%s",
+        (long long)steps, (long long)tokens_seen, wall.Seconds(), train_seconds, last_loss,
+        train_seconds > 0 ? tokens_seen / train_seconds : 0.0, HexU64(weights_hash).c_str()));
   return kExitOk;
 }
 

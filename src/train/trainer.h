@@ -1,6 +1,7 @@
 // The training loop: wires the token source, the model, exact gradient accumulation, clipping,
 // the optimizer and the LR schedule; prints the progress-line contract; writes the run
-// directory (config.toml, metrics.jsonl, model.safetensors) and checkpoints (train/checkpointing.h).
+// directory (config.toml, metrics.jsonl, model.safetensors) and checkpoints
+// (train/checkpointing.h).
 #pragma once
 
 #include <string>

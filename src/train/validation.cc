@@ -31,10 +31,12 @@ Validation::Validation(const Config& config, const LlamaConfig& model, const std
   gate_stop_ = action == "stop";
   if (freq_ < 1) throw UsageError("validation.freq: must be at least 1");
   if (tasks_.empty() && held_out_.empty())
-    throw UsageError("validation.enable is true but neither validation.tasks nor validation.held_out is set");
+    throw UsageError(
+        "validation.enable is true but neither validation.tasks nor validation.held_out is set");
   const std::string& tokenizer = config.String("model.tokenizer_path");
   if (tokenizer.empty())
-    throw UsageError("validation needs model.tokenizer_path (the tokenizer.json the data was made with)");
+    throw UsageError(
+        "validation needs model.tokenizer_path (the tokenizer.json the data was made with)");
   state_ = std::make_unique<State>();
   state_->model.config = model;
   state_->model.tokenizer = Tokenizer::Load(tokenizer);
@@ -71,18 +73,23 @@ bool Validation::Run(int64_t step, const float* weights, size_t n_params) {
   const bool gate = gate_after_ > 0 && step >= gate_after_ && !gate_checked_;
   for (const ChoiceTask& task : state_->tasks) {
     ChoiceResult r = EvaluateChoiceTask(state_->model, task, options);
-    PrintLine(StrFormat("phase=eval step=%lld task=%s items=%lld acc=%.4f acc_norm=%.4f stderr=%.4f "
-                        "chance=%.4f",
-                        (long long)step, r.name.c_str(), (long long)r.items, r.acc, r.acc_norm,
-                        r.acc_stderr, r.chance));
-    record["tasks"][r.name] = {{"items", r.items},     {"acc", r.acc},
-                               {"acc_stderr", r.acc_stderr}, {"acc_norm", r.acc_norm},
-                               {"acc_norm_stderr", r.acc_norm_stderr}, {"chance", r.chance}};
+    PrintLine(
+        StrFormat("phase=eval step=%lld task=%s items=%lld acc=%.4f acc_norm=%.4f stderr=%.4f "
+                  "chance=%.4f",
+                  (long long)step, r.name.c_str(), (long long)r.items, r.acc, r.acc_norm,
+                  r.acc_stderr, r.chance));
+    record["tasks"][r.name] = {{"items", r.items},
+                               {"acc", r.acc},
+                               {"acc_stderr", r.acc_stderr},
+                               {"acc_norm", r.acc_norm},
+                               {"acc_norm_stderr", r.acc_norm_stderr},
+                               {"chance", r.chance}};
     if (gate && r.acc - r.chance <= std::max(r.acc_stderr, 1e-12)) {
-      LogWarn(StrFormat("EVAL GATE: after %lld steps task %s is still at chance: acc %.4f, acc_norm "
-                        "%.4f, chance %.4f, standard error %.4f. The loss may fall while the model "
-                        "learns nothing useful: check the data, the learning rate and the metrics.",
-                        (long long)step, r.name.c_str(), r.acc, r.acc_norm, r.chance, r.acc_stderr));
+      LogWarn(
+          StrFormat("EVAL GATE: after %lld steps task %s is still at chance: acc %.4f, acc_norm "
+                    "%.4f, chance %.4f, standard error %.4f. The loss may fall while the model "
+                    "learns nothing useful: check the data, the learning rate and the metrics.",
+                    (long long)step, r.name.c_str(), r.acc, r.acc_norm, r.chance, r.acc_stderr));
       if (gate_stop_) keep_going = false;
     }
   }

@@ -1,8 +1,8 @@
 // Evaluation during training ([validation]): every `freq` steps, held-out bits per byte and the
 // multiple-choice tasks on the current weights, logged to <run>/eval/validation.jsonl and as
 // `phase=eval` lines; and the eval gate: after `gate_after_steps`, a task whose accuracy is still
-// within one standard error of chance is reported loudly (or stops the run, by config). Loss is not proof of
-// learning; downstream accuracy is.
+// within one standard error of chance is reported loudly (or stops the run, by config). Loss is not
+// proof of learning; downstream accuracy is.
 #pragma once
 
 #include <memory>

@@ -10,7 +10,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    crucible::SafetensorsReader reader(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+    crucible::SafetensorsReader reader(std::string(reinterpret_cast<const char*>(data), size),
+                                       "fuzz");
     for (const auto& tensor : reader.tensors()) {
       // The reader validated begin/end against the data section, so numel is bounded by the input.
       std::vector<float> floats(tensor.numel());

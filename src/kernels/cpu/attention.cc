@@ -32,8 +32,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       int64_t rows = std::min(kBlock, T - r0), cols = r0 + rows;
       // S[r0:r0+rows, 0:cols] = scale * Q K^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Q + r0 * ldq,
-                  ldq, K, ldk, 0.0f, P + r0 * T, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Q + r0 * ldq, ldq,
+                  K, ldk, 0.0f, P + r0 * T, T);
       for (int64_t i = r0; i < r0 + rows; ++i) {
         float* row = P + i * T;
         float max = row[0];
@@ -48,8 +48,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
         for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
       // O[r0:r0+rows] = P[r0:r0+rows, 0:cols] V[0:cols]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, P + r0 * T, T,
-                  V, ldk, 0.0f, O + r0 * ldq, ldq);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, P + r0 * T, T, V,
+                  ldk, 0.0f, O + r0 * ldq, ldq);
     }
   }
 }
@@ -96,16 +96,16 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
           for (int64_t j = i + 1; j < cols; ++j) ds[j] = 0.0f;
         }
         // dQ[rows] = dS[rows, 0:cols] K[0:cols]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, dS + r0 * T,
-                    T, K, ldk, 0.0f, dQ + r0 * ldq, ldq);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, dS + r0 * T, T,
+                    K, ldk, 0.0f, dQ + r0 * ldq, ldq);
       }
       // dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T];  dK[c0:c1] (+)= dS[c0:T, c0:c1]^T Q[c0:T]
       for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
         int64_t cols = std::min(kBlock, T - c0), rows = T - c0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f,
-                    P + c0 * T + c0, T, dO + c0 * ldq, ldq, beta, dV + c0 * ldk, ldk);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f,
-                    dS + c0 * T + c0, T, Q + c0 * ldq, ldq, beta, dK + c0 * ldk, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, P + c0 * T + c0,
+                    T, dO + c0 * ldq, ldq, beta, dV + c0 * ldk, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, dS + c0 * T + c0,
+                    T, Q + c0 * ldq, ldq, beta, dK + c0 * ldk, ldk);
       }
     }
   }

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "common/strings.h"
 #include "common/profile.h"
+#include "common/strings.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -30,8 +30,9 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
   ScopedKernelTimer profile_timer("cross_entropy");
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] < -1 || targets[i] >= V)
-      throw DataError(StrFormat("target token %d at position %lld is outside the vocabulary [0, %lld)",
-                                targets[i], static_cast<long long>(i), static_cast<long long>(V)));
+      throw DataError(
+          StrFormat("target token %d at position %lld is outside the vocabulary [0, %lld)",
+                    targets[i], static_cast<long long>(i), static_cast<long long>(V)));
   }
   int64_t valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : valid)

@@ -130,8 +130,8 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
   }
 }
 
-void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
-                   int64_t T, int64_t heads, int64_t D) {
+void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                   int64_t heads, int64_t D) {
   ScopedKernelTimer profile_timer("rope_backward");
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)

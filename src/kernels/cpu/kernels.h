@@ -30,8 +30,7 @@ void matmul_backward(float* dinp, float* dweight, const float* dout, const float
 
 // ---- embedding ----
 // tokens (N) -> out (N,C) = table[tokens]
-void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
-                       int64_t C);
+void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C);
 // dtable (V,C) += scatter of dout (N,C) by tokens
 void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
                         int64_t C);
@@ -51,8 +50,8 @@ void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, doubl
 void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                   int64_t heads, int64_t D);
 // dx (B,T,heads,D) rotated back in place.
-void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
-                   int64_t T, int64_t heads, int64_t D);
+void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                   int64_t heads, int64_t D);
 
 // ---- causal grouped-query attention ----
 // q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T) (upper triangle zero)

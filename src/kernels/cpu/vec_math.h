@@ -31,6 +31,8 @@ inline float exp_fast(float x) {
   return x < -87.3f ? 0.0f : result;
 }
 
-inline float sigmoid_fast(float x) { return 1.0f / (1.0f + exp_fast(-x)); }
+inline float sigmoid_fast(float x) {
+  return 1.0f / (1.0f + exp_fast(-x));
+}
 
 }  // namespace crucible::kernels

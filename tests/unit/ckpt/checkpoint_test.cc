@@ -20,12 +20,13 @@ namespace fs = std::filesystem;
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("ckpt_test_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = fs::temp_directory_path() /
+            ("ckpt_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     config_ = Config::Defaults();
-    for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=1", "model.n_heads=2",
-                          "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
+    for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=1",
+                          "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config_.ApplyOverride(o);
     model_ = BuildLlamaConfig(config_);
     table_ = std::make_unique<ParameterTable>(model_);
@@ -36,7 +37,8 @@ class CheckpointTest : public ::testing::Test {
     CheckpointSnapshot s;
     s.step = step;
     s.weights.resize(table_->total());
-    for (size_t i = 0; i < s.weights.size(); ++i) s.weights[i] = static_cast<float>(i) * 0.5f + step;
+    for (size_t i = 0; i < s.weights.size(); ++i)
+      s.weights[i] = static_cast<float>(i) * 0.5f + step;
     s.optimizer_state = {{"exp_avg", std::vector<float>(table_->total(), 1.0f * step)},
                          {"exp_avg_sq", std::vector<float>(table_->total(), 2.0f * step)}};
     s.state = {{"step", step}, {"consumed_samples", step * 4}};
@@ -56,7 +58,8 @@ TEST_F(CheckpointTest, WrittenCheckpointVerifiesAndLoadsBack) {
   EXPECT_EQ(VerifyCheckpoint(Dir(7)), "");
   EXPECT_EQ(ReadFile((root_ / "latest").string()), "step-7\n");
   std::vector<float> weights(table_->total()), m(table_->total()), v(table_->total());
-  nlohmann::json state = LoadCheckpoint(Dir(7), *table_, weights.data(), {{"exp_avg", &m}, {"exp_avg_sq", &v}}, 0);
+  nlohmann::json state =
+      LoadCheckpoint(Dir(7), *table_, weights.data(), {{"exp_avg", &m}, {"exp_avg_sq", &v}}, 0);
   EXPECT_EQ(state["step"], 7);
   EXPECT_EQ(weights, Snapshot(7).weights);
   EXPECT_EQ(m[3], 7.0f);
@@ -74,7 +77,8 @@ TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
 
   WriteCheckpoint(root_.string(), Snapshot(2), *table_, model_);
   {
-    std::fstream f(Dir(2) + "/optimizer.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(Dir(2) + "/optimizer.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(200);
     f.put('\x7f');
   }
@@ -90,11 +94,13 @@ TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
 }
 
 TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
-  for (int64_t step : {10, 20, 30}) WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+  for (int64_t step : {10, 20, 30})
+    WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
   fs::remove(Dir(30) + "/state.json");
   fs::remove(root_ / "latest");
   std::vector<std::string> reports;
-  auto found = FindResumeCheckpoint(root_.string(), [&](const std::string& r) { reports.push_back(r); });
+  auto found =
+      FindResumeCheckpoint(root_.string(), [&](const std::string& r) { reports.push_back(r); });
   ASSERT_TRUE(found);
   EXPECT_EQ(*found, Dir(20));
   ASSERT_EQ(reports.size(), 2u);
@@ -115,7 +121,8 @@ TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
 }
 
 TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
-  for (int64_t step = 5; step <= 40; step += 5) WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+  for (int64_t step = 5; step <= 40; step += 5)
+    WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
   fs::remove(Dir(5) + "/COMPLETE");  // incomplete: never deleted
   auto removed = PruneCheckpoints(root_.string(), 2, 20);
   EXPECT_EQ(removed.size(), 4u);  // 10, 15, 25, 30
@@ -165,13 +172,17 @@ TEST(IntervalTest, YoungDalyAndMtbfFromAttempts) {
   EXPECT_EQ(IntervalSteps(10.0, 0.3), 33);
   EXPECT_EQ(IntervalSteps(0.01, 1.0), 1);
 
-  const std::string path = fs::temp_directory_path() / ("attempts_" + std::to_string(::getpid()) + ".jsonl");
+  const std::string path =
+      fs::temp_directory_path() / ("attempts_" + std::to_string(::getpid()) + ".jsonl");
   {
     std::ofstream out(path);
-    out << R"({"attempt":1,"wall_s":3600,"exit_code":137})" << "\n"
+    out << R"({"attempt":1,"wall_s":3600,"exit_code":137})"
+        << "\n"
         << "not json\n"
-        << R"({"attempt":2,"start":100,"end":7300,"exit_code":143})" << "\n"
-        << R"({"attempt":3,"duration_s":1800,"rc":1})" << "\n";
+        << R"({"attempt":2,"start":100,"end":7300,"exit_code":143})"
+        << "\n"
+        << R"({"attempt":3,"duration_s":1800,"rc":1})"
+        << "\n";
   }
   MtbfEstimate estimate = EstimateMtbf(path, 0);
   EXPECT_EQ(estimate.source, "attempts.jsonl");

@@ -25,7 +25,8 @@ TEST(Config, DefaultsCoverEverySchemaKey) {
 }
 
 TEST(Config, ParsesSectionsAndMarksKeysSet) {
-  Config config = Config::Parse("[training]\nsteps = 7\nmax_norm = 2\n[job]\nname = \"x\"\n", "t.toml");
+  Config config =
+      Config::Parse("[training]\nsteps = 7\nmax_norm = 2\n[job]\nname = \"x\"\n", "t.toml");
   EXPECT_EQ(config.Int("training.steps"), 7);
   EXPECT_DOUBLE_EQ(config.Float("training.max_norm"), 2.0);  // an integer is accepted as a float
   EXPECT_EQ(config.String("job.name"), "x");
@@ -34,7 +35,8 @@ TEST(Config, ParsesSectionsAndMarksKeysSet) {
 
 TEST(Config, UnknownKeySuggestsClosest) {
   std::string message;
-  EXPECT_EQ(ExitCodeOf([] { Config::Parse("[optimizer]\nlearning_rat = 1\n", "c.toml"); }), kExitUsage);
+  EXPECT_EQ(ExitCodeOf([] { Config::Parse("[optimizer]\nlearning_rat = 1\n", "c.toml"); }),
+            kExitUsage);
   ExitCodeOf([] { Config::Parse("[training]\nseq_lne = 1\n", "c.toml"); }, &message);
   EXPECT_NE(message.find("c.toml:2"), std::string::npos) << message;
   EXPECT_NE(message.find("training.seq_len"), std::string::npos) << message;
@@ -75,7 +77,8 @@ TEST(Config, BadOverridesAreUsageErrors) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
-  Config config = Config::Parse("[training]\nsteps = 9\n[job]\ndescription = \"a \\\"quoted\\\" word\"\n", "t");
+  Config config =
+      Config::Parse("[training]\nsteps = 9\n[job]\ndescription = \"a \\\"quoted\\\" word\"\n", "t");
   Config again = Config::Parse(config.ToToml(), "resolved");
   EXPECT_TRUE(config.Diff(again).empty());
   EXPECT_EQ(again.String("job.description"), "a \"quoted\" word");

@@ -28,24 +28,30 @@ int ExitCodeOf(const std::string& path, std::string* message) {
 }
 
 TEST(ChoiceTask, ReadsTheThreeShapes) {
-  ChoiceTask generic = LoadChoiceTask(WriteTemp("generic.jsonl",
-      "{\"context\": \"The sky is\", \"choices\": [\"blue\", \"green\"], \"gold\": 0}\n\n"
-      "{\"context\": \"Two plus two is\", \"choices\": [\"three\", \"four\", \"five\"], \"gold\": \"1\"}\n"));
+  ChoiceTask generic = LoadChoiceTask(
+      WriteTemp("generic.jsonl",
+                "{\"context\": \"The sky is\", \"choices\": [\"blue\", \"green\"], \"gold\": 0}\n\n"
+                "{\"context\": \"Two plus two is\", \"choices\": [\"three\", \"four\", \"five\"], "
+                "\"gold\": \"1\"}\n"));
   EXPECT_EQ(generic.shape, "generic");
   ASSERT_EQ(generic.items.size(), 2u);
   EXPECT_EQ(generic.items[1].gold, 1);
   EXPECT_EQ(generic.items[1].line, 3);  // blank lines are skipped but counted
   EXPECT_EQ(generic.name.find("generic"), generic.name.size() - 7);
 
-  ChoiceTask arc = LoadChoiceTask(WriteTemp("arc.jsonl",
-      "{\"question\": \"Which is a planet?\", \"choices\": {\"text\": [\"Moon\", \"Mars\"], \"label\": [\"A\", \"B\"]}, "
-      "\"answerKey\": \"B\"}\n"));
+  ChoiceTask arc =
+      LoadChoiceTask(WriteTemp("arc.jsonl",
+                               "{\"question\": \"Which is a planet?\", \"choices\": {\"text\": "
+                               "[\"Moon\", \"Mars\"], \"label\": [\"A\", \"B\"]}, "
+                               "\"answerKey\": \"B\"}\n"));
   EXPECT_EQ(arc.shape, "arc");
   EXPECT_EQ(arc.items[0].context, "Question: Which is a planet?\nAnswer:");
   EXPECT_EQ(arc.items[0].gold, 1);
 
-  ChoiceTask plain = LoadChoiceTask(WriteTemp("hs_plain.jsonl",
-      "{\"ctx\": \"He opens the door\", \"endings\": [\"and walks in.\", \"[x] sings.\"], \"label\": \"0\"}\n"));
+  ChoiceTask plain =
+      LoadChoiceTask(WriteTemp("hs_plain.jsonl",
+                               "{\"ctx\": \"He opens the door\", \"endings\": [\"and walks in.\", "
+                               "\"[x] sings.\"], \"label\": \"0\"}\n"));
   EXPECT_EQ(plain.shape, "hellaswag");
   EXPECT_EQ(plain.items[0].context, "He opens the door");
   EXPECT_EQ(plain.items[0].choices[1], "[x] sings.");  // no preprocessing without activity_label
@@ -53,28 +59,34 @@ TEST(ChoiceTask, ReadsTheThreeShapes) {
 
 TEST(ChoiceTask, HellaswagPreprocessingAsLmEval) {
   // lm-eval: preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize()).
-  ChoiceTask task = LoadChoiceTask(WriteTemp("hs.jsonl",
-      "{\"activity_label\": \"Removing ice from car\", \"ctx_a\": \"Then, the man writes over the snow [header] "
+  ChoiceTask task = LoadChoiceTask(WriteTemp(
+      "hs.jsonl",
+      "{\"activity_label\": \"Removing ice from car\", \"ctx_a\": \"Then, the man writes over the "
+      "snow [header] "
       "covering the window of a car.\", \"ctx_b\": \"then THE man\", \"ctx\": \"unused\", "
-      "\"endings\": [\" , the man adds wax [title] to the windshield.\", \"b\", \"c\", \"d\"], \"label\": 3}\n"));
+      "\"endings\": [\" , the man adds wax [title] to the windshield.\", \"b\", \"c\", \"d\"], "
+      "\"label\": 3}\n"));
   ASSERT_EQ(task.items.size(), 1u);
   EXPECT_EQ(task.items[0].context,
-            "Removing ice from car: Then, the man writes over the snow covering the window of a car. Then the man");
+            "Removing ice from car: Then, the man writes over the snow covering the window of a "
+            "car. Then the man");
   EXPECT_EQ(task.items[0].choices[0], ", the man adds wax. to the windshield.");
   EXPECT_EQ(task.items[0].gold, 3);
 }
 
 TEST(ChoiceTask, LabelOutOfRangeNamesFileAndLine) {
   std::string message;
-  EXPECT_EQ(ExitCodeOf(WriteTemp("range.jsonl",
-                                 "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"
-                                 "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 2}\n"),
-                       &message),
-            65);
+  EXPECT_EQ(
+      ExitCodeOf(WriteTemp("range.jsonl",
+                           "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"
+                           "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 2}\n"),
+                 &message),
+      65);
   EXPECT_NE(message.find("range.jsonl:2:"), std::string::npos) << message;
   EXPECT_NE(message.find("out of range"), std::string::npos) << message;
   EXPECT_EQ(ExitCodeOf(WriteTemp("arckey.jsonl",
-                                 "{\"question\": \"q\", \"choices\": {\"text\": [\"a\", \"b\"], \"label\": [\"A\", \"B\"]}, "
+                                 "{\"question\": \"q\", \"choices\": {\"text\": [\"a\", \"b\"], "
+                                 "\"label\": [\"A\", \"B\"]}, "
                                  "\"answerKey\": \"E\"}\n"),
                        &message),
             65);
@@ -83,25 +95,39 @@ TEST(ChoiceTask, LabelOutOfRangeNamesFileAndLine) {
 
 TEST(ChoiceTask, MalformedLinesAndUnknownShapes) {
   std::string message;
-  EXPECT_EQ(ExitCodeOf(WriteTemp("bad.jsonl", "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n{oops\n"),
-                       &message),
-            65);
+  EXPECT_EQ(
+      ExitCodeOf(
+          WriteTemp("bad.jsonl",
+                    "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n{oops\n"),
+          &message),
+      65);
   EXPECT_NE(message.find("bad.jsonl:2: not valid JSON"), std::string::npos) << message;
-  EXPECT_EQ(ExitCodeOf(WriteTemp("shape.jsonl", "{\"prompt\": \"a\", \"answer\": \"b\"}\n"), &message), 65);
-  EXPECT_NE(message.find("shape.jsonl:1: unknown task shape (keys: answer, prompt)"), std::string::npos) << message;
+  EXPECT_EQ(
+      ExitCodeOf(WriteTemp("shape.jsonl", "{\"prompt\": \"a\", \"answer\": \"b\"}\n"), &message),
+      65);
+  EXPECT_NE(message.find("shape.jsonl:1: unknown task shape (keys: answer, prompt)"),
+            std::string::npos)
+      << message;
   EXPECT_EQ(ExitCodeOf(WriteTemp("mixed.jsonl",
                                  "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"
                                  "{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0}\n"),
                        &message),
             65);
-  EXPECT_NE(message.find("mixed.jsonl:2: a hellaswag item in a generic task"), std::string::npos) << message;
-  EXPECT_EQ(ExitCodeOf(WriteTemp("one.jsonl", "{\"context\": \"a\", \"choices\": [\"b\"], \"gold\": 0}\n"), &message), 65);
-  EXPECT_EQ(ExitCodeOf(WriteTemp("types.jsonl", "{\"context\": 3, \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"), &message),
+  EXPECT_NE(message.find("mixed.jsonl:2: a hellaswag item in a generic task"), std::string::npos)
+      << message;
+  EXPECT_EQ(ExitCodeOf(
+                WriteTemp("one.jsonl", "{\"context\": \"a\", \"choices\": [\"b\"], \"gold\": 0}\n"),
+                &message),
+            65);
+  EXPECT_EQ(ExitCodeOf(WriteTemp("types.jsonl",
+                                 "{\"context\": 3, \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"),
+                       &message),
             65);
   EXPECT_NE(message.find("'context' is not a string"), std::string::npos) << message;
   EXPECT_EQ(ExitCodeOf(WriteTemp("empty.jsonl", "\n\n"), &message), 65);
   EXPECT_EQ(ExitCodeOf("/nonexistent/task.jsonl", &message), 2);
-  EXPECT_NE(message.find("/nonexistent/task.jsonl: no such task file"), std::string::npos) << message;
+  EXPECT_NE(message.find("/nonexistent/task.jsonl: no such task file"), std::string::npos)
+      << message;
 }
 
 TEST(EvalStatistics, MeanStderrIsSampleStddevOverSqrtN) {
@@ -113,7 +139,7 @@ TEST(EvalStatistics, MeanStderrIsSampleStddevOverSqrtN) {
 
 TEST(EvalStatistics, CodePointsCountAsPythonLen) {
   EXPECT_EQ(CodePoints("abc"), 3);
-  EXPECT_EQ(CodePoints("caf\xc3\xa9"), 4);              // café
+  EXPECT_EQ(CodePoints("caf\xc3\xa9"), 4);                    // café
   EXPECT_EQ(CodePoints("\xe2\x84\xa2 \xf0\x9f\x98\x80"), 3);  // ™ 😀
   EXPECT_EQ(CodePoints(""), 0);
 }

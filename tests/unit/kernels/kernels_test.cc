@@ -68,7 +68,8 @@ TEST(Kernels, AttentionAndNormsAreThreadIndependent) {
     rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), B * T, C, 1e-5f);
     rmsnorm_backward(dx.data(), dw.data(), y.data(), x.data(), w.data(), rstd.data(), B * T, C);
     std::vector<float> all = out;
-    for (auto* part : {&dq, &dk, &dv, &y, &dx, &dw}) all.insert(all.end(), part->begin(), part->end());
+    for (auto* part : {&dq, &dk, &dv, &y, &dx, &dw})
+      all.insert(all.end(), part->begin(), part->end());
     all.push_back(static_cast<float>(sum_of_squares(x.data(), x.size())));
     return all;
   });
@@ -115,7 +116,8 @@ TEST(Kernels, CrossEntropyIgnoresMaskedTargetsAndRejectsOutOfRange) {
   std::vector<float> logits = {0, 0, 0, 0, 1, 2, 3, 4, 5, 5, 5, 5};
   std::vector<int32_t> targets = {1, -1, 2};
   std::vector<float> losses(N), lse(N);
-  EXPECT_EQ(cross_entropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V), 2);
+  EXPECT_EQ(cross_entropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V),
+            2);
   EXPECT_NEAR(losses[0], std::log(4.0), 1e-6);
   EXPECT_EQ(losses[1], 0.0f);
   cross_entropy_backward(logits.data(), lse.data(), targets.data(), N, V, 0.5f);

@@ -46,8 +46,8 @@ TEST(Clip, MatchesTorchClipGradNorm) {
 }
 
 TEST(ExactAccumulator, SumDoesNotDependOnOrder) {
-  std::vector<std::vector<float>> parts = {{1e-3f, 3.0f, -7e-9f}, {1e8f, -2.5f, 1e-30f},
-                                           {-1e8f, 1e-7f, 5e-9f}, {0.1f, 0.2f, 0.3f}};
+  std::vector<std::vector<float>> parts = {
+      {1e-3f, 3.0f, -7e-9f}, {1e8f, -2.5f, 1e-30f}, {-1e8f, 1e-7f, 5e-9f}, {0.1f, 0.2f, 0.3f}};
   auto sum = [&](const std::vector<int>& order) {
     ExactAccumulator acc(3);
     acc.Zero();
