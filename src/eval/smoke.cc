@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -234,11 +235,9 @@ int RunSmoke(const SmokeOptions& options) {
                           options.ranks));
   }
   if (temporary) {
-    for (const char* name : {"run/metrics.jsonl", "run/model.safetensors", "run/config.toml",
-                             "smoke.toml", "train.log"})
-      ::unlink(JoinPath(work, name).c_str());
-    std::string cleanup = "rm -rf '" + work + "'";
-    if (std::system(cleanup.c_str()) != 0) LogWarn("smoke: could not remove " + work);
+    std::error_code error;
+    std::filesystem::remove_all(work, error);
+    if (error) LogWarn("smoke: could not remove " + work + ": " + error.message());
   }
   return result;
 }

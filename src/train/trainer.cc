@@ -244,10 +244,12 @@ int RunTraining(Config config, const std::string& resume_mode) {
   }
 
   // ---- the loop ----
+  // This rank's slice of a step's global batch, read once per step: inputs and targets of
+  // `accumulation` micro-batches, one after the other.
   const int64_t N = micro_batch * seq_len;
-  std::vector<int32_t> sample(seq_len + 1), inputs(N), targets(N);
-  auto load_micro_batch = [&](int64_t first_sample) {
-    for (int64_t b = 0; b < micro_batch; ++b) {
+  std::vector<int32_t> sample(seq_len + 1), inputs(accumulation * N), targets(accumulation * N);
+  auto load_slice = [&](int64_t first_sample) {
+    for (int64_t b = 0; b < accumulation * micro_batch; ++b) {
       source->Sample(first_sample + b, sample.data());
       std::copy(sample.begin(), sample.begin() + seq_len, inputs.begin() + b * seq_len);
       std::copy(sample.begin() + 1, sample.end(), targets.begin() + b * seq_len);
@@ -276,11 +278,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const int64_t first = (step - 1) * global_batch + rank * accumulation * micro_batch;
     // Valid-token count of the whole global batch, so every micro-batch's gradient is scaled by
     // the same 1/valid (the loss is the token-weighted mean over the global batch).
+    load_slice(first);
     int64_t valid_local = 0;
-    for (int64_t m = 0; m < accumulation; ++m) {
-      load_micro_batch(first + m * micro_batch);
-      for (int32_t t : targets) valid_local += t >= 0 ? 1 : 0;
-    }
+    for (int32_t t : targets) valid_local += t >= 0 ? 1 : 0;
     const int64_t valid_total = data_parallel.Sum(valid_local);
     if (valid_total == 0)
       throw DataError(
@@ -290,9 +290,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
     bool finite = true;
     accumulator.Zero();
     for (int64_t m = 0; m < accumulation; ++m) {
-      load_micro_batch(first + m * micro_batch);
       int64_t valid = 0;
-      micro_losses[m] = model.Forward(weights.data(), inputs.data(), targets.data(), &valid);
+      micro_losses[m] =
+          model.Forward(weights.data(), inputs.data() + m * N, targets.data() + m * N, &valid);
       model.Backward(weights.data(), grads.data(), loss_scale);
       if (inject_nan_tensor && step == inject_nan_step && leader && m == 0)
         grads[inject_nan_tensor->offset] = std::nanf("");  // test only
