@@ -127,10 +127,15 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
 
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
-       "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1)"},
+       "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1); 3: "
+       "shard parameters, gradients and optimizer state, gathering each layer when it is needed "
+       "(ZeRO-3, the FSDP equivalent)"},
+      {"parallelism.overlap_grad_reduce", T::kBool, V(true),
+       "start each layer's gradient reduction (non-blocking) while the backward pass goes on "
+       "with the layers below"},
       {"parallelism.consistency_check_steps", T::kInt, V(int64_t{50}),
-       "every N steps the ranks compare a hash of their parameters (silent data corruption); 0 "
-       "disables"},
+       "every N steps the ranks compare a hash of their parameters (under ZeRO-3: of every "
+       "layer they gathered since the last check) to catch silent data corruption; 0 disables"},
 
       // [comm]
       {"comm.train_timeout_seconds", T::kFloat, V(600.0),

@@ -35,6 +35,24 @@ std::string Hostname() {
 // MPI counts are int: large buffers go in pieces of at most this many elements.
 constexpr size_t kMaxCount = size_t{1} << 28;
 
+// Non-blocking operations in flight, by handle (the communicator is a process-wide singleton).
+struct Pending {
+  MPI_Request request = MPI_REQUEST_NULL;
+  const char* what = "";
+  bool active = false;
+};
+std::vector<Pending> g_pending;
+
+int NewHandle(const char* what) {
+  for (size_t i = 0; i < g_pending.size(); ++i)
+    if (!g_pending[i].active) {
+      g_pending[i] = Pending{MPI_REQUEST_NULL, what, true};
+      return static_cast<int>(i);
+    }
+  g_pending.push_back(Pending{MPI_REQUEST_NULL, what, true});
+  return static_cast<int>(g_pending.size() - 1);
+}
+
 }  // namespace
 
 bool Communicator::LaunchedByMpi() {
@@ -158,6 +176,72 @@ void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t 
                                 const char* what) {
   GatherImpl(mpi_, world_, send, receive, count, MPI_UINT64_T,
              [&](MPI_Request* r) { Wait(r, what); });
+}
+
+void Communicator::GatherFloatToRoot(const float* send, float* receive, size_t count,
+                                     const char* what) {
+  if (!mpi_ || world_ == 1) {
+    if (send != receive) std::memcpy(receive, send, count * sizeof(float));
+    return;
+  }
+  if (count > kMaxCount) throw Error(kExitFailure, "gather block too large for MPI");
+  MPI_Request request;
+  MPI_Igather(send, static_cast<int>(count), MPI_FLOAT, receive, static_cast<int>(count), MPI_FLOAT,
+              0, MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+}
+
+Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vector<int>& counts,
+                                                   const std::vector<int>& displs,
+                                                   const char* what) {
+  const Handle handle = NewHandle(what);
+  if (mpi_ && world_ > 1)
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, counts.data(), displs.data(),
+                    MPI_FLOAT, MPI_COMM_WORLD, &g_pending[handle].request);
+  return handle;
+}
+
+Communicator::Handle Communicator::StartReduceScatterInt128(const __int128* send, __int128* receive,
+                                                            const std::vector<int>& counts,
+                                                            const char* what) {
+  const Handle handle = NewHandle(what);
+  if (mpi_ && world_ > 1) {
+    MPI_Ireduce_scatter(send, receive, counts.data(), g_int128_type, g_int128_sum, MPI_COMM_WORLD,
+                        &g_pending[handle].request);
+  } else if (send != receive) {
+    std::memcpy(receive, send, static_cast<size_t>(counts[0]) * sizeof(__int128));
+  }
+  return handle;
+}
+
+Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t count,
+                                                        const char* what) {
+  if (count > kMaxCount) throw Error(kExitFailure, "all-reduce block too large for MPI");
+  const Handle handle = NewHandle(what);
+  if (mpi_ && world_ > 1)
+    MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), g_int128_type, g_int128_sum,
+                   MPI_COMM_WORLD, &g_pending[handle].request);
+  return handle;
+}
+
+bool Communicator::Test(Handle handle) {
+  Pending& p = g_pending.at(handle);
+  if (!p.active) return true;
+  if (p.request == MPI_REQUEST_NULL) {
+    p.active = false;
+    return true;
+  }
+  int done = 0;
+  MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
+  if (done) p.active = false;
+  return done != 0;
+}
+
+void Communicator::WaitFor(Handle handle) {
+  Pending& p = g_pending.at(handle);
+  if (!p.active) return;
+  if (p.request != MPI_REQUEST_NULL) Wait(&p.request, p.what);
+  p.active = false;
 }
 
 std::vector<std::string> Communicator::AllGatherString(const std::string& value, const char* what) {

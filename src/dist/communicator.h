@@ -39,6 +39,25 @@ class Communicator {
   void AllGatherFloat(const float* send, float* receive, size_t count, const char* what);
   void AllGatherDouble(const double* send, double* receive, size_t count, const char* what);
   void AllGatherU64(const uint64_t* send, uint64_t* receive, size_t count, const char* what);
+  // Rank r contributes `count` floats; rank 0 receives all world*count in rank order (`receive`
+  // is ignored elsewhere).
+  void GatherFloatToRoot(const float* send, float* receive, size_t count, const char* what);
+
+  // Non-blocking collectives for overlapping communication with computation. Start* returns a
+  // handle; Test() lets MPI make progress and reports completion; WaitFor() blocks with the
+  // collective deadline. Every rank must start the same operations in the same order.
+  using Handle = int;
+  // In place over `buffer`: rank r's block [displs[r], displs[r] + counts[r]) is already there.
+  Handle StartAllGatherV(float* buffer, const std::vector<int>& counts,
+                         const std::vector<int>& displs, const char* what);
+  // `send` holds consecutive blocks of counts[0], counts[1], ... elements; rank r receives the
+  // exact sum of block r in `receive`.
+  Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
+                                  const std::vector<int>& counts, const char* what);
+  Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
+  bool Test(Handle handle);
+  void WaitFor(Handle handle);
+
   // Gathers variable-length strings (host names) to every rank.
   std::vector<std::string> AllGatherString(const std::string& value, const char* what);
   void Barrier(const char* what);

@@ -7,15 +7,16 @@
 #include "common/hash.h"
 #include "common/profile.h"
 #include "common/strings.h"
+#include "common/timer.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
 
 DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
     : comm_(comm), n_params_(n_params), zero_stage_(zero_stage) {
-  if (zero_stage != 0 && zero_stage != 1)
+  if (zero_stage != 0 && zero_stage != 1 && zero_stage != 3)
     throw UsageError("parallelism.zero_stage: " + std::to_string(zero_stage) +
-                     " is not supported (choose 0 or 1)");
+                     " is not supported (choose 0, 1 or 3)");
   const size_t world = static_cast<size_t>(comm.world());
   const size_t chunks = (n_params + kNormChunk - 1) / kNormChunk;
   shard_ = ((chunks + world - 1) / world) * kNormChunk;
@@ -27,8 +28,46 @@ DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
     const size_t rank = static_cast<size_t>(comm.rank());
     update_begin_ = std::min(n_params, rank * shard_);
     update_end_ = std::min(n_params, (rank + 1) * shard_);
-    shard_sum_.resize(shard_);
+    if (zero_stage == 1) shard_sum_.resize(shard_);
   }
+}
+
+void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t begin, size_t end) {
+  if (zero_stage_ == 0) {
+    in_flight_.push_back(
+        comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin, "gradient all-reduce"));
+    return;
+  }
+  if (zero_stage_ != 1) throw Error(kExitFailure, "internal: StartReduction under ZeRO-3");
+  // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
+  const size_t world = static_cast<size_t>(comm_.world());
+  std::vector<int> counts(world);
+  for (size_t r = 0; r < world; ++r) {
+    const size_t b = std::max(begin, r * shard_), e = std::min(end, (r + 1) * shard_);
+    counts[r] = b < e ? static_cast<int>(e - b) : 0;
+  }
+  const size_t mine = std::max(begin, shard_begin());
+  __int128* receive =
+      shard_sum_.data() + (mine < shard_begin() + shard_ ? mine - shard_begin() : 0);
+  in_flight_.push_back(comm_.StartReduceScatterInt128(accumulator.data() + begin, receive, counts,
+                                                      "gradient reduce-scatter"));
+}
+
+void DataParallel::Progress() {
+  for (Communicator::Handle h : in_flight_) comm_.Test(h);
+}
+
+double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grads) {
+  ScopedKernelTimer profile_timer("gradient_reduce_wait");
+  Timer waited;
+  for (Communicator::Handle h : in_flight_) comm_.WaitFor(h);
+  in_flight_.clear();
+  const double seconds = waited.Seconds();
+  if (zero_stage_ == 0)
+    Int128ToFloat(accumulator.data(), grads, n_params_);
+  else
+    Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
+  return seconds;
 }
 
 void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) {
@@ -44,7 +83,7 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
   Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
 }
 
-double DataParallel::GradNormSquared(const float* grads) {
+double DataParallel::GradNormSquared(const float* grads_at_base, size_t base) {
   // Partial sums of the chunks this rank owns, then every rank's partials in chunk order.
   const size_t chunks_per_rank = shard_ / kNormChunk;
   // Rank r owns chunks [r * chunks_per_rank, (r + 1) * chunks_per_rank) of the padded buffer
@@ -57,7 +96,8 @@ double DataParallel::GradNormSquared(const float* grads) {
   for (size_t c = 0; c < local_chunks; ++c) {
     size_t begin = (first_chunk + c) * kNormChunk;
     size_t end = std::min(n_params_, begin + kNormChunk);
-    if (begin < end) local[c] = kernels::sum_of_squares(grads + begin, end - begin);
+    if (begin < end)
+      local[c] = kernels::sum_of_squares(grads_at_base + (begin - base), end - begin);
   }
   std::vector<double> all;
   if (zero_stage_ == 0) {
@@ -72,7 +112,7 @@ double DataParallel::GradNormSquared(const float* grads) {
 }
 
 void DataParallel::GatherParams(float* weights) {
-  if (zero_stage_ == 0) return;
+  if (zero_stage_ != 1) return;
   ScopedKernelTimer profile_timer("parameter_gather");
   comm_.AllGatherFloat(weights + comm_.rank() * shard_, weights, shard_, "parameter all-gather");
 }
@@ -96,16 +136,19 @@ bool DataParallel::Any(bool value) {
 }
 
 void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64_t step) {
-  uint64_t mine = Hash64(weights, n_params * sizeof(float));
+  CheckConsistentHash(Hash64(weights, n_params * sizeof(float)), step, "parameters");
+}
+
+void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* what) {
   std::vector<uint64_t> hashes(comm_.world());
   comm_.AllGatherU64(&mine, hashes.data(), 1, "consistency-check all-gather");
   std::map<uint64_t, int> votes;
   for (uint64_t h : hashes) ++votes[h];
   if (votes.size() == 1) return;
-  uint64_t majority =
-      std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-        return a.second < b.second;
-      })->first;
+  // The majority's hash; on a tie (two ranks), the lowest rank's.
+  uint64_t majority = hashes[0];
+  for (uint64_t h : hashes)
+    if (votes[h] > votes[majority]) majority = h;
   std::vector<std::string> hosts = comm_.AllGatherString(comm_.host(), "host-name all-gather");
   std::string culprits;
   for (int r = 0; r < comm_.world(); ++r) {
@@ -116,10 +159,10 @@ void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64
   // Every rank reports; the launcher's bad-node pattern `crucible-sdc` blames the named host.
   for (int r = 0; r < comm_.world(); ++r) {
     if (hashes[r] == majority || r != comm_.rank()) continue;
-    comm_.Abort(StrFormat("silent data corruption: rank %d on host %s holds parameters that differ "
+    comm_.Abort(StrFormat("silent data corruption: rank %d on host %s holds %s that differ "
                           "from the majority (hash %s vs %s) at step %lld",
-                          r, hosts[r].c_str(), HexU64(hashes[r]).c_str(), HexU64(majority).c_str(),
-                          (long long)step),
+                          r, hosts[r].c_str(), what, HexU64(hashes[r]).c_str(),
+                          HexU64(majority).c_str(), (long long)step),
                 kExitFailure);
   }
   comm_.Barrier("consistency-check abort");  // the disagreeing rank aborts the job
@@ -127,13 +170,18 @@ void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64
               kExitFailure);
 }
 
-size_t DataParallel::CommunicatedBytesPerStep() const {
+size_t DataParallel::CommunicatedBytesPerStep(int64_t micro_batches) const {
   const size_t world = static_cast<size_t>(comm_.world());
   if (world == 1) return 0;
   // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer.
   const size_t gradient = 16 * padded_;
   if (zero_stage_ == 0) return 2 * gradient * (world - 1) / world;
-  return gradient * (world - 1) / world + 4 * padded_ * (world - 1) / world;
+  if (zero_stage_ == 1) return gradient * (world - 1) / world + 4 * padded_ * (world - 1) / world;
+  // Stage 3, per micro-batch: the gradient reduce-scatter, and each unit's parameters gathered
+  // for the forward and again for the backward pass (an upper bound: units still cached from
+  // the forward pass, the tail and the last layer, are not gathered again).
+  return static_cast<size_t>(micro_batches) *
+         (gradient * (world - 1) / world + 2 * 4 * padded_ * (world - 1) / world);
 }
 
 }  // namespace crucible

@@ -7,8 +7,14 @@
 // norm bit for bit. Micro-batch losses are gathered and summed in global micro-batch order.
 //
 // ZeRO stage 1 shards the optimizer state: the gradient is reduce-scattered, each rank updates
-// its shard of the parameters, and the shards are all-gathered. Shards are whole multiples of
+// its shard of the parameters, and the shards are all-gathered. Stage 3 shards the parameters
+// too: a rank stores only its shard, and the model gathers each unit (a decoder layer, the
+// embedding, the tail) when it needs it (dist/param_access.h). Shards are whole multiples of
 // kNormChunk, so buffers are padded to padded_size(). Stage 0 keeps everything replicated.
+//
+// Overlap: gradients can be reduced unit by unit, each reduction started (non-blocking) as soon
+// as the backward pass has finished the unit in the step's last micro-batch, while it goes on
+// with the units below; FinishReductions() waits for what is still in flight.
 #pragma once
 
 #include <cstddef>
@@ -32,12 +38,25 @@ class DataParallel {
   // The part of the parameters this rank updates ([0, n_params) for stage 0).
   size_t update_begin() const { return update_begin_; }
   size_t update_end() const { return update_end_; }
+  // Rank r's shard is [r * shard_size(), (r + 1) * shard_size()) of the padded buffer.
+  size_t shard_size() const { return shard_; }
+  size_t shard_begin() const { return static_cast<size_t>(comm_.rank()) * shard_; }
+  size_t n_params() const { return n_params_; }
+  Communicator& comm() { return comm_; }
 
   // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end).
   void ReduceGradients(ExactAccumulator& accumulator, float* grads);
-  // Squared global norm of grads over all parameters, identical for any number of ranks.
-  double GradNormSquared(const float* grads);
-  // Stage 1: every rank receives every shard of the updated parameters.
+  // Stages 0 and 1, overlapped: starts the exact reduction of accumulator[begin, end) (a
+  // unit's final sum on this rank); FinishReductions() waits for every reduction started and
+  // converts the result to grads[update_begin, update_end). Returns the seconds it waited.
+  void StartReduction(ExactAccumulator& accumulator, size_t begin, size_t end);
+  void Progress();
+  double FinishReductions(ExactAccumulator& accumulator, float* grads);
+  // Squared global norm of the gradient, identical for any number of ranks. grads[i - base]
+  // holds element i for i in [update_begin, update_end) (base 0: a full-size buffer; base
+  // shard_begin(): a shard).
+  double GradNormSquared(const float* grads, size_t base = 0);
+  // Stage 1: every rank receives every shard of the updated parameters (nothing for 0 and 3).
   void GatherParams(float* weights);
   // Sum of every rank's values in rank order (so in global micro-batch order when each rank
   // holds its consecutive micro-batches), identical for any number of ranks.
@@ -48,8 +67,12 @@ class DataParallel {
   // with "silent data corruption: rank R on host H ..." naming each rank that disagrees with the
   // majority.
   void CheckConsistency(const float* weights, size_t n_params, int64_t step);
-  // Bytes this rank sends per step for the gradient reduction and parameter gather (model).
-  size_t CommunicatedBytesPerStep() const;
+  // The same for a hash this rank computed of something every rank must hold identically
+  // (`what`, for the message).
+  void CheckConsistentHash(uint64_t mine, int64_t step, const char* what);
+  // Bytes this rank sends per step for the gradient reduction and parameter gathers (model of
+  // ring algorithms; ZeRO-3 reduce-scatters once per micro-batch).
+  size_t CommunicatedBytesPerStep(int64_t micro_batches = 1) const;
 
  private:
   Communicator& comm_;
@@ -57,6 +80,7 @@ class DataParallel {
   int zero_stage_;
   size_t update_begin_, update_end_;
   std::vector<__int128> shard_sum_;
+  std::vector<Communicator::Handle> in_flight_;
 };
 
 }  // namespace crucible

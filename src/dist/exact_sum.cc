@@ -20,8 +20,13 @@ void ExactAccumulator::Zero() {
 }
 
 bool ExactAccumulator::Add(const float* values) {
+  return AddRange(0, sum_.size(), values);
+}
+
+bool ExactAccumulator::AddRange(size_t begin, size_t end, const float* values) {
   ScopedKernelTimer profile_timer("exact_accumulate");
-  const int64_t n = static_cast<int64_t>(sum_.size());
+  const int64_t n = static_cast<int64_t>(end - begin);
+  __int128* sum = sum_.data() + begin;
   bool ok = true;
 #pragma omp parallel for schedule(static) reduction(&& : ok)
   for (int64_t i = 0; i < n; ++i) {
@@ -30,9 +35,32 @@ bool ExactAccumulator::Add(const float* values) {
       ok = false;
       continue;
     }
-    sum_[i] += static_cast<__int128>(v * kScale);
+    sum[i] += static_cast<__int128>(v * kScale);
   }
   return ok;
+}
+
+bool FloatToInt128(const float* in, __int128* out, size_t count) {
+  ScopedKernelTimer profile_timer("exact_accumulate");
+  const int64_t n = static_cast<int64_t>(count);
+  bool ok = true;
+#pragma omp parallel for schedule(static) reduction(&& : ok)
+  for (int64_t i = 0; i < n; ++i) {
+    double v = static_cast<double>(in[i]);
+    if (!(std::fabs(v) < kLimit)) {
+      ok = false;
+      out[i] = 0;
+      continue;
+    }
+    out[i] = static_cast<__int128>(v * kScale);
+  }
+  return ok;
+}
+
+void AddInt128(const __int128* in, __int128* sum, size_t count) {
+  const int64_t n = static_cast<int64_t>(count);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) sum[i] += in[i];
 }
 
 void ExactAccumulator::ToFloat(float* out) const {

@@ -20,12 +20,20 @@ class ExactAccumulator {
   // sum += values; returns false (and adds nothing for those elements) if any value is
   // non-finite or too large to represent, so the caller can report a non-finite gradient.
   bool Add(const float* values);
+  // sum[begin, end) += values[0, end - begin); same contract as Add.
+  bool AddRange(size_t begin, size_t end, const float* values);
   void ToFloat(float* out) const;
   __int128* data() { return sum_.data(); }
 
  private:
   std::vector<__int128> sum_;
 };
+
+// out[i] = the fixed-point value of in[i] (exact for |v| >= 2^-40); false if any is non-finite
+// or too large (those elements are set to 0).
+bool FloatToInt128(const float* in, __int128* out, size_t n);
+// sum[i] += in[i].
+void AddInt128(const __int128* in, __int128* sum, size_t n);
 
 // Converts n fixed-point sums to float (int128 -> double -> float, round to nearest each).
 void Int128ToFloat(const __int128* in, float* out, size_t n);

@@ -1,9 +1,11 @@
 // Forward and backward of the Llama decoder over one micro-batch.
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -76,6 +78,26 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.dup.resize(N * F);
   b.dhidden.resize(N * F);
   b.att_scratch.resize(k::attention_backward_scratch_floats(B_, T_, KV));
+
+  const auto& units = table_.units();
+  const ParamUnit& tail = units[table_.tail_unit()];
+  params_.embed = table_.Find("model.embed_tokens.weight").offset - units[0].begin;
+  params_.final_norm = table_.Find("model.norm.weight").offset - tail.begin;
+  if (!config.tie_embeddings) params_.head = table_.Find("lm_head.weight").offset - tail.begin;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const size_t base = units[1 + l].begin;
+    auto at = [&](const char* name) { return table_.Find(p + name).offset - base; };
+    LayerOffsets o{at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
+                   at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+                   at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+                   at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+                   at("mlp.down_proj.weight")};
+    if (l == 0) params_.layer = o;
+    // Layers are laid out alike, so one set of unit-relative offsets serves them all.
+    if (std::memcmp(&o, &params_.layer, sizeof(o)) != 0)
+      throw Error(kExitFailure, "internal: decoder layers are laid out differently");
+  }
 }
 
 LlamaModel::~LlamaModel() {
@@ -103,48 +125,87 @@ const float* LlamaModel::losses() const {
   return buffers_->losses.data();
 }
 
-double LlamaModel::Forward(const float* w, const int32_t* tokens, const int32_t* targets,
+namespace {
+
+// The replicated flat buffers of a single-process step: every unit is a view into them.
+class FlatAccess : public ParameterAccess {
+ public:
+  FlatAccess(const ParameterTable& table, const float* weights, float* grads)
+      : table_(table), weights_(weights), grads_(grads) {}
+  const float* AcquireWeights(int unit) override { return weights_ + table_.units()[unit].begin; }
+  float* Gradients(int unit) override { return grads_ + table_.units()[unit].begin; }
+
+ private:
+  const ParameterTable& table_;
+  const float* weights_;
+  float* grads_;
+};
+
+}  // namespace
+
+double LlamaModel::Forward(const float* weights, const int32_t* tokens, const int32_t* targets,
+                           int64_t* valid_tokens) {
+  FlatAccess access(table_, weights, nullptr);
+  return Forward(access, tokens, targets, valid_tokens);
+}
+
+void LlamaModel::Backward(const float* weights, float* grads, float loss_scale) {
+  FlatAccess access(table_, weights, grads);
+  Backward(access, loss_scale);
+}
+
+double LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                            int64_t* valid_tokens) {
   Buffers& b = *buffers_;
   const LlamaConfig& c = config_;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
+  const int64_t L = c.n_layers;
+  const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
   std::memcpy(b.tokens.data(), tokens, N * sizeof(int32_t));
   std::memcpy(b.targets.data(), targets, N * sizeof(int32_t));
-  auto W = [&](const std::string& name) { return w + table_.Find(name).offset; };
+  const P& p = params_;
 
+  const float* unit0 = access.AcquireWeights(0);
+  access.Prefetch(L > 0 ? 1 : tail);
   k::embedding_forward(b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data(), tokens,
-                       W("model.embed_tokens.weight"), N, C);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    auto& L = b.layers[l];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    float* x_out = l + 1 < c.n_layers ? b.layers[l + 1].x_in.data() : b.x_final.data();
-    k::rmsnorm_forward(L.ln1.data(), L.ln1_rstd.data(), L.x_in.data(),
-                       W(p + "input_layernorm.weight"), N, C, eps);
-    k::matmul_forward(L.q.data(), L.ln1.data(), W(p + "self_attn.q_proj.weight"), N, C, H * D);
-    k::matmul_forward(L.k.data(), L.ln1.data(), W(p + "self_attn.k_proj.weight"), N, C, KV * D);
-    k::matmul_forward(L.v.data(), L.ln1.data(), W(p + "self_attn.v_proj.weight"), N, C, KV * D);
-    k::rope_forward(L.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
-    k::rope_forward(L.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::attention_forward(L.att.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_,
-                         H, KV, D);
-    k::matmul_forward(L.x_mid.data(), L.att.data(), W(p + "self_attn.o_proj.weight"), N, H * D, C);
+                       unit0 + p.embed, N, C);
+  if (!c.tie_embeddings) access.ReleaseWeights(0);
+  for (int64_t l = 0; l < L; ++l) {
+    auto& Lb = b.layers[l];
+    const int unit = static_cast<int>(1 + l);
+    const float* w = access.AcquireWeights(unit);
+    access.Prefetch(l + 1 < L ? unit + 1 : tail);
+    const LayerOffsets& o = p.layer;  // unit-relative, the same for every layer
+    float* x_out = l + 1 < L ? b.layers[l + 1].x_in.data() : b.x_final.data();
+    k::rmsnorm_forward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
+    k::matmul_forward(Lb.q.data(), Lb.ln1.data(), w + o.q, N, C, H * D);
+    k::matmul_forward(Lb.k.data(), Lb.ln1.data(), w + o.k, N, C, KV * D);
+    k::matmul_forward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
+    k::rope_forward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
+    k::rope_forward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
+    k::attention_forward(Lb.att.data(), Lb.probs.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
+                         T_, H, KV, D);
+    k::matmul_forward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * C; ++i) L.x_mid[i] += L.x_in[i];
-    k::rmsnorm_forward(L.ln2.data(), L.ln2_rstd.data(), L.x_mid.data(),
-                       W(p + "post_attention_layernorm.weight"), N, C, eps);
-    k::matmul_forward(L.gate.data(), L.ln2.data(), W(p + "mlp.gate_proj.weight"), N, C, F);
-    k::matmul_forward(L.up.data(), L.ln2.data(), W(p + "mlp.up_proj.weight"), N, C, F);
-    k::swiglu_forward(L.hidden.data(), L.gate.data(), L.up.data(), N, F);
-    k::matmul_forward(x_out, L.hidden.data(), W(p + "mlp.down_proj.weight"), N, F, C);
+    for (int64_t i = 0; i < N * C; ++i) Lb.x_mid[i] += Lb.x_in[i];
+    k::rmsnorm_forward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
+    k::matmul_forward(Lb.gate.data(), Lb.ln2.data(), w + o.gate, N, C, F);
+    k::matmul_forward(Lb.up.data(), Lb.ln2.data(), w + o.up, N, C, F);
+    k::swiglu_forward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, F);
+    k::matmul_forward(x_out, Lb.hidden.data(), w + o.down, N, F, C);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * C; ++i) x_out[i] += L.x_mid[i];
+    for (int64_t i = 0; i < N * C; ++i) x_out[i] += Lb.x_mid[i];
+    access.ReleaseWeights(unit);
   }
-  k::rmsnorm_forward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), W("model.norm.weight"), N,
-                     C, eps);
-  const float* head = c.tie_embeddings ? W("model.embed_tokens.weight") : W("lm_head.weight");
+  const float* wt = access.AcquireWeights(tail);
+  k::rmsnorm_forward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + p.final_norm, N, C,
+                     eps);
+  const float* head = c.tie_embeddings ? unit0 + p.embed : wt + p.head;
   k::matmul_forward(b.logits.data(), b.lnf.data(), head, N, C, V);
+  access.ReleaseWeights(tail);
+  if (c.tie_embeddings) access.ReleaseWeights(0);
   int64_t valid =
       k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
   if (valid_tokens) *valid_tokens = valid;
@@ -153,64 +214,82 @@ double LlamaModel::Forward(const float* w, const int32_t* tokens, const int32_t*
   return sum;
 }
 
-void LlamaModel::Backward(const float* w, float* grads, float loss_scale) {
+void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   Buffers& b = *buffers_;
   const LlamaConfig& c = config_;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
-  auto W = [&](const std::string& name) { return w + table_.Find(name).offset; };
-  auto G = [&](const std::string& name) { return grads + table_.Find(name).offset; };
+  const int64_t L = c.n_layers;
+  const int tail = table_.tail_unit();
+  const P& p = params_;
 
-  // Head and final norm.
+  // Head and final norm (the tied head's weight and gradient live in the embedding unit).
+  const float* wt = access.AcquireWeights(tail);
+  const float* unit0 = c.tie_embeddings ? access.AcquireWeights(0) : nullptr;
+  if (L > 0) access.Prefetch(static_cast<int>(L));
+  float* gt = access.Gradients(tail);
+  float* g0 = c.tie_embeddings ? access.Gradients(0) : nullptr;
   k::cross_entropy_backward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale);
   const float* dlogits = b.logits.data();
-  const std::string head_name = c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   std::fill(b.dln.begin(), b.dln.end(), 0.0f);
-  k::matmul_backward(b.dln.data(), G(head_name), dlogits, b.lnf.data(), W(head_name), N, C, V,
-                     false, false);
+  if (c.tie_embeddings)
+    k::matmul_backward(b.dln.data(), g0 + p.embed, dlogits, b.lnf.data(), unit0 + p.embed, N, C, V,
+                       false, false);
+  else
+    k::matmul_backward(b.dln.data(), gt + p.head, dlogits, b.lnf.data(), wt + p.head, N, C, V,
+                       false, false);
   std::fill(b.dx.begin(), b.dx.end(), 0.0f);
-  k::rmsnorm_backward(b.dx.data(), G("model.norm.weight"), b.dln.data(), b.x_final.data(),
-                      W("model.norm.weight"), b.lnf_rstd.data(), N, C);
+  k::rmsnorm_backward(b.dx.data(), gt + p.final_norm, b.dln.data(), b.x_final.data(),
+                      wt + p.final_norm, b.lnf_rstd.data(), N, C);
+  access.ReleaseWeights(tail);
+  access.GradientsReady(tail);
 
-  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
-    auto& L = b.layers[l];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+  for (int64_t l = L - 1; l >= 0; --l) {
+    auto& Lb = b.layers[l];
+    const int unit = static_cast<int>(1 + l);
+    const float* w = access.AcquireWeights(unit);
+    if (l > 0) access.Prefetch(unit - 1);  // the embedding's backward needs no weights
+    float* g = access.Gradients(unit);
+    const LayerOffsets& o = p.layer;
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
-    k::matmul_backward(b.dhidden.data(), G(p + "mlp.down_proj.weight"), b.dx.data(),
-                       L.hidden.data(), W(p + "mlp.down_proj.weight"), N, F, C, false, false);
-    k::swiglu_backward(b.dgate.data(), b.dup.data(), b.dhidden.data(), L.gate.data(), L.up.data(),
+    k::matmul_backward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N,
+                       F, C, false, false);
+    k::swiglu_backward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(), Lb.up.data(),
                        N, F);
-    k::matmul_backward(b.dln.data(), G(p + "mlp.gate_proj.weight"), b.dgate.data(), L.ln2.data(),
-                       W(p + "mlp.gate_proj.weight"), N, C, F, false, false);
-    k::matmul_backward(b.dln.data(), G(p + "mlp.up_proj.weight"), b.dup.data(), L.ln2.data(),
-                       W(p + "mlp.up_proj.weight"), N, C, F, true, false);
+    k::matmul_backward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C, F,
+                       false, false);
+    k::matmul_backward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F, true,
+                       false);
     // dx (d x_mid) += rmsnorm backward
-    k::rmsnorm_backward(b.dx.data(), G(p + "post_attention_layernorm.weight"), b.dln.data(),
-                        L.x_mid.data(), W(p + "post_attention_layernorm.weight"), L.ln2_rstd.data(),
-                        N, C);
+    k::rmsnorm_backward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
+                        Lb.ln2_rstd.data(), N, C);
     // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))).
-    k::matmul_backward(b.datt.data(), G(p + "self_attn.o_proj.weight"), b.dx.data(), L.att.data(),
-                       W(p + "self_attn.o_proj.weight"), N, H * D, C, false, false);
+    k::matmul_backward(b.datt.data(), g + o.o, b.dx.data(), Lb.att.data(), w + o.o, N, H * D, C,
+                       false, false);
     k::attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.att_scratch.data(),
-                          b.datt.data(), L.probs.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_,
-                          H, KV, D);
+                          b.datt.data(), Lb.probs.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
+                          T_, H, KV, D);
     k::rope_backward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     k::rope_backward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::matmul_backward(b.dln.data(), G(p + "self_attn.q_proj.weight"), b.dq.data(), L.ln1.data(),
-                       W(p + "self_attn.q_proj.weight"), N, C, H * D, false, false);
-    k::matmul_backward(b.dln.data(), G(p + "self_attn.k_proj.weight"), b.dk.data(), L.ln1.data(),
-                       W(p + "self_attn.k_proj.weight"), N, C, KV * D, true, false);
-    k::matmul_backward(b.dln.data(), G(p + "self_attn.v_proj.weight"), b.dv.data(), L.ln1.data(),
-                       W(p + "self_attn.v_proj.weight"), N, C, KV * D, true, false);
+    k::matmul_backward(b.dln.data(), g + o.q, b.dq.data(), Lb.ln1.data(), w + o.q, N, C, H * D,
+                       false, false);
+    k::matmul_backward(b.dln.data(), g + o.k, b.dk.data(), Lb.ln1.data(), w + o.k, N, C, KV * D,
+                       true, false);
+    k::matmul_backward(b.dln.data(), g + o.v, b.dv.data(), Lb.ln1.data(), w + o.v, N, C, KV * D,
+                       true, false);
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
-    k::rmsnorm_backward(b.dx.data(), G(p + "input_layernorm.weight"), b.dln.data(), L.x_in.data(),
-                        W(p + "input_layernorm.weight"), L.ln1_rstd.data(), N, C);
+    k::rmsnorm_backward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
+                        Lb.ln1_rstd.data(), N, C);
+    access.ReleaseWeights(unit);
+    access.GradientsReady(unit);
   }
   // Embedding: overwrite (untied) or add to the head's gradient (tied).
-  float* dembed = G("model.embed_tokens.weight");
-  if (!c.tie_embeddings)
-    std::fill(dembed, dembed + table_.Find("model.embed_tokens.weight").numel, 0.0f);
+  if (!g0) g0 = access.Gradients(0);
+  float* dembed = g0 + p.embed;
+  if (!c.tie_embeddings) std::fill(dembed, dembed + table_.params()[0].numel, 0.0f);
   k::embedding_backward(dembed, b.dx.data(), b.tokens.data(), N, C);
+  if (c.tie_embeddings) access.ReleaseWeights(0);
+  access.GradientsReady(0);
 }
 
 }  // namespace crucible

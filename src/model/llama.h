@@ -47,10 +47,21 @@ struct ParamInfo {
   int layer = -1;  // decoder layer, -1 for embedding / final norm / head
 };
 
+// A contiguous range [begin, end) of the flat buffer that the model uses as a whole: unit 0 is
+// the embedding, unit 1 + l decoder layer l, the last unit the tail (final norm and untied head).
+// ZeRO-3 gathers parameters and data parallelism reduces gradients unit by unit.
+struct ParamUnit {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
 class ParameterTable {
  public:
   explicit ParameterTable(const LlamaConfig& config);
   const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int tail_unit() const { return static_cast<int>(units_.size()) - 1; }
+  size_t max_unit_size() const;
   size_t total() const { return total_; }
   const ParamInfo& Find(const std::string& name) const;  // throws if absent
   const ParamInfo* TryFind(const std::string& name) const;
@@ -59,6 +70,7 @@ class ParameterTable {
 
  private:
   std::vector<ParamInfo> params_;
+  std::vector<ParamUnit> units_;
   size_t total_ = 0;
   size_t flop_params_ = 0;
 };
@@ -73,6 +85,25 @@ void InitWeights(const LlamaConfig& config, const ParameterTable& table, uint64_
 // Floating-point operations per trained token: 6 N + 6 L d T (forward + backward; N from
 // FlopParams(), causal attention counted at half of the dense 12 L d T).
 double TrainFlopsPerToken(const LlamaConfig& config, const ParameterTable& table, int64_t seq_len);
+
+// How the model reaches its parameters and hands back gradients, one unit at a time. Within
+// unit u, flat element i (u.begin <= i < u.end) is at Weights(u)[i - u.begin], and its gradient
+// at Gradients(u)[i - u.begin]. The flat-buffer overloads of Forward/Backward use one replicated
+// buffer; ZeRO-3 gathers each unit from the ranks' shards when it is acquired, and data
+// parallelism starts reducing a unit's gradient as soon as it is ready, while the backward pass
+// goes on with the units below it.
+class ParameterAccess {
+ public:
+  virtual ~ParameterAccess() = default;
+  virtual const float* AcquireWeights(int unit) = 0;
+  virtual void ReleaseWeights(int /*unit*/) {}
+  // A hint that `unit` is needed next (ZeRO-3 starts its gather).
+  virtual void Prefetch(int /*unit*/) {}
+  // Where the unit's gradient goes; the model writes every element of the unit before it calls
+  // GradientsReady(unit) for this micro-batch.
+  virtual float* Gradients(int unit) = 0;
+  virtual void GradientsReady(int /*unit*/) {}
+};
 
 class LlamaModel {
  public:
@@ -97,11 +128,24 @@ class LlamaModel {
   const float* losses() const;
   // Gradient of loss_scale * (sum of losses of the last Forward), written over `grads`.
   void Backward(const float* weights, float* grads, float loss_scale);
+  // The same, reaching parameters and gradients unit by unit through `access`.
+  double Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
+                 int64_t* valid_tokens);
+  void Backward(ParameterAccess& access, float loss_scale);
 
  private:
   struct Buffers;
   LlamaConfig config_;
   ParameterTable table_;
+  // Unit-relative offsets of the tensors (every decoder layer has the same layout).
+  struct LayerOffsets {
+    size_t ln1 = 0, q = 0, k = 0, v = 0, o = 0, ln2 = 0, gate = 0, up = 0, down = 0;
+  };
+  struct P {
+    size_t embed = 0, final_norm = 0, head = 0;
+    LayerOffsets layer;
+  };
+  P params_;
   int64_t B_, T_;
   Buffers* buffers_;
 };

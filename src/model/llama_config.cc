@@ -102,6 +102,7 @@ ParameterTable::ParameterTable(const LlamaConfig& c) {
   };
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden_dim;
   add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1);
+  units_.push_back({0, total_});
   for (int l = 0; l < c.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {C}, ParamKind::kNorm, l);
@@ -113,9 +114,17 @@ ParameterTable::ParameterTable(const LlamaConfig& c) {
     add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l);
     add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l);
     add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l);
+    units_.push_back({units_.back().end, total_});
   }
   add("model.norm.weight", {C}, ParamKind::kNorm, -1);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
+  units_.push_back({units_.back().end, total_});
+}
+
+size_t ParameterTable::max_unit_size() const {
+  size_t largest = 0;
+  for (const ParamUnit& u : units_) largest = std::max(largest, u.size());
+  return largest;
 }
 
 const ParamInfo* ParameterTable::TryFind(const std::string& name) const {

@@ -52,7 +52,8 @@ std::vector<std::pair<std::string, std::vector<float>*>> Optimizer::State() {
   return state;
 }
 
-void Optimizer::Step(float* params, const float* grads, double lr_double, int64_t step) {
+void Optimizer::Step(float* params_at_base, const float* grads_at_base, double lr_double,
+                     int64_t step, size_t param_base) {
   ScopedKernelTimer profile_timer("optimizer");
   const float lr = static_cast<float>(lr_double);
   const float beta1 = static_cast<float>(config_.beta1), beta2 = static_cast<float>(config_.beta2);
@@ -63,35 +64,36 @@ void Optimizer::Step(float* params, const float* grads, double lr_double, int64_
   for (const Range& range : ranges_) {
     const float decay = 1.0f - lr * range.weight_decay;
     const int64_t b = static_cast<int64_t>(range.begin), e = static_cast<int64_t>(range.end);
-    const size_t base = begin_;
+    // This range's parameters, gradients and state, from its first element.
+    float* params = params_at_base + (range.begin - param_base);
+    const float* grads = grads_at_base + (range.begin - param_base);
+    float* m = m_.data() + (range.begin - begin_);
+    float* v = v_.empty() ? nullptr : v_.data() + (range.begin - begin_);
+    const int64_t n = e - b;
     if (config_.name == "AdamW") {
       const float step_size = lr / bias1;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = b; i < e; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         float g = grads[i];
-        float& m = m_[i - base];
-        float& v = v_[i - base];
-        m = beta1 * m + (1.0f - beta1) * g;
-        v = beta2 * v + (1.0f - beta2) * (g * g);
-        float denom = std::sqrt(v) / bias2_sqrt + eps;
-        params[i] = params[i] * decay - step_size * (m / denom);
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * (g * g);
+        float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+        params[i] = params[i] * decay - step_size * (m[i] / denom);
       }
     } else if (config_.name == "SGD") {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = b; i < e; ++i) {
-        float& m = m_[i - base];
-        m = beta1 * m + grads[i];
-        params[i] = params[i] * decay - lr * m;
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = beta1 * m[i] + grads[i];
+        params[i] = params[i] * decay - lr * m[i];
       }
     } else {  // Lion (Chen et al. 2023)
 #pragma omp parallel for schedule(static)
-      for (int64_t i = b; i < e; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         float g = grads[i];
-        float& m = m_[i - base];
-        float update = beta1 * m + (1.0f - beta1) * g;
+        float update = beta1 * m[i] + (1.0f - beta1) * g;
         float sign = update > 0.0f ? 1.0f : (update < 0.0f ? -1.0f : 0.0f);
         params[i] = params[i] * decay - lr * sign;
-        m = beta2 * m + (1.0f - beta2) * g;
+        m[i] = beta2 * m[i] + (1.0f - beta2) * g;
       }
     }
   }

@@ -22,8 +22,9 @@ OptimizerConfig BuildOptimizerConfig(const Config& config);
 class Optimizer {
  public:
   Optimizer(const OptimizerConfig& config, const ParameterTable& table, size_t begin, size_t end);
-  // One update of params[begin,end) from grads[begin,end); `step` counts from 1.
-  void Step(float* params, const float* grads, double lr, int64_t step);
+  // One update of params[begin,end) from grads[begin,end); `step` counts from 1. params[i - base]
+  // and grads[i - base] hold element i (base > 0 when they are a ZeRO-3 shard).
+  void Step(float* params, const float* grads, double lr, int64_t step, size_t base = 0);
   // Named state buffers (each covering [begin, end)), for checkpoints.
   std::vector<std::pair<std::string, std::vector<float>*>> State();
   const OptimizerConfig& config() const { return config_; }

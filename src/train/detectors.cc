@@ -38,7 +38,8 @@ Detectors::Detectors(const Config& config, const ParameterTable& table, size_t b
       frozen_steps_(config.Int("debug.frozen_steps")),
       initial_loss_tolerance_(config.Float("debug.initial_loss_tolerance")),
       begin_(begin),
-      end_(end) {
+      end_(end),
+      table_(table) {
   const std::string& dtype = config.String("training.master_dtype");
   if (dtype != "float32" && dtype != "bfloat16")
     throw UsageError("training.master_dtype: expected float32 or bfloat16, got '" + dtype + "'");
@@ -61,27 +62,29 @@ void Detectors::CheckFirstLoss(double loss, int64_t vocab_size) {
                   loss, loss - expected, expected));
 }
 
-std::string Detectors::FindNonFinite(const float* grads) const {
-  for (const Range& r : ranges_) {
-    for (size_t i = r.begin; i < r.end; ++i)
-      if (!std::isfinite(grads[i]))
-        return StrFormat("%s (element %zu = %g)", r.name.c_str(), i - r.begin, grads[i]);
+std::string Detectors::FindNonFinite(const float* grads, size_t begin, size_t end) const {
+  for (const ParamInfo& p : table_.params()) {
+    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
+    for (size_t i = b; i < e; ++i)
+      if (!std::isfinite(grads[i - begin]))
+        return StrFormat("%s (element %zu = %g)", p.name.c_str(), i - p.offset, grads[i - begin]);
   }
   return "";
 }
 
-void Detectors::BeforeUpdate(const float* weights) {
+void Detectors::BeforeUpdate(const float* weights, size_t base) {
   if (!enabled_) return;
   before_.clear();
   for (const Range& r : ranges_)
-    for (size_t i = r.begin; i < r.end; i += r.stride) before_.push_back(weights[i]);
+    for (size_t i = r.begin; i < r.end; i += r.stride) before_.push_back(weights[i - base]);
 }
 
-void Detectors::AfterUpdate(float* weights, int64_t step) {
+void Detectors::AfterUpdate(float* weights, int64_t step, size_t base) {
   if (!enabled_ && !bf16_storage_) return;
   if (!enabled_) {
     for (Range& r : ranges_)
-      for (size_t i = r.begin; i < r.end; ++i) weights[i] = RoundToBfloat16(weights[i]);
+      for (size_t i = r.begin; i < r.end; ++i)
+        weights[i - base] = RoundToBfloat16(weights[i - base]);
     return;
   }
   const int mantissa_bits = bf16_storage_ ? 7 : 23;
@@ -93,7 +96,7 @@ void Detectors::AfterUpdate(float* weights, int64_t step) {
       double update = 0.0, half_ulp = 0.0, n = 0.0;
       for (size_t i = r.begin; i < r.end; i += r.stride, ++sample) {
         float old = before_[sample];
-        update += std::fabs(static_cast<double>(weights[i]) - old);
+        update += std::fabs(static_cast<double>(weights[i - base]) - old);
         half_ulp += HalfUlp(old, mantissa_bits);
         n += 1.0;
       }
@@ -110,9 +113,10 @@ void Detectors::AfterUpdate(float* weights, int64_t step) {
       }
     }
     if (bf16_storage_)
-      for (size_t i = r.begin; i < r.end; ++i) weights[i] = RoundToBfloat16(weights[i]);
+      for (size_t i = r.begin; i < r.end; ++i)
+        weights[i - base] = RoundToBfloat16(weights[i - base]);
     if (enabled_ && !r.warned_unchanged && frozen_steps_ > 0) {
-      uint64_t h = Hash64(weights + r.begin, (r.end - r.begin) * sizeof(float));
+      uint64_t h = Hash64(weights + (r.begin - base), (r.end - r.begin) * sizeof(float));
       r.unchanged_steps = (h == r.last_hash) ? r.unchanged_steps + 1 : 0;
       r.last_hash = h;
       if (r.unchanged_steps >= frozen_steps_) {

@@ -28,13 +28,15 @@ class Detectors {
   bool bf16_storage() const { return bf16_storage_; }
   // Warns when a fresh model's first loss is more than the tolerance away from ln(vocab).
   void CheckFirstLoss(double loss, int64_t vocab_size);
-  // Name of the first tensor holding a non-finite value in grads, and the element; "" if none.
-  std::string FindNonFinite(const float* grads) const;
+  // Name of the first tensor holding a non-finite value in grads[begin, end) (grads[i - begin]
+  // is element i of the flat buffer), and the element; "" if none.
+  std::string FindNonFinite(const float* grads, size_t begin, size_t end) const;
   // Call before the optimizer step (remembers a fixed sample of the values it changes) ...
-  void BeforeUpdate(const float* weights);
+  // weights[i - base] is element i of the flat buffer (base > 0 for a ZeRO-3 shard).
+  void BeforeUpdate(const float* weights, size_t base = 0);
   // ... and after it: compares intended updates with half a ULP of the stored precision,
   // applies bf16 storage when configured, and tracks tensors that stay unchanged.
-  void AfterUpdate(float* weights, int64_t step);
+  void AfterUpdate(float* weights, int64_t step, size_t base = 0);
 
  private:
   struct Range {
@@ -52,6 +54,7 @@ class Detectors {
   int64_t frozen_steps_;
   double initial_loss_tolerance_;
   size_t begin_, end_;
+  const ParameterTable& table_;
   std::vector<Range> ranges_;
   std::vector<float> before_;
 };

@@ -26,6 +26,7 @@
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
 #include "dist/exact_sum.h"
+#include "dist/param_access.h"
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
 #include "optim/optim.h"
@@ -129,39 +130,63 @@ int RunTraining(Config config, const std::string& resume_mode) {
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   DataParallel data_parallel(comm, n_params,
                              static_cast<int>(config.Int("parallelism.zero_stage")));
-  std::vector<float> weights(data_parallel.padded_size()), grads(data_parallel.padded_size());
-  ExactAccumulator accumulator(data_parallel.padded_size());
+  const int zero_stage = data_parallel.zero_stage();
+  // ZeRO-3: a rank stores only its shard of the weights and gradients; weights[i - base] and
+  // grads[i - base] hold parameter i of it. Otherwise base is 0 and the buffers are full.
+  const bool sharded = zero_stage == 3;
+  const size_t padded = data_parallel.padded_size(), shard = data_parallel.shard_size();
+  const size_t base = sharded ? data_parallel.shard_begin() : 0;
+  std::vector<float> weights(sharded ? shard : padded), grads(sharded ? shard : padded);
+  ExactAccumulator accumulator(sharded ? 0 : padded);
   const size_t update_begin = data_parallel.update_begin(), update_end = data_parallel.update_end();
   Optimizer optimizer(optimizer_config, table, update_begin, update_end);
-  // Checkpoints hold the optimizer state of every parameter. Under ZeRO-1 each rank updates
-  // only its shard; the full state is gathered into `full_state` before a save and a resume
-  // loads the full state and keeps the shard, so a checkpoint resumes on any number of ranks.
+  // Checkpoints hold the optimizer state of every parameter. Under ZeRO each rank updates only
+  // its shard; a resume loads the full state and keeps the shard, so a checkpoint resumes on any
+  // number of ranks, and before a save rank 0 gathers the full state into `full_state`. Its
+  // buffers exist only while a resume or a save needs them.
   std::unique_ptr<Optimizer> full_state;
-  if (data_parallel.zero_stage() == 1 && world > 1)
+  if (zero_stage >= 1 && world > 1)
     full_state = std::make_unique<Optimizer>(optimizer_config, table, 0, n_params);
+  auto release_full_state = [&]() {
+    if (full_state)
+      for (auto& named : full_state->State()) std::vector<float>().swap(*named.second);
+  };
   Optimizer* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
   Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, world);
-  const ResumePoint resume = checkpointing.Resume(resume_mode, weights.data());
+  // Loading (resume, init, import) fills a full buffer; under ZeRO-3 each rank keeps its shard.
+  std::vector<float> full_load(sharded ? padded : 0);
+  float* load_target = sharded ? full_load.data() : weights.data();
+  const ResumePoint resume = checkpointing.Resume(resume_mode, load_target);
   auto shard_state = [&](bool gather) {
     if (!full_state) return;
-    auto shard = optimizer.State();
+    auto shard_parts = optimizer.State();
     auto full = full_state->State();
-    for (size_t i = 0; i < shard.size(); ++i) {
-      std::vector<float>& part = *shard[i].second;
+    for (size_t i = 0; i < shard_parts.size(); ++i) {
+      std::vector<float>& part = *shard_parts[i].second;
       std::vector<float>& whole = *full[i].second;
       if (gather) {
-        std::vector<float> padded(data_parallel.padded_size(), 0.0f);
-        std::copy(part.begin(), part.end(), padded.begin() + update_begin);
-        comm.AllGatherFloat(padded.data() + rank * (data_parallel.padded_size() / world),
-                            padded.data(), data_parallel.padded_size() / world,
-                            "optimizer-state all-gather");
-        std::copy(padded.begin(), padded.begin() + n_params, whole.begin());
+        // Rank 0 receives every rank's shard (padded to the shard size) in rank order.
+        std::vector<float> mine(shard, 0.0f), all(leader ? padded : 0);
+        std::copy(part.begin(), part.end(), mine.begin() + (update_begin - rank * shard));
+        comm.GatherFloatToRoot(mine.data(), all.data(), shard, "optimizer-state gather");
+        if (leader) whole.assign(all.begin(), all.begin() + n_params);
       } else {
         std::copy(whole.begin() + update_begin, whole.begin() + update_end, part.begin());
       }
     }
   };
   if (resume.resumed) shard_state(false);
+  release_full_state();
+  // ZeRO-3: rank 0 gathers the full weights when a save, an evaluation or the final hash needs
+  // them (every rank must call this; others get nullptr).
+  std::vector<float> gathered;
+  auto full_weights = [&]() -> const float* {
+    if (!sharded) return weights.data();
+    if (leader) gathered.resize(padded);
+    comm.GatherFloatToRoot(weights.data(), gathered.data(), shard, "parameter gather");
+    return leader ? gathered.data() : nullptr;
+  };
+  auto release_gathered = [&]() { std::vector<float>().swap(gathered); };
   Detectors detectors(config, table, update_begin, update_end);
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader) AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
@@ -172,20 +197,25 @@ int RunTraining(Config config, const std::string& resume_mode) {
       throw UsageError(
           "model.init_weights and checkpoint.initial_load_hf are both set; choose one");
     if (!hf_path.empty()) {
-      ImportHfModel(hf_path, model_config, table, weights.data());
+      ImportHfModel(hf_path, model_config, table, load_target);
       PrintLine("phase=initial_load_hf from=" + hf_path);
     } else if (!init_path.empty()) {
-      LoadModelWeights(init_path, table, weights.data());
+      LoadModelWeights(init_path, table, load_target);
     } else {
       InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
-                  weights.data());
+                  load_target);
     }
+  }
+  if (sharded) {
+    std::copy(full_load.begin() + base, full_load.begin() + base + shard, weights.begin());
+    std::vector<float>().swap(full_load);
   }
 
   const bool fresh_model = !resume.resumed && config.String("model.init_weights").empty() &&
                            config.String("checkpoint.initial_load_hf").empty();
   if (detectors.bf16_storage())
-    for (size_t i = 0; i < n_params; ++i) weights[i] = RoundToBfloat16(weights[i]);
+    for (size_t i = sharded ? update_begin : 0; i < (sharded ? update_end : n_params); ++i)
+      weights[i - base] = RoundToBfloat16(weights[i - base]);
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
   double peak_gflops = config.Float("metrics.peak_gflops");
   if (peak_gflops <= 0) {
@@ -211,18 +241,51 @@ int RunTraining(Config config, const std::string& resume_mode) {
         data_parallel.zero_stage(), threads,
         HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
         source->Describe().c_str()));
-    // Memory per rank: weights and gradients (padded), the exact accumulator (16 bytes per
-    // parameter), the optimizer state of this rank's part, activations.
-    const double padded = static_cast<double>(data_parallel.padded_size());
-    const double state_floats = static_cast<double>(optimizer.State().size()) *
-                                static_cast<double>(update_end - update_begin);
+  }
+
+  // ---- how the model reaches parameters and gradients ----
+  const bool overlap = config.Bool("parallelism.overlap_grad_reduce") && world > 1;
+  std::string non_finite_where;  // first tensor with a non-finite gradient in this micro-batch
+  auto on_non_finite = [&](int unit, const float* unit_grads) {
+    if (non_finite_where.empty())
+      non_finite_where =
+          detectors.FindNonFinite(unit_grads, table.units()[unit].begin, table.units()[unit].end);
+  };
+  std::unique_ptr<ReplicatedAccess> replicated;
+  std::unique_ptr<ShardedAccess> sharded_access;
+  if (sharded)
+    sharded_access = std::make_unique<ShardedAccess>(table, data_parallel, weights.data(),
+                                                     overlap || world == 1, on_non_finite);
+  else
+    replicated = std::make_unique<ReplicatedAccess>(
+        table, data_parallel, accumulator, weights.data(), grads.data(), overlap, on_non_finite);
+  ParameterAccess& access = sharded ? static_cast<ParameterAccess&>(*sharded_access) : *replicated;
+  const int64_t consistency_steps = config.Int("parallelism.consistency_check_steps");
+  const bool check_consistency = world > 1 && consistency_steps > 0;
+  if (sharded_access) sharded_access->EnableHashing(check_consistency);
+
+  if (leader) {
+    // Memory per rank (the parameter-sized buffers, from their real sizes; formula in
+    // docs/distributed.md): weights and gradients (the full padded buffers, or the shard under
+    // ZeRO-3), the exact accumulator (16 bytes per element, the shard's sums under ZeRO-3), the
+    // optimizer state of this rank's part, ZeRO-3's gather/gradient/reduction buffers.
+    double state_floats = 0;
+    for (const auto& named : optimizer.State()) state_floats += named.second->size();
+    const double buffers = sharded_access ? sharded_access->buffer_bytes() : 0.0;
+    const double weight_bytes = 4.0 * weights.size(), grad_bytes = 4.0 * grads.size();
+    const double accumulator_bytes = 16.0 * accumulator.size();
+    const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
     PrintLine(StrFormat(
-        "phase=memory weights=%s grads=%s accumulator=%s optimizer_state=%s "
-        "activations=%s communicated_per_step=%s",
-        HumanBytes(4 * padded).c_str(), HumanBytes(4 * padded).c_str(),
-        HumanBytes(16 * padded).c_str(), HumanBytes(4 * state_floats).c_str(),
+        "phase=memory zero_stage=%d weights=%s grads=%s accumulator=%s optimizer_state=%s "
+        "zero3_buffers=%s model_state_bytes=%.0f activations=%s communicated_per_step=%s "
+        "overlap=%s",
+        zero_stage, HumanBytes(weight_bytes).c_str(), HumanBytes(grad_bytes).c_str(),
+        HumanBytes(accumulator_bytes).c_str(), HumanBytes(4 * state_floats).c_str(),
+        HumanBytes(buffers).c_str(), total,
         HumanBytes(static_cast<double>(model.activation_bytes())).c_str(),
-        HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep())).c_str()));
+        HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep(accumulation)))
+            .c_str(),
+        overlap ? "on" : "off"));
   }
 
   std::FILE* metrics = nullptr;
@@ -258,7 +321,6 @@ int RunTraining(Config config, const std::string& resume_mode) {
   double last_loss = resume.resumed ? resume.progress.loss : std::nan("");
   int64_t tokens_seen = resume.progress.tokens_seen;
   Timer train_timer;
-  const int64_t consistency_steps = config.Int("parallelism.consistency_check_steps");
   const int64_t corrupt_rank = config.Int("debug.corrupt_rank");
   const int64_t corrupt_step = config.Int("debug.corrupt_step");
   const double fake_loss_divisor = config.Float("debug.fake_loss_divisor");
@@ -271,8 +333,11 @@ int RunTraining(Config config, const std::string& resume_mode) {
     // Replicas must agree before they are used. Checked before the step's forward pass, because
     // under ZeRO-1 the next parameter all-gather would overwrite a corrupted replica (after it
     // had already produced wrong gradients).
-    if (world > 1 && consistency_steps > 0 && step > 1 && (step - 1) % consistency_steps == 0)
+    // (ZeRO-3 has no persistent replica: it compares what the ranks gathered, after the step.)
+    if (!sharded && check_consistency && step > 1 && (step - 1) % consistency_steps == 0)
       data_parallel.CheckConsistency(weights.data(), n_params, step - 1);
+    if (sharded && corrupt_rank == rank && corrupt_step == step)
+      sharded_access->CorruptNextGather();  // test only
     // This rank's micro-batches are the consecutive global micro-batches
     // [rank * accumulation, (rank + 1) * accumulation) of the step's global batch.
     const int64_t first = (step - 1) * global_batch + rank * accumulation * micro_batch;
@@ -288,29 +353,47 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const float loss_scale = 1.0f / static_cast<float>(valid_total);
     std::vector<double> micro_losses(accumulation);
     bool finite = true;
-    accumulator.Zero();
+    if (sharded)
+      sharded_access->BeginStep();
+    else
+      accumulator.Zero();
     for (int64_t m = 0; m < accumulation; ++m) {
       int64_t valid = 0;
+      if (replicated) replicated->BeginMicroBatch(m + 1 == accumulation);
+      const bool inject = inject_nan_tensor && step == inject_nan_step && leader && m == 0;
+      const int64_t nan_at = inject ? static_cast<int64_t>(inject_nan_tensor->offset) : -1;
+      if (replicated) replicated->SetTestNan(nan_at);
+      if (sharded_access) sharded_access->SetTestNan(nan_at);
       micro_losses[m] =
-          model.Forward(weights.data(), inputs.data() + m * N, targets.data() + m * N, &valid);
-      model.Backward(weights.data(), grads.data(), loss_scale);
-      if (inject_nan_tensor && step == inject_nan_step && leader && m == 0)
-        grads[inject_nan_tensor->offset] = std::nanf("");  // test only
-      if (!accumulator.Add(grads.data())) {
+          model.Forward(access, inputs.data() + m * N, targets.data() + m * N, &valid);
+      model.Backward(access, loss_scale);
+      if (!non_finite_where.empty()) {
         finite = false;
-        LogWarn(
-            StrFormat("step %lld: non-finite gradient in %s (micro-batch %lld); the update "
-                      "will be skipped",
-                      (long long)step, detectors.FindNonFinite(grads.data()).c_str(),
-                      (long long)(rank * accumulation + m)));
+        LogWarn(StrFormat(
+            "step %lld: non-finite gradient in %s (micro-batch %lld); the update "
+            "will be skipped",
+            (long long)step, non_finite_where.c_str(), (long long)(rank * accumulation + m)));
+        non_finite_where.clear();
       }
     }
     finite = !data_parallel.Any(!finite);
-    data_parallel.ReduceGradients(accumulator, grads.data());
+    // The gradient reductions still in flight (all of them without overlap): the time this
+    // rank waits here is the communication the backward pass did not hide.
+    Timer reduce_timer;
+    if (sharded)
+      sharded_access->FinishStep(grads.data());
+    else if (overlap)
+      data_parallel.FinishReductions(accumulator, grads.data());
+    else
+      data_parallel.ReduceGradients(accumulator, grads.data());
+    const double reduce_wait_seconds = reduce_timer.Seconds();
+    if (sharded && check_consistency && step % consistency_steps == 0)
+      data_parallel.CheckConsistentHash(sharded_access->TakeGatheredHash(), step,
+                                        "gathered parameters");
     const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total) /
                         fake_loss_divisor;  // the divisor is a test-only fault
     if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
-    double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data()));
+    double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data(), base));
     if (!finite) grad_norm = std::nan("");
     if (!std::isfinite(grad_norm)) {
       if (leader)
@@ -322,14 +405,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = static_cast<int64_t>(update_begin); i < static_cast<int64_t>(update_end);
              ++i)
-          grads[i] *= clip;
+          grads[i - base] *= clip;
       }
-      detectors.BeforeUpdate(weights.data());
-      optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step);
-      detectors.AfterUpdate(weights.data(), step);
+      detectors.BeforeUpdate(weights.data(), base);
+      optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step, base);
+      detectors.AfterUpdate(weights.data(), step, base);
       data_parallel.GatherParams(weights.data());
     }
-    if (corrupt_rank == rank && corrupt_step == step) {
+    if (!sharded && corrupt_rank == rank && corrupt_step == step) {
       // Test-only: flip one bit of this rank's replica, as a faulty node would.
       uint32_t bits;
       std::memcpy(&bits, &weights[n_params / 2], 4);
@@ -355,7 +438,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
                              {"tokens", tokens_seen},
                              {"tok_per_s", tokens_per_second},
                              {"mfu", mfu},
-                             {"step_seconds", step_seconds}};
+                             {"step_seconds", step_seconds},
+                             {"reduce_wait_s", reduce_wait_seconds}};
       std::string text = line.dump() + "\n";
       if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() ||
           std::fflush(metrics) != 0)
@@ -370,7 +454,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
                              {"host", comm.host()},
                              {"local_loss_sum", local_loss},
                              {"local_valid_tokens", valid_local},
-                             {"step_seconds", step_seconds}};
+                             {"step_seconds", step_seconds},
+                             {"reduce_wait_s", reduce_wait_seconds}};
       std::string text = line.dump() + "\n";
       if (std::fwrite(text.data(), 1, text.size(), rank_metrics) != text.size() ||
           std::fflush(rank_metrics) != 0)
@@ -379,7 +464,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
     // ---- evaluation during training (rank 0; the others wait at the barrier) ----
     if (validate && (step % config.Int("validation.freq") == 0 || step == steps)) {
       bool keep_going = true;
-      if (leader) keep_going = validation->Run(step, weights.data(), n_params);
+      const float* eval_weights = full_weights();
+      if (leader) keep_going = validation->Run(step, eval_weights, n_params);
+      release_gathered();
       comm.Barrier("validation");
       if (data_parallel.Any(!keep_going))
         throw UsageError(
@@ -399,17 +486,23 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const bool save_now =
         due || (signal_number != 0 && checkpointing.enabled() &&
                 data_parallel.Any(leader && checkpointing.last_saved_step() != step));
-    if (save_now) shard_state(true);
+    const float* save_weights = nullptr;
+    if (save_now) {
+      shard_state(true);
+      save_weights = full_weights();
+    }
     if (leader && due)
-      checkpointing.Save(progress, weights.data(), false, step == steps ? "final" : "interval");
+      checkpointing.Save(progress, save_weights, false, step == steps ? "final" : "interval");
     if (signal_number != 0) {
       std::string saved = "none (checkpoint.enable = false)";
       if (checkpointing.enabled()) {
         if (leader && checkpointing.last_saved_step() != step)
-          checkpointing.Save(progress, weights.data(), true, SignalName(signal_number));
+          checkpointing.Save(progress, save_weights, true, SignalName(signal_number));
         if (leader) checkpointing.Finish();
         saved = JoinPath(checkpointing.root(), "step-" + std::to_string(step));
       }
+      release_full_state();
+      release_gathered();
       comm.Barrier("stop");
       if (metrics) std::fclose(metrics);
       if (rank_metrics) std::fclose(rank_metrics);
@@ -419,15 +512,20 @@ int RunTraining(Config config, const std::string& resume_mode) {
       comm.Finalize();
       return kExitSignalled;
     }
+    if (save_now) {  // rank 0's full copies exist only while a save needs them
+      release_full_state();
+      release_gathered();
+    }
   }
   if (metrics) std::fclose(metrics);
   if (rank_metrics) std::fclose(rank_metrics);
   if (leader) checkpointing.Finish();
 
-  const uint64_t weights_hash = Hash64(weights.data(), n_params * sizeof(float));
+  const float* final_weights = full_weights();
+  const uint64_t weights_hash = leader ? Hash64(final_weights, n_params * sizeof(float)) : 0;
   if (leader && config.Bool("checkpoint.enable")) {
     PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
-    SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, weights.data());
+    SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, final_weights);
   }
   const double train_seconds = train_timer.Seconds();
   if (leader && KernelProfileEnabled()) PrintKernelProfile();

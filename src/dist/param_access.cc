@@ -1,0 +1,254 @@
+#include "dist/param_access.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/hash.h"
+#include "common/profile.h"
+#include "common/timer.h"
+
+namespace crucible {
+namespace {
+void InjectTestNan(int64_t offset, const ParamUnit& unit, float* grads) {
+  if (offset >= 0 && static_cast<size_t>(offset) >= unit.begin &&
+      static_cast<size_t>(offset) < unit.end)
+    grads[offset - unit.begin] = std::nanf("");
+}
+}  // namespace
+
+// ---- stages 0 and 1 ----
+
+ReplicatedAccess::ReplicatedAccess(const ParameterTable& table, DataParallel& data_parallel,
+                                   ExactAccumulator& accumulator, const float* weights,
+                                   float* grads, bool overlap, NonFiniteHandler on_non_finite)
+    : table_(table),
+      dp_(data_parallel),
+      accumulator_(accumulator),
+      weights_(weights),
+      grads_(grads),
+      overlap_(overlap),
+      on_non_finite_(std::move(on_non_finite)) {}
+
+const float* ReplicatedAccess::AcquireWeights(int unit) {
+  if (overlap_) dp_.Progress();
+  return weights_ + table_.units()[unit].begin;
+}
+
+float* ReplicatedAccess::Gradients(int unit) {
+  return grads_ + table_.units()[unit].begin;
+}
+
+void ReplicatedAccess::GradientsReady(int unit) {
+  const ParamUnit& u = table_.units()[unit];
+  InjectTestNan(test_nan_, u, grads_ + u.begin);
+  if (!accumulator_.AddRange(u.begin, u.end, grads_ + u.begin) && on_non_finite_)
+    on_non_finite_(unit, grads_ + u.begin);
+  if (overlap_ && last_) dp_.StartReduction(accumulator_, u.begin, u.end);
+  if (overlap_) dp_.Progress();
+}
+
+// ---- stage 3 ----
+
+ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_parallel,
+                             float* weight_shard, bool overlap, NonFiniteHandler on_non_finite)
+    : table_(table),
+      dp_(data_parallel),
+      comm_(data_parallel.comm()),
+      weight_shard_(weight_shard),
+      overlap_(overlap),
+      on_non_finite_(std::move(on_non_finite)),
+      shard_begin_(data_parallel.shard_begin()),
+      shard_size_(data_parallel.shard_size()) {
+  const auto& units = table.units();
+  size_t largest_other = 0;
+  for (size_t u = 1; u < units.size(); ++u)
+    largest_other = std::max(largest_other, units[u].size());
+  gathers_.resize(kGatherBuffers);
+  for (GatherBuffer& g : gathers_) g.data.resize(table.max_unit_size());
+  grad_embedding_.resize(units[0].size());
+  grad_unit_.resize(largest_other);
+  reductions_.resize(2);
+  for (Reduction& r : reductions_) {
+    r.send.resize(table.max_unit_size());
+    r.receive.resize(std::min(table.max_unit_size(), shard_size_));
+  }
+  shard_sum_.assign(shard_size_, 0);
+}
+
+size_t ShardedAccess::buffer_bytes() const {
+  size_t bytes = 0;
+  for (const GatherBuffer& g : gathers_) bytes += g.data.size() * sizeof(float);
+  bytes += (grad_embedding_.size() + grad_unit_.size()) * sizeof(float);
+  for (const Reduction& r : reductions_) bytes += (r.send.size() + r.receive.size()) * 16;
+  return bytes + shard_sum_.size() * 16;
+}
+
+void ShardedAccess::BeginStep() {
+  for (GatherBuffer& g : gathers_) {
+    if (g.pending) comm_.WaitFor(g.handle);
+    g = GatherBuffer{-1, std::move(g.data)};
+  }
+  std::fill(shard_sum_.begin(), shard_sum_.end(), __int128{0});
+}
+
+ShardedAccess::GatherBuffer* ShardedAccess::Find(int unit) {
+  for (GatherBuffer& g : gathers_)
+    if (g.unit == unit) return &g;
+  return nullptr;
+}
+
+// The least recently used buffer that is neither in use nor being filled; nullptr if none.
+ShardedAccess::GatherBuffer* ShardedAccess::Victim() {
+  GatherBuffer* best = nullptr;
+  for (GatherBuffer& g : gathers_)
+    if (!g.in_use && !g.pending && (!best || g.last_use < best->last_use)) best = &g;
+  return best;
+}
+
+void ShardedAccess::StartGather(GatherBuffer& buffer, int unit) {
+  const ParamUnit& u = table_.units()[unit];
+  const size_t world = static_cast<size_t>(comm_.world()), S = shard_size_;
+  std::vector<int> counts(world, 0), displs(world, 0);
+  for (size_t r = 0; r < world; ++r) {
+    const size_t b = std::max(u.begin, r * S), e = std::min(u.end, (r + 1) * S);
+    if (b < e) {
+      counts[r] = static_cast<int>(e - b);
+      displs[r] = static_cast<int>(b - u.begin);
+    }
+  }
+  const size_t b = std::max(u.begin, shard_begin_), e = std::min(u.end, shard_begin_ + S);
+  if (b < e)
+    std::memcpy(buffer.data.data() + (b - u.begin), weight_shard_ + (b - shard_begin_),
+                (e - b) * sizeof(float));
+  buffer.unit = unit;
+  buffer.pending = true;
+  buffer.handle = comm_.StartAllGatherV(buffer.data.data(), counts, displs, "parameter all-gather");
+  gathered_bytes_ += (u.size() - (b < e ? e - b : 0)) * sizeof(float);
+}
+
+void ShardedAccess::Complete(GatherBuffer& buffer) {
+  if (!buffer.pending) return;
+  {
+    ScopedKernelTimer profile_timer("parameter_gather_wait");
+    comm_.WaitFor(buffer.handle);
+  }
+  buffer.pending = false;
+  const size_t size = table_.units()[buffer.unit].size();
+  if (corrupt_next_) {  // test only
+    uint32_t bits;
+    std::memcpy(&bits, &buffer.data[size / 2], 4);
+    bits ^= 1u << 3;
+    std::memcpy(&buffer.data[size / 2], &bits, 4);
+    corrupt_next_ = false;
+  }
+  if (hashing_) {
+    uint64_t pair[2] = {gathered_hash_, Hash64(buffer.data.data(), size * sizeof(float))};
+    gathered_hash_ = Hash64(pair, sizeof(pair));
+  }
+}
+
+uint64_t ShardedAccess::TakeGatheredHash() {
+  uint64_t h = gathered_hash_;
+  gathered_hash_ = 0;
+  return h;
+}
+
+void ShardedAccess::Progress() {
+  for (GatherBuffer& g : gathers_)
+    if (g.pending) comm_.Test(g.handle);
+  for (Reduction& r : reductions_)
+    if (r.pending) comm_.Test(r.handle);
+}
+
+const float* ShardedAccess::AcquireWeights(int unit) {
+  GatherBuffer* buffer = Find(unit);
+  if (!buffer) {
+    buffer = Victim();
+    if (!buffer) {  // every free buffer is being filled by a prefetch: let the oldest finish
+      for (GatherBuffer& g : gathers_)
+        if (!g.in_use && (!buffer || g.last_use < buffer->last_use)) buffer = &g;
+      if (!buffer) throw Error(kExitFailure, "internal: every ZeRO-3 gather buffer is in use");
+      Complete(*buffer);
+    }
+    StartGather(*buffer, unit);
+  }
+  Complete(*buffer);
+  buffer->in_use = true;
+  buffer->last_use = ++clock_;
+  return buffer->data.data();
+}
+
+void ShardedAccess::ReleaseWeights(int unit) {
+  if (GatherBuffer* buffer = Find(unit)) buffer->in_use = false;
+  Progress();
+}
+
+void ShardedAccess::Prefetch(int unit) {
+  if (Find(unit)) return;
+  if (GatherBuffer* buffer = Victim()) {
+    StartGather(*buffer, unit);
+    buffer->last_use = ++clock_;
+  }
+  Progress();
+}
+
+float* ShardedAccess::Gradients(int unit) {
+  return unit == 0 ? grad_embedding_.data() : grad_unit_.data();
+}
+
+void ShardedAccess::Complete(Reduction& reduction) {
+  if (!reduction.pending) return;
+  {
+    ScopedKernelTimer profile_timer("gradient_reduce_wait");
+    comm_.WaitFor(reduction.handle);
+  }
+  reduction.pending = false;
+  AddInt128(reduction.receive.data(), shard_sum_.data() + reduction.receive_offset,
+            reduction.receive_count);
+}
+
+void ShardedAccess::GradientsReady(int unit) {
+  const ParamUnit& u = table_.units()[unit];
+  float* grads = Gradients(unit);
+  InjectTestNan(test_nan_, u, grads);
+  // A free reduction buffer: the older one's reduce-scatter must have finished.
+  Reduction* reduction = nullptr;
+  for (Reduction& r : reductions_)
+    if (!r.pending) reduction = &r;
+  if (!reduction) {
+    reduction = &*std::min_element(
+        reductions_.begin(), reductions_.end(),
+        [](const Reduction& a, const Reduction& b) { return a.started < b.started; });
+    Complete(*reduction);
+  }
+  if (!FloatToInt128(grads, reduction->send.data(), u.size()) && on_non_finite_)
+    on_non_finite_(unit, grads);
+  const size_t world = static_cast<size_t>(comm_.world()), S = shard_size_;
+  std::vector<int> counts(world, 0);
+  for (size_t r = 0; r < world; ++r) {
+    const size_t b = std::max(u.begin, r * S), e = std::min(u.end, (r + 1) * S);
+    counts[r] = b < e ? static_cast<int>(e - b) : 0;
+  }
+  const size_t b = std::max(u.begin, shard_begin_), e = std::min(u.end, shard_begin_ + S);
+  reduction->receive_offset = b < e ? b - shard_begin_ : 0;
+  reduction->receive_count = b < e ? e - b : 0;
+  reduction->started = ++clock_;
+  reduction->pending = true;
+  reduction->handle = comm_.StartReduceScatterInt128(
+      reduction->send.data(), reduction->receive.data(), counts, "gradient reduce-scatter");
+  if (!overlap_) Complete(*reduction);
+  Progress();
+}
+
+double ShardedAccess::FinishStep(float* grad_shard) {
+  Timer waited;
+  for (Reduction& r : reductions_) Complete(r);
+  const double seconds = waited.Seconds();
+  const size_t count = dp_.update_end() - dp_.update_begin();
+  Int128ToFloat(shard_sum_.data(), grad_shard, count);
+  return seconds;
+}
+
+}  // namespace crucible

@@ -1,0 +1,135 @@
+// How a data-parallel rank gives the model its parameters and takes back its gradients, unit by
+// unit (model/llama.h ParameterAccess; a unit is the embedding, a decoder layer or the tail).
+//
+// ReplicatedAccess (ZeRO stages 0 and 1): every rank holds all parameters. As the backward pass
+// finishes a unit, its gradient is added to the exact accumulator; in the step's last
+// micro-batch the unit's reduction starts at once (non-blocking MPI), so it runs while the
+// backward pass goes on with the units below it.
+//
+// ShardedAccess (ZeRO stage 3, the FSDP equivalent): a rank stores only its shard of the
+// parameters. A unit is all-gathered when the model acquires it, into one of a few gather
+// buffers; the next unit's gather is started ahead (prefetch), and a gathered unit stays cached
+// until its buffer is needed (so the last layer and the tail are not gathered twice). Each
+// micro-batch's unit gradient is converted to fixed point and reduce-scattered at once (again
+// non-blocking); each rank adds the sums of its shard. Integer sums make the result identical to
+// stages 0 and 1 and to any number of ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/data_parallel.h"
+#include "dist/exact_sum.h"
+#include "model/llama.h"
+
+namespace crucible {
+
+// Called with a unit whose gradient holds a non-finite value: (unit, its gradient, unit begin).
+using NonFiniteHandler = std::function<void(int unit, const float* grads)>;
+
+class ReplicatedAccess : public ParameterAccess {
+ public:
+  // `overlap`: start each unit's reduction during the last micro-batch's backward pass (else
+  // the caller reduces the whole accumulator after the backward pass).
+  ReplicatedAccess(const ParameterTable& table, DataParallel& data_parallel,
+                   ExactAccumulator& accumulator, const float* weights, float* grads, bool overlap,
+                   NonFiniteHandler on_non_finite);
+  // Before each micro-batch's backward pass; `last`: the step's last micro-batch.
+  void BeginMicroBatch(bool last) { last_ = last; }
+  bool overlapping() const { return overlap_; }
+  // Test only: the gradient of flat element `offset` becomes NaN in the next units (-1: off).
+  void SetTestNan(int64_t offset) { test_nan_ = offset; }
+
+  const float* AcquireWeights(int unit) override;
+  float* Gradients(int unit) override;
+  void GradientsReady(int unit) override;
+
+ private:
+  const ParameterTable& table_;
+  DataParallel& dp_;
+  ExactAccumulator& accumulator_;
+  const float* weights_;
+  float* grads_;
+  bool overlap_, last_ = false;
+  NonFiniteHandler on_non_finite_;
+  int64_t test_nan_ = -1;
+};
+
+class ShardedAccess : public ParameterAccess {
+ public:
+  static constexpr int kGatherBuffers = 3;  // in use, prefetched, and the tied embedding
+
+  // weight_shard[i - shard_begin] is parameter i of this rank's shard.
+  ShardedAccess(const ParameterTable& table, DataParallel& data_parallel, float* weight_shard,
+                bool overlap, NonFiniteHandler on_non_finite);
+
+  // Before a step's first micro-batch: the parameters changed, so gathered units are stale.
+  void BeginStep();
+  // After the step's last backward pass: waits for the reductions still in flight and writes
+  // the fp32 gradient of this rank's shard (grad_shard[i - shard_begin]). Returns the seconds
+  // it waited.
+  double FinishStep(float* grad_shard);
+
+  // Silent-data-corruption check: a hash of every unit this rank gathered, in order, since the
+  // last TakeGatheredHash(). Ranks gather the same bytes, so their hashes must agree.
+  void EnableHashing(bool on) { hashing_ = on; }
+  uint64_t TakeGatheredHash();
+  // Test only: flip one bit of the next unit this rank gathers, as a faulty node would.
+  void CorruptNextGather() { corrupt_next_ = true; }
+  // Test only: the gradient of flat element `offset` becomes NaN in the next units (-1: off).
+  void SetTestNan(int64_t offset) { test_nan_ = offset; }
+
+  // Bytes of the gather, gradient and reduction buffers (besides the shards).
+  size_t buffer_bytes() const;
+  // Bytes this rank's gathers received so far (for the communication report).
+  uint64_t gathered_bytes() const { return gathered_bytes_; }
+
+  const float* AcquireWeights(int unit) override;
+  void ReleaseWeights(int unit) override;
+  void Prefetch(int unit) override;
+  float* Gradients(int unit) override;
+  void GradientsReady(int unit) override;
+
+ private:
+  struct GatherBuffer {
+    int unit = -1;
+    std::vector<float> data;
+    Communicator::Handle handle = -1;
+    bool pending = false, in_use = false;
+    uint64_t last_use = 0;
+  };
+  struct Reduction {
+    std::vector<__int128> send, receive;
+    size_t receive_offset = 0, receive_count = 0;  // into the shard
+    Communicator::Handle handle = -1;
+    bool pending = false;
+    uint64_t started = 0;
+  };
+  GatherBuffer* Find(int unit);
+  GatherBuffer* Victim();
+  void StartGather(GatherBuffer& buffer, int unit);
+  void Complete(GatherBuffer& buffer);
+  void Complete(Reduction& reduction);
+  void Progress();
+
+  const ParameterTable& table_;
+  DataParallel& dp_;
+  Communicator& comm_;
+  float* weight_shard_;
+  bool overlap_;
+  NonFiniteHandler on_non_finite_;
+  size_t shard_begin_, shard_size_;
+  std::vector<GatherBuffer> gathers_;
+  std::vector<float> grad_embedding_, grad_unit_;
+  std::vector<Reduction> reductions_;
+  std::vector<__int128> shard_sum_;
+  uint64_t clock_ = 0, gathered_bytes_ = 0;
+  bool hashing_ = false, corrupt_next_ = false;
+  int64_t test_nan_ = -1;
+  uint64_t gathered_hash_ = 0;
+};
+
+}  // namespace crucible
