@@ -122,6 +122,15 @@ void Communicator::ReduceScatterInt128(const __int128* send, __int128* receive, 
   Wait(&request, what);
 }
 
+void Communicator::ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  if (count > kMaxCount) throw Error(kExitFailure, "reduce-scatter block too large for MPI");
+  MPI_Request request;
+  MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, static_cast<int>(count), g_int128_type,
+                            g_int128_sum, MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+}
+
 void Communicator::AllReduceInt64(int64_t* data, size_t count, const char* what) {
   if (!mpi_ || world_ == 1) return;
   MPI_Request request;
@@ -201,17 +210,14 @@ Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vec
   return handle;
 }
 
-Communicator::Handle Communicator::StartReduceScatterInt128(const __int128* send, __int128* receive,
+Communicator::Handle Communicator::StartReduceScatterInt128(__int128* data,
                                                             const std::vector<int>& counts,
                                                             const char* what) {
   const Handle handle = NewHandle(what);
-  if (mpi_ && world_ > 1) {
-    MPI_Ireduce_scatter(send, receive, counts.data(), g_int128_type, g_int128_sum, MPI_COMM_WORLD,
-                        &g_pending[handle].request);
-  } else if (send != receive) {
-    std::memcpy(receive, send, static_cast<size_t>(counts[0]) * sizeof(__int128));
-  }
-  return handle;
+  if (mpi_ && world_ > 1)
+    MPI_Ireduce_scatter(MPI_IN_PLACE, data, counts.data(), g_int128_type, g_int128_sum,
+                        MPI_COMM_WORLD, &g_pending[handle].request);
+  return handle;  // one rank: its block is the whole buffer, already in place
 }
 
 Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t count,

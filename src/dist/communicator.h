@@ -33,6 +33,8 @@ class Communicator {
   void AllReduceInt128(__int128* data, size_t count, const char* what);
   // Every rank contributes `count` elements; rank r receives the exact sum of block r.
   void ReduceScatterInt128(const __int128* send, __int128* receive, size_t count, const char* what);
+  // In place: on return data[0, count) holds this rank's sums.
+  void ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what);
   void AllReduceInt64(int64_t* data, size_t count, const char* what);
   void AllReduceOr(bool* flag, const char* what);
   // Rank r contributes `count` values; everyone receives all world*count in rank order.
@@ -50,10 +52,11 @@ class Communicator {
   // In place over `buffer`: rank r's block [displs[r], displs[r] + counts[r]) is already there.
   Handle StartAllGatherV(float* buffer, const std::vector<int>& counts,
                          const std::vector<int>& displs, const char* what);
-  // `send` holds consecutive blocks of counts[0], counts[1], ... elements; rank r receives the
-  // exact sum of block r in `receive`.
-  Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
-                                  const std::vector<int>& counts, const char* what);
+  // `data` holds consecutive blocks of counts[0], counts[1], ... elements; rank r receives the
+  // exact sum of block r.
+  // In place: `data` holds the blocks on entry; on completion it starts with this rank's sums
+  // (the rest is undefined).
+  Handle StartReduceScatterInt128(__int128* data, const std::vector<int>& counts, const char* what);
   Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
   bool Test(Handle handle);
   void WaitFor(Handle handle);

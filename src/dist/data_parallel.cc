@@ -28,33 +28,39 @@ DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
     const size_t rank = static_cast<size_t>(comm.rank());
     update_begin_ = std::min(n_params, rank * shard_);
     update_end_ = std::min(n_params, (rank + 1) * shard_);
-    if (zero_stage == 1) shard_sum_.resize(shard_);
   }
 }
 
-void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t begin, size_t end) {
-  if (zero_stage_ == 0) {
-    in_flight_.push_back(
-        comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin, "gradient all-reduce"));
-    return;
+void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_begin,
+                                  size_t unit_end) {
+  if (zero_stage_ != 0 && zero_stage_ != 1)
+    throw Error(kExitFailure, "internal: StartReduction is for ZeRO stages 0 and 1");
+  for (size_t begin = unit_begin; begin < unit_end; begin += kReducePiece) {
+    const size_t end = std::min(unit_end, begin + kReducePiece);
+    // Bounded: MPI keeps temporary buffers of each reduction in flight.
+    if (in_flight_.size() - completed_ >= kMaxInFlight) comm_.WaitFor(in_flight_[completed_++]);
+    if (zero_stage_ == 0) {
+      in_flight_.push_back(comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin,
+                                                      "gradient all-reduce"));
+      continue;
+    }
+    // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
+    const size_t world = static_cast<size_t>(comm_.world());
+    std::vector<int> counts(world);
+    for (size_t r = 0; r < world; ++r) {
+      const size_t b = std::max(begin, r * shard_), e = std::min(end, (r + 1) * shard_);
+      counts[r] = b < e ? static_cast<int>(e - b) : 0;
+    }
+    // In place: this rank's sums land at the start of the piece (one rank: where they are).
+    const size_t b = std::max(begin, update_begin_), e = std::min(end, update_end_);
+    if (b < e) results_.push_back({comm_.world() > 1 ? begin : b, b, e - b});
+    in_flight_.push_back(comm_.StartReduceScatterInt128(accumulator.data() + begin, counts,
+                                                        "gradient reduce-scatter"));
   }
-  if (zero_stage_ != 1) throw Error(kExitFailure, "internal: StartReduction under ZeRO-3");
-  // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
-  const size_t world = static_cast<size_t>(comm_.world());
-  std::vector<int> counts(world);
-  for (size_t r = 0; r < world; ++r) {
-    const size_t b = std::max(begin, r * shard_), e = std::min(end, (r + 1) * shard_);
-    counts[r] = b < e ? static_cast<int>(e - b) : 0;
-  }
-  const size_t mine = std::max(begin, shard_begin());
-  __int128* receive =
-      shard_sum_.data() + (mine < shard_begin() + shard_ ? mine - shard_begin() : 0);
-  in_flight_.push_back(comm_.StartReduceScatterInt128(accumulator.data() + begin, receive, counts,
-                                                      "gradient reduce-scatter"));
 }
 
 void DataParallel::Progress() {
-  for (Communicator::Handle h : in_flight_) comm_.Test(h);
+  for (size_t i = completed_; i < in_flight_.size(); ++i) comm_.Test(in_flight_[i]);
 }
 
 double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grads) {
@@ -62,11 +68,15 @@ double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grad
   Timer waited;
   for (Communicator::Handle h : in_flight_) comm_.WaitFor(h);
   in_flight_.clear();
+  completed_ = 0;
   const double seconds = waited.Seconds();
-  if (zero_stage_ == 0)
+  if (zero_stage_ == 0) {
     Int128ToFloat(accumulator.data(), grads, n_params_);
-  else
-    Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
+  } else {
+    for (const PieceResult& r : results_)
+      Int128ToFloat(accumulator.data() + r.at, grads + r.first, r.count);
+    results_.clear();
+  }
   return seconds;
 }
 
@@ -78,9 +88,11 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
     Int128ToFloat(accumulator.data(), grads, n_params_);
     return;
   }
-  comm_.ReduceScatterInt128(accumulator.data(), shard_sum_.data(), shard_,
-                            "gradient reduce-scatter");
-  Int128ToFloat(shard_sum_.data(), grads + update_begin_, update_end_ - update_begin_);
+  // In place: this rank's sums land at the start of the accumulator (one rank: where they are).
+  comm_.ReduceScatterInt128InPlace(accumulator.data(), shard_, "gradient reduce-scatter");
+  const __int128* mine =
+      comm_.world() > 1 ? accumulator.data() : accumulator.data() + update_begin_;
+  Int128ToFloat(mine, grads + update_begin_, update_end_ - update_begin_);
 }
 
 double DataParallel::GradNormSquared(const float* grads_at_base, size_t base) {

@@ -29,6 +29,9 @@ namespace crucible {
 class DataParallel {
  public:
   static constexpr size_t kNormChunk = size_t{1} << 14;
+  // Overlapped gradient reductions go in pieces of at most this many elements.
+  static constexpr size_t kReducePiece = size_t{1} << 19;
+  static constexpr size_t kMaxInFlight = 8;
 
   DataParallel(Communicator& comm, size_t n_params, int zero_stage);
 
@@ -79,8 +82,14 @@ class DataParallel {
   size_t n_params_, padded_, shard_;
   int zero_stage_;
   size_t update_begin_, update_end_;
-  std::vector<__int128> shard_sum_;
+  // Overlapped ZeRO-1 reductions: where each piece's sums land (in place, at the start of the
+  // piece in the accumulator) and which parameters they belong to.
+  struct PieceResult {
+    size_t at, first, count;
+  };
+  std::vector<PieceResult> results_;
   std::vector<Communicator::Handle> in_flight_;
+  size_t completed_ = 0;  // in_flight_[0, completed_) are known to be done
 };
 
 }  // namespace crucible

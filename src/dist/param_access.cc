@@ -69,11 +69,9 @@ ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_par
   for (GatherBuffer& g : gathers_) g.data.resize(table.max_unit_size());
   grad_embedding_.resize(units[0].size());
   grad_unit_.resize(largest_other);
-  reductions_.resize(2);
-  for (Reduction& r : reductions_) {
-    r.send.resize(table.max_unit_size());
-    r.receive.resize(std::min(table.max_unit_size(), shard_size_));
-  }
+  const size_t piece = std::min(DataParallel::kReducePiece, table.max_unit_size());
+  reductions_.resize(kReductionBuffers);
+  for (Reduction& r : reductions_) r.send.resize(piece);
   shard_sum_.assign(shard_size_, 0);
 }
 
@@ -81,7 +79,7 @@ size_t ShardedAccess::buffer_bytes() const {
   size_t bytes = 0;
   for (const GatherBuffer& g : gathers_) bytes += g.data.size() * sizeof(float);
   bytes += (grad_embedding_.size() + grad_unit_.size()) * sizeof(float);
-  for (const Reduction& r : reductions_) bytes += (r.send.size() + r.receive.size()) * 16;
+  for (const Reduction& r : reductions_) bytes += r.send.size() * 16;
   return bytes + shard_sum_.size() * 16;
 }
 
@@ -205,15 +203,25 @@ void ShardedAccess::Complete(Reduction& reduction) {
     comm_.WaitFor(reduction.handle);
   }
   reduction.pending = false;
-  AddInt128(reduction.receive.data(), shard_sum_.data() + reduction.receive_offset,
-            reduction.receive_count);
+  // In place: this rank's sums are at the start of the piece (one rank: at their own place).
+  AddInt128(reduction.send.data() + reduction.result_at,
+            shard_sum_.data() + reduction.receive_offset, reduction.receive_count);
 }
 
 void ShardedAccess::GradientsReady(int unit) {
   const ParamUnit& u = table_.units()[unit];
   float* grads = Gradients(unit);
   InjectTestNan(test_nan_, u, grads);
-  // A free reduction buffer: the older one's reduce-scatter must have finished.
+  // In pieces, so the buffers stay small and the first piece is on its way early.
+  for (size_t begin = u.begin; begin < u.end; begin += DataParallel::kReducePiece)
+    StartReduction(begin, std::min(u.end, begin + DataParallel::kReducePiece),
+                   grads + (begin - u.begin));
+  if (!non_finite_.empty() && on_non_finite_) on_non_finite_(unit, grads);
+  non_finite_.clear();
+}
+
+void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads) {
+  // A free reduction buffer: the oldest piece's reduce-scatter must have finished.
   Reduction* reduction = nullptr;
   for (Reduction& r : reductions_)
     if (!r.pending) reduction = &r;
@@ -223,21 +231,21 @@ void ShardedAccess::GradientsReady(int unit) {
         [](const Reduction& a, const Reduction& b) { return a.started < b.started; });
     Complete(*reduction);
   }
-  if (!FloatToInt128(grads, reduction->send.data(), u.size()) && on_non_finite_)
-    on_non_finite_(unit, grads);
+  if (!FloatToInt128(grads, reduction->send.data(), end - begin)) non_finite_ = "yes";
   const size_t world = static_cast<size_t>(comm_.world()), S = shard_size_;
   std::vector<int> counts(world, 0);
   for (size_t r = 0; r < world; ++r) {
-    const size_t b = std::max(u.begin, r * S), e = std::min(u.end, (r + 1) * S);
+    const size_t b = std::max(begin, r * S), e = std::min(end, (r + 1) * S);
     counts[r] = b < e ? static_cast<int>(e - b) : 0;
   }
-  const size_t b = std::max(u.begin, shard_begin_), e = std::min(u.end, shard_begin_ + S);
+  const size_t b = std::max(begin, shard_begin_), e = std::min(end, shard_begin_ + S);
   reduction->receive_offset = b < e ? b - shard_begin_ : 0;
   reduction->receive_count = b < e ? e - b : 0;
+  reduction->result_at = comm_.world() > 1 || b >= e ? 0 : b - begin;
   reduction->started = ++clock_;
   reduction->pending = true;
-  reduction->handle = comm_.StartReduceScatterInt128(
-      reduction->send.data(), reduction->receive.data(), counts, "gradient reduce-scatter");
+  reduction->handle =
+      comm_.StartReduceScatterInt128(reduction->send.data(), counts, "gradient reduce-scatter");
   if (!overlap_) Complete(*reduction);
   Progress();
 }

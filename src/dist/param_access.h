@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -60,7 +61,8 @@ class ReplicatedAccess : public ParameterAccess {
 
 class ShardedAccess : public ParameterAccess {
  public:
-  static constexpr int kGatherBuffers = 3;  // in use, prefetched, and the tied embedding
+  static constexpr int kGatherBuffers = 3;     // in use, prefetched, and the tied embedding
+  static constexpr int kReductionBuffers = 4;  // gradient pieces in flight
 
   // weight_shard[i - shard_begin] is parameter i of this rank's shard.
   ShardedAccess(const ParameterTable& table, DataParallel& data_parallel, float* weight_shard,
@@ -102,8 +104,9 @@ class ShardedAccess : public ParameterAccess {
     uint64_t last_use = 0;
   };
   struct Reduction {
-    std::vector<__int128> send, receive;
-    size_t receive_offset = 0, receive_count = 0;  // into the shard
+    std::vector<__int128> send;  // reduced in place
+    size_t result_at = 0;        // where this rank's sums are in `send` when complete
+    size_t receive_offset = 0, receive_count = 0;  // where they go in the shard
     Communicator::Handle handle = -1;
     bool pending = false;
     uint64_t started = 0;
@@ -113,6 +116,7 @@ class ShardedAccess : public ParameterAccess {
   void StartGather(GatherBuffer& buffer, int unit);
   void Complete(GatherBuffer& buffer);
   void Complete(Reduction& reduction);
+  void StartReduction(size_t begin, size_t end, const float* grads);
   void Progress();
 
   const ParameterTable& table_;
@@ -129,6 +133,7 @@ class ShardedAccess : public ParameterAccess {
   uint64_t clock_ = 0, gathered_bytes_ = 0;
   bool hashing_ = false, corrupt_next_ = false;
   int64_t test_nan_ = -1;
+  std::string non_finite_;  // set when a piece of the current unit held a non-finite value
   uint64_t gathered_hash_ = 0;
 };
 

@@ -81,6 +81,10 @@ class ParameterTable {
 // within ~0.05 of ln(vocab); norms at 1. A pure function of (seed, tensor, element).
 void InitWeights(const LlamaConfig& config, const ParameterTable& table, uint64_t seed,
                  float* weights);
+// The same values for flat elements [begin, end) only, written to out[0, end - begin) (a
+// ZeRO-3 rank initialises its shard without materialising the whole model).
+void InitWeightsRange(const LlamaConfig& config, const ParameterTable& table, uint64_t seed,
+                      size_t begin, size_t end, float* out);
 
 // Floating-point operations per trained token: 6 N + 6 L d T (forward + backward; N from
 // FlopParams(), causal attention counted at half of the dense 12 L d T).

@@ -140,24 +140,33 @@ const ParamInfo& ParameterTable::Find(const std::string& name) const {
 }
 
 void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed, float* weights) {
+  InitWeightsRange(c, table, seed, 0, table.total(), weights);
+}
+
+void InitWeightsRange(const LlamaConfig& c, const ParameterTable& table, uint64_t seed,
+                      size_t begin, size_t end, float* out) {
   for (size_t index = 0; index < table.params().size(); ++index) {
     const ParamInfo& p = table.params()[index];
-    float* w = weights + p.offset;
+    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
+    if (b >= e) continue;
+    float* w = out + (b - begin);
+    const size_t first = b - p.offset, count = e - b;  // elements [first, first + count) of p
     if (p.kind == ParamKind::kNorm) {
-      std::fill(w, w + p.numel, 1.0f);
+      std::fill(w, w + count, 1.0f);
       continue;
     }
     double std = c.init_std;
     if (p.kind == ParamKind::kOutputProjection) std = c.init_std / std::sqrt(2.0 * c.n_layers);
     if (p.kind == ParamKind::kHead) std = 0.25 / std::sqrt(static_cast<double>(c.dim));
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < p.numel; ++i) {
+    for (size_t j = 0; j < count; ++j) {
       // Each element has its own Philox stream position: thread-count independent.
+      const size_t i = first + j;
       Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
       double z = rng.NextNormal();
       for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();
       if (std::fabs(z) > 3.0) z = 0.0;
-      w[i] = static_cast<float>(z * std);
+      w[j] = static_cast<float>(z * std);
     }
   }
 }

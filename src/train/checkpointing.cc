@@ -14,6 +14,7 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "crucible_version.h"
+#include "dist/communicator.h"
 
 namespace crucible {
 namespace {
@@ -91,13 +92,14 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
   }
   config_hash_ = HexU64(Hash64(config.ToToml().data(), config.ToToml().size()));
   last_saved_step_ = 0;
-  if (enabled_ && async_) {
-    // Allocate and touch the host snapshot now, on the writer thread while the run starts, so a
-    // save's stall is a warm memory copy and the start is not delayed by the page faults.
+  if (enabled_ && async_ && Communicator::Get().rank() == 0) {
+    // Only rank 0 writes checkpoints. Allocate and touch the host snapshot now, on the writer
+    // thread while the run starts, so a save's stall is a warm memory copy and the start is not
+    // delayed by the page faults.
     std::vector<size_t> sizes;
     for (const auto& [name, buffer] : optimizer_->State()) {
       snapshot_.optimizer_state.push_back({name, {}});
-      sizes.push_back(buffer->size());
+      sizes.push_back(table_.total());  // the checkpoint's optimizer state covers every parameter
     }
     writer_.Start([this, sizes]() {
       AllocateSnapshotBuffer(&snapshot_.weights, table_.total());
@@ -119,6 +121,13 @@ uint64_t Checkpointing::StateBytes() const {
   uint64_t bytes = table_.total() * sizeof(float);
   for (const auto& [name, buffer] : optimizer_->State()) bytes += buffer->size() * sizeof(float);
   return bytes;
+}
+
+bool Checkpointing::HasCheckpointToResume(const std::string& mode) const {
+  if (mode == "none") return false;
+  if (mode == "auto")
+    return !ListCheckpoints(root_).empty() || FileExists(JoinPath(root_, "latest"));
+  return true;
 }
 
 ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
@@ -156,6 +165,9 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
     }
   }
   PrintLine("phase=resume status=loading from=" + dir);
+  // Under ZeRO the full optimizer state exists only while a resume or a save needs it.
+  for (const auto& [name, buffer] : optimizer_->State())
+    if (buffer->empty()) buffer->resize(table_.total());
   Timer timer;
   const std::string saved_config_path = JoinPath(dir, "config.toml");
   Config saved = Config::Parse(ReadFile(saved_config_path), saved_config_path);

@@ -43,6 +43,8 @@ class Checkpointing {
   bool enabled() const { return enabled_; }
   const std::string& root() const { return root_; }
 
+  // Whether Resume(mode) may load a checkpoint (false: it certainly starts from step 0).
+  bool HasCheckpointToResume(const std::string& mode) const;
   // --resume auto|none|PATH. Loads weights and optimizer state when a checkpoint is chosen.
   ResumePoint Resume(const std::string& mode, float* weights);
 

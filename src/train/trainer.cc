@@ -61,6 +61,14 @@ namespace {
 
 // Keeps the metrics.jsonl lines of steps up to `last_step` (a resumed run rewrites the steps
 // after its checkpoint), atomically; returns how many lines were kept.
+// VmHWM of this process, in bytes (0 where /proc is unavailable).
+double PeakResidentBytes() {
+  if (!FileExists("/proc/self/status")) return 0;
+  for (const std::string& line : Split(ReadFile("/proc/self/status"), '\n'))
+    if (StartsWith(line, "VmHWM:")) return std::strtod(line.c_str() + 6, nullptr) * 1024.0;
+  return 0;
+}
+
 int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
   if (!FileExists(path)) return 0;
   std::string kept;
@@ -153,8 +161,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
   };
   Optimizer* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
   Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, world);
-  // Loading (resume, init, import) fills a full buffer; under ZeRO-3 each rank keeps its shard.
-  std::vector<float> full_load(sharded ? padded : 0);
+  release_full_state();  // Resume allocates it again if it loads a checkpoint
+  // Loading a checkpoint or a model file fills a full buffer; under ZeRO-3 each rank then keeps
+  // its shard (a fresh init writes the shard directly).
+  const bool loads_full_model = checkpointing.HasCheckpointToResume(resume_mode) ||
+                                !config.String("model.init_weights").empty() ||
+                                !config.String("checkpoint.initial_load_hf").empty();
+  std::vector<float> full_load(sharded && loads_full_model ? padded : 0);
   float* load_target = sharded ? full_load.data() : weights.data();
   const ResumePoint resume = checkpointing.Resume(resume_mode, load_target);
   auto shard_state = [&](bool gather) {
@@ -201,12 +214,15 @@ int RunTraining(Config config, const std::string& resume_mode) {
       PrintLine("phase=initial_load_hf from=" + hf_path);
     } else if (!init_path.empty()) {
       LoadModelWeights(init_path, table, load_target);
+    } else if (sharded) {
+      InitWeightsRange(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
+                       update_begin, update_end, weights.data() + (update_begin - base));
     } else {
       InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
                   load_target);
     }
   }
-  if (sharded) {
+  if (sharded && !full_load.empty()) {
     std::copy(full_load.begin() + base, full_load.begin() + base + shard, weights.begin());
     std::vector<float>().swap(full_load);
   }
@@ -528,6 +544,15 @@ int RunTraining(Config config, const std::string& resume_mode) {
     SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, final_weights);
   }
   const double train_seconds = train_timer.Seconds();
+  // Peak resident memory of every rank (VmHWM), to hold the memory report against reality.
+  double peak_rss = PeakResidentBytes();
+  std::vector<double> peaks(world);
+  comm.AllGatherDouble(&peak_rss, peaks.data(), 1, "peak-memory all-gather");
+  if (leader) {
+    std::string list;
+    for (double p : peaks) list += (list.empty() ? "" : ",") + StrFormat("%.0f", p);
+    PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
+  }
   if (leader && KernelProfileEnabled()) PrintKernelProfile();
   comm.Barrier("end of training");
   comm.Finalize();
