@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build deps venv test unit-test py-test demo bench clean format asan
+.PHONY: all build build-mpich deps venv test unit-test py-test demo bench clean format asan
 
 all: build
 
@@ -26,11 +26,20 @@ $(BUILD)/build.ninja: CMakeLists.txt
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The crucible binary built against MPICH instead of Open MPI (tests/integration/test_mpich.py).
+MPICH_BUILD ?= build-mpich
+$(MPICH_BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(MPICH_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUCIBLE_MPI=mpich
+
+build-mpich: deps $(MPICH_BUILD)/build.ninja
+	cmake --build $(MPICH_BUILD) -j $(JOBS) --target crucible
+
 unit-test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-py-test: build venv
-	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) -m pytest -q tests/integration
+py-test: build build-mpich venv
+	CRUCIBLE=$(abspath $(BUILD))/crucible CRUCIBLE_MPICH=$(abspath $(MPICH_BUILD))/crucible \
+	  $(PYTHON) -m pytest -q tests/integration
 
 test: unit-test py-test
 
@@ -49,4 +58,4 @@ format:
 	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'tests/*.cc' 'bench/*.cc')
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) $(MPICH_BUILD) build-asan

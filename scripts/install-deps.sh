@@ -6,7 +6,7 @@ default_packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-openmp-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin mpich libmpich-dev
   slurm-wlm munge
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip python3-torch python3-numpy
@@ -24,3 +24,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# Open MPI and MPICH side by side: Debian's alternatives (mpirun, mpiexec, mpicc, the mpi
+# headers) stay Open MPI's (priority 50 against MPICH's 40), which the build and the tests
+# assume; MPICH is used by its own names (mpiexec.mpich, mpicc.mpich; make build-mpich).
+for alternative in mpi mpirun; do
+  value=$(update-alternatives --query "$alternative" 2>/dev/null | sed -n 's/^Value: //p')
+  case "$value" in
+    *openmpi* | "") ;;
+    *) echo "install-deps: warning: the '$alternative' alternative is $value, not Open MPI;" \
+         "Crucible's default build and tests expect Open MPI (update-alternatives --auto $alternative)" >&2 ;;
+  esac
+done
