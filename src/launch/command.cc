@@ -63,7 +63,8 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
       out.labels = LabelStyle::kColon;
     }
   } else if (spec.mpi == MpiFlavour::kOpenMpi) {
-    Append(&argv, {"mpirun", "--np", Str(spec.ranks)});
+    Append(&argv,
+           {spec.mpi_launcher.empty() ? "mpirun" : spec.mpi_launcher, "--np", Str(spec.ranks)});
     if (nodes > 1 || spec.nodes[0] != "localhost") {
       std::string hosts;
       for (const std::string& node : spec.nodes)
@@ -73,7 +74,8 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
     Append(&argv, {"--oversubscribe", "--bind-to", "none", "--tag-output"});
     out.labels = LabelStyle::kOpenMpi;
   } else {  // local MPICH: Hydra's mpiexec
-    Append(&argv, {"mpiexec", "-n", Str(spec.ranks)});
+    Append(&argv,
+           {spec.mpi_launcher.empty() ? "mpiexec" : spec.mpi_launcher, "-n", Str(spec.ranks)});
     if (nodes > 1 || spec.nodes[0] != "localhost")
       Append(&argv, {"-hosts", JoinHosts(spec.nodes), "-ppn", Str(spec.ranks_per_node)});
     argv.push_back("-l");

@@ -28,6 +28,8 @@ struct LaunchSpec {
   bool as_root = false;       // OpenMPI refuses root without --allow-run-as-root
   std::string hostfile_path;  // PBS: where the active nodes are written
   std::string step_name;      // srun --job-name, to find the step again
+  std::string mpi_launcher;   // local: the MPI launcher (empty: mpirun for Open MPI, mpiexec
+                              // for MPICH); see LocalMpiLauncher
   Environment env;            // variables every rank gets (CRUCIBLE_RUN_DIR, ...)
   std::vector<std::string>
       rank_wrapper;  // argv prefix run on each rank, e.g. crucible launch-rank --

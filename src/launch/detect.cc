@@ -226,6 +226,10 @@ MpiFlavour DetectMpiFlavour(const Environment& env) {
   std::string launcher = FindExecutable("mpirun", env);
   if (launcher.empty()) launcher = FindExecutable("mpiexec", env);
   if (launcher.empty()) return MpiFlavour::kNone;
+  return MpiFlavourOfLauncher(launcher);
+}
+
+MpiFlavour MpiFlavourOfLauncher(const std::string& launcher) {
   char resolved[PATH_MAX];
   const std::string real = realpath(launcher.c_str(), resolved) ? resolved : launcher;
   const std::string name = real.substr(real.rfind('/') + 1);
@@ -237,6 +241,24 @@ MpiFlavour DetectMpiFlavour(const Environment& env) {
       FileExists(JoinPath(folder, "hydra_pmi_proxy")))
     return MpiFlavour::kMpich;
   return MpiFlavourFromVersion(RunCapture({launcher, "--version"}, 5.0).output);
+}
+
+std::string LocalMpiLauncher(MpiFlavour flavour, const Environment& env) {
+  if (flavour == MpiFlavour::kNone) return "";
+  const bool openmpi = flavour == MpiFlavour::kOpenMpi;
+  const std::string generic = openmpi ? "mpirun" : "mpiexec";
+  const std::string on_path = FindExecutable(generic, env);
+  // Keep the generic name unless it is missing or positively the other MPI.
+  if (!on_path.empty()) {
+    const MpiFlavour found = MpiFlavourOfLauncher(on_path);
+    if (found == flavour || found == MpiFlavour::kNone) return generic;
+  }
+  const std::vector<std::string> own =
+      openmpi ? std::vector<std::string>{"mpirun.openmpi"}
+              : std::vector<std::string>{"mpiexec.mpich", "mpiexec.hydra"};
+  for (const std::string& name : own)
+    if (!FindExecutable(name, env).empty()) return name;
+  return generic;
 }
 
 std::optional<double> SlurmTimeLeft(std::string_view text, std::time_t now) {

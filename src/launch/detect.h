@@ -51,8 +51,16 @@ Accelerator DetectAccelerator(const std::string& root = "/");
 // name and its neighbours (ompi_info, hydra_pmi_proxy), else by its --version output. kNone
 // when no launcher is on PATH.
 MpiFlavour DetectMpiFlavour(const Environment& env);
+// The flavour of one launcher executable (a path): by its real name and neighbours, else by
+// its --version output.
+MpiFlavour MpiFlavourOfLauncher(const std::string& launcher);
 // Same, from --version text alone.
 MpiFlavour MpiFlavourFromVersion(std::string_view version_text);
+// The launcher a local job of `flavour` runs: `mpirun` (Open MPI) or `mpiexec` (MPICH) from
+// PATH, unless that one is missing or belongs to the other MPI (Debian installs both side by
+// side and points mpirun/mpiexec at one of them); then the flavour's own name when it is on
+// PATH: mpirun.openmpi, or mpiexec.mpich / mpiexec.hydra. "" for kNone.
+std::string LocalMpiLauncher(MpiFlavour flavour, const Environment& env);
 
 // Seconds of wall time the job has left, from `scontrol show job -o <id>` output (EndTime,
 // Reason=TimeLimit) or `qstat -f <id>` output (Resource_List.walltime - resources_used.walltime).

@@ -82,6 +82,7 @@ int CeilDiv(int a, int b) {
 struct Plan {
   Allocation allocation;
   MpiFlavour mpi = MpiFlavour::kNone;
+  std::string mpi_launcher;  // local jobs: mpirun, mpiexec, mpiexec.mpich, ...
   Accelerator accelerator;
   BadNodePatterns patterns;
   int active_nodes = 1;
@@ -112,6 +113,8 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
   std::string mpi = options.mpi;
   if (mpi == "auto" && !Getenv(env, "CRUCIBLE_MPI").empty()) mpi = Getenv(env, "CRUCIBLE_MPI");
   plan.mpi = mpi == "auto" ? DetectMpiFlavour(env) : ParseMpiFlavour(mpi);
+  if (plan.allocation.scheduler == Scheduler::kLocal)
+    plan.mpi_launcher = LocalMpiLauncher(plan.mpi, env);
   plan.accelerator = DetectAccelerator();
 
   const int allocated = static_cast<int>(plan.allocation.nodes.size());
@@ -161,6 +164,7 @@ LaunchSpec MakeSpec(const Plan& plan, const LaunchOptions& options,
   spec.as_root = geteuid() == 0;
   spec.hostfile_path = JoinPath(plan.launch_dir, StrFormat("hostfile-%d", attempt));
   spec.step_name = "crucible-" + plan.launch_id;
+  spec.mpi_launcher = plan.mpi_launcher;
   spec.env = {{"CRUCIBLE_RUN_DIR", plan.run_dir},
               {"CRUCIBLE_ATTEMPT", std::to_string(attempt)},
               {"CRUCIBLE_NODELIST", JoinHosts(nodes)},

@@ -103,6 +103,21 @@ TEST(LaunchCommand, LocalMpichUsesHydra) {
   EXPECT_EQ(c.labels, LabelStyle::kBracket);
 }
 
+TEST(LaunchCommand, LocalRunsTheChosenMpiLauncher) {
+  LaunchSpec mpich = Spec(Scheduler::kLocal, MpiFlavour::kMpich);
+  mpich.nodes = {"localhost"};
+  mpich.ranks = 2;
+  mpich.mpi_launcher = "mpiexec.mpich";
+  EXPECT_EQ(BuildLaunchCommand(mpich).argv, With({"mpiexec.mpich", "-n", "2", "-l"}));
+  LaunchSpec openmpi = Spec(Scheduler::kLocal, MpiFlavour::kOpenMpi);
+  openmpi.nodes = {"localhost"};
+  openmpi.ranks = 2;
+  openmpi.mpi_launcher = "mpirun.openmpi";
+  EXPECT_EQ(BuildLaunchCommand(openmpi).argv,
+            With({"mpirun.openmpi", "--np", "2", "--oversubscribe", "--bind-to", "none",
+                  "--tag-output", "-x", "CRUCIBLE_ATTEMPT", "-x", "CRUCIBLE_RUN_DIR"}));
+}
+
 TEST(LaunchCommand, LocalWithoutMpiRunsOneRankDirectly) {
   LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kNone);
   spec.nodes = {"localhost"};

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
@@ -97,6 +99,45 @@ TEST(Detect, MpiFlavourFromVersionText) {
             MpiFlavour::kMpich);
   EXPECT_EQ(MpiFlavourFromVersion("something else"), MpiFlavour::kNone);
   EXPECT_EQ(DetectMpiFlavour({{"PATH", testing::TempDir() + "/no-mpi-here"}}), MpiFlavour::kNone);
+}
+
+// An executable file at `path` (its content is never run: the names decide).
+void Executable(const std::string& path) {
+  std::ofstream(path) << "#!/bin/sh\nexit 1\n";
+  chmod(path.c_str(), 0755);
+}
+
+TEST(Detect, LocalMpiLauncherPicksTheFlavoursOwnWhenBothAreInstalled) {
+  // Debian with Open MPI and MPICH: mpirun/mpiexec lead (through alternatives) to one of them.
+  const std::string root = testing::TempDir() + "/mpi_both";
+  std::filesystem::remove_all(root);
+  for (const char* dir :
+       {"/openmpi", "/mpich", "/bin_openmpi", "/bin_mpich", "/bin_only_hydra", "/bin_none"})
+    MakeDirectories(root + dir);
+  Executable(root + "/openmpi/orterun");
+  Executable(root + "/mpich/mpiexec.hydra");
+  for (const char* dir : {"/bin_openmpi", "/bin_mpich"}) {
+    Executable(root + dir + "/mpirun.openmpi");
+    Executable(root + dir + "/mpiexec.mpich");
+  }
+  const std::string default_openmpi = root + "/bin_openmpi", default_mpich = root + "/bin_mpich";
+  for (const char* name : {"/mpirun", "/mpiexec"}) {
+    ASSERT_EQ(symlink((root + "/openmpi/orterun").c_str(), (default_openmpi + name).c_str()), 0);
+    ASSERT_EQ(symlink((root + "/mpich/mpiexec.hydra").c_str(), (default_mpich + name).c_str()), 0);
+  }
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kMpich, {{"PATH", default_openmpi}}), "mpiexec.mpich");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kOpenMpi, {{"PATH", default_openmpi}}), "mpirun");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kMpich, {{"PATH", default_mpich}}), "mpiexec");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kOpenMpi, {{"PATH", default_mpich}}), "mpirun.openmpi");
+  // Only Hydra's own name, and no MPI at all: the generic names (which then fail to start).
+  ASSERT_EQ(
+      symlink((root + "/openmpi/orterun").c_str(), (root + "/bin_only_hydra/mpiexec").c_str()), 0);
+  Executable(root + "/bin_only_hydra/mpiexec.hydra");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kMpich, {{"PATH", root + "/bin_only_hydra"}}),
+            "mpiexec.hydra");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kMpich, {{"PATH", root + "/bin_none"}}), "mpiexec");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kOpenMpi, {{"PATH", root + "/bin_none"}}), "mpirun");
+  EXPECT_EQ(LocalMpiLauncher(MpiFlavour::kNone, {{"PATH", default_openmpi}}), "");
 }
 
 TEST(Detect, TimeLeftFromSchedulerOutput) {
