@@ -1,6 +1,6 @@
 """MPICH: crucible built against MPICH (`make build-mpich`, -DCRUCIBLE_MPI=mpich) and run by
 MPICH's own launcher (mpiexec.mpich, Hydra) trains bit-identically to a single process of the
-Open MPI build, for 1, 2 and 4 ranks and ZeRO stage 0 and 1; a stopped rank ends the job with
+Open MPI build, for 1, 2 and 4 ranks and ZeRO stages 0, 1 and 3; a stopped rank ends the job with
 the collective timeout; `crucible launch` with CRUCIBLE_MPI=mpich runs MPICH's launcher even
 where mpirun/mpiexec are Open MPI's (Debian with both installed)."""
 import json
@@ -83,7 +83,7 @@ def openmpi_single_process(run_dir, settings):
     return result(proc.stdout, run_dir)
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1])
+@pytest.mark.parametrize("zero_stage", [0, 1, 3])
 def test_mpich_ranks_match_the_openmpi_single_process_bit_for_bit(mpich_crucible, tmp_path, zero_stage):
     settings = BASE + [f"training.steps={STEPS}", f"parallelism.zero_stage={zero_stage}"]
     reference = openmpi_single_process(tmp_path / "openmpi", settings)
@@ -119,6 +119,9 @@ def test_a_hung_mpich_rank_aborts_the_job_after_the_collective_timeout(mpich_cru
         for line in proc.stdout:
             if line.startswith("step=2 "):
                 break
+        else:
+            proc.wait(timeout=60)
+            pytest.fail(f"the job ended before step 2 (exit {proc.returncode}):\n{proc.stderr.read()}")
         ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
         pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
         pids = [p for p in pids if open(f"/proc/{p}/cmdline").read().split("\0")[0] == mpich_crucible]
