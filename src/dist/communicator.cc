@@ -75,6 +75,17 @@ Communicator::Communicator() : host_(Hostname()) {
   mpi_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  // A binary built against one MPI and started by another's launcher runs as N unconnected
+  // single-rank jobs that would all write the same run directory.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value && std::atoi(value) > 1 && world_ == 1)
+      throw UsageError(StrFormat(
+          "the launcher started %s ranks (%s) but MPI sees a world of 1: this crucible was built "
+          "against another MPI (use the launcher of the MPI it links, e.g. mpiexec.mpich for "
+          "build-mpich/crucible)",
+          value, name));
+  }
   MPI_Type_contiguous(16, MPI_BYTE, &g_int128_type);
   MPI_Type_commit(&g_int128_type);
   MPI_Op_create(&SumInt128, /*commute=*/1, &g_int128_sum);
@@ -210,14 +221,17 @@ Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vec
   return handle;
 }
 
-Communicator::Handle Communicator::StartReduceScatterInt128(__int128* data,
+Communicator::Handle Communicator::StartReduceScatterInt128(const __int128* send, __int128* receive,
                                                             const std::vector<int>& counts,
                                                             const char* what) {
   const Handle handle = NewHandle(what);
-  if (mpi_ && world_ > 1)
-    MPI_Ireduce_scatter(MPI_IN_PLACE, data, counts.data(), g_int128_type, g_int128_sum,
-                        MPI_COMM_WORLD, &g_pending[handle].request);
-  return handle;  // one rank: its block is the whole buffer, already in place
+  if (mpi_ && world_ > 1) {
+    MPI_Ireduce_scatter(send, receive, counts.data(), g_int128_type, g_int128_sum, MPI_COMM_WORLD,
+                        &g_pending[handle].request);
+  } else {
+    std::memcpy(receive, send, static_cast<size_t>(counts[0]) * sizeof(__int128));
+  }
+  return handle;
 }
 
 Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t count,
@@ -277,6 +291,10 @@ void Communicator::Barrier(const char* what) {
 void Communicator::Abort(const std::string& message, int exit_code) {
   std::fprintf(stderr, "crucible: error: %s\n", message.c_str());
   std::fflush(stderr);
+  // Give the launcher's output forwarding time to carry the line before MPI_Abort tears the job
+  // down (MPICH's Hydra lost it in about 4 runs of 100 without a pause): the launcher classifies
+  // the failure from it.
+  if (mpi_) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (mpi_) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

@@ -52,11 +52,12 @@ class Communicator {
   // In place over `buffer`: rank r's block [displs[r], displs[r] + counts[r]) is already there.
   Handle StartAllGatherV(float* buffer, const std::vector<int>& counts,
                          const std::vector<int>& displs, const char* what);
-  // `data` holds consecutive blocks of counts[0], counts[1], ... elements; rank r receives the
+  // `send` holds consecutive blocks of counts[0], counts[1], ... elements; rank r receives the
   // exact sum of block r.
-  // In place: `data` holds the blocks on entry; on completion it starts with this rank's sums
-  // (the rest is undefined).
-  Handle StartReduceScatterInt128(__int128* data, const std::vector<int>& counts, const char* what);
+  // `receive` (counts[rank] elements) must not overlap `send`: MPICH 4.0.2 aborts on an
+  // in-place MPI_Ireduce_scatter whose block for rank > 0 starts at offset 0.
+  Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
+                                  const std::vector<int>& counts, const char* what);
   Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
   bool Test(Handle handle);
   void WaitFor(Handle handle);

@@ -31,17 +31,23 @@ DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
   }
 }
 
-void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_begin,
-                                  size_t unit_end) {
+void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_begin, size_t unit_end,
+                                  float* grads) {
   if (zero_stage_ != 0 && zero_stage_ != 1)
     throw Error(kExitFailure, "internal: StartReduction is for ZeRO stages 0 and 1");
+  if (zero_stage_ == 1 && receive_.empty()) {
+    receive_.resize(kMaxInFlight);
+    for (size_t i = 0; i < kMaxInFlight; ++i) free_buffers_.push_back(static_cast<int>(i));
+  }
   for (size_t begin = unit_begin; begin < unit_end; begin += kReducePiece) {
     const size_t end = std::min(unit_end, begin + kReducePiece);
     // Bounded: MPI keeps temporary buffers of each reduction in flight.
-    if (in_flight_.size() - completed_ >= kMaxInFlight) comm_.WaitFor(in_flight_[completed_++]);
+    if (in_flight_.size() - completed_ >= kMaxInFlight)
+      CompletePiece(in_flight_[completed_++], grads);
     if (zero_stage_ == 0) {
-      in_flight_.push_back(comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin,
-                                                      "gradient all-reduce"));
+      in_flight_.push_back({comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin,
+                                                       "gradient all-reduce"),
+                            -1, begin, end - begin});
       continue;
     }
     // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
@@ -51,32 +57,36 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
       const size_t b = std::max(begin, r * shard_), e = std::min(end, (r + 1) * shard_);
       counts[r] = b < e ? static_cast<int>(e - b) : 0;
     }
-    // In place: this rank's sums land at the start of the piece (one rank: where they are).
     const size_t b = std::max(begin, update_begin_), e = std::min(end, update_end_);
-    if (b < e) results_.push_back({comm_.world() > 1 ? begin : b, b, e - b});
-    in_flight_.push_back(comm_.StartReduceScatterInt128(accumulator.data() + begin, counts,
-                                                        "gradient reduce-scatter"));
+    const int buffer = free_buffers_.back();
+    free_buffers_.pop_back();
+    std::vector<__int128>& receive = receive_[buffer];
+    receive.resize(std::max<size_t>(1, std::min(kReducePiece, shard_)));
+    in_flight_.push_back({comm_.StartReduceScatterInt128(accumulator.data() + begin, receive.data(),
+                                                         counts, "gradient reduce-scatter"),
+                          buffer, b, b < e ? e - b : 0});
   }
 }
 
+void DataParallel::CompletePiece(Piece& piece, float* grads) {
+  comm_.WaitFor(piece.handle);
+  if (piece.buffer < 0) return;  // stage 0: converted all at once at the end
+  Int128ToFloat(receive_[piece.buffer].data(), grads + piece.first, piece.count);
+  free_buffers_.push_back(piece.buffer);
+}
+
 void DataParallel::Progress() {
-  for (size_t i = completed_; i < in_flight_.size(); ++i) comm_.Test(in_flight_[i]);
+  for (size_t i = completed_; i < in_flight_.size(); ++i) comm_.Test(in_flight_[i].handle);
 }
 
 double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grads) {
   ScopedKernelTimer profile_timer("gradient_reduce_wait");
   Timer waited;
-  for (Communicator::Handle h : in_flight_) comm_.WaitFor(h);
+  for (size_t i = completed_; i < in_flight_.size(); ++i) CompletePiece(in_flight_[i], grads);
   in_flight_.clear();
   completed_ = 0;
   const double seconds = waited.Seconds();
-  if (zero_stage_ == 0) {
-    Int128ToFloat(accumulator.data(), grads, n_params_);
-  } else {
-    for (const PieceResult& r : results_)
-      Int128ToFloat(accumulator.data() + r.at, grads + r.first, r.count);
-    results_.clear();
-  }
+  if (zero_stage_ == 0) Int128ToFloat(accumulator.data(), grads, n_params_);
   return seconds;
 }
 

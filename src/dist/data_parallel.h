@@ -17,6 +17,7 @@
 // with the units below; FinishReductions() waits for what is still in flight.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -52,9 +53,15 @@ class DataParallel {
   // Stages 0 and 1, overlapped: starts the exact reduction of accumulator[begin, end) (a
   // unit's final sum on this rank); FinishReductions() waits for every reduction started and
   // converts the result to grads[update_begin, update_end). Returns the seconds it waited.
-  void StartReduction(ExactAccumulator& accumulator, size_t begin, size_t end);
+  void StartReduction(ExactAccumulator& accumulator, size_t begin, size_t end, float* grads);
   void Progress();
   double FinishReductions(ExactAccumulator& accumulator, float* grads);
+  // Bytes of the receive buffers of overlapped ZeRO-1 reductions (allocated on first use).
+  size_t OverlapBufferBytes() const {
+    return zero_stage_ == 1
+               ? kMaxInFlight * std::max<size_t>(1, std::min(kReducePiece, shard_)) * 16
+               : 0;
+  }
   // Squared global norm of the gradient, identical for any number of ranks. grads[i - base]
   // holds element i for i in [update_begin, update_end) (base 0: a full-size buffer; base
   // shard_begin(): a shard).
@@ -84,12 +91,18 @@ class DataParallel {
   size_t update_begin_, update_end_;
   // Overlapped ZeRO-1 reductions: where each piece's sums land (in place, at the start of the
   // piece in the accumulator) and which parameters they belong to.
-  struct PieceResult {
-    size_t at, first, count;
+  // ZeRO-1 overlapped reductions: each piece in flight receives this rank's sums in one of
+  // kMaxInFlight buffers, converted to fp32 into the gradient when the piece completes.
+  struct Piece {
+    Communicator::Handle handle;
+    int buffer;           // into receive_, or -1 (stage 0: reduced in place)
+    size_t first, count;  // the parameters its sums belong to
   };
-  std::vector<PieceResult> results_;
-  std::vector<Communicator::Handle> in_flight_;
-  size_t completed_ = 0;  // in_flight_[0, completed_) are known to be done
+  void CompletePiece(Piece& piece, float* grads);
+  std::vector<Piece> in_flight_;
+  size_t completed_ = 0;  // in_flight_[0, completed_) are complete and converted
+  std::vector<std::vector<__int128>> receive_;
+  std::vector<int> free_buffers_;
 };
 
 }  // namespace crucible

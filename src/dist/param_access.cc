@@ -45,7 +45,7 @@ void ReplicatedAccess::GradientsReady(int unit) {
   InjectTestNan(test_nan_, u, grads_ + u.begin);
   if (!accumulator_.AddRange(u.begin, u.end, grads_ + u.begin) && on_non_finite_)
     on_non_finite_(unit, grads_ + u.begin);
-  if (overlap_ && last_) dp_.StartReduction(accumulator_, u.begin, u.end);
+  if (overlap_ && last_) dp_.StartReduction(accumulator_, u.begin, u.end, grads_);
   if (overlap_) dp_.Progress();
 }
 
@@ -71,7 +71,10 @@ ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_par
   grad_unit_.resize(largest_other);
   const size_t piece = std::min(DataParallel::kReducePiece, table.max_unit_size());
   reductions_.resize(kReductionBuffers);
-  for (Reduction& r : reductions_) r.send.resize(piece);
+  for (Reduction& r : reductions_) {
+    r.send.resize(piece);
+    r.receive.resize(std::max<size_t>(1, std::min(piece, shard_size_)));
+  }
   shard_sum_.assign(shard_size_, 0);
 }
 
@@ -79,7 +82,7 @@ size_t ShardedAccess::buffer_bytes() const {
   size_t bytes = 0;
   for (const GatherBuffer& g : gathers_) bytes += g.data.size() * sizeof(float);
   bytes += (grad_embedding_.size() + grad_unit_.size()) * sizeof(float);
-  for (const Reduction& r : reductions_) bytes += r.send.size() * 16;
+  for (const Reduction& r : reductions_) bytes += (r.send.size() + r.receive.size()) * 16;
   return bytes + shard_sum_.size() * 16;
 }
 
@@ -203,9 +206,8 @@ void ShardedAccess::Complete(Reduction& reduction) {
     comm_.WaitFor(reduction.handle);
   }
   reduction.pending = false;
-  // In place: this rank's sums are at the start of the piece (one rank: at their own place).
-  AddInt128(reduction.send.data() + reduction.result_at,
-            shard_sum_.data() + reduction.receive_offset, reduction.receive_count);
+  AddInt128(reduction.receive.data(), shard_sum_.data() + reduction.receive_offset,
+            reduction.receive_count);
 }
 
 void ShardedAccess::GradientsReady(int unit) {
@@ -241,11 +243,10 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
   const size_t b = std::max(begin, shard_begin_), e = std::min(end, shard_begin_ + S);
   reduction->receive_offset = b < e ? b - shard_begin_ : 0;
   reduction->receive_count = b < e ? e - b : 0;
-  reduction->result_at = comm_.world() > 1 || b >= e ? 0 : b - begin;
   reduction->started = ++clock_;
   reduction->pending = true;
-  reduction->handle =
-      comm_.StartReduceScatterInt128(reduction->send.data(), counts, "gradient reduce-scatter");
+  reduction->handle = comm_.StartReduceScatterInt128(
+      reduction->send.data(), reduction->receive.data(), counts, "gradient reduce-scatter");
   if (!overlap_) Complete(*reduction);
   Progress();
 }

@@ -104,9 +104,8 @@ class ShardedAccess : public ParameterAccess {
     uint64_t last_use = 0;
   };
   struct Reduction {
-    std::vector<__int128> send;  // reduced in place
-    size_t result_at = 0;        // where this rank's sums are in `send` when complete
-    size_t receive_offset = 0, receive_count = 0;  // where they go in the shard
+    std::vector<__int128> send, receive;
+    size_t receive_offset = 0, receive_count = 0;  // where the sums go in the shard
     Communicator::Handle handle = -1;
     bool pending = false;
     uint64_t started = 0;

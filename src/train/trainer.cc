@@ -284,16 +284,19 @@ int RunTraining(Config config, const std::string& resume_mode) {
     // Memory per rank (the parameter-sized buffers, from their real sizes; formula in
     // docs/distributed.md): weights and gradients (the full padded buffers, or the shard under
     // ZeRO-3), the exact accumulator (16 bytes per element, the shard's sums under ZeRO-3), the
-    // optimizer state of this rank's part, ZeRO-3's gather/gradient/reduction buffers.
+    // optimizer state of this rank's part, the gather/gradient/reduction buffers of ZeRO-3 or of
+    // overlapped ZeRO-1 reductions.
     double state_floats = 0;
     for (const auto& named : optimizer.State()) state_floats += named.second->size();
-    const double buffers = sharded_access ? sharded_access->buffer_bytes() : 0.0;
+    const double buffers =
+        sharded_access ? sharded_access->buffer_bytes()
+                       : (overlap ? static_cast<double>(data_parallel.OverlapBufferBytes()) : 0.0);
     const double weight_bytes = 4.0 * weights.size(), grad_bytes = 4.0 * grads.size();
     const double accumulator_bytes = 16.0 * accumulator.size();
     const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
     PrintLine(StrFormat(
         "phase=memory zero_stage=%d weights=%s grads=%s accumulator=%s optimizer_state=%s "
-        "zero3_buffers=%s model_state_bytes=%.0f activations=%s communicated_per_step=%s "
+        "comm_buffers=%s model_state_bytes=%.0f activations=%s communicated_per_step=%s "
         "overlap=%s",
         zero_stage, HumanBytes(weight_bytes).c_str(), HumanBytes(grad_bytes).c_str(),
         HumanBytes(accumulator_bytes).c_str(), HumanBytes(4 * state_floats).c_str(),

@@ -112,9 +112,11 @@ def test_memory_per_rank_follows_the_zero_formula(tmp_path):
     piece = min(1 << 19, max(units))
     formula = {
         0: (4 + 4 + 16) * padded + 8 * P,                 # weights, grads, accumulator; AdamW m, v
-        1: (4 + 4 + 16) * padded + 8 * min(shard, P),     # optimizer state of the shard only
+        1: (4 + 4 + 16) * padded + 8 * min(shard, P)      # optimizer state of the shard only
+           + 8 * 16 * min(piece, shard),                  # overlapped reduce-scatter receive buffers
         3: (4 + 4 + 16) * shard + 8 * min(shard, P)        # shards of weights, grads, sums; state
-           + 3 * 4 * max(units) + 4 * (units[0] + max(units[1:])) + 4 * 16 * piece,  # unit buffers
+           + 3 * 4 * max(units) + 4 * (units[0] + max(units[1:]))  # gathered units, unit gradients
+           + 4 * 16 * (piece + min(piece, shard)),        # reduction pieces in flight
     }
     measured = {}
     for zero_stage in (0, 1, 3):
