@@ -178,3 +178,16 @@ def test_crucible_launch_with_mpich_runs_hydra_and_ends_bit_identical(mpich_cruc
     record = [json.loads(l) for l in (run_dir / "launch" / "attempts.jsonl").read_text().splitlines()
               if json.loads(l).get("kind") == "attempt"]
     assert len(record) == 1 and record[0]["argv"][0] == command[0], record
+
+
+def test_a_binary_started_by_the_other_mpis_launcher_says_so(mpich_crucible, tmp_path):
+    """Open MPI's mpirun starting the MPICH build would run N unconnected one-rank jobs writing the
+    same run directory; each rank sees the launcher's world size and refuses instead."""
+    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    args = ["mpirun", "--oversubscribe", "-np", "2", mpich_crucible, "train"]
+    for item in BASE + ["training.steps=2", f"job.dump_folder={tmp_path / 'run'}"]:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "built against another MPI" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
