@@ -72,5 +72,37 @@ TEST(ExactAccumulator, ReportsNonFiniteValues) {
   EXPECT_FALSE(acc.Add(huge.data()));
 }
 
+// The conversions take a fast path through int64 where the value fits; they must give exactly
+// what the plain 128-bit conversions give, on both sides of 2^63 (|g| = 0.5) and for sums far
+// beyond int64.
+TEST(ExactAccumulator, FastConversionsEqualThePlain128BitOnes) {
+  std::vector<float> values;
+  for (int e = -90; e <= 61; ++e)
+    for (float m : {1.0f, 1.5f, 1.9999999f, 1.2345678f})
+      for (float sign : {1.0f, -1.0f}) values.push_back(sign * std::ldexp(m, e));
+  values.push_back(0.0f);
+  values.push_back(std::nextafter(0.5f, 0.0f));
+  values.push_back(-std::nextafter(0.5f, 0.0f));
+  std::vector<__int128> fixed(values.size());
+  ASSERT_TRUE(FloatToInt128(values.data(), fixed.data(), values.size()));
+  const double scale = std::ldexp(1.0, 64);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const __int128 plain = static_cast<__int128>(static_cast<double>(values[i]) * scale);
+    EXPECT_TRUE(fixed[i] == plain) << values[i];
+  }
+  // Back to float, including sums that only 128 bits hold.
+  std::vector<__int128> sums = fixed;
+  for (__int128 v : fixed) sums.push_back(v * 3 + (v >> 7));
+  sums.push_back(static_cast<__int128>(1) << 100);
+  sums.push_back(-(static_cast<__int128>(1) << 63));
+  sums.push_back((static_cast<__int128>(1) << 63) + 12345);
+  std::vector<float> out(sums.size());
+  Int128ToFloat(sums.data(), out.data(), sums.size());
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const float plain = static_cast<float>(static_cast<double>(sums[i]) / scale);
+    EXPECT_EQ(out[i], plain) << i;
+  }
+}
+
 }  // namespace
 }  // namespace crucible
