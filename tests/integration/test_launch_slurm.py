@@ -129,7 +129,10 @@ TRAIN_SETTINGS = ["--set", "model.flavor=debug", "--set", "model.dim=32", "--set
                   "--set", "model.ffn_hidden_dim=64", "--set", "training.seq_len=16",
                   "--set", "training.local_batch_size=2", "--set", "training.global_batch_size=6",
                   "--set", "training.steps=300", "--set", "checkpoint.interval=20",
-                  "--set", "checkpoint.async=false", "--set", "metrics.peak_gflops=100"]
+                  "--set", "checkpoint.async=false", "--set", "metrics.peak_gflops=100",
+                  # ZeRO-3 across the virtual nodes: parameters gathered layer by layer over the
+                  # network, shards of 3 ranks (one of them empty), regrouped on resume.
+                  "--set", "parallelism.zero_stage=3"]
 
 
 def rank_pid(run_dir, rank):
@@ -150,7 +153,7 @@ def rank_pid(run_dir, rank):
 
 
 def test_crucible_train_fails_over_and_ends_bit_identical(cluster, walltime_job, tmp_path):
-    """crucible train as 3 data-parallel MPI ranks (srun --mpi=pmix, one per node) under
+    """crucible train as 3 data-parallel MPI ranks (srun --mpi=pmix, one per node; ZeRO-3) under
     --auto-retry on 3 of 4 nodes; rank 1 is SIGKILLed mid-run; its node is swapped for the spare,
     the 3 ranks resume on the new node list from the last checkpoint, and the final weights equal
     those of an uninterrupted single-process run, bit for bit."""
