@@ -16,18 +16,46 @@
 namespace crucible::kernels {
 namespace {
 
-constexpr int64_t kTileRows = 128;
-constexpr int64_t kTileCols = 512;
+// Output tiles start at 256 x 512 (large enough that OpenBLAS's packing of the operands is a
+// small share of a tile's work) and are halved, the larger side first, until the product has at
+// least kMinTiles of them (so a small output with a long inner dimension, like the weight
+// gradient of a key projection, still keeps every thread busy). A pure function of the shape.
+constexpr int64_t kMaxTileRows = 256;
+constexpr int64_t kMaxTileCols = 512;
+constexpr int64_t kMinTileSide = 64;
+constexpr int64_t kMinTiles = 8;
+
+struct Tiles {
+  int64_t rows, cols;
+};
+Tiles ChooseTiles(int64_t M, int64_t N) {
+  Tiles t{kMaxTileRows, kMaxTileCols};
+  auto count = [&](const Tiles& x) {
+    return ((M + x.rows - 1) / x.rows) * ((N + x.cols - 1) / x.cols);
+  };
+  while (count(t) < kMinTiles) {
+    if (t.cols >= t.rows && t.cols > kMinTileSide && N > t.cols / 2)
+      t.cols /= 2;
+    else if (t.rows > kMinTileSide && M > t.rows / 2)
+      t.rows /= 2;
+    else if (t.cols > kMinTileSide && N > t.cols / 2)
+      t.cols /= 2;
+    else
+      break;
+  }
+  return t;
+}
 
 // C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major, tiled over C.
 void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const int64_t row_tiles = (M + kTileRows - 1) / kTileRows;
-  const int64_t col_tiles = (N + kTileCols - 1) / kTileCols;
+  const Tiles t = ChooseTiles(M, N);
+  const int64_t row_tiles = (M + t.rows - 1) / t.rows;
+  const int64_t col_tiles = (N + t.cols - 1) / t.cols;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t tile = 0; tile < row_tiles * col_tiles; ++tile) {
-    const int64_t i0 = (tile / col_tiles) * kTileRows, j0 = (tile % col_tiles) * kTileCols;
-    const int64_t rows = std::min(kTileRows, M - i0), cols = std::min(kTileCols, N - j0);
+    const int64_t i0 = (tile / col_tiles) * t.rows, j0 = (tile % col_tiles) * t.cols;
+    const int64_t rows = std::min(t.rows, M - i0), cols = std::min(t.cols, N - j0);
     const float* a = trans_a ? A + i0 : A + i0 * lda;
     const float* b = trans_b ? B + j0 * ldb : B + j0;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
