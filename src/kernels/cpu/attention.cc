@@ -13,7 +13,46 @@
 namespace crucible::kernels {
 namespace {
 constexpr int64_t kBlock = 128;  // rows per causal block
+constexpr int kLanes = 16;
+
+// Max and sum of x[0, n) over kLanes interleaved lanes combined in a fixed order: the same bits
+// for any thread count, and the compiler vectorises them (a single running sum cannot be).
+inline float lane_max(const float* x, int64_t n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = x[0];
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] > x[j + l] ? acc[l] : x[j + l];
+  for (int l = 0; j + l < n; ++l) acc[l] = acc[l] > x[j + l] ? acc[l] : x[j + l];
+  float m = acc[0];
+  for (int l = 1; l < kLanes; ++l) m = m > acc[l] ? m : acc[l];
+  return m;
 }
+
+inline float combine_lanes(float* acc) {
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+inline float lane_sum(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l];
+  for (int l = 0; j + l < n; ++l) acc[l] += x[j + l];
+  return combine_lanes(acc);
+}
+
+inline float lane_dot(const float* x, const float* y, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l] * y[j + l];
+  for (int l = 0; j + l < n; ++l) acc[l] += x[j + l] * y[j + l];
+  return combine_lanes(acc);
+}
+}  // namespace
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
@@ -36,16 +75,14 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
                   K, ldk, 0.0f, P + r0 * T, T);
       for (int64_t i = r0; i < r0 + rows; ++i) {
         float* row = P + i * T;
-        float max = row[0];
-        for (int64_t j = 1; j <= i; ++j) max = std::max(max, row[j]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = exp_fast(row[j] - max);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+        const int64_t n = i + 1;
+        const float max = lane_max(row, n);
+        for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - max);
+        const float inv = 1.0f / lane_sum(row, n);
+        for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+        // Zeros up to the block's last column: the products read no further (the backward pass
+        // reads P only inside the causal blocks too).
+        for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
       }
       // O[r0:r0+rows] = P[r0:r0+rows, 0:cols] V[0:cols]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, P + r0 * T, T, V,
@@ -90,8 +127,7 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
         for (int64_t i = r0; i < r0 + rows; ++i) {
           float* ds = dS + i * T;
           const float* p = P + i * T;
-          float dot = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) dot += ds[j] * p[j];
+          const float dot = lane_dot(ds, p, i + 1);
           for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
           for (int64_t j = i + 1; j < cols; ++j) ds[j] = 0.0f;
         }
