@@ -120,19 +120,6 @@ void Communicator::AllReduceInt128(__int128* data, size_t count, const char* wha
   }
 }
 
-void Communicator::ReduceScatterInt128(const __int128* send, __int128* receive, size_t count,
-                                       const char* what) {
-  if (!mpi_ || world_ == 1) {
-    if (send != receive) std::memcpy(receive, send, count * sizeof(__int128));
-    return;
-  }
-  if (count > kMaxCount) throw Error(kExitFailure, "reduce-scatter block too large for MPI");
-  MPI_Request request;
-  MPI_Ireduce_scatter_block(send, receive, static_cast<int>(count), g_int128_type, g_int128_sum,
-                            MPI_COMM_WORLD, &request);
-  Wait(&request, what);
-}
-
 void Communicator::ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what) {
   if (!mpi_ || world_ == 1) return;
   if (count > kMaxCount) throw Error(kExitFailure, "reduce-scatter block too large for MPI");
@@ -160,17 +147,21 @@ void Communicator::AllReduceOr(bool* flag, const char* what) {
 }
 
 namespace {
+// Every rank's `count` elements, in rank order, to every rank (root < 0) or to `root` only.
 template <typename T>
 void GatherImpl(bool mpi, int world, const T* send, T* receive, size_t count, MPI_Datatype type,
-                const std::function<void(MPI_Request*)>& wait) {
+                const std::function<void(MPI_Request*)>& wait, int root = -1) {
   if (!mpi || world == 1) {
     if (send != receive) std::memcpy(receive, send, count * sizeof(T));
     return;
   }
-  if (count > kMaxCount) throw Error(kExitFailure, "all-gather block too large for MPI");
+  if (count > kMaxCount) throw Error(kExitFailure, "gather block too large for MPI");
   MPI_Request request;
-  MPI_Iallgather(send, static_cast<int>(count), type, receive, static_cast<int>(count), type,
-                 MPI_COMM_WORLD, &request);
+  const int n = static_cast<int>(count);
+  if (root < 0)
+    MPI_Iallgather(send, n, type, receive, n, type, MPI_COMM_WORLD, &request);
+  else
+    MPI_Igather(send, n, type, receive, n, type, root, MPI_COMM_WORLD, &request);
   wait(&request);
 }
 }  // namespace
@@ -200,15 +191,9 @@ void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t 
 
 void Communicator::GatherFloatToRoot(const float* send, float* receive, size_t count,
                                      const char* what) {
-  if (!mpi_ || world_ == 1) {
-    if (send != receive) std::memcpy(receive, send, count * sizeof(float));
-    return;
-  }
-  if (count > kMaxCount) throw Error(kExitFailure, "gather block too large for MPI");
-  MPI_Request request;
-  MPI_Igather(send, static_cast<int>(count), MPI_FLOAT, receive, static_cast<int>(count), MPI_FLOAT,
-              0, MPI_COMM_WORLD, &request);
-  Wait(&request, what);
+  GatherImpl(
+      mpi_, world_, send, receive, count, MPI_FLOAT, [&](MPI_Request* r) { Wait(r, what); },
+      /*root=*/0);
 }
 
 Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vector<int>& counts,

@@ -31,9 +31,8 @@ class Communicator {
 
   // Exact sums of 128-bit integers (order-independent: integer addition is associative).
   void AllReduceInt128(__int128* data, size_t count, const char* what);
-  // Every rank contributes `count` elements; rank r receives the exact sum of block r.
-  void ReduceScatterInt128(const __int128* send, __int128* receive, size_t count, const char* what);
-  // In place: on return data[0, count) holds this rank's sums.
+  // Every rank contributes world blocks of `count` elements, in place; on return data[0, count)
+  // holds the exact sum of this rank's block.
   void ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what);
   void AllReduceInt64(int64_t* data, size_t count, const char* what);
   void AllReduceOr(bool* flag, const char* what);
