@@ -59,8 +59,6 @@ double MeasurePeakGflops() {
 
 namespace {
 
-// Keeps the metrics.jsonl lines of steps up to `last_step` (a resumed run rewrites the steps
-// after its checkpoint), atomically; returns how many lines were kept.
 // VmHWM of this process, in bytes (0 where /proc is unavailable).
 double PeakResidentBytes() {
   if (!FileExists("/proc/self/status")) return 0;
@@ -69,6 +67,8 @@ double PeakResidentBytes() {
   return 0;
 }
 
+// Keeps the metrics.jsonl lines of steps up to `last_step` (a resumed run rewrites the steps
+// after its checkpoint), atomically; returns how many lines were kept.
 int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
   if (!FileExists(path)) return 0;
   std::string kept;
@@ -214,9 +214,9 @@ int RunTraining(Config config, const std::string& resume_mode) {
       PrintLine("phase=initial_load_hf from=" + hf_path);
     } else if (!init_path.empty()) {
       LoadModelWeights(init_path, table, load_target);
-    } else if (sharded) {
+    } else if (sharded) {  // a non-empty shard starts at update_begin == base
       InitWeightsRange(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
-                       update_begin, update_end, weights.data() + (update_begin - base));
+                       update_begin, update_end, weights.data());
     } else {
       InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
                   load_target);
