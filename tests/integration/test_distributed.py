@@ -191,3 +191,30 @@ def test_a_rank_with_an_empty_shard_checkpoints_and_resumes(tmp_path, zero_stage
     proc = mpirun(3, tiny + ["training.steps=6", f"job.dump_folder={run_dir}", f"parallelism.zero_stage={zero_stage}"])
     assert "phase=resume" in proc.stdout
     assert result(proc, run_dir) == reference
+
+
+def test_sigterm_under_zero3_checkpoints_and_resumes_bit_exact_on_four_ranks(tmp_path):
+    """SIGTERM to one rank of a 2-rank ZeRO-3 job: the ranks agree on the step, rank 0 gathers the
+    shards and writes the checkpoint, all exit 143; 4 ranks resume and end as one process does."""
+    settings = BASE + ["training.steps=120", "checkpoint.interval=1000", "parallelism.zero_stage=3"]
+    straight = tmp_path / "straight"
+    reference = result(mpirun(1, settings + [f"job.dump_folder={straight}"]), straight)
+    run_dir = tmp_path / "run"
+    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [crucible_binary(), "train"]
+    for item in settings + [f"job.dump_folder={run_dir}"]:
+        args += ["--set", item]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("step=20 "):
+            ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
+            pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
+            pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+            os.kill(max(pids), signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    stopped = re.search(r"stopped step=(\d+) signal=SIGTERM", out)
+    assert proc.returncode == 143 and stopped, out + err
+    proc = mpirun(4, settings + [f"job.dump_folder={run_dir}"])
+    assert f"step={stopped.group(1)}" in proc.stdout.split("phase=resume from=")[1].split("\n")[0]
+    assert result(proc, run_dir) == reference
