@@ -196,7 +196,7 @@ def test_a_rank_with_an_empty_shard_checkpoints_and_resumes(tmp_path, zero_stage
 def test_sigterm_under_zero3_checkpoints_and_resumes_bit_exact_on_four_ranks(tmp_path):
     """SIGTERM to one rank of a 2-rank ZeRO-3 job: the ranks agree on the step, rank 0 gathers the
     shards and writes the checkpoint, all exit 143; 4 ranks resume and end as one process does."""
-    settings = BASE + ["training.steps=120", "checkpoint.interval=1000", "parallelism.zero_stage=3"]
+    settings = BASE + ["training.steps=400", "checkpoint.interval=1000", "parallelism.zero_stage=3"]
     straight = tmp_path / "straight"
     reference = result(mpirun(1, settings + [f"job.dump_folder={straight}"]), straight)
     run_dir = tmp_path / "run"
@@ -206,7 +206,7 @@ def test_sigterm_under_zero3_checkpoints_and_resumes_bit_exact_on_four_ranks(tmp
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, **MPI_ENV), start_new_session=True)
     for line in proc.stdout:
-        if line.startswith("step=20 "):
+        if line.startswith("step=10 "):  # 390 steps (seconds) left to deliver the signal
             ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
             pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
             pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
