@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <unordered_map>
 
 #include "common/error.h"
 #include "common/strings.h"
@@ -36,21 +37,19 @@ std::string Hostname() {
 constexpr size_t kMaxCount = size_t{1} << 28;
 
 // Non-blocking operations in flight, by handle (the communicator is a process-wide singleton).
+// Handles are never reused: a completed operation is erased, and testing or waiting for a handle
+// that is gone reports it complete.
 struct Pending {
   MPI_Request request = MPI_REQUEST_NULL;
   const char* what = "";
-  bool active = false;
 };
-std::vector<Pending> g_pending;
+std::unordered_map<int64_t, Pending> g_pending;  // element addresses are stable
+int64_t g_next_handle = 0;
 
-int NewHandle(const char* what) {
-  for (size_t i = 0; i < g_pending.size(); ++i)
-    if (!g_pending[i].active) {
-      g_pending[i] = Pending{MPI_REQUEST_NULL, what, true};
-      return static_cast<int>(i);
-    }
-  g_pending.push_back(Pending{MPI_REQUEST_NULL, what, true});
-  return static_cast<int>(g_pending.size() - 1);
+// Registers a new operation: sets *handle, returns where MPI puts its request.
+MPI_Request* NewRequest(const char* what, int64_t* handle) {
+  *handle = g_next_handle++;
+  return &g_pending.emplace(*handle, Pending{MPI_REQUEST_NULL, what}).first->second.request;
 }
 
 }  // namespace
@@ -199,54 +198,49 @@ void Communicator::GatherFloatToRoot(const float* send, float* receive, size_t c
 Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vector<int>& counts,
                                                    const std::vector<int>& displs,
                                                    const char* what) {
-  const Handle handle = NewHandle(what);
+  Handle handle = -1;
   if (mpi_ && world_ > 1)
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, counts.data(), displs.data(),
-                    MPI_FLOAT, MPI_COMM_WORLD, &g_pending[handle].request);
-  return handle;
+                    MPI_FLOAT, MPI_COMM_WORLD, NewRequest(what, &handle));
+  return handle;  // one rank: its block is the whole buffer, already in place
 }
 
 Communicator::Handle Communicator::StartReduceScatterInt128(const __int128* send, __int128* receive,
                                                             const std::vector<int>& counts,
                                                             const char* what) {
-  const Handle handle = NewHandle(what);
-  if (mpi_ && world_ > 1) {
+  Handle handle = -1;
+  if (mpi_ && world_ > 1)
     MPI_Ireduce_scatter(send, receive, counts.data(), g_int128_type, g_int128_sum, MPI_COMM_WORLD,
-                        &g_pending[handle].request);
-  } else {
+                        NewRequest(what, &handle));
+  else
     std::memcpy(receive, send, static_cast<size_t>(counts[0]) * sizeof(__int128));
-  }
   return handle;
 }
 
 Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t count,
                                                         const char* what) {
   if (count > kMaxCount) throw Error(kExitFailure, "all-reduce block too large for MPI");
-  const Handle handle = NewHandle(what);
+  Handle handle = -1;
   if (mpi_ && world_ > 1)
     MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), g_int128_type, g_int128_sum,
-                   MPI_COMM_WORLD, &g_pending[handle].request);
+                   MPI_COMM_WORLD, NewRequest(what, &handle));
   return handle;
 }
 
 bool Communicator::Test(Handle handle) {
-  Pending& p = g_pending.at(handle);
-  if (!p.active) return true;
-  if (p.request == MPI_REQUEST_NULL) {
-    p.active = false;
-    return true;
-  }
+  auto it = g_pending.find(handle);
+  if (it == g_pending.end()) return true;
   int done = 0;
-  MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
-  if (done) p.active = false;
+  MPI_Test(&it->second.request, &done, MPI_STATUS_IGNORE);
+  if (done) g_pending.erase(it);
   return done != 0;
 }
 
 void Communicator::WaitFor(Handle handle) {
-  Pending& p = g_pending.at(handle);
-  if (!p.active) return;
-  if (p.request != MPI_REQUEST_NULL) Wait(&p.request, p.what);
-  p.active = false;
+  auto it = g_pending.find(handle);
+  if (it == g_pending.end()) return;
+  Wait(&it->second.request, it->second.what);
+  g_pending.erase(it);
 }
 
 std::vector<std::string> Communicator::AllGatherString(const std::string& value, const char* what) {

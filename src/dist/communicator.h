@@ -47,7 +47,7 @@ class Communicator {
   // Non-blocking collectives for overlapping communication with computation. Start* returns a
   // handle; Test() lets MPI make progress and reports completion; WaitFor() blocks with the
   // collective deadline. Every rank must start the same operations in the same order.
-  using Handle = int;
+  using Handle = int64_t;  // never reused; -1 for an operation that needed no MPI
   // In place over `buffer`: rank r's block [displs[r], displs[r] + counts[r]) is already there.
   Handle StartAllGatherV(float* buffer, const std::vector<int>& counts,
                          const std::vector<int>& displs, const char* what);

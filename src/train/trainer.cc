@@ -553,7 +553,10 @@ int RunTraining(Config config, const std::string& resume_mode) {
   comm.AllGatherDouble(&peak_rss, peaks.data(), 1, "peak-memory all-gather");
   if (leader) {
     std::string list;
-    for (double p : peaks) list += (list.empty() ? "" : ",") + StrFormat("%.0f", p);
+    for (double p : peaks) {
+      if (!list.empty()) list += ',';
+      list += StrFormat("%.0f", p);
+    }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
   }
   if (leader && KernelProfileEnabled()) PrintKernelProfile();
