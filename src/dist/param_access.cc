@@ -126,7 +126,6 @@ void ShardedAccess::StartGather(GatherBuffer& buffer, int unit) {
   buffer.unit = unit;
   buffer.pending = true;
   buffer.handle = comm_.StartAllGatherV(buffer.data.data(), counts, displs, "parameter all-gather");
-  gathered_bytes_ += (u.size() - (b < e ? e - b : 0)) * sizeof(float);
 }
 
 void ShardedAccess::Complete(GatherBuffer& buffer) {

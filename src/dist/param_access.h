@@ -40,7 +40,6 @@ class ReplicatedAccess : public ParameterAccess {
                    NonFiniteHandler on_non_finite);
   // Before each micro-batch's backward pass; `last`: the step's last micro-batch.
   void BeginMicroBatch(bool last) { last_ = last; }
-  bool overlapping() const { return overlap_; }
   // Test only: the gradient of flat element `offset` becomes NaN in the next units (-1: off).
   void SetTestNan(int64_t offset) { test_nan_ = offset; }
 
@@ -86,8 +85,6 @@ class ShardedAccess : public ParameterAccess {
 
   // Bytes of the gather, gradient and reduction buffers (besides the shards).
   size_t buffer_bytes() const;
-  // Bytes this rank's gathers received so far (for the communication report).
-  uint64_t gathered_bytes() const { return gathered_bytes_; }
 
   const float* AcquireWeights(int unit) override;
   void ReleaseWeights(int unit) override;
@@ -129,7 +126,7 @@ class ShardedAccess : public ParameterAccess {
   std::vector<float> grad_embedding_, grad_unit_;
   std::vector<Reduction> reductions_;
   std::vector<__int128> shard_sum_;
-  uint64_t clock_ = 0, gathered_bytes_ = 0;
+  uint64_t clock_ = 0;
   bool hashing_ = false, corrupt_next_ = false;
   int64_t test_nan_ = -1;
   std::string non_finite_;  // set when a piece of the current unit held a non-finite value
