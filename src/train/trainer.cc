@@ -59,6 +59,36 @@ double MeasurePeakGflops() {
 
 namespace {
 
+// A JSON-lines log (metrics.jsonl, metrics-rank<r>.jsonl): each line is written and flushed as
+// it comes, so a killed run loses at most the line being written. Closed when destroyed.
+class JsonLinesFile {
+ public:
+  JsonLinesFile() = default;
+  JsonLinesFile(const JsonLinesFile&) = delete;
+  JsonLinesFile& operator=(const JsonLinesFile&) = delete;
+  ~JsonLinesFile() { Close(); }
+
+  void Open(const std::string& path, bool append) {
+    path_ = path;
+    file_ = std::fopen(path.c_str(), append ? "a" : "w");
+    if (!file_) ThrowErrno("cannot open " + path);
+  }
+  bool is_open() const { return file_ != nullptr; }
+  void Append(const nlohmann::json& record) {
+    const std::string text = record.dump() + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
+      ThrowErrno("cannot write " + path_);
+  }
+  void Close() {
+    if (file_) std::fclose(file_);
+    file_ = nullptr;
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
 // VmHWM of this process, in bytes (0 where /proc is unavailable).
 double PeakResidentBytes() {
   if (!FileExists("/proc/self/status")) return 0;
@@ -307,23 +337,18 @@ int RunTraining(Config config, const std::string& resume_mode) {
         overlap ? "on" : "off"));
   }
 
-  std::FILE* metrics = nullptr;
+  JsonLinesFile metrics, rank_metrics;
   if (leader && config.Bool("metrics.enable_jsonl")) {
     std::string path = JoinPath(run_dir, "metrics.jsonl");
     if (resume.resumed) TruncateMetrics(path, resume.progress.step);
-    metrics = std::fopen(path.c_str(), resume.resumed ? "a" : "w");
-    if (!metrics) ThrowErrno("cannot open " + path);
+    metrics.Open(path, resume.resumed);
   }
 
   std::unique_ptr<Validation> validation;
   if (leader) validation = std::make_unique<Validation>(config, model_config, run_dir);
   const bool validate = data_parallel.Any(leader && validation->enabled());
-  std::FILE* rank_metrics = nullptr;
-  if (config.Bool("metrics.per_rank") && world > 1) {
-    std::string path = JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank));
-    rank_metrics = std::fopen(path.c_str(), resume.resumed ? "a" : "w");
-    if (!rank_metrics) ThrowErrno("cannot open " + path);
-  }
+  if (config.Bool("metrics.per_rank") && world > 1)
+    rank_metrics.Open(JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank)), resume.resumed);
 
   // ---- the loop ----
   // This rank's slice of a step's global batch, read once per step: inputs and targets of
@@ -448,37 +473,29 @@ int RunTraining(Config config, const std::string& resume_mode) {
       PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                           (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));
     }
-    if (metrics) {
-      nlohmann::json line = {{"step", step},
-                             {"loss", loss},
-                             {"lr", lr},
-                             {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm)
-                                                                    : nlohmann::json(nullptr)},
-                             {"tokens", tokens_seen},
-                             {"tok_per_s", tokens_per_second},
-                             {"mfu", mfu},
-                             {"step_seconds", step_seconds},
-                             {"reduce_wait_s", reduce_wait_seconds}};
-      std::string text = line.dump() + "\n";
-      if (std::fwrite(text.data(), 1, text.size(), metrics) != text.size() ||
-          std::fflush(metrics) != 0)
-        ThrowErrno("cannot write " + JoinPath(run_dir, "metrics.jsonl"));
+    if (metrics.is_open()) {
+      metrics.Append({{"step", step},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm)
+                                                             : nlohmann::json(nullptr)},
+                      {"tokens", tokens_seen},
+                      {"tok_per_s", tokens_per_second},
+                      {"mfu", mfu},
+                      {"step_seconds", step_seconds},
+                      {"reduce_wait_s", reduce_wait_seconds}});
     }
-    if (rank_metrics) {
+    if (rank_metrics.is_open()) {
       // This rank's own view: its micro-batches' share of the loss and its time.
       double local_loss = 0.0;
       for (double l : micro_losses) local_loss += l;
-      nlohmann::json line = {{"step", step},
-                             {"rank", rank},
-                             {"host", comm.host()},
-                             {"local_loss_sum", local_loss},
-                             {"local_valid_tokens", valid_local},
-                             {"step_seconds", step_seconds},
-                             {"reduce_wait_s", reduce_wait_seconds}};
-      std::string text = line.dump() + "\n";
-      if (std::fwrite(text.data(), 1, text.size(), rank_metrics) != text.size() ||
-          std::fflush(rank_metrics) != 0)
-        ThrowErrno("cannot write per-rank metrics in " + run_dir);
+      rank_metrics.Append({{"step", step},
+                           {"rank", rank},
+                           {"host", comm.host()},
+                           {"local_loss_sum", local_loss},
+                           {"local_valid_tokens", valid_local},
+                           {"step_seconds", step_seconds},
+                           {"reduce_wait_s", reduce_wait_seconds}});
     }
     // ---- evaluation during training (rank 0; the others wait at the barrier) ----
     if (validate && (step % config.Int("validation.freq") == 0 || step == steps)) {
@@ -523,8 +540,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
       release_full_state();
       release_gathered();
       comm.Barrier("stop");
-      if (metrics) std::fclose(metrics);
-      if (rank_metrics) std::fclose(rank_metrics);
+      metrics.Close();
+      rank_metrics.Close();
       if (leader)
         PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
                             SignalName(signal_number), saved.c_str(), kExitSignalled));
@@ -536,8 +553,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
       release_gathered();
     }
   }
-  if (metrics) std::fclose(metrics);
-  if (rank_metrics) std::fclose(rank_metrics);
+  metrics.Close();
+  rank_metrics.Close();
   if (leader) checkpointing.Finish();
 
   const float* final_weights = full_weights();
