@@ -34,10 +34,6 @@ void ExactAccumulator::Zero() {
   for (int64_t i = 0; i < n; ++i) sum_[i] = 0;
 }
 
-bool ExactAccumulator::Add(const float* values) {
-  return AddRange(0, sum_.size(), values);
-}
-
 bool ExactAccumulator::AddRange(size_t begin, size_t end, const float* values) {
   ScopedKernelTimer profile_timer("exact_accumulate");
   const int64_t n = static_cast<int64_t>(end - begin);
@@ -76,10 +72,6 @@ void AddInt128(const __int128* in, __int128* sum, size_t count) {
   const int64_t n = static_cast<int64_t>(count);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) sum[i] += in[i];
-}
-
-void ExactAccumulator::ToFloat(float* out) const {
-  Int128ToFloat(sum_.data(), out, sum_.size());
 }
 
 void Int128ToFloat(const __int128* in, float* out, size_t count) {

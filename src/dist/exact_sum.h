@@ -17,12 +17,10 @@ class ExactAccumulator {
   explicit ExactAccumulator(size_t size) : sum_(size) {}
   size_t size() const { return sum_.size(); }
   void Zero();
-  // sum += values; returns false (and adds nothing for those elements) if any value is
-  // non-finite or too large to represent, so the caller can report a non-finite gradient.
-  bool Add(const float* values);
-  // sum[begin, end) += values[0, end - begin); same contract as Add.
+  // sum[begin, end) += values[0, end - begin); returns false (and adds nothing for those
+  // elements) if any value is non-finite or too large to represent, so the caller can report a
+  // non-finite gradient.
   bool AddRange(size_t begin, size_t end, const float* values);
-  void ToFloat(float* out) const;
   __int128* data() { return sum_.data(); }
 
  private:

@@ -92,6 +92,12 @@ int64_t PythonWordCount(const std::string& text) {
   return runs + 1;
 }
 
+// How many of `available` items or documents an evaluation scores (--limit N: the first N).
+int64_t Limited(const EvalOptions& options, size_t available) {
+  const int64_t n = static_cast<int64_t>(available);
+  return options.limit > 0 ? std::min<int64_t>(options.limit, n) : n;
+}
+
 }  // namespace
 
 EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_path,
@@ -167,8 +173,7 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task,
   result.name = task.name;
   result.path = task.path;
   result.shape = task.shape;
-  const int64_t items =
-      options.limit > 0 ? std::min<int64_t>(options.limit, task.items.size()) : task.items.size();
+  const int64_t items = Limited(options, task.items.size());
   // Requests (context, " " + choice), with trailing context whitespace moved to the continuation.
   std::vector<std::string> texts;  // per request: context, then context + continuation
   std::vector<std::pair<int64_t, int>> owner;
@@ -247,9 +252,7 @@ PerplexityResult EvaluatePerplexity(const EvalModel& model, const TextDocuments&
   PerplexityResult result;
   result.name = text.name;
   result.path = text.path;
-  const int64_t documents = options.limit > 0
-                                ? std::min<int64_t>(options.limit, text.documents.size())
-                                : text.documents.size();
+  const int64_t documents = Limited(options, text.documents.size());
   std::vector<std::string_view> views(text.documents.begin(), text.documents.begin() + documents);
   std::vector<std::vector<uint32_t>> encoded = model.tokenizer.EncodeBatch(views);
   std::vector<TokenRequest> requests;

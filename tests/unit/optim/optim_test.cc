@@ -51,9 +51,9 @@ TEST(ExactAccumulator, SumDoesNotDependOnOrder) {
   auto sum = [&](const std::vector<int>& order) {
     ExactAccumulator acc(3);
     acc.Zero();
-    for (int i : order) EXPECT_TRUE(acc.Add(parts[i].data()));
+    for (int i : order) EXPECT_TRUE(acc.AddRange(0, 3, parts[i].data()));
     std::vector<float> out(3);
-    acc.ToFloat(out.data());
+    Int128ToFloat(acc.data(), out.data(), 3);
     return out;
   };
   auto a = sum({0, 1, 2, 3}), b = sum({3, 2, 1, 0}), c = sum({2, 0, 3, 1});
@@ -67,9 +67,9 @@ TEST(ExactAccumulator, ReportsNonFiniteValues) {
   ExactAccumulator acc(2);
   acc.Zero();
   std::vector<float> bad = {1.0f, NAN};
-  EXPECT_FALSE(acc.Add(bad.data()));
+  EXPECT_FALSE(acc.AddRange(0, 2, bad.data()));
   std::vector<float> huge = {1e30f, 0.0f};
-  EXPECT_FALSE(acc.Add(huge.data()));
+  EXPECT_FALSE(acc.AddRange(0, 2, huge.data()));
 }
 
 // The conversions take a fast path through int64 where the value fits; they must give exactly
