@@ -34,6 +34,23 @@ def squash(text):
     return " ".join(text.split())
 
 
+def distinct(texts, answer):
+    """The first CHOICES - 1 distinct texts (in the seeded order given) that are not the answer."""
+    picked = []
+    for text in texts:
+        if text != answer and text not in picked:
+            picked.append(text)
+            if len(picked) == CHOICES - 1:
+                break
+    return picked
+
+
+def with_answer(rng, distractors, answer):
+    """The choices with the answer at a seeded random position, and that position."""
+    gold = rng.randrange(CHOICES)
+    return distractors[:gold] + [answer] + distractors[gold:], gold
+
+
 def kjv_verses():
     """(book, text) per verse, in canonical order, from the `bible` command (bible-kjv)."""
     out = subprocess.run(["bible", "-f", "gen1:1-rev22:21"], check=True, capture_output=True, text=True).stdout
@@ -56,14 +73,8 @@ def kjv_next_verse(rng, items):
         book, text = verses[i]
         true_next = verses[i + 1][1]
         pool = [j for j in by_book[book] if j not in (i, i + 1) and verses[j][1] not in (text, true_next)]
-        distractors = []
-        for j in rng.sample(pool, len(pool)):
-            if verses[j][1] not in distractors:
-                distractors.append(verses[j][1])
-            if len(distractors) == CHOICES - 1:
-                break
-        gold = rng.randrange(CHOICES)
-        choices = distractors[:gold] + [true_next] + distractors[gold:]
+        distractors = distinct((verses[j][1] for j in rng.sample(pool, len(pool))), true_next)
+        choices, gold = with_answer(rng, distractors, true_next)
         rows.append({"context": text, "choices": choices, "gold": gold})
     return rows
 
@@ -82,18 +93,9 @@ def fortune_ending(rng, items):
         words = fortunes[k]
         cut = len(words) // 2
         ctx, ending = " ".join(words[:cut]), " ".join(words[cut:])
-        others = []
-        for j in rng.sample(range(len(fortunes)), 2 * CHOICES):
-            if j == k:
-                continue
-            other = fortunes[j]
-            candidate = " ".join(other[len(other) // 2:])
-            if candidate != ending and candidate not in others:
-                others.append(candidate)
-            if len(others) == CHOICES - 1:
-                break
-        label = rng.randrange(CHOICES)
-        endings = others[:label] + [ending] + others[label:]
+        others = distinct((" ".join(fortunes[j][len(fortunes[j]) // 2:])
+                           for j in rng.sample(range(len(fortunes)), 2 * CHOICES) if j != k), ending)
+        endings, label = with_answer(rng, others, ending)
         rows.append({"ctx": ctx, "endings": endings, "label": label})
     return rows
 
@@ -118,8 +120,7 @@ def jargon_term(rng, items):
     for k in sorted(rng.sample(range(len(entries)), items)):
         term, question = entries[k]
         others = [t for t in rng.sample(terms, 2 * CHOICES) if t.lower() != term.lower()][: CHOICES - 1]
-        gold = rng.randrange(CHOICES)
-        texts = others[:gold] + [term] + others[gold:]
+        texts, gold = with_answer(rng, others, term)
         labels = "ABCD"[:CHOICES]
         rows.append({"question": f"Which Jargon File term is this? {question}",
                      "choices": {"text": texts, "label": list(labels)}, "answerKey": labels[gold]})
