@@ -6,12 +6,9 @@
 # downloads) torch; the tests put this folder first on PYTHONPATH in the subprocess that runs
 # lm_eval. lm-eval 0.4.3 is the first release whose import does not fetch a metric from the hub.
 set -euo pipefail
-venv=${1:-.venv}
-target="$venv/lm-eval"
-stamp="$target/.stamp-0.4.3-1"
-[ -f "$stamp" ] && exit 0
-rm -rf "$target"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$target" \
+export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+exec "$(dirname "$0")/install-private.sh" "${1:-.venv}" lm-eval .stamp-0.4.3-1 \
+  "import lm_eval.evaluator, lm_eval.models.huggingface, torch, transformers; print('lm-eval: 0.4.3, transformers', transformers.__version__, 'torch', torch.__version__)" -- \
   lm-eval==0.4.3 transformers==4.40.2 tokenizers==0.19.1 huggingface_hub==0.23.4 safetensors==0.4.3 \
   accelerate==0.30.1 datasets==2.19.2 evaluate==0.4.2 peft==0.10.0 \
   pyarrow==16.1.0 pyarrow-hotfix==0.6 pandas==2.2.2 pytz==2024.1 tzdata==2024.1 \
@@ -24,6 +21,3 @@ rm -rf "$target"
   regex==2024.11.6 pyyaml==6.0.2 requests==2.32.3 urllib3==2.2.3 idna==3.10 certifi==2024.8.30 \
   charset-normalizer==3.4.0 filelock==3.16.1 fsspec==2024.3.1 packaging==24.2 tqdm==4.67.1 \
   typing_extensions==4.12.2
-HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONPATH="$target" "$venv/bin/python" -c \
-  "import lm_eval.evaluator, lm_eval.models.huggingface, torch, transformers; print('lm-eval: 0.4.3, transformers', transformers.__version__, 'torch', torch.__version__)"
-touch "$stamp"
