@@ -12,8 +12,12 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,     // unexpected failure
   kExitUsage = 2,       // usage or config error: do not retry
+  kExitDiverged = 3,    // the loss or the weights went non-finite: do not retry (a resume
+                        // replays the same bits); change the config or resume earlier
   kExitBadData = 65,    // bad input data: do not retry
   kExitIo = 74,         // I/O error such as disk full: retry in place
+  kExitStoppedNoCheckpoint = 75,  // stopped by a signal, but no complete checkpoint of the
+                                  // step it stopped at exists: resume from an earlier one
   kExitTimeout = 124,   // the launcher's watchdog killed a silent job
   kExitSignalled = 143  // stopped by SIGTERM after writing a checkpoint
 };
