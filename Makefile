@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps venv test unit-test py-test demo bench clean format asan
+.PHONY: all build build-mpich deps venv current-env test unit-test py-test demo bench clean format asan
 
 all: build
 
@@ -19,6 +19,12 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: scripts/requirements-test.txt scripts/setup-venv.sh
 	@scripts/setup-venv.sh $(VENV)
 	@touch $@
+
+# The "current" test environment: today's releases of torch, transformers, lm-eval, megatron-core
+# (scripts/requirements-current.txt), for the interop and reference tests. A venv outside the
+# clone (~/.cache/crucible/venv-current-<key>, about 6 GB), built once per requirements change.
+current-env: deps
+	@scripts/setup-current.sh >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -37,7 +43,7 @@ build-mpich: deps $(MPICH_BUILD)/build.ninja
 unit-test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-py-test: build build-mpich venv
+py-test: build build-mpich venv current-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible CRUCIBLE_MPICH=$(abspath $(MPICH_BUILD))/crucible \
 	  $(PYTHON) -m pytest -q tests/integration
 

@@ -1,7 +1,9 @@
-"""Shared fixtures for the integration tests: the crucible binary and a helper to run it."""
+"""Shared fixtures for the integration tests: the crucible binary and a helper to run it, and the
+pinned and current Python package sets the interop and reference tests run against."""
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,52 @@ def build_fuzzer(target):
     proc = subprocess.run(["cmake", "--build", build, "--target", target], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return build / target
+
+
+# The two sets of Python packages the interop and reference tests run against, each test once per
+# set (its id says which): "pinned" is the project venv (Debian's torch 1.13, megatron-core
+# 0.16.1; transformers 4.40.2 and lm-eval 0.4.3 in private folders of it), "current" today's
+# releases (scripts/requirements-current.txt: torch 2.15 from PyPI, transformers 5, lm-eval
+# 0.4.13, megatron-core 0.19), a venv outside the clone built by scripts/setup-current.sh.
+# Both run in subprocesses, so two versions of a package never meet in one process.
+STACKS = ["pinned", "current"]
+_current_python = []
+
+
+def current_python() -> str:
+    """The python of the current set; scripts/setup-current.sh installs it when missing."""
+    if not _current_python:
+        proc = subprocess.run([str(REPO / "scripts" / "setup-current.sh")], stdout=subprocess.PIPE, text=True)
+        assert proc.returncode == 0, ("scripts/setup-current.sh failed (its output is above): the current "
+                                      "test environment is missing; run `make current-env` and see its error")
+        _current_python.append(proc.stdout.strip().splitlines()[-1])
+    return _current_python[0]
+
+
+class PythonEnv:
+    """One interpreter with one set of packages, run in a subprocess with the helpers of
+    tests/integration importable (and `folder`, a private package folder, first on the path)."""
+
+    def __init__(self, stack, python, folder=None):
+        self.stack, self.python, self.folder = stack, python, folder
+
+    def run(self, code, *args, env=None, timeout=900):
+        """Runs python code with args; returns its stdout (fails the test with its stderr)."""
+        path = ([str(self.folder)] if self.folder else []) + [str(REPO / "tests" / "integration")]
+        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")
+        full_env.update(env or {})
+        proc = subprocess.run([self.python, "-c", code, *map(str, args)], capture_output=True, text=True,
+                              env=full_env, timeout=timeout)
+        assert proc.returncode == 0, f"{self.stack} python exited {proc.returncode}:\n{proc.stderr[-5000:]}"
+        return proc.stdout
+
+
+def python_env(stack, setup=None, folder=None) -> PythonEnv:
+    """The PythonEnv of `stack`. For "pinned", the project venv, with `folder` of it first on the
+    path after running scripts/`setup` (which installs that folder when missing)."""
+    if stack == "current":
+        return PythonEnv(stack, current_python())
+    venv = Path(sys.executable).parent.parent
+    if setup:
+        subprocess.run([str(REPO / "scripts" / setup), str(venv)], check=True)
+    return PythonEnv(stack, sys.executable, venv / folder if folder else None)

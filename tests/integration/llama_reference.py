@@ -3,10 +3,14 @@
 Written from the Llama / Hugging Face definitions (RMSNorm, rotate-half RoPE, grouped-query
 attention, SwiGLU), not from Crucible's kernels. Parameters use the Hugging Face names, so the
 same safetensors file initialises both.
+
+The tests run it in a subprocess under each package set (tests/integration/conftest.py, STACKS):
+`python -c 'import llama_reference, sys; llama_reference.main(sys.argv[1:])' grads|adamw ...`.
 """
 import json
 import math
 import struct
+import sys
 
 import numpy as np
 import torch
@@ -107,3 +111,60 @@ class LlamaReference(torch.nn.Module):
         logits = self.forward(tokens)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                                  ignore_index=-1, reduction="mean"), logits
+
+
+def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads):
+    """Loss, logits and every parameter's gradient (float64) of the batch's tokens/targets, into
+    the .npz out_path as loss, logits and grad.<name>."""
+    weights, _ = read_safetensors(weights_path)
+    batch, _ = read_safetensors(batch_path)
+    ref = LlamaReference(weights, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    loss, logits = ref.loss(torch.tensor(batch["tokens"], dtype=torch.long),
+                            torch.tensor(batch["targets"], dtype=torch.long))
+    loss.backward()
+    out = {"loss": np.array(loss.item()), "logits": logits.detach().numpy()}
+    out.update({"grad." + name: p.grad.numpy() for name, p in ref.named().items()})
+    np.savez(out_path, **out)
+
+
+def adamw_losses(weights_path, stream_path, settings_path, out_path):
+    """The per-step losses of torch.optim.AdamW training the reference on consecutive windows of
+    the token stream (.npy), with warmup and clipping as Crucible's trainer does; settings (JSON):
+    n_heads, n_kv_heads, seq_len, global_batch, steps, lr, warmup, weight_decay, max_norm."""
+    s = json.loads(open(settings_path).read())
+    weights, _ = read_safetensors(weights_path)
+    stream = np.load(stream_path)
+    ref = LlamaReference(weights, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
+    named = ref.named()
+    exempt = [n for n in named if n.endswith("norm.weight") or n == "model.embed_tokens.weight"]
+    opt = torch.optim.AdamW([{"params": [p for n, p in named.items() if n not in exempt],
+                              "weight_decay": s["weight_decay"]},
+                             {"params": [named[n] for n in exempt], "weight_decay": 0.0}],
+                            lr=s["lr"], betas=(0.9, 0.95), eps=1e-8)
+    seq_len, batch = s["seq_len"], s["global_batch"]
+    windows = (len(stream) - 1) // seq_len
+    losses = []
+    for step in range(1, s["steps"] + 1):
+        for group in opt.param_groups:
+            group["lr"] = s["lr"] * min(1.0, step / s["warmup"])
+        opt.zero_grad()
+        indices = [((step - 1) * batch + i) % windows for i in range(batch)]
+        samples = np.stack([stream[i * seq_len:i * seq_len + seq_len + 1] for i in indices]).astype(np.int64)
+        loss, _ = ref.loss(torch.tensor(samples[:, :-1]), torch.tensor(samples[:, 1:]))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(named.values()), s["max_norm"])
+        opt.step()
+        losses.append(loss.item())
+    with open(out_path, "w") as f:
+        json.dump(losses, f)
+
+
+def main(argv):
+    command, *args = argv
+    if command == "grads":
+        gradients(args[0], args[1], args[2], int(args[3]), int(args[4]))
+    elif command == "adamw":
+        adamw_losses(*args)
+    else:
+        sys.exit(f"llama_reference: unknown command {command!r} (grads, adamw)")
+    print(f"torch {torch.__version__} numpy {np.__version__}")

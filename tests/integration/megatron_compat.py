@@ -1,11 +1,13 @@
 """Megatron-core's own indexed-dataset reader/writer and blending helper, for interop tests and
 benchmarks.
 
-megatron-core (pip, installed with --no-deps so that it does not pull a new torch) imports its
-whole training stack from megatron/core/__init__.py, which needs torch >= 2.6. Debian's torch is
-1.13, so we import only the modules we use, unmodified: a bare `megatron.core` package object
-points at the installed folder, and `megatron.core.utils` (imported by indexed_dataset.py for one
-logging helper, log_single_rank) is replaced by that one helper.
+megatron-core imports its whole training stack from megatron/core/__init__.py, which needs
+torch >= 2.6 and more. It is used in two versions (tests/integration/conftest.py, STACKS): 0.16.1
+in the project venv (pip --no-deps, on Debian's torch 1.13) and 0.19 in the current set (on torch
+2.15, its cp311 wheel installed with --ignore-requires-python). Both ways we import only the
+modules we use, unmodified: a bare `megatron.core` package object points at the installed folder,
+and `megatron.core.utils` (imported by indexed_dataset.py for one logging helper,
+log_single_rank) is replaced by that one helper.
 """
 import importlib.util
 import logging

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import crucible_binary, run_crucible
-import megatron_compat
+from conftest import REPO, STACKS, crucible_binary, python_env, run_crucible
 
 EOS_TOKEN = "<|end_of_text|>"
 
@@ -61,54 +60,82 @@ def prepare(tmp, tokenizer_json, name, docs, *extra):
     return tmp / "shards" / name
 
 
-def test_megatron_reads_our_shard(tmp_path, tokenizer_json):
+@pytest.fixture(scope="module", params=STACKS)
+def megatron(request):
+    """megatron-core's own indexed_dataset, run in a subprocess: 0.16.1 on Debian's torch 1.13
+    ("pinned") or 0.19 on torch 2.15 ("current"), through megatron_compat.py."""
+    return python_env(request.param)
+
+
+MEGATRON_READ = r"""
+import json, sys
+from importlib.metadata import version
+import numpy as np
+import megatron_compat
+ds = megatron_compat.indexed_dataset().IndexedDataset(sys.argv[1])
+print(json.dumps({"version": version("megatron-core"), "length": len(ds),
+                  "sequence_lengths": np.dtype(ds.sequence_lengths.dtype).name,
+                  "index": np.dtype(ds.index.dtype).name, "document_indices": ds.document_indices.tolist(),
+                  "documents": [ds[i].tolist() for i in range(len(ds))]}))
+"""
+
+MEGATRON_WRITE = r"""
+import json, sys
+import numpy as np, torch
+import megatron_compat
+module = megatron_compat.indexed_dataset()
+for prefix, dtype, docs in json.load(open(sys.argv[1])):
+    builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=getattr(np, dtype))
+    for d in docs:
+        builder.add_document(torch.tensor(d, dtype=torch.int64), [len(d)])
+    builder.finalize(prefix + ".idx")
+"""
+
+
+def megatron_write(megatron, tmp_path, *shards):
+    """Writes each (prefix, dtype, documents) with Megatron's IndexedDatasetBuilder."""
+    (tmp_path / "shards.json").write_text(json.dumps(shards))
+    megatron.run(MEGATRON_WRITE, tmp_path / "shards.json")
+
+
+def test_megatron_reads_our_shard(tmp_path, tokenizer_json, megatron):
     docs = corpus(257)
     prefix = prepare(tmp_path, tokenizer_json, "web", docs)
     tok = hf(tokenizer_json)
     eos = tok.token_to_id(EOS_TOKEN)
-    ds = megatron_compat.indexed_dataset().IndexedDataset(str(prefix))
-    assert len(ds) == len(docs)
-    assert ds.sequence_lengths.dtype == np.int32 and ds.index.dtype == np.uint16
-    assert list(ds.document_indices) == list(range(len(docs) + 1))
+    ds = json.loads(megatron.run(MEGATRON_READ, prefix))
+    requirements = {"pinned": "requirements-nodeps.txt", "current": "requirements-current.txt"}[megatron.stack]
+    assert f"megatron-core=={ds['version']}\n" in (REPO / "scripts" / requirements).read_text()
+    assert ds["length"] == len(docs)
+    assert ds["sequence_lengths"] == "int32" and ds["index"] == "uint16"
+    assert ds["document_indices"] == list(range(len(docs) + 1))
     for i, text in enumerate(docs):
-        assert ds[i].tolist() == tok.encode(text).ids + [eos], f"document {i}"
+        assert ds["documents"][i] == tok.encode(text).ids + [eos], f"document {i}"
     manifest = json.loads(Path(str(prefix) + ".manifest.json").read_text())
     assert manifest["documents"] == len(docs)
-    assert manifest["tokens"] == int(ds.sequence_lengths.sum())
+    assert manifest["tokens"] == sum(len(d) for d in ds["documents"])
 
 
-def test_we_read_a_shard_megatron_wrote(tmp_path):
-    module = megatron_compat.indexed_dataset()
-    import torch
+def test_we_read_a_shard_megatron_wrote(tmp_path, megatron):
     rng = np.random.default_rng(5)
     docs = [rng.integers(0, 50000, size=int(rng.integers(0, 40))).tolist() for _ in range(123)]
     prefix = str(tmp_path / "meg")
-    builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for d in docs:
-        builder.add_document(torch.tensor(d, dtype=torch.int64), [len(d)])
-    builder.finalize(prefix + ".idx")
+    # uint16, and int32 (large vocabularies).
+    megatron_write(megatron, tmp_path, (prefix, "uint16", docs),
+                   (prefix + "32", "int32", [[x * 40 for x in d] for d in docs]))
     out = run_crucible("data", "dump", prefix).stdout.splitlines()
     assert [json.loads(line) for line in out] == docs
-    # int32 (large vocabularies) too.
-    builder = module.IndexedDatasetBuilder(prefix + "32.bin", dtype=np.int32)
-    for d in docs:
-        builder.add_document(torch.tensor([x * 40 for x in d], dtype=torch.int64), [len(d)])
-    builder.finalize(prefix + "32.idx")
     out = run_crucible("data", "dump", prefix + "32").stdout.splitlines()
     assert [json.loads(line) for line in out] == [[x * 40 for x in d] for d in docs]
 
 
-def test_megatron_written_shard_joins_a_blend(tmp_path, tokenizer_json):
+def test_megatron_written_shard_joins_a_blend(tmp_path, tokenizer_json, megatron):
     """A shard written by Megatron's IndexedDatasetBuilder, given a manifest, blends with ours."""
-    module = megatron_compat.indexed_dataset()
-    import torch
     tok = hf(tokenizer_json)
     eos = tok.token_to_id(EOS_TOKEN)
     docs = corpus(80, "m")
-    builder = module.IndexedDatasetBuilder(str(tmp_path / "meg.bin"), dtype=np.uint16)
-    for text in docs:
-        builder.add_document(torch.tensor(tok.encode(text).ids + [eos]), [len(tok.encode(text).ids) + 1])
-    builder.finalize(str(tmp_path / "meg.idx"))
+    encoded = [tok.encode(text).ids + [eos] for text in docs]
+    megatron_write(megatron, tmp_path, (str(tmp_path / "meg"), "uint16", encoded))
     out = run_crucible("data", "manifest", "-t", tokenizer_json, tmp_path / "meg").stdout
     assert "documents=80" in out
     prepare(tmp_path, tokenizer_json, "ours", corpus(80, "o"))

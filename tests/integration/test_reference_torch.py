@@ -3,15 +3,18 @@
 The reference runs in float64, so the differences measure Crucible's own fp32 error. Tolerances:
 loss within 1e-6 and logits within 5e-6 absolute; each gradient tensor within 2e-5 of the largest magnitude of
 that tensor (max-abs error relative to max-abs value); per-step losses of 10 AdamW steps within 1e-5.
+The reference (llama_reference.py) runs in a subprocess, once under each package set: Debian's
+torch 1.13 ("pinned") and torch 2.15 from PyPI ("current"; conftest.py, STACKS).
 """
 import json
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import run_crucible
-from llama_reference import LlamaReference, read_safetensors, write_safetensors
+from conftest import STACKS, python_env, run_crucible
+from llama_reference import read_safetensors, write_safetensors
+
+REFERENCE = "import sys, llama_reference; llama_reference.main(sys.argv[1:])"
 
 MODEL = ["model.vocab_size=512", "model.dim=64", "model.n_layers=2", "model.n_heads=4",
          "model.n_kv_heads=2", "model.ffn_hidden_dim=160", "debug.seed=7"]
@@ -24,8 +27,14 @@ def sets(items):
     return out
 
 
+@pytest.fixture(scope="module", params=STACKS)
+def torch_env(request):
+    return python_env(request.param)
+
+
 @pytest.mark.parametrize("tie", ["false", "true"])
-def test_logits_loss_and_every_gradient_match_pytorch(tmp_path, tie):
+
+def test_logits_loss_and_every_gradient_match_pytorch(tmp_path, tie, torch_env):
     model = MODEL + [f"model.tie_embeddings={tie}"]
     weights_path = tmp_path / "init.safetensors"
     run_crucible("model", "init", *sets(model), "--out", weights_path)
@@ -42,29 +51,29 @@ def test_logits_loss_and_every_gradient_match_pytorch(tmp_path, tie):
     ours, meta = read_safetensors(out_path)
     assert int(meta["valid_tokens"]) == B * T - 8
 
-    weights, _ = read_safetensors(weights_path)
-    ref = LlamaReference(weights, n_heads=4, n_kv_heads=2)
-    loss, logits = ref.loss(torch.tensor(tokens, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
-    loss.backward()
+    version = torch_env.run(REFERENCE, "grads", weights_path, batch_path, tmp_path / "ref.npz", 4, 2).strip()
+    ref = np.load(tmp_path / "ref.npz")
 
-    loss_error = abs(float(ours["loss"]) - loss.item())
-    logit_error = np.max(np.abs(ours["logits"] - logits.detach().numpy()))
+    loss_error = abs(float(ours["loss"]) - float(ref["loss"]))
+    logit_error = np.max(np.abs(ours["logits"] - ref["logits"]))
     grad_errors = {}
-    for name, param in ref.named().items():
-        expected = param.grad.numpy()
+    names = [k[len("grad."):] for k in ref.files if k.startswith("grad.")]
+    assert len(names) == len(read_safetensors(weights_path)[0])
+    for name in names:
+        expected = ref["grad." + name]
         scale = np.max(np.abs(expected))
         assert scale > 0, name
         grad_errors[name] = np.max(np.abs(ours["grad." + name] - expected)) / scale
     worst = max(grad_errors, key=grad_errors.get)
-    print(f"tie={tie}: |loss error| {loss_error:.2e}, max |logit error| {logit_error:.2e}, "
-          f"worst relative gradient error {grad_errors[worst]:.2e} ({worst})")
+    print(f"{torch_env.stack} ({version}) tie={tie}: |loss error| {loss_error:.2e}, "
+          f"max |logit error| {logit_error:.2e}, worst relative gradient error {grad_errors[worst]:.2e} ({worst})")
     assert loss_error < 1e-6
     assert logit_error < 5e-6
     for name, error in grad_errors.items():
         assert error < 2e-5, f"{name}: relative max error {error:.3g}"
 
 
-def test_ten_adamw_steps_match_pytorch(tmp_path):
+def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
     weights_path = tmp_path / "init.safetensors"
     run_crucible("model", "init", *sets(MODEL), "--out", weights_path)
     seq_len, micro, global_batch, steps = 32, 2, 4, 10
@@ -88,27 +97,14 @@ def test_ten_adamw_steps_match_pytorch(tmp_path):
     ours = [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
     assert len(ours) == steps
 
-    weights, _ = read_safetensors(weights_path)
-    ref = LlamaReference(weights, n_heads=4, n_kv_heads=2)
-    named = ref.named()
-    no_decay = [p for n, p in named.items() if n.endswith("norm.weight") or n == "model.embed_tokens.weight"]
-    decay = [p for n, p in named.items() if not (n.endswith("norm.weight") or n == "model.embed_tokens.weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    windows = (len(stream) - 1) // seq_len
-    expected = []
-    for step in range(1, steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, step / warmup)
-        opt.zero_grad()
-        indices = [((step - 1) * global_batch + i) % windows for i in range(global_batch)]
-        samples = np.stack([stream[i * seq_len:i * seq_len + seq_len + 1] for i in indices]).astype(np.int64)
-        loss, _ = ref.loss(torch.tensor(samples[:, :-1]), torch.tensor(samples[:, 1:]))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(named.values()), max_norm)
-        opt.step()
-        expected.append(loss.item())
+    np.save(tmp_path / "stream.npy", stream)
+    settings = dict(n_heads=4, n_kv_heads=2, seq_len=seq_len, global_batch=global_batch, steps=steps, lr=lr,
+                    warmup=warmup, weight_decay=wd, max_norm=max_norm)
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    version = torch_env.run(REFERENCE, "adamw", weights_path, tmp_path / "stream.npy", tmp_path / "settings.json",
+                            tmp_path / "losses.json").strip()
+    expected = json.loads((tmp_path / "losses.json").read_text())
     assert expected[-1] < expected[0] - 0.1, "reference did not learn; the test data is wrong"
     diffs = [abs(a - b) for a, b in zip(ours, expected)]
-    print("max |loss difference| over 10 AdamW steps:", max(diffs))
+    print(f"{torch_env.stack} ({version}): max |loss difference| over 10 AdamW steps:", max(diffs))
     assert max(diffs) < 1e-5, list(zip(ours, expected))
