@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_weights.h"
@@ -49,6 +50,89 @@ nlohmann::json ReadJson(const std::string& path) {
   }
 }
 
+// The value of `key` in `object`, or `fallback` when it is absent or null; DataError naming the
+// file when it is not a boolean.
+bool Boolean(const nlohmann::json& object, const char* key, bool fallback,
+             const std::string& path) {
+  if (!object.contains(key) || object[key].is_null()) return fallback;
+  if (!object[key].is_boolean()) throw DataError(path + ": '" + key + "' is not true/false");
+  return object[key].get<bool>();
+}
+
+// The value of `key` in `object`, or nullopt when it is absent or null; DataError naming the file
+// and `where` (the key's path in the file) when it is not a number.
+std::optional<double> Number(const nlohmann::json& object, const char* key,
+                             const std::string& where, const std::string& path) {
+  if (!object.contains(key) || object[key].is_null()) return std::nullopt;
+  if (!object[key].is_number()) throw DataError(path + ": '" + where + "' is not a number");
+  return object[key].get<double>();
+}
+
+// The RoPE base of a config.json, in either spelling: transformers < 5 writes a top-level
+// `rope_theta` (and `rope_scaling` {type or rope_type, factor, ...} for the other RoPE types),
+// transformers >= 5 `rope_parameters` {rope_type, rope_theta}; the base is taken as transformers
+// takes it (rope_parameters' first, then the top-level one, then 10000). Only the default RoPE is
+// implemented: another rope_type in either object (llama3, yarn, linear, dynamic, ...) is refused,
+// as are two spellings of the base that disagree.
+double ReadRopeTheta(const nlohmann::json& c, const std::string& path) {
+  const std::optional<double> top = Number(c, "rope_theta", "rope_theta", path);
+  std::optional<double> nested;
+  std::string nested_key;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!c.contains(key) || c[key].is_null()) continue;
+    const nlohmann::json& rope = c[key];
+    if (!rope.is_object()) throw DataError(path + ": '" + key + "' is not an object");
+    std::string type = "default";
+    for (const char* type_key : {"rope_type", "type"}) {
+      if (!rope.contains(type_key)) continue;
+      if (!rope[type_key].is_string())
+        throw DataError(path + ": '" + key + "." + type_key + "' is not a string");
+      type = rope[type_key].get<std::string>();
+      break;
+    }
+    if (type != "default")
+      throw DataError(path + ": rope_type '" + type + "' (" + key +
+                      ") is not supported: crucible implements only the default RoPE "
+                      "(rope_type 'default', base rope_theta); use a model trained with it");
+    const std::string where = std::string(key) + ".rope_theta";
+    if (std::optional<double> theta = Number(rope, "rope_theta", where, path)) {
+      if (nested && *nested != *theta)
+        throw DataError(StrFormat("%s: %s=%g and %s=%g disagree; keep one", path.c_str(),
+                                  nested_key.c_str(), *nested, where.c_str(), *theta));
+      nested = theta;
+      nested_key = where;
+    }
+  }
+  if (top && nested && *top != *nested)
+    throw DataError(StrFormat("%s: rope_theta=%g and %s=%g disagree; keep one", path.c_str(), *top,
+                              nested_key.c_str(), *nested));
+  const double theta = nested ? *nested : top ? *top : 10000.0;
+  if (!(theta > 0)) throw DataError(path + ": rope_theta must be positive");
+  return theta;
+}
+
+// config.json of a Hugging Face folder, after refusing what crucible's Llama cannot reproduce
+// exactly (DataError naming the file and key): another model_type, activation, biases or RoPE.
+nlohmann::json ReadLlamaConfigJson(const std::string& path) {
+  nlohmann::json c = ReadJson(path);
+  if (!c.is_object()) throw DataError(path + ": not a JSON object");
+  // A string value as 'text', anything else as JSON.
+  auto quoted = [](const nlohmann::json& value) {
+    return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
+  };
+  if (c.contains("model_type") && c["model_type"] != "llama")
+    throw DataError(path + ": model_type " + quoted(c["model_type"]) +
+                    " is not supported: crucible reads only model_type 'llama' (LlamaForCausalLM)");
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
+    throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
+                    " is not supported: crucible's Llama uses silu (SwiGLU)");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (Boolean(c, key, false, path))
+      throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
+  ReadRopeTheta(c, path);
+  return c;
+}
+
 }  // namespace
 
 void ExportHfModel(const std::string& out, const LlamaConfig& m, const ParameterTable& table,
@@ -76,6 +160,10 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
       FindSpecialTokens(tokenizer, &bos, &eos);
     }
+    // The RoPE base and the dtype in the spellings of transformers < 5 (rope_theta, torch_dtype)
+    // and >= 5 (rope_parameters, dtype), each read natively by its own version.
+    const nlohmann::ordered_json rope_parameters = {{"rope_theta", m.rope_theta},
+                                                    {"rope_type", "default"}};
     nlohmann::ordered_json config = {{"architectures", {"LlamaForCausalLM"}},
                                      {"model_type", "llama"},
                                      {"vocab_size", m.vocab_size},
@@ -89,7 +177,7 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
                                      {"max_position_embeddings", max_position_embeddings},
                                      {"rms_norm_eps", m.norm_eps},
                                      {"rope_theta", m.rope_theta},
-                                     {"rope_scaling", nullptr},
+                                     {"rope_parameters", rope_parameters},
                                      {"attention_bias", false},
                                      {"attention_dropout", 0.0},
                                      {"mlp_bias", false},
@@ -97,6 +185,7 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
                                      {"pretraining_tp", 1},
                                      {"tie_word_embeddings", m.tie_embeddings},
                                      {"torch_dtype", "float32"},
+                                     {"dtype", "float32"},
                                      {"use_cache", true},
                                      {"bos_token_id", bos},
                                      {"eos_token_id", eos}};
@@ -125,8 +214,7 @@ LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embe
   const std::string config_path = JoinPath(dir, "config.json");
   if (!FileExists(config_path))
     throw UsageError(config_path + ": missing (not a Hugging Face model folder)");
-  nlohmann::json c = ReadJson(config_path);
-  if (!c.is_object()) throw DataError(config_path + ": not a JSON object");
+  const nlohmann::json c = ReadLlamaConfigJson(config_path);
   auto integer = [&](const char* key, int64_t fallback) -> int64_t {
     if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
     if (fallback >= 0) return fallback;
@@ -140,13 +228,9 @@ LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embe
   m.n_layers = integer("num_hidden_layers", -1);
   m.n_heads = integer("num_attention_heads", -1);
   m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
-  m.norm_eps = c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()
-                   ? c["rms_norm_eps"].get<double>()
-                   : 1e-6;
-  m.rope_theta = c.contains("rope_theta") && c["rope_theta"].is_number()
-                     ? c["rope_theta"].get<double>()
-                     : 10000.0;
-  m.tie_embeddings = c.value("tie_word_embeddings", false);
+  m.norm_eps = Number(c, "rms_norm_eps", "rms_norm_eps", config_path).value_or(1e-6);
+  m.rope_theta = ReadRopeTheta(c, config_path);
+  m.tie_embeddings = Boolean(c, "tie_word_embeddings", false, config_path);
   if (c.contains("initializer_range") && c["initializer_range"].is_number())
     m.init_std = c["initializer_range"].get<double>();
   if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 ||
@@ -165,8 +249,7 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
   if (!FileExists(config_path))
     throw UsageError("checkpoint.initial_load_hf: " + config_path +
                      ": missing (not a Hugging Face model folder)");
-  nlohmann::json c = ReadJson(config_path);
-  if (!c.is_object()) throw DataError(config_path + ": not a JSON object");
+  const nlohmann::json c = ReadLlamaConfigJson(config_path);
   std::vector<std::string> differences;
   auto integer = [&](const char* key, int64_t ours, const char* our_key, int64_t fallback) {
     int64_t theirs = fallback;
@@ -179,8 +262,7 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
         differences.push_back(
             StrFormat("%s=%lld vs %s=%lld", key, (long long)theirs, our_key, (long long)ours));
   };
-  auto real = [&](const char* key, double ours, const char* our_key, double fallback) {
-    double theirs = c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
+  auto real = [&](const char* key, double theirs, double ours, const char* our_key) {
     if (std::fabs(theirs - ours) > 1e-12 * std::max(1.0, std::fabs(ours)))
       differences.push_back(StrFormat("%s=%g vs %s=%g", key, theirs, our_key, ours));
   };
@@ -203,18 +285,13 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
     differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld",
                                     (long long)c["head_dim"].get<int64_t>(),
                                     (long long)m.head_dim()));
-  real("rms_norm_eps", m.norm_eps, "model.norm_eps", 1e-6);
-  real("rope_theta", m.rope_theta, "model.rope_theta", 10000.0);
-  bool tied = c.value("tie_word_embeddings", false);
+  real("rms_norm_eps", Number(c, "rms_norm_eps", "rms_norm_eps", config_path).value_or(1e-6),
+       m.norm_eps, "model.norm_eps");
+  real("rope_theta", ReadRopeTheta(c, config_path), m.rope_theta, "model.rope_theta");
+  const bool tied = Boolean(c, "tie_word_embeddings", false, config_path);
   if (tied != m.tie_embeddings)
     differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s",
                                     tied ? "true" : "false", m.tie_embeddings ? "true" : "false"));
-  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
-    differences.push_back("hidden_act=" + c["hidden_act"].dump() + " (only silu)");
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-    differences.push_back("rope_scaling=" + c["rope_scaling"].dump() + " (not supported)");
-  if (c.value("attention_bias", false) || c.value("mlp_bias", false))
-    differences.push_back("attention_bias/mlp_bias=true (not supported)");
   if (!differences.empty()) {
     std::string all;
     for (const auto& d : differences) all += (all.empty() ? "" : "; ") + d;

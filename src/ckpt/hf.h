@@ -19,13 +19,18 @@ void ExportHfModel(const std::string& out, const LlamaConfig& model, const Param
                    const float* weights, int64_t max_position_embeddings,
                    const std::string& tokenizer_path);
 
-// The model shape described by `dir`/config.json (a LlamaForCausalLM folder), and its
+// The model shape described by `dir`/config.json (a LlamaForCausalLM folder, as transformers 4
+// or 5 writes it: the RoPE base is `rope_theta` or `rope_parameters.rope_theta`), and its
 // max_position_embeddings in *max_position_embeddings (0 when absent). UsageError if the file is
-// missing, DataError if it is not JSON or lacks a shape key. ImportHfModel then checks the rest.
+// missing; DataError if it is not JSON, lacks a shape key, or describes what crucible cannot
+// reproduce exactly: a model_type other than llama, an activation other than silu, biases, a
+// rope_type other than default (llama3, yarn, linear, dynamic, ...), or two RoPE bases that
+// disagree. ImportHfModel then checks the rest.
 LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embeddings);
 
-// Reads `dir`/config.json (must describe the same shape as `model`: every differing key is
-// listed in a UsageError) and the weights into `weights` (DataError on a missing tensor).
+// Reads `dir`/config.json (refused as by ReadHfLlamaConfig, and it must describe the same shape
+// and RoPE base as `model`: every differing key is listed in a UsageError) and the weights into
+// `weights` (DataError on a missing tensor).
 void ImportHfModel(const std::string& dir, const LlamaConfig& model, const ParameterTable& table,
                    float* weights);
 
