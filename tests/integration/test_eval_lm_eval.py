@@ -1,23 +1,23 @@
 """Cross-check of `crucible eval` against lm-evaluation-harness itself: a trained tiny model is
-exported to Hugging Face, lm-eval 0.4.3 (HF backend, dtype=float32, transformers 4.40.2 on
-Debian's torch 1.13) scores our JSONL tasks through custom task YAMLs (dataset_path: json), and
-crucible scores the same tasks on the same export. acc, acc_norm, their standard errors and every
-item's prediction must be identical; per-choice log-likelihoods agree within 1e-3 nats. The
-bits-per-byte of held-out text is computed by lm-eval's loglikelihood_rolling (transformers'
-forward pass) and must agree within 1e-4 relative.
+exported to Hugging Face, lm-eval (HF backend) scores our JSONL tasks through custom task YAMLs
+(dataset_path: json), and crucible scores the same tasks on the same export. acc, acc_norm, their
+standard errors and every item's prediction must be identical; per-choice log-likelihoods agree
+within 1e-3 nats. The bits-per-byte of held-out text is computed by lm-eval's
+loglikelihood_rolling (transformers' forward pass) and must agree within 1e-4 relative.
 
-lm-eval lives in .venv/lm-eval (scripts/setup-lm-eval.sh, run by the fixture) and is imported only
-in a subprocess with that folder first on PYTHONPATH, offline."""
+It runs twice (conftest.py, STACKS): "pinned" is lm-eval 0.4.3 with transformers 4.40.2 on
+Debian's torch 1.13, in .venv/lm-eval (scripts/setup-lm-eval.sh, run by the fixture), given
+dtype=float32 and the prefix token explicitly (that transformers has no bos_token without it in
+tokenizer_config.json); "current" is lm-eval 0.4.13 with transformers 5 on torch 2.15
+(scripts/setup-current.sh) with lm-eval's default model arguments (`pretrained=` alone: dtype
+auto, the tokenizer's own BOS/EOS), as a user runs it. lm-eval runs only in a subprocess,
+offline."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, run_crucible
+from conftest import REPO, STACKS, python_env, run_crucible
 from eval_model import ENV, small_task, trained_model
 
 ITEMS = 32
@@ -36,35 +36,37 @@ LM_EVAL = r"""
 import json, sys
 import lm_eval
 from lm_eval.tasks import TaskManager
-model_dir, include, tasks, prefix, out = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4], sys.argv[5]
+model_args, include, tasks, out = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
 results = lm_eval.simple_evaluate(
-    model="hf", model_args=f"pretrained={model_dir},dtype=float32,prefix_token_id={prefix}",
+    model="hf", model_args=model_args,
     tasks=tasks, batch_size=16, device="cpu", log_samples=True, task_manager=TaskManager(include_path=include))
 samples = {t: [{"doc_id": s["doc_id"], "lls": [r[0] for r in s["filtered_resps"]],
                 "acc": s.get("acc"), "acc_norm": s.get("acc_norm")} for s in results["samples"][t]]
            for t in tasks if t in results["samples"] and results["samples"][t] and "acc" in results["samples"][t][0]}
-json.dump({"results": results["results"], "samples": samples}, open(out, "w"), default=float)
+from importlib.metadata import version
+versions = " ".join(f"{p} {version(p)}" for p in ("lm_eval", "transformers", "torch"))
+json.dump({"results": results["results"], "samples": samples, "versions": versions}, open(out, "w"), default=float)
 """
 
 
-@pytest.fixture(scope="module")
-def lm_eval_python():
-    venv = Path(sys.executable).parent.parent
-    subprocess.run([str(REPO / "scripts" / "setup-lm-eval.sh"), str(venv)], check=True)
-    target = venv / "lm-eval"
-
-    def run(code, *args, home):
-        env = dict(os.environ, PYTHONPATH=str(target), OMP_NUM_THREADS="1", HF_HOME=str(home),
-                   HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   HF_DATASETS_CACHE=str(home / "datasets"), TOKENIZERS_PARALLELISM="false")
-        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                              env=env, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        return proc.stdout
-    return run
+@pytest.fixture(scope="module", params=STACKS)
+def lm_eval_env(request):
+    return python_env(request.param, "setup-lm-eval.sh", "lm-eval")
 
 
-def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_python):
+def run_lm_eval(lm_eval_env, hf, include, names, out, home):
+    if lm_eval_env.stack == "pinned":
+        bos = json.loads((hf / "config.json").read_text())["bos_token_id"]
+        model_args = f"pretrained={hf},dtype=float32,prefix_token_id={bos}"
+    else:
+        model_args = f"pretrained={hf}"
+    env = dict(HF_HOME=str(home), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(home / "datasets"), TOKENIZERS_PARALLELISM="false")
+    lm_eval_env.run(LM_EVAL, model_args, include, ",".join(names), out, env=env)
+    return json.loads(out.read_text())
+
+
+def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_env):
     run, hf, tokenizer = trained_model(tmp_path_factory)
     include = tmp_path / "lm_eval_tasks"
     include.mkdir()
@@ -88,10 +90,8 @@ def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_pytho
         'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: "{{text}}"\ndoc_to_target: "{{text}}"\n'
         "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
 
-    bos = json.loads((hf / "config.json").read_text())["bos_token_id"]
     names = [f"crucible_{n}" for n, _ in tasks] + ["crucible_held"]
-    lm_eval_python(LM_EVAL, hf, include, ",".join(names), bos, tmp_path / "lm_eval.json", home=tmp_path / "hf_home")
-    theirs = json.loads((tmp_path / "lm_eval.json").read_text())
+    theirs = run_lm_eval(lm_eval_env, hf, include, names, tmp_path / "lm_eval.json", tmp_path / "hf_home")
 
     run_crucible("eval", hf, "--tasks", *[d for _, d in tasks], "--text", held, "--json", tmp_path / "ours.json",
                  "--predictions", tmp_path / "ours.jsonl", env=ENV)
@@ -109,7 +109,7 @@ def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_pytho
             worst = max(worst, float(np.abs(lls - np.array(row["loglikelihoods"])).max()))
             assert (row["acc"], row["acc_norm"]) == (sample["acc"], sample["acc_norm"]), (name, row, sample)
             assert row["pred"] == int(np.argmax(lls)), (name, row, sample)
-        print(f"{name}: crucible acc={summary['acc']:.4f}±{summary['acc_stderr']:.4f} "
+        print(f"{lm_eval_env.stack} {name}: crucible acc={summary['acc']:.4f}±{summary['acc_stderr']:.4f} "
               f"acc_norm={summary['acc_norm']:.4f}±{summary['acc_norm_stderr']:.4f} | lm-eval "
               f"acc={reference['acc,none']:.4f}±{reference['acc_stderr,none']:.4f} "
               f"acc_norm={reference['acc_norm,none']:.4f}±{reference['acc_norm_stderr,none']:.4f}")
@@ -117,7 +117,7 @@ def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_pytho
         assert summary["acc_norm"] == pytest.approx(reference["acc_norm,none"], abs=1e-12)
         assert summary["acc_stderr"] == pytest.approx(reference["acc_stderr,none"], abs=1e-9)
         assert summary["acc_norm_stderr"] == pytest.approx(reference["acc_norm_stderr,none"], abs=1e-9)
-    print(f"max |ll_crucible - ll_lm_eval| = {worst:.3g} nats")
+    print(f"{lm_eval_env.stack} ({theirs['versions']}): max |ll_crucible - ll_lm_eval| = {worst:.3g} nats")
     assert worst < LL_ATOL
 
     held_ours, held_theirs = ours["perplexity"]["held"], theirs["results"]["crucible_held"]
