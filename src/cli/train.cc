@@ -1,4 +1,5 @@
 // crucible train --config FILE [--set section.key=value ...]
+#include <cmath>
 #include <memory>
 
 #include "cli/command.h"
@@ -63,8 +64,11 @@ CommandRun SetupConfig(CLI::App& app) {
         std::printf("%s[%s]\n", section.empty() ? "" : "\n", s.c_str());
         section = s;
       }
+      std::string help = spec.help;
+      if (std::isfinite(spec.range.min) || std::isfinite(spec.range.max))
+        help += " (valid: " + spec.range.Describe(spec.type) + ")";
       std::printf("  %-32s = %-14s # %s\n", spec.key.substr(s.size() + 1).c_str(),
-                  FormatConfigValue(spec.default_value).c_str(), spec.help.c_str());
+                  FormatConfigValue(spec.default_value).c_str(), help.c_str());
     }
     return 0;
   };

@@ -127,6 +127,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     kernels::g_perturb_rmsnorm_for_tests = std::string(perturb) == "rmsnorm";
   StopSignals stop_signals;
   // ---- resolve the config ----
+  config.Validate();
   LlamaConfig model_config = BuildLlamaConfig(config);
   OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
   LrScheduleConfig schedule = BuildLrScheduleConfig(config);
@@ -139,19 +140,16 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int rank = comm.rank();
   const bool leader = rank == 0;
   if (comm.distributed()) SetLogRank(rank);
-  if (steps < 0) throw UsageError("training.steps: must not be negative");
-  if (seq_len < 1) throw UsageError("training.seq_len: must be at least 1");
-  if (micro_batch < 1) throw UsageError("training.local_batch_size: must be at least 1");
   int64_t global_batch = config.Int("training.global_batch_size");
   if (global_batch == 0) global_batch = micro_batch * world;
-  if (global_batch < 0 || global_batch % (micro_batch * world) != 0)
+  if (global_batch % (micro_batch * world) != 0)
     throw UsageError(StrFormat(
         "training.global_batch_size (%lld) must be a positive multiple of local_batch_size x ranks "
         "(%lld x %d)",
         (long long)global_batch, (long long)micro_batch, world));
   config.Set("training.global_batch_size", global_batch);
   const int64_t accumulation = global_batch / (micro_batch * world);
-  const int64_t log_freq = std::max<int64_t>(1, config.Int("metrics.log_freq"));
+  const int64_t log_freq = config.Int("metrics.log_freq");
   const double max_norm = config.Float("training.max_norm");
 
   std::unique_ptr<TokenSource> source = MakeTokenSource(config, model_config.vocab_size);

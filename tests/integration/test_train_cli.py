@@ -192,6 +192,52 @@ def test_malformed_safetensors(tmp_path, corrupt):
     assert code == 65 and len(lines) == 1 and "bad.safetensors" in lines[0], lines
 
 
+@pytest.mark.parametrize("setting,expect", [
+    ("optimizer.lr=inf", "optimizer.lr = inf is out of range: expected a finite number >= 0"),
+    ("model.init_std=inf", "model.init_std = inf is out of range: expected a finite number > 0"),
+    ("optimizer.eps=0", "optimizer.eps = 0 is out of range: expected a finite number >= 1.17549e-38"),
+    ("training.max_norm=-1", "training.max_norm = -1 is out of range"),
+    ("comm.train_timeout_seconds=0", "comm.train_timeout_seconds = 0 is out of range"),
+    ("comm.train_timeout_seconds=nan", "comm.train_timeout_seconds = nan is out of range"),
+    ("optimizer.beta1=1", "optimizer.beta1 = 1 is out of range: expected a finite number in [0, 1)"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay = -0.1 is out of range"),
+    ("metrics.log_freq=0", "metrics.log_freq = 0 is out of range: expected an integer >= 1"),
+    ("validation.freq=0", "validation.freq = 0 is out of range: expected an integer >= 1"),
+])
+def test_non_finite_or_meaningless_hyperparameters_are_config_errors(tmp_path, setting, expect):
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, "--set", setting, "--set", f"job.dump_folder={run_dir}")
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"crucible: error: --set {setting}: {expect}"), lines
+    assert not run_dir.exists()  # refused before anything is written
+
+
+def test_a_value_out_of_range_in_a_config_file_names_its_line(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[optimizer]\nname = \"AdamW\"\nlr = nan\n")
+    code, lines = error_of("train", "--config", cfg, "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1
+    assert f"{cfg}:3: optimizer.lr = nan is out of range" in lines[0], lines
+
+
+def test_config_keys_lists_the_valid_range_of_each_number():
+    out = run_crucible("config", "keys").stdout
+    assert re.search(r"^  lr += \S+ +# peak learning rate \(valid: a finite number >= 0\)$", out, re.M), out
+    assert re.search(r"^  beta1 .*\(valid: a finite number in \[0, 1\)\)$", out, re.M), out
+    assert re.search(r"^  seq_len .*\(valid: an integer in \[1, 2147483647\]\)$", out, re.M), out
+
+
+@pytest.mark.parametrize("settings,expect", [
+    (["optimizer.lr=2", "optimizer.weight_decay=0.5"], "optimizer.lr x optimizer.weight_decay = 2 x 0.5 = 1"),
+    (["lr_scheduler.decay_type=wsd", "training.steps=20", "lr_scheduler.warmup_steps=18"],
+     "lr_scheduler.warmup_steps = 18 reaches into the wsd decay, which starts after step 16"),
+])
+def test_hyperparameters_that_contradict_each_other_are_config_errors(tmp_path, settings, expect):
+    code, lines = error_of("train", *SMALL, *sum((["--set", s] for s in settings), []),
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1 and expect in lines[0], lines
+
+
 def test_unknown_flavor_and_optimizer():
     code, lines = error_of("train", "--set", "model.flavor=huge")
     assert code == 2 and "huge" in lines[0] and "tiny" in lines[0]
