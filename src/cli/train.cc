@@ -40,8 +40,9 @@ CommandRun SetupTrain(CLI::App& app) {
   app.add_flag("--print-config", options->print_config,
                "print the resolved config as TOML and exit");
   app.footer(
-      "Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 65 bad data, "
-      "74 I/O error, 143 stopped by SIGTERM/SIGUSR1 after a checkpoint.");
+      "Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 3 diverged (the "
+      "loss or the weights went non-finite), 65 bad data, 74 I/O error, 143 stopped by "
+      "SIGTERM/SIGUSR1 after a checkpoint.");
   return [options]() {
     Config config = LoadConfig(*options);
     if (options->print_config) {

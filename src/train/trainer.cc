@@ -32,6 +32,7 @@
 #include "optim/optim.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
+#include "train/divergence.h"
 #include "train/stop_signals.h"
 #include "train/validation.h"
 
@@ -229,6 +230,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
   };
   auto release_gathered = [&]() { std::vector<float>().swap(gathered); };
   Detectors detectors(config, table, update_begin, update_end);
+  DivergenceGuard divergence(table, data_parallel, [&]() -> std::string {
+    if (!leader) return "kept by rank 0";  // only rank 0 saves
+    if (!checkpointing.enabled()) return "none (checkpoint.enable = false)";
+    if (checkpointing.last_saved_step() <= 0) return "none";
+    return JoinPath(checkpointing.root(),
+                    "step-" + std::to_string(checkpointing.last_saved_step()));
+  });
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader) AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
   if (!resume.resumed) {
@@ -434,6 +442,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                                         "gathered parameters");
     const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total) /
                         fake_loss_divisor;  // the divisor is a test-only fault
+    divergence.CheckLoss(loss, step);
     if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data(), base));
     if (!finite) grad_norm = std::nan("");
@@ -452,6 +461,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       detectors.BeforeUpdate(weights.data(), base);
       optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step, base);
       detectors.AfterUpdate(weights.data(), step, base);
+      divergence.CheckWeights(weights.data(), base, update_begin, update_end, step);
       data_parallel.GatherParams(weights.data());
     }
     if (!sharded && corrupt_rank == rank && corrupt_step == step) {
@@ -558,6 +568,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const float* final_weights = full_weights();
   const uint64_t weights_hash = leader ? Hash64(final_weights, n_params * sizeof(float)) : 0;
   if (leader && config.Bool("checkpoint.enable")) {
+    divergence.CheckFinalWeights(final_weights);
     PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
     SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, final_weights);
   }

@@ -218,3 +218,18 @@ def test_sigterm_under_zero3_checkpoints_and_resumes_bit_exact_on_four_ranks(tmp
     proc = mpirun(4, settings + [f"job.dump_folder={run_dir}"])
     assert f"step={stopped.group(1)}" in proc.stdout.split("phase=resume from=")[1].split("\n")[0]
     assert result(proc, run_dir) == reference
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_weights_that_go_non_finite_on_sharded_ranks_stop_every_rank_with_exit_3(tmp_path, zero_stage):
+    # lr / (1 - beta1) overflows float32 in AdamW's first update: every rank's shard goes non-finite.
+    run_dir = tmp_path / "run"
+    proc = mpirun(2, BASE + ["training.steps=4", "optimizer.lr=3e38", "optimizer.weight_decay=0",
+                             "lr_scheduler.warmup_steps=0", "checkpoint.interval=1",
+                             f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"], check=False)
+    assert proc.returncode == 3, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert len(errors) == 2, proc.stderr  # every rank names the same first tensor
+    assert all("step 1: the optimizer update made the weights non-finite, first in "
+               "model.embed_tokens.weight (element 0 = nan)" in e for e in errors), errors
+    assert not (run_dir / "ckpt" / "step-1").exists() and not (run_dir / "model.safetensors").exists()

@@ -238,6 +238,45 @@ def test_hyperparameters_that_contradict_each_other_are_config_errors(tmp_path, 
     assert code == 2 and len(lines) == 1 and expect in lines[0], lines
 
 
+# AdamW's first step divides lr by 1 - beta1: 3e38 / 0.1 overflows float32, so the update turns every
+# weight into inf (or nan where the gradient is 0).
+OVERFLOWING_UPDATE = ["--set", "optimizer.lr=3e38", "--set", "optimizer.weight_decay=0",
+                      "--set", "lr_scheduler.warmup_steps=0"]
+
+
+def metrics_steps(run_dir):
+    return [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
+
+
+def test_weights_that_go_non_finite_stop_the_run_with_exit_3_naming_the_step_and_tensor(tmp_path):
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, *OVERFLOWING_UPDATE, "--set", "checkpoint.interval=1",
+                           "--set", f"job.dump_folder={run_dir}")
+    assert code == 3, lines
+    assert len(lines) == 1 and lines[0].startswith("crucible: error: step 1: "), lines
+    assert "weights" in lines[0] and "model.embed_tokens.weight" in lines[0] and "non-finite" in lines[0]
+    assert not (run_dir / "model.safetensors").exists()
+    assert not (run_dir / "ckpt" / "step-1").exists()  # nothing is saved from a diverged state
+    assert metrics_steps(run_dir) == []
+
+
+def test_a_loss_that_goes_non_finite_stops_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp_path):
+    # The learning rate warms up to 1e12 over 1000 steps: step 1 (lr 1e9) leaves finite weights, so
+    # large that step 2's forward pass overflows.
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, "--set", "optimizer.lr=1e12", "--set", "optimizer.weight_decay=0",
+                           "--set", "lr_scheduler.warmup_steps=1000", "--set", "checkpoint.interval=1",
+                           "--set", "checkpoint.async=false", "--set", f"job.dump_folder={run_dir}")
+    assert code == 3, lines
+    assert lines[-1].startswith("crucible: error: step 2: the loss is nan"), lines
+    assert "ckpt/step-1" in lines[-1], lines  # where to go back to
+    assert (run_dir / "ckpt" / "step-1" / "COMPLETE").exists()
+    assert not (run_dir / "ckpt" / "step-2").exists()
+    assert (run_dir / "ckpt" / "latest").read_text().strip().endswith("step-1")
+    assert not (run_dir / "model.safetensors").exists()
+    assert metrics_steps(run_dir) == [1]
+
+
 def test_unknown_flavor_and_optimizer():
     code, lines = error_of("train", "--set", "model.flavor=huge")
     assert code == 2 and "huge" in lines[0] and "tiny" in lines[0]
