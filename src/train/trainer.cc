@@ -33,6 +33,7 @@
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
+#include "train/run_lock.h"
 #include "train/stop_signals.h"
 #include "train/validation.h"
 
@@ -117,6 +118,31 @@ int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
   return lines;
 }
 
+// Rank 0 creates and locks the run directory, before anything in it is written; every rank
+// learns whether that worked (and rank 0's exit code), so a refused job stops on every rank
+// instead of leaving the others waiting in the next collective.
+std::unique_ptr<RunLock> TakeRunDirectory(const std::string& run_dir, Communicator& comm) {
+  std::unique_ptr<RunLock> lock;
+  int64_t exit_code = 0;
+  std::string failure;
+  if (comm.rank() == 0) {
+    try {
+      MakeDirectories(run_dir);
+      lock = std::make_unique<RunLock>(run_dir);
+    } catch (const Error& e) {
+      exit_code = e.exit_code();
+      failure = e.what();
+    }
+  }
+  comm.AllReduceInt64(&exit_code, 1, "run-directory lock");  // only rank 0 adds its code
+  if (exit_code == 0) return lock;
+  if (comm.rank() == 0) throw Error(static_cast<int>(exit_code), failure);
+  throw Error(static_cast<int>(exit_code),
+              StrFormat("rank %d: stopped: rank 0 could not take the run directory %s (rank 0 "
+                        "says why)",
+                        comm.rank(), run_dir.c_str()));
+}
+
 }  // namespace
 
 int RunTraining(Config config, const std::string& resume_mode) {
@@ -157,8 +183,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
 
   // ---- run directory ----
   const std::string run_dir = RunDirectory(config);
-  if (leader) MakeDirectories(run_dir);
-  comm.Barrier("run-directory creation");
+  // Held until the last file is written (destroyed after everything that writes in run_dir).
+  const std::unique_ptr<RunLock> run_lock = TakeRunDirectory(run_dir, comm);
 
   // ---- model, buffers, optimizer ----
   LlamaModel model(model_config, micro_batch, seq_len);
