@@ -33,6 +33,7 @@
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
+#include "train/rank_agreement.h"
 #include "train/run_lock.h"
 #include "train/stop_signals.h"
 #include "train/validation.h"
@@ -175,6 +176,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
         "(%lld x %d)",
         (long long)global_batch, (long long)micro_batch, world));
   config.Set("training.global_batch_size", global_batch);
+  CheckRanksAgree(config, resume_mode, comm);  // on the resolved config, before anything else
   const int64_t accumulation = global_batch / (micro_batch * world);
   const int64_t log_freq = config.Int("metrics.log_freq");
   const double max_norm = config.Float("training.max_norm");

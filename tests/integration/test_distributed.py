@@ -233,3 +233,37 @@ def test_weights_that_go_non_finite_on_sharded_ranks_stop_every_rank_with_exit_3
     assert all("step 1: the optimizer update made the weights non-finite, first in "
                "model.embed_tokens.weight (element 0 = nan)" in e for e in errors), errors
     assert not (run_dir / "ckpt" / "step-1").exists() and not (run_dir / "model.safetensors").exists()
+
+
+def mpmd(first, second, timeout=120, binaries=None):
+    """One job of two ranks that got different --set overrides (mpirun -np 1 A : -np 1 B)."""
+    binaries = binaries or [crucible_binary(), crucible_binary()]
+    args = ["mpirun"] + sum((["-x", k] for k in MPI_ENV), [])
+    for i, (binary, settings) in enumerate(zip(binaries, (first, second))):
+        args += ([":"] if i else []) + ["-np", "1", binary, "train"] + sum((["--set", s] for s in settings), [])
+    return subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=timeout)
+
+
+@pytest.mark.parametrize("key,rank0,rank1", [("training.seq_len", "32", "64"), ("optimizer.lr", "0.001", "0.002")])
+def test_ranks_given_different_configs_stop_at_start_naming_the_key_and_both_values(tmp_path, key, rank0, rank1):
+    run_dir = tmp_path / "run"
+    common = [s for s in BASE if not s.startswith(key + "=")] + ["training.steps=4", f"job.dump_folder={run_dir}"]
+    proc = mpmd(common + [f"{key}={rank0}"], common + [f"{key}={rank1}"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert len(errors) == 2, proc.stderr  # every rank stops
+    assert any(f"{key} is {rank0} on rank 0 but {rank1} on rank 1" in e for e in errors), errors
+    assert "step=" not in proc.stdout
+    assert not run_dir.exists()  # nothing was written
+
+
+def test_ranks_running_different_crucible_binaries_stop_at_start(tmp_path):
+    other = tmp_path / "crucible-other"
+    other.write_bytes(open(crucible_binary(), "rb").read() + b"\0")  # runs the same, other bits
+    other.chmod(0o755)
+    settings = BASE + ["training.steps=4", f"job.dump_folder={tmp_path / 'run'}"]
+    proc = mpmd(settings, settings, binaries=[crucible_binary(), str(other)])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"rank 1 runs crucible \S+ \(binary xxh3 [0-9a-f]+\) but rank 0 runs crucible \S+ "
+                     r"\(binary xxh3 [0-9a-f]+\)", proc.stderr), proc.stderr
+    assert "step=" not in proc.stdout
