@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
+#include "train/mfu.h"
 #include "train/rank_agreement.h"
 #include "train/run_lock.h"
 #include "train/stop_signals.h"
@@ -43,21 +43,6 @@ namespace crucible {
 std::string RunDirectory(const Config& config) {
   const std::string& folder = config.String("job.dump_folder");
   return folder.empty() ? JoinPath("runs", config.String("job.name")) : folder;
-}
-
-double MeasurePeakGflops() {
-  const int n = 1024;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int i = 0; i < n * n; ++i) a[i] = b[i] = static_cast<float>(i % 7) * 0.1f;
-  double best = 0;
-  Timer total;
-  for (int repeat = 0; repeat < 10 && (repeat < 3 || total.Seconds() < 0.3); ++repeat) {
-    Timer t;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-    best = std::max(best, 2.0 * n * n * n / t.Seconds() / 1e9);
-  }
-  return best;
 }
 
 namespace {
@@ -297,30 +282,21 @@ int RunTraining(Config config, const std::string& resume_mode) {
     for (size_t i = sharded ? update_begin : 0; i < (sharded ? update_end : n_params); ++i)
       weights[i - base] = RoundToBfloat16(weights[i - base]);
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
-  double peak_gflops = config.Float("metrics.peak_gflops");
-  if (peak_gflops <= 0) {
-    if (leader) PrintLine("phase=peak_flops status=measuring");
-    double mine = MeasurePeakGflops();
-    std::vector<double> all(world);
-    comm.AllGatherDouble(&mine, all.data(), 1, "peak-flops all-gather");
-    peak_gflops = 0;
-    for (double p : all) peak_gflops += p;
-  } else {
-    peak_gflops *= world;
-  }
+  const PeakFlops peak = ResolvePeakFlops(config, comm);
   const double flops_per_token = TrainFlopsPerToken(model_config, table, seq_len);
+  MfuMeter mfu_meter(peak, flops_per_token);
   const int threads = omp_get_max_threads();
   if (leader) {
     PrintLine(StrFormat(
         "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
         "global_batch=%lld micro_batch=%lld accumulation=%lld ranks=%d zero_stage=%d threads=%d "
-        "activations=%s peak_gflops=%.1f data=%s",
+        "activations=%s peak_gflops=%.4g peak_source=%s data=%s",
         run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
         (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
         (long long)global_batch, (long long)micro_batch, (long long)accumulation, world,
         data_parallel.zero_stage(), threads,
-        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
-        source->Describe().c_str()));
+        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak.gflops,
+        peak.source.c_str(), source->Describe().c_str()));
   }
 
   // ---- how the model reaches parameters and gradients ----
@@ -504,7 +480,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     last_loss = loss;
     const double step_seconds = step_timer.Seconds();
     const double tokens_per_second = static_cast<double>(global_batch * seq_len) / step_seconds;
-    const double mfu = 100.0 * tokens_per_second * flops_per_token / (peak_gflops * 1e9);
+    const double mfu = mfu_meter.Percent(tokens_per_second, step);
     if (leader && (step % log_freq == 0 || step == steps)) {
       PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                           (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));
@@ -517,7 +493,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                                                              : nlohmann::json(nullptr)},
                       {"tokens", tokens_seen},
                       {"tok_per_s", tokens_per_second},
-                      {"mfu", mfu},
+                      {"mfu", std::isfinite(mfu) ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
                       {"step_seconds", step_seconds},
                       {"reduce_wait_s", reduce_wait_seconds}});
     }

@@ -85,6 +85,34 @@ def test_tiny_model_learns_real_text(tmp_path):
     assert np.mean(losses[-5:]) < 3.3, losses  # well below ln(256) = 5.55
 
 
+def progress_fields(stdout):
+    return [dict(item.split("=", 1) for item in line.split()) for line in stdout.splitlines()
+            if line.startswith("step=")]
+
+
+def test_mfu_is_never_reported_from_a_peak_below_the_achieved_rate(tmp_path):
+    # 0.001 GFLOP/s is below what any step achieves: the peak is wrong, so no MFU is printed.
+    run_dir = tmp_path / "run"
+    proc = run_crucible("train", *SMALL[:-2], "--set", "metrics.peak_gflops=0.001",
+                        "--set", f"job.dump_folder={run_dir}")
+    start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
+    assert "peak_gflops=0.001 " in start and "peak_source=config" in start, start
+    assert [f["mfu"] for f in progress_fields(proc.stdout)] == ["nan"] * 6
+    assert [json.loads(l)["mfu"] for l in open(run_dir / "metrics.jsonl")] == [None] * 6
+    warnings = [l for l in proc.stderr.splitlines() if "MFU" in l]
+    assert len(warnings) == 1 and "step 1:" in warnings[0] and "metrics.peak_gflops" in warnings[0], proc.stderr
+    assert "peak_source=config" in warnings[0]
+
+
+def test_a_measured_peak_says_so_and_mfu_stays_at_most_100(tmp_path):
+    proc = run_crucible("train", *SMALL[:-2], "--set", f"job.dump_folder={tmp_path / 'run'}")
+    start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
+    assert "peak_source=measured" in start, start
+    assert float(re.search(r"peak_gflops=([0-9.]+)", start).group(1)) > 0
+    for fields in progress_fields(proc.stdout):
+        assert fields["mfu"] == "nan" or 0 < float(fields["mfu"]) <= 100, fields
+
+
 def error_of(*args):
     proc = run_crucible(*args, check=False)
     assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr
