@@ -32,6 +32,7 @@
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
+#include "train/memory_plan.h"
 #include "train/mfu.h"
 #include "train/rank_agreement.h"
 #include "train/run_lock.h"
@@ -163,6 +164,12 @@ int RunTraining(Config config, const std::string& resume_mode) {
   config.Set("training.global_batch_size", global_batch);
   CheckRanksAgree(config, resume_mode, comm);  // on the resolved config, before anything else
   const int64_t accumulation = global_batch / (micro_batch * world);
+  // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
+  CheckTrainingFits(
+      config, model_config,
+      {micro_batch, seq_len, accumulation, static_cast<int>(config.Int("parallelism.zero_stage")),
+       config.Bool("parallelism.overlap_grad_reduce") && world > 1},
+      comm);
   const int64_t log_freq = config.Int("metrics.log_freq");
   const double max_norm = config.Float("training.max_norm");
 

@@ -267,3 +267,28 @@ def test_ranks_running_different_crucible_binaries_stop_at_start(tmp_path):
     assert re.search(r"rank 1 runs crucible \S+ \(binary xxh3 [0-9a-f]+\) but rank 0 runs crucible \S+ "
                      r"\(binary xxh3 [0-9a-f]+\)", proc.stderr), proc.stderr
     assert "step=" not in proc.stdout
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 3])
+def test_the_memory_planned_before_allocating_is_what_the_ranks_allocate(tmp_path, zero_stage):
+    proc = mpirun(2, BASE + ["training.steps=1", f"parallelism.zero_stage={zero_stage}",
+                             f"job.dump_folder={tmp_path / 'run'}"])
+    planned = re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", proc.stdout, re.M)
+    allocated = re.search(r"^phase=memory .*model_state_bytes=(\d+)", proc.stdout, re.M)
+    assert planned and allocated, proc.stdout
+    assert int(planned.group(1)) == int(allocated.group(1))
+    assert re.search(r"^phase=memory_check host=\S+ ranks_on_host=2 ", proc.stdout, re.M), proc.stdout
+
+
+def test_ranks_that_share_a_host_are_refused_when_together_they_ask_for_more_than_it_has(tmp_path):
+    available = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:"))
+    # ZeRO-0 keeps about 32 bytes per parameter on each rank, and the debug dims give 256 parameters per
+    # vocabulary entry: a vocabulary for about 0.6 of the machine per rank, so 2 ranks ask for 1.2 of it.
+    vocab = int(0.6 * available / (32 * 256))
+    run_dir = tmp_path / "run"
+    proc = mpirun(2, BASE + ["training.steps=1", "parallelism.zero_stage=0", "checkpoint.enable=false",
+                             f"model.vocab_size={vocab}", f"job.dump_folder={run_dir}"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert errors and all("(2 ranks; rank 0:" in e and f"model.vocab_size = {vocab}" in e for e in errors), errors
+    assert not run_dir.exists()

@@ -114,7 +114,7 @@ def test_a_measured_peak_says_so_and_mfu_stays_at_most_100(tmp_path):
 
 
 def error_of(*args):
-    proc = run_crucible(*args, check=False)
+    proc = run_crucible(*args, check=False, timeout=120)
     assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     return proc.returncode, lines
@@ -303,6 +303,37 @@ def test_a_loss_that_goes_non_finite_stops_the_run_with_exit_3_and_keeps_the_las
     assert (run_dir / "ckpt" / "latest").read_text().strip().endswith("step-1")
     assert not (run_dir / "model.safetensors").exists()
     assert metrics_steps(run_dir) == [1]
+
+
+@pytest.mark.parametrize("settings,named", [
+    (["training.seq_len=1000000000"], ["training.local_batch_size = 4", "training.seq_len = 1000000000"]),
+    (["training.local_batch_size=100000000"], ["training.local_batch_size = 100000000", "training.seq_len = 64"]),
+    (["training.local_batch_size=1", "training.global_batch_size=4000000000000000"],
+     ["training.global_batch_size = 4000000000000000"]),
+    (["model.dim=1000000000", "model.n_heads=2", "model.n_kv_heads=2"], ["model.dim = 1000000000"]),
+    (["model.vocab_size=2000000000"], ["model.vocab_size = 2000000000"]),
+    (["model.n_layers=100000000"], ["model.n_layers = 100000000"]),
+])
+def test_a_config_that_asks_for_more_memory_than_the_machine_has_is_refused_before_allocating(
+        tmp_path, settings, named):
+    run_dir = tmp_path / "run"
+    proc = run_crucible("train", *SMALL, *sum((["--set", s] for s in settings), []),
+                        "--set", f"job.dump_folder={run_dir}", check=False, timeout=120)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
+    size = r"[0-9.e+]+ (?:[KMGT]iB|B|bytes)"
+    match = re.search(rf"asks for {size} of memory on host (\S+) .* but \1 has {size} available", lines[0])
+    assert match, lines
+    for key in named:
+        assert key in lines[0], (key, lines)
+    assert not run_dir.exists()  # refused before anything is written
+
+
+def test_products_that_overflow_a_64_bit_count_are_refused(tmp_path):
+    code, lines = error_of("train", *SMALL, "--set", "training.steps=9223372036854775807",
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1, lines
+    assert "training.steps x training.global_batch_size x training.seq_len" in lines[0], lines
 
 
 def test_unknown_flavor_and_optimizer():
