@@ -487,7 +487,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     last_loss = loss;
     const double step_seconds = step_timer.Seconds();
     const double tokens_per_second = static_cast<double>(global_batch * seq_len) / step_seconds;
-    const double mfu = mfu_meter.Percent(tokens_per_second, step);
+    const double mfu = leader ? mfu_meter.Percent(tokens_per_second, step) : 0.0;  // rank 0 logs
     if (leader && (step % log_freq == 0 || step == steps)) {
       PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                           (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));

@@ -292,3 +292,11 @@ def test_ranks_that_share_a_host_are_refused_when_together_they_ask_for_more_tha
     errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
     assert errors and all("(2 ranks; rank 0:" in e and f"model.vocab_size = {vocab}" in e for e in errors), errors
     assert not run_dir.exists()
+
+
+def test_a_peak_below_the_achieved_rate_is_reported_once_for_the_job(tmp_path):
+    proc = mpirun(2, [s for s in BASE if not s.startswith("metrics.peak_gflops=")]
+                  + ["metrics.peak_gflops=0.001", "training.steps=3", f"job.dump_folder={tmp_path / 'run'}"])
+    warnings = [l for l in proc.stderr.splitlines() if "MFU is not reported" in l]
+    assert len(warnings) == 1 and "step 1:" in warnings[0], proc.stderr
+    assert all(l.endswith("mfu=nan") for l in proc.stdout.splitlines() if l.startswith("step=")), proc.stdout
