@@ -143,7 +143,8 @@ def main():
     ours, mfu = crucible_tokens_per_second(args.crucible, args.flavor, args.seq_len, args.batch, args.steps,
                                            args.threads)
     theirs = torch_tokens_per_second(f, args.seq_len, args.batch, args.steps, args.threads)
-    print(f"crucible tok/s={ours:.1f} mfu={mfu:.1f}%")
+    # mfu is null when a step ran faster than the measured peak (the trainer warns then).
+    print(f"crucible tok/s={ours:.1f} mfu=" + (f"{mfu:.1f}%" if mfu is not None else "n/a"))
     print(f"pytorch_eager tok/s={theirs:.1f}")
     print(f"ratio crucible/pytorch={ours / theirs:.2f}")
 

@@ -55,6 +55,7 @@ CommandRun SetupModel(CLI::App& app) {
 
   return [o, info, init, grads]() {
     Config config = LoadModelConfig(*o);
+    config.Validate();
     LlamaConfig m = BuildLlamaConfig(config);
     if (info->parsed()) {
       ParameterTable table(m);

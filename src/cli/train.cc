@@ -1,4 +1,5 @@
 // crucible train --config FILE [--set section.key=value ...]
+#include <cmath>
 #include <memory>
 
 #include "cli/command.h"
@@ -39,8 +40,9 @@ CommandRun SetupTrain(CLI::App& app) {
   app.add_flag("--print-config", options->print_config,
                "print the resolved config as TOML and exit");
   app.footer(
-      "Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 65 bad data, "
-      "74 I/O error, 143 stopped by SIGTERM/SIGUSR1 after a checkpoint.");
+      "Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 3 diverged (the "
+      "loss or the weights went non-finite), 65 bad data, 74 I/O error, 143 stopped by "
+      "SIGTERM/SIGUSR1 after a checkpoint.");
   return [options]() {
     Config config = LoadConfig(*options);
     if (options->print_config) {
@@ -63,8 +65,11 @@ CommandRun SetupConfig(CLI::App& app) {
         std::printf("%s[%s]\n", section.empty() ? "" : "\n", s.c_str());
         section = s;
       }
+      std::string help = spec.help;
+      if (std::isfinite(spec.range.min) || std::isfinite(spec.range.max))
+        help += " (valid: " + spec.range.Describe(spec.type) + ")";
       std::printf("  %-32s = %-14s # %s\n", spec.key.substr(s.size() + 1).c_str(),
-                  FormatConfigValue(spec.default_value).c_str(), spec.help.c_str());
+                  FormatConfigValue(spec.default_value).c_str(), help.c_str());
     }
     return 0;
   };

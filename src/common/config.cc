@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -196,6 +197,7 @@ Config Config::Parse(std::string_view toml_text, const std::string& source,
       }
       config.values_[key] = value;
       config.set_[key] = true;
+      config.origin_[key] = Where(source, node);
     }
   }
   for (const auto& assignment : overrides) config.ApplyOverride(assignment);
@@ -245,11 +247,58 @@ void Config::ApplyOverride(const std::string& assignment) {
   }
   values_[key] = value;
   set_[key] = true;
+  origin_[key] = where;
 }
 
 bool Config::IsSet(const std::string& key) const {
   auto it = set_.find(key);
   return it != set_.end() && it->second;
+}
+
+std::string Config::Origin(const std::string& key) const {
+  auto it = origin_.find(key);
+  return it == origin_.end() ? "" : it->second;
+}
+
+bool ConfigRange::Contains(double value) const {
+  if (std::isnan(value)) return false;
+  const bool above = min_open ? value > min : value >= min;
+  const bool below = max_open ? value < max : value <= max;
+  return above && below;
+}
+
+std::string ConfigRange::Describe(ConfigType type) const {
+  const bool integer = type != ConfigType::kFloat;
+  std::string what = integer ? "an integer" : "a finite number";
+  auto bound = [&](double v) { return StrFormat(integer ? "%.0f" : "%g", v); };
+  const bool has_min = std::isfinite(min), has_max = std::isfinite(max);
+  if (has_min && has_max)
+    return what + " in " + (min_open ? "(" : "[") + bound(min) + ", " + bound(max) +
+           (max_open ? ")" : "]");
+  if (has_min) return what + (min_open ? " > " : " >= ") + bound(min);
+  if (has_max) return what + (max_open ? " < " : " <= ") + bound(max);
+  return what;
+}
+
+void Config::Validate() const {
+  for (const auto& spec : Schema()) {
+    const ConfigValue& value = Value(spec.key);
+    double number;
+    if (const auto* i = std::get_if<int64_t>(&value))
+      number = static_cast<double>(*i);
+    else if (const auto* d = std::get_if<double>(&value))
+      number = *d;
+    else
+      continue;
+    const bool finite_needed = spec.type == ConfigType::kFloat;
+    if (spec.range.Contains(number) && (!finite_needed || std::isfinite(number))) continue;
+    const std::string origin = Origin(spec.key);
+    const std::string shown =
+        std::holds_alternative<double>(value) ? StrFormat("%g", number) : FormatConfigValue(value);
+    throw UsageError(StrFormat("%s%s = %s is out of range: expected %s",
+                               origin.empty() ? "" : (origin + ": ").c_str(), spec.key.c_str(),
+                               shown.c_str(), spec.range.Describe(spec.type).c_str()));
+  }
 }
 
 const ConfigValue& Config::Value(const std::string& key) const {

@@ -5,6 +5,7 @@
 // value) is what a run writes to its run directory and what a resume compares against.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -18,6 +19,16 @@ using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector
 
 enum class ConfigType { kBool, kInt, kFloat, kString, kStringList, kIntOrString };
 
+// The values a numeric key accepts: from `min` to `max`, either end open or closed (an infinite
+// end is no limit). A float key must also be finite. Keys of other types have no range.
+struct ConfigRange {
+  double min = -HUGE_VAL, max = HUGE_VAL;
+  bool min_open = false, max_open = false;
+  bool Contains(double value) const;
+  // "a finite number > 0", "an integer >= 1", "a number in [0, 1)".
+  std::string Describe(ConfigType type) const;
+};
+
 struct ConfigKeySpec {
   std::string key;  // "section.name"
   ConfigType type;
@@ -25,6 +36,7 @@ struct ConfigKeySpec {
   std::string help;
   // How a change of this key between a checkpoint and a resumed run is treated.
   bool resume_sensitive = false;
+  ConfigRange range = {};  // kInt, kFloat and the integer of kIntOrString
 };
 
 class Config {
@@ -39,6 +51,12 @@ class Config {
 
   // True when the key was given in the file or an override (not just defaulted).
   bool IsSet(const std::string& key) const;
+  // Where a key was given: "file.toml:12" or "--set key=value"; "" for a default.
+  std::string Origin(const std::string& key) const;
+  // Throws UsageError for the first key (in schema order) whose value is outside its range,
+  // naming where it was given, the key, the value and the valid range. Called by the commands
+  // that act on a config (train, model), not when a run's recorded config is read back.
+  void Validate() const;
   bool Bool(const std::string& key) const;
   int64_t Int(const std::string& key) const;
   double Float(const std::string& key) const;
@@ -66,6 +84,7 @@ class Config {
  private:
   std::map<std::string, ConfigValue> values_;
   std::map<std::string, bool> set_;
+  std::map<std::string, std::string> origin_;
 };
 
 std::string FormatConfigValue(const ConfigValue& value);

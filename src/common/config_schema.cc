@@ -7,6 +7,30 @@ namespace crucible {
 using T = ConfigType;
 using V = ConfigValue;
 
+namespace {
+// Valid ranges of numeric keys.
+ConfigRange AtLeast(double min) {
+  return {min, HUGE_VAL, false, false};
+}
+ConfigRange Above(double min) {
+  return {min, HUGE_VAL, true, false};
+}
+ConfigRange Closed(double min, double max) {
+  return {min, max, false, false};
+}
+ConfigRange HalfOpen(double min, double max) {  // [min, max)
+  return {min, max, false, true};
+}
+// Model dimensions (0 takes the flavor's) and per-micro-batch sizes: the kernels pass them to
+// BLAS as int.
+const ConfigRange kDimension = Closed(0, 2147483647.0);
+const ConfigRange kPositiveSize = Closed(1, 2147483647.0);
+// The smallest normal float32 (FLT_MIN): an epsilon the kernels use in float32 must stay
+// positive there.
+constexpr double kFloat32Min = 1.1754943508222875e-38;
+const ConfigRange kAny = {};
+}  // namespace
+
 const std::vector<ConfigKeySpec>& Config::Schema() {
   static const std::vector<ConfigKeySpec> schema = {
       // [job]
@@ -19,33 +43,39 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"model.name", T::kString, V(std::string("llama")), "model family (only llama)", true},
       {"model.flavor", T::kString, V(std::string("debug")),
        "size preset: debug (~1M params), tiny (~5M), small (~25M), base (~125M)", true},
-      {"model.vocab_size", T::kInt, V(int64_t{0}), "vocabulary size; 0 takes the flavor's", true},
-      {"model.dim", T::kInt, V(int64_t{0}), "hidden size; 0 takes the flavor's", true},
-      {"model.n_layers", T::kInt, V(int64_t{0}), "decoder layers; 0 takes the flavor's", true},
-      {"model.n_heads", T::kInt, V(int64_t{0}), "attention heads; 0 takes the flavor's", true},
+      {"model.vocab_size", T::kInt, V(int64_t{0}), "vocabulary size; 0 takes the flavor's", true,
+       kDimension},
+      {"model.dim", T::kInt, V(int64_t{0}), "hidden size; 0 takes the flavor's", true, kDimension},
+      {"model.n_layers", T::kInt, V(int64_t{0}), "decoder layers; 0 takes the flavor's", true,
+       kDimension},
+      {"model.n_heads", T::kInt, V(int64_t{0}), "attention heads; 0 takes the flavor's", true,
+       kDimension},
       {"model.n_kv_heads", T::kInt, V(int64_t{0}),
-       "key/value heads (grouped-query attention); 0 takes the flavor's", true},
+       "key/value heads (grouped-query attention); 0 takes the flavor's", true, kDimension},
       {"model.ffn_hidden_dim", T::kInt, V(int64_t{0}), "SwiGLU hidden size; 0 takes the flavor's",
-       true},
+       true, kDimension},
       {"model.tie_embeddings", T::kString, V(std::string("flavor")),
        "share the input embedding with the output head: true, false, or flavor", true},
-      {"model.rope_theta", T::kFloat, V(10000.0), "rotary embedding base", true},
-      {"model.norm_eps", T::kFloat, V(1e-5), "RMSNorm epsilon", true},
-      {"model.init_std", T::kFloat, V(0.02), "standard deviation of the weight init", true},
+      {"model.rope_theta", T::kFloat, V(10000.0), "rotary embedding base", true, Above(0)},
+      {"model.norm_eps", T::kFloat, V(1e-5), "RMSNorm epsilon (float32)", true,
+       AtLeast(kFloat32Min)},
+      {"model.init_std", T::kFloat, V(0.02), "standard deviation of the weight init", true,
+       Above(0)},
       {"model.init_weights", T::kString, V(std::string("")),
        "safetensors file (Hugging Face Llama names) to initialise the weights from", true},
       {"model.tokenizer_path", T::kString, V(std::string("")), "tokenizer.json of the data", true},
 
       // [training]
-      {"training.steps", T::kInt, V(int64_t{100}), "optimizer steps to train"},
-      {"training.seq_len", T::kInt, V(int64_t{256}), "tokens per sample", true},
+      {"training.steps", T::kInt, V(int64_t{100}), "optimizer steps to train", false, AtLeast(0)},
+      {"training.seq_len", T::kInt, V(int64_t{256}), "tokens per sample", true, kPositiveSize},
       {"training.local_batch_size", T::kInt, V(int64_t{8}), "samples per micro-batch on one rank",
-       true},
+       true, kPositiveSize},
       {"training.global_batch_size", T::kInt, V(int64_t{0}),
        "samples per optimizer step over all ranks; 0 means local_batch_size x ranks "
        "(more than that accumulates gradients over micro-batches)",
-       true},
-      {"training.max_norm", T::kFloat, V(1.0), "global gradient-norm clip; 0 disables", true},
+       true, AtLeast(0)},
+      {"training.max_norm", T::kFloat, V(1.0), "global gradient-norm clip; 0 disables", true,
+       AtLeast(0)},
       {"training.master_dtype", T::kString, V(std::string("float32")),
        "storage of the master weights: float32, or bfloat16 (emulated: rounded after every "
        "update; small updates are lost, see the frozen-parameter detector)",
@@ -62,23 +92,25 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
 
       // [optimizer]
       {"optimizer.name", T::kString, V(std::string("AdamW")), "AdamW, SGD or Lion", true},
-      {"optimizer.lr", T::kFloat, V(3e-4), "peak learning rate", true},
-      {"optimizer.beta1", T::kFloat, V(0.9), "first-moment decay (SGD: momentum)", true},
-      {"optimizer.beta2", T::kFloat, V(0.95), "second-moment decay", true},
-      {"optimizer.eps", T::kFloat, V(1e-8), "AdamW epsilon", true},
-      {"optimizer.weight_decay", T::kFloat, V(0.1), "decoupled weight decay", true},
+      {"optimizer.lr", T::kFloat, V(3e-4), "peak learning rate", true, AtLeast(0)},
+      {"optimizer.beta1", T::kFloat, V(0.9), "first-moment decay (SGD: momentum)", true,
+       HalfOpen(0, 1)},
+      {"optimizer.beta2", T::kFloat, V(0.95), "second-moment decay", true, HalfOpen(0, 1)},
+      {"optimizer.eps", T::kFloat, V(1e-8), "AdamW epsilon (float32)", true, AtLeast(kFloat32Min)},
+      {"optimizer.weight_decay", T::kFloat, V(0.1), "decoupled weight decay", true, AtLeast(0)},
       {"optimizer.decay_norms", T::kBool, V(false), "apply weight decay to norm weights too", true},
       {"optimizer.decay_embeddings", T::kBool, V(false),
        "apply weight decay to the embedding table too", true},
 
       // [lr_scheduler]
-      {"lr_scheduler.warmup_steps", T::kInt, V(int64_t{10}), "linear warmup steps", true},
+      {"lr_scheduler.warmup_steps", T::kInt, V(int64_t{10}), "linear warmup steps", true,
+       AtLeast(0)},
       {"lr_scheduler.decay_type", T::kString, V(std::string("cosine")),
        "after warmup: constant, linear, cosine or wsd (stable, then linear decay)", true},
       {"lr_scheduler.decay_ratio", T::kFloat, V(0.2),
-       "wsd: fraction of all steps spent in the final decay", true},
+       "wsd: fraction of all steps spent in the final decay", true, Closed(0, 1)},
       {"lr_scheduler.min_lr_factor", T::kFloat, V(0.1),
-       "floor of the decay as a fraction of the peak learning rate", true},
+       "floor of the decay as a fraction of the peak learning rate", true, Closed(0, 1)},
 
       // [checkpoint]
       {"checkpoint.enable", T::kBool, V(true),
@@ -87,24 +119,29 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"checkpoint.folder", T::kString, V(std::string("ckpt")),
        "checkpoint folder, relative to the run directory (or absolute)"},
       {"checkpoint.interval", T::kIntOrString, V(int64_t{500}),
-       "steps between checkpoints, or \"auto\": Young/Daly sqrt(2 x save stall x MTBF)"},
+       "steps between checkpoints, or \"auto\": Young/Daly sqrt(2 x save stall x MTBF)", false,
+       AtLeast(1)},
       {"checkpoint.async", T::kBool, V(true),
        "copy the state to host memory and write it on a background thread"},
       {"checkpoint.keep_latest_k", T::kInt, V(int64_t{3}),
-       "keep the newest k complete checkpoints (0 keeps all); older ones are pruned after a save"},
+       "keep the newest k complete checkpoints (0 keeps all); older ones are pruned after a save",
+       false, AtLeast(0)},
       {"checkpoint.keep_every_n", T::kInt, V(int64_t{0}),
-       "also keep every checkpoint whose step is a multiple of n (0: none)"},
+       "also keep every checkpoint whose step is a multiple of n (0: none)", false, AtLeast(0)},
       {"checkpoint.mtbf_hours", T::kFloat, V(0.0),
        "mean time between failures for interval=\"auto\" when launch/attempts.jsonl shows none; "
-       "0 assumes 24"},
+       "0 assumes 24",
+       false, AtLeast(0)},
       {"checkpoint.initial_load_hf", T::kString, V(std::string("")),
        "Hugging Face Llama folder (config.json + model.safetensors) to start training from"},
 
       // [metrics]
-      {"metrics.log_freq", T::kInt, V(int64_t{1}), "print a progress line every N steps"},
+      {"metrics.log_freq", T::kInt, V(int64_t{1}), "print a progress line every N steps", false,
+       AtLeast(1)},
       {"metrics.enable_jsonl", T::kBool, V(true), "write metrics.jsonl in the run directory"},
       {"metrics.peak_gflops", T::kFloat, V(0.0),
-       "peak fp32 GFLOP/s for MFU; 0 measures the machine's sgemm throughput at start"},
+       "peak fp32 GFLOP/s of one rank for MFU; 0 measures the machine's sgemm throughput at start",
+       false, AtLeast(0)},
       {"metrics.per_rank", T::kBool, V(false),
        "with several ranks, every rank also writes metrics-rank<r>.jsonl (its loss share, time)"},
       {"metrics.profile", T::kBool, V(false),
@@ -112,16 +149,18 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
 
       // [validation]
       {"validation.enable", T::kBool, V(false), "evaluate during training"},
-      {"validation.freq", T::kInt, V(int64_t{100}), "evaluate every N steps (and after the last)"},
+      {"validation.freq", T::kInt, V(int64_t{100}), "evaluate every N steps (and after the last)",
+       false, AtLeast(1)},
       {"validation.tasks", T::kStringList, V(std::vector<std::string>{}),
        "multiple-choice task files (lm-eval JSONL shapes, see docs/eval.md)"},
       {"validation.held_out", T::kString, V(std::string("")),
        "held-out text (.jsonl of {\"text\"} or plain text) for loss and bits per byte"},
       {"validation.steps", T::kInt, V(int64_t{0}),
-       "items per task and held-out documents per evaluation; 0 means all"},
+       "items per task and held-out documents per evaluation; 0 means all", false, AtLeast(0)},
       {"validation.gate_after_steps", T::kInt, V(int64_t{0}),
        "eval gate: from this step on, a task still at chance within its standard error is "
-       "reported (0 disables)"},
+       "reported (0 disables)",
+       false, AtLeast(0)},
       {"validation.gate_action", T::kString, V(std::string("warn")),
        "what the eval gate does: warn, or stop (exit 2)"},
 
@@ -129,35 +168,44 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
        "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1); 3: "
        "shard parameters, gradients and optimizer state, gathering each layer when it is needed "
-       "(ZeRO-3, the FSDP equivalent)"},
+       "(ZeRO-3, the FSDP equivalent)",
+       false, Closed(0, 3)},
       {"parallelism.overlap_grad_reduce", T::kBool, V(true),
        "start each layer's gradient reduction (non-blocking) while the backward pass goes on "
        "with the layers below"},
       {"parallelism.consistency_check_steps", T::kInt, V(int64_t{50}),
        "every N steps the ranks compare a hash of their parameters (under ZeRO-3: of every "
-       "layer they gathered since the last check) to catch silent data corruption; 0 disables"},
+       "layer they gathered since the last check) to catch silent data corruption; 0 disables",
+       false, AtLeast(0)},
 
       // [comm]
       {"comm.train_timeout_seconds", T::kFloat, V(600.0),
-       "a rank waiting longer than this in a collective aborts the job, naming the collective"},
+       "a rank waiting longer than this in a collective aborts the job, naming the collective",
+       false, Above(0)},
 
       // [debug]
-      {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true},
+      {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true, kAny},
       {"debug.detectors", T::kBool, V(true),
        "silent-bug detectors: frozen parameters, step-1 loss vs ln(vocab), non-finite gradients"},
       {"debug.frozen_steps", T::kInt, V(int64_t{20}),
-       "warn when a parameter tensor is unchanged for this many consecutive steps; 0 disables"},
+       "warn when a parameter tensor is unchanged for this many consecutive steps; 0 disables",
+       false, AtLeast(0)},
       {"debug.initial_loss_tolerance", T::kFloat, V(0.5),
-       "warn when a fresh model's step-1 loss is further than this from ln(vocab_size)"},
+       "warn when a fresh model's step-1 loss is further than this from ln(vocab_size)", false,
+       AtLeast(0)},
       {"debug.fake_loss_divisor", T::kFloat, V(1.0),
-       "test only: divide the logged loss by this (emulates a loss divided by the DP size)"},
+       "test only: divide the logged loss by this (emulates a loss divided by the DP size)", false,
+       Above(0)},
       {"debug.inject_nan_step", T::kInt, V(int64_t{0}),
-       "test only: put a NaN into the gradient of debug.inject_nan_tensor at this step"},
+       "test only: put a NaN into the gradient of debug.inject_nan_tensor at this step", false,
+       AtLeast(0)},
       {"debug.inject_nan_tensor", T::kString, V(std::string("model.norm.weight")),
        "test only: see debug.inject_nan_step"},
       {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
-       "test only: this rank flips one bit of its parameters at debug.corrupt_step"},
-      {"debug.corrupt_step", T::kInt, V(int64_t{0}), "test only: see debug.corrupt_rank"},
+       "test only: this rank flips one bit of its parameters at debug.corrupt_step", false,
+       AtLeast(-1)},
+      {"debug.corrupt_step", T::kInt, V(int64_t{0}), "test only: see debug.corrupt_rank", false,
+       AtLeast(0)},
   };
   return schema;
 }

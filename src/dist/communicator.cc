@@ -260,6 +260,20 @@ std::vector<std::string> Communicator::AllGatherString(const std::string& value,
   return out;
 }
 
+void Communicator::BroadcastString(std::string* value, int root, const char* what) {
+  if (!mpi_ || world_ == 1) return;
+  uint64_t length = value->size();
+  MPI_Request request;
+  MPI_Ibcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &request);
+  Wait(&request, what);
+  value->resize(length);
+  for (size_t done = 0; done < length; done += kMaxCount) {
+    MPI_Ibcast(value->data() + done, static_cast<int>(std::min<size_t>(kMaxCount, length - done)),
+               MPI_CHAR, root, MPI_COMM_WORLD, &request);
+    Wait(&request, what);
+  }
+}
+
 void Communicator::Barrier(const char* what) {
   if (!mpi_ || world_ == 1) return;
   MPI_Request request;

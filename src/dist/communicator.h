@@ -63,6 +63,8 @@ class Communicator {
 
   // Gathers variable-length strings (host names) to every rank.
   std::vector<std::string> AllGatherString(const std::string& value, const char* what);
+  // Rank `root`'s *value, of any length, to every rank.
+  void BroadcastString(std::string* value, int root, const char* what);
   void Barrier(const char* what);
   // Aborts every rank of the job with `exit_code` after printing `message` (this rank only).
   [[noreturn]] void Abort(const std::string& message, int exit_code);

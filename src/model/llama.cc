@@ -118,6 +118,18 @@ size_t LlamaModel::activation_bytes() const {
   return floats * sizeof(float);
 }
 
+double PlannedActivationBytes(const LlamaConfig& c, double B, double T) {
+  const double N = B * T, C = static_cast<double>(c.dim), V = static_cast<double>(c.vocab_size);
+  const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
+  const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
+  // The buffers of LlamaModel::LlamaModel, in floats.
+  const double layer =
+      4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T * T + N * H * D + 3 * N * F;
+  const double rest =
+      4 * N * C + 3 * N + N * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F + B * KV * T * T;
+  return 4 * (static_cast<double>(c.n_layers) * layer + rest);
+}
+
 const float* LlamaModel::logits() const {
   return buffers_->logits.data();
 }

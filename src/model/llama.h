@@ -75,6 +75,18 @@ class ParameterTable {
   size_t flop_params_ = 0;
 };
 
+// What a config asks for, computed in double so that no config can overflow it (the memory
+// check runs on it before anything is allocated): the parameters of each unit (the embedding,
+// one decoder layer, the tail), exactly as ParameterTable lays them out, and the activation
+// bytes of LlamaModel(config, batch_size, seq_len), exactly its activation_bytes().
+struct LlamaSizes {
+  double embedding = 0, layer = 0, tail = 0;        // parameters per unit
+  double parameters = 0;                            // embedding + n_layers x layer + tail
+  double largest_unit = 0, largest_other_unit = 0;  // of all units; of all but the embedding
+};
+LlamaSizes PlannedSizes(const LlamaConfig& config);
+double PlannedActivationBytes(const LlamaConfig& config, double batch_size, double seq_len);
+
 // Llama-reference init: normal(0, init_std) truncated at 3 sigma for embeddings and input
 // projections; output projections (o_proj, down_proj) depth-scaled by 1/sqrt(2 n_layers); the
 // untied output head at std dim^-0.5 / 4, so initial logits have std ~0.25 and the first loss is

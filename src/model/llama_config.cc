@@ -86,6 +86,20 @@ LlamaConfig BuildLlamaConfig(Config& config) {
   return m;
 }
 
+LlamaSizes PlannedSizes(const LlamaConfig& c) {
+  const double V = static_cast<double>(c.vocab_size), C = static_cast<double>(c.dim);
+  const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
+  const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
+  LlamaSizes s;
+  s.embedding = V * C;
+  s.layer = 2 * C + H * D * C + 2 * KV * D * C + C * H * D + 3 * F * C;  // norms, q k v o, mlp
+  s.tail = C + (c.tie_embeddings ? 0 : V * C);
+  s.parameters = s.embedding + static_cast<double>(c.n_layers) * s.layer + s.tail;
+  s.largest_other_unit = std::max(c.n_layers > 0 ? s.layer : 0.0, s.tail);
+  s.largest_unit = std::max(s.embedding, s.largest_other_unit);
+  return s;
+}
+
 ParameterTable::ParameterTable(const LlamaConfig& c) {
   auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind, int layer) {
     ParamInfo info;

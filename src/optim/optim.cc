@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/profile.h"
+#include "common/strings.h"
 
 namespace crucible {
 
@@ -21,10 +22,13 @@ OptimizerConfig BuildOptimizerConfig(const Config& config) {
   o.weight_decay = config.Float("optimizer.weight_decay");
   o.decay_norms = config.Bool("optimizer.decay_norms");
   o.decay_embeddings = config.Bool("optimizer.decay_embeddings");
-  if (!(o.lr >= 0)) throw UsageError("optimizer.lr: must be a non-negative number");
-  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
-    throw UsageError("optimizer.beta1/beta2: must be in [0, 1)");
-  if (!(o.weight_decay >= 0)) throw UsageError("optimizer.weight_decay: must not be negative");
+  // Single keys are range-checked by Config::Validate; this is what they mean together.
+  // The decoupled decay multiplies the weights by 1 - lr * weight_decay every step.
+  if (o.lr * o.weight_decay >= 1)
+    throw UsageError(StrFormat(
+        "optimizer.lr x optimizer.weight_decay = %g x %g = %g: must be below 1 (the decoupled "
+        "weight decay multiplies the weights by 1 - lr x weight_decay every step)",
+        o.lr, o.weight_decay, o.lr * o.weight_decay));
   return o;
 }
 
@@ -99,6 +103,16 @@ void Optimizer::Step(float* params_at_base, const float* grads_at_base, double l
   }
 }
 
+namespace {
+// The last step of the wsd schedule's stable phase: the decay takes the remaining
+// max(1, round(total_steps x decay_ratio)) steps.
+int64_t WsdDecayStart(const LrScheduleConfig& s) {
+  const int64_t decay_steps =
+      std::max<int64_t>(1, std::llround(static_cast<double>(s.total_steps) * s.decay_ratio));
+  return s.total_steps - decay_steps;
+}
+}  // namespace
+
 LrScheduleConfig BuildLrScheduleConfig(const Config& config) {
   LrScheduleConfig s;
   s.lr = config.Float("optimizer.lr");
@@ -111,11 +125,16 @@ LrScheduleConfig BuildLrScheduleConfig(const Config& config) {
       s.decay_type != "wsd")
     throw UsageError("lr_scheduler.decay_type: unknown schedule '" + s.decay_type +
                      "' (choose constant, linear, cosine or wsd)");
-  if (s.warmup_steps < 0) throw UsageError("lr_scheduler.warmup_steps: must not be negative");
-  if (!(s.decay_ratio >= 0 && s.decay_ratio <= 1))
-    throw UsageError("lr_scheduler.decay_ratio: must be in [0, 1]");
-  if (!(s.min_lr_factor >= 0 && s.min_lr_factor <= 1))
-    throw UsageError("lr_scheduler.min_lr_factor: must be in [0, 1]");
+  // wsd decays over the last decay_ratio of the steps; a warmup reaching into that decay would
+  // end on a jump down instead of a decay from the peak. (The other schedules only ramp for as
+  // long as a run shorter than its warmup lasts: it may be resumed with more steps.)
+  if (s.decay_type == "wsd" && s.total_steps > 0 && s.warmup_steps > WsdDecayStart(s))
+    throw UsageError(StrFormat(
+        "lr_scheduler.warmup_steps = %lld reaches into the wsd decay, which starts after step "
+        "%lld of training.steps = %lld (lr_scheduler.decay_ratio = %g): lower warmup_steps or "
+        "decay_ratio, or raise training.steps",
+        (long long)s.warmup_steps, (long long)WsdDecayStart(s), (long long)s.total_steps,
+        s.decay_ratio));
   return s;
 }
 
@@ -129,11 +148,10 @@ double LearningRate(const LrScheduleConfig& s, int64_t step) {
   if (s.decay_type == "cosine")
     return floor + (s.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
   // wsd: hold the peak, then decay linearly over the last decay_ratio of all steps.
-  const int64_t decay_steps =
-      std::max<int64_t>(1, std::llround(static_cast<double>(s.total_steps) * s.decay_ratio));
-  const int64_t decay_start = s.total_steps - decay_steps;
+  const int64_t decay_start = WsdDecayStart(s);
   if (step <= decay_start) return s.lr;
-  const double fraction = std::min(1.0, static_cast<double>(step - decay_start) / decay_steps);
+  const double fraction =
+      std::min(1.0, static_cast<double>(step - decay_start) / (s.total_steps - decay_start));
   return floor + (s.lr - floor) * (1.0 - fraction);
 }
 

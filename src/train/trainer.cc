@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -32,6 +31,11 @@
 #include "optim/optim.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
+#include "train/divergence.h"
+#include "train/memory_plan.h"
+#include "train/mfu.h"
+#include "train/rank_agreement.h"
+#include "train/run_lock.h"
 #include "train/stop_signals.h"
 #include "train/validation.h"
 
@@ -40,21 +44,6 @@ namespace crucible {
 std::string RunDirectory(const Config& config) {
   const std::string& folder = config.String("job.dump_folder");
   return folder.empty() ? JoinPath("runs", config.String("job.name")) : folder;
-}
-
-double MeasurePeakGflops() {
-  const int n = 1024;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int i = 0; i < n * n; ++i) a[i] = b[i] = static_cast<float>(i % 7) * 0.1f;
-  double best = 0;
-  Timer total;
-  for (int repeat = 0; repeat < 10 && (repeat < 3 || total.Seconds() < 0.3); ++repeat) {
-    Timer t;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
-    best = std::max(best, 2.0 * n * n * n / t.Seconds() / 1e9);
-  }
-  return best;
 }
 
 namespace {
@@ -116,6 +105,31 @@ int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
   return lines;
 }
 
+// Rank 0 creates and locks the run directory, before anything in it is written; every rank
+// learns whether that worked (and rank 0's exit code), so a refused job stops on every rank
+// instead of leaving the others waiting in the next collective.
+std::unique_ptr<RunLock> TakeRunDirectory(const std::string& run_dir, Communicator& comm) {
+  std::unique_ptr<RunLock> lock;
+  int64_t exit_code = 0;
+  std::string failure;
+  if (comm.rank() == 0) {
+    try {
+      MakeDirectories(run_dir);
+      lock = std::make_unique<RunLock>(run_dir);
+    } catch (const Error& e) {
+      exit_code = e.exit_code();
+      failure = e.what();
+    }
+  }
+  comm.AllReduceInt64(&exit_code, 1, "run-directory lock");  // only rank 0 adds its code
+  if (exit_code == 0) return lock;
+  if (comm.rank() == 0) throw Error(static_cast<int>(exit_code), failure);
+  throw Error(static_cast<int>(exit_code),
+              StrFormat("rank %d: stopped: rank 0 could not take the run directory %s (rank 0 "
+                        "says why)",
+                        comm.rank(), run_dir.c_str()));
+}
+
 }  // namespace
 
 int RunTraining(Config config, const std::string& resume_mode) {
@@ -127,6 +141,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     kernels::g_perturb_rmsnorm_for_tests = std::string(perturb) == "rmsnorm";
   StopSignals stop_signals;
   // ---- resolve the config ----
+  config.Validate();
   LlamaConfig model_config = BuildLlamaConfig(config);
   OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
   LrScheduleConfig schedule = BuildLrScheduleConfig(config);
@@ -139,27 +154,31 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int rank = comm.rank();
   const bool leader = rank == 0;
   if (comm.distributed()) SetLogRank(rank);
-  if (steps < 0) throw UsageError("training.steps: must not be negative");
-  if (seq_len < 1) throw UsageError("training.seq_len: must be at least 1");
-  if (micro_batch < 1) throw UsageError("training.local_batch_size: must be at least 1");
   int64_t global_batch = config.Int("training.global_batch_size");
   if (global_batch == 0) global_batch = micro_batch * world;
-  if (global_batch < 0 || global_batch % (micro_batch * world) != 0)
+  if (global_batch % (micro_batch * world) != 0)
     throw UsageError(StrFormat(
         "training.global_batch_size (%lld) must be a positive multiple of local_batch_size x ranks "
         "(%lld x %d)",
         (long long)global_batch, (long long)micro_batch, world));
   config.Set("training.global_batch_size", global_batch);
+  CheckRanksAgree(config, resume_mode, comm);  // on the resolved config, before anything else
   const int64_t accumulation = global_batch / (micro_batch * world);
-  const int64_t log_freq = std::max<int64_t>(1, config.Int("metrics.log_freq"));
+  // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
+  CheckTrainingFits(
+      config, model_config,
+      {micro_batch, seq_len, accumulation, static_cast<int>(config.Int("parallelism.zero_stage")),
+       config.Bool("parallelism.overlap_grad_reduce") && world > 1},
+      comm);
+  const int64_t log_freq = config.Int("metrics.log_freq");
   const double max_norm = config.Float("training.max_norm");
 
   std::unique_ptr<TokenSource> source = MakeTokenSource(config, model_config.vocab_size);
 
   // ---- run directory ----
   const std::string run_dir = RunDirectory(config);
-  if (leader) MakeDirectories(run_dir);
-  comm.Barrier("run-directory creation");
+  // Held until the last file is written (destroyed after everything that writes in run_dir).
+  const std::unique_ptr<RunLock> run_lock = TakeRunDirectory(run_dir, comm);
 
   // ---- model, buffers, optimizer ----
   LlamaModel model(model_config, micro_batch, seq_len);
@@ -231,6 +250,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
   };
   auto release_gathered = [&]() { std::vector<float>().swap(gathered); };
   Detectors detectors(config, table, update_begin, update_end);
+  DivergenceGuard divergence(table, data_parallel, [&]() -> std::string {
+    if (!leader) return "kept by rank 0";  // only rank 0 saves
+    if (!checkpointing.enabled()) return "none (checkpoint.enable = false)";
+    if (checkpointing.last_saved_step() <= 0) return "none";
+    return JoinPath(checkpointing.root(),
+                    "step-" + std::to_string(checkpointing.last_saved_step()));
+  });
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader) AtomicWriteFile(JoinPath(run_dir, "config.toml"), config.ToToml());
   if (!resume.resumed) {
@@ -263,30 +289,21 @@ int RunTraining(Config config, const std::string& resume_mode) {
     for (size_t i = sharded ? update_begin : 0; i < (sharded ? update_end : n_params); ++i)
       weights[i - base] = RoundToBfloat16(weights[i - base]);
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
-  double peak_gflops = config.Float("metrics.peak_gflops");
-  if (peak_gflops <= 0) {
-    if (leader) PrintLine("phase=peak_flops status=measuring");
-    double mine = MeasurePeakGflops();
-    std::vector<double> all(world);
-    comm.AllGatherDouble(&mine, all.data(), 1, "peak-flops all-gather");
-    peak_gflops = 0;
-    for (double p : all) peak_gflops += p;
-  } else {
-    peak_gflops *= world;
-  }
+  const PeakFlops peak = ResolvePeakFlops(config, comm);
   const double flops_per_token = TrainFlopsPerToken(model_config, table, seq_len);
+  MfuMeter mfu_meter(peak, flops_per_token);
   const int threads = omp_get_max_threads();
   if (leader) {
     PrintLine(StrFormat(
         "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
         "global_batch=%lld micro_batch=%lld accumulation=%lld ranks=%d zero_stage=%d threads=%d "
-        "activations=%s peak_gflops=%.1f data=%s",
+        "activations=%s peak_gflops=%.4g peak_source=%s data=%s",
         run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
         (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
         (long long)global_batch, (long long)micro_batch, (long long)accumulation, world,
         data_parallel.zero_stage(), threads,
-        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak_gflops,
-        source->Describe().c_str()));
+        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak.gflops,
+        peak.source.c_str(), source->Describe().c_str()));
   }
 
   // ---- how the model reaches parameters and gradients ----
@@ -436,6 +453,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                                         "gathered parameters");
     const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total) /
                         fake_loss_divisor;  // the divisor is a test-only fault
+    divergence.CheckLoss(loss, step);
     if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data(), base));
     if (!finite) grad_norm = std::nan("");
@@ -454,6 +472,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       detectors.BeforeUpdate(weights.data(), base);
       optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step, base);
       detectors.AfterUpdate(weights.data(), step, base);
+      divergence.CheckWeights(weights.data(), base, update_begin, update_end, step);
       data_parallel.GatherParams(weights.data());
     }
     if (!sharded && corrupt_rank == rank && corrupt_step == step) {
@@ -468,7 +487,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     last_loss = loss;
     const double step_seconds = step_timer.Seconds();
     const double tokens_per_second = static_cast<double>(global_batch * seq_len) / step_seconds;
-    const double mfu = 100.0 * tokens_per_second * flops_per_token / (peak_gflops * 1e9);
+    const double mfu = leader ? mfu_meter.Percent(tokens_per_second, step) : 0.0;  // rank 0 logs
     if (leader && (step % log_freq == 0 || step == steps)) {
       PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                           (long long)step, loss, lr, grad_norm, tokens_per_second, mfu));
@@ -481,7 +500,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                                                              : nlohmann::json(nullptr)},
                       {"tokens", tokens_seen},
                       {"tok_per_s", tokens_per_second},
-                      {"mfu", mfu},
+                      {"mfu", std::isfinite(mfu) ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
                       {"step_seconds", step_seconds},
                       {"reduce_wait_s", reduce_wait_seconds}});
     }
@@ -560,6 +579,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const float* final_weights = full_weights();
   const uint64_t weights_hash = leader ? Hash64(final_weights, n_params * sizeof(float)) : 0;
   if (leader && config.Bool("checkpoint.enable")) {
+    divergence.CheckFinalWeights(final_weights);
     PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
     SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, final_weights);
   }

@@ -18,8 +18,4 @@ int RunTraining(Config config, const std::string& resume_mode = "auto");
 // The run directory of a config: [job] dump_folder, or runs/<job.name>.
 std::string RunDirectory(const Config& config);
 
-// Peak fp32 GFLOP/s of this machine, measured as the best of several 1024^3 sgemm runs on all
-// OpenMP threads (about a third of a second).
-double MeasurePeakGflops();
-
 }  // namespace crucible

@@ -218,3 +218,85 @@ def test_sigterm_under_zero3_checkpoints_and_resumes_bit_exact_on_four_ranks(tmp
     proc = mpirun(4, settings + [f"job.dump_folder={run_dir}"])
     assert f"step={stopped.group(1)}" in proc.stdout.split("phase=resume from=")[1].split("\n")[0]
     assert result(proc, run_dir) == reference
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_weights_that_go_non_finite_on_sharded_ranks_stop_every_rank_with_exit_3(tmp_path, zero_stage):
+    # lr / (1 - beta1) overflows float32 in AdamW's first update: every rank's shard goes non-finite.
+    run_dir = tmp_path / "run"
+    proc = mpirun(2, BASE + ["training.steps=4", "optimizer.lr=3e38", "optimizer.weight_decay=0",
+                             "lr_scheduler.warmup_steps=0", "checkpoint.interval=1",
+                             f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"], check=False)
+    assert proc.returncode == 3, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert len(errors) == 2, proc.stderr  # every rank names the same first tensor
+    assert all("step 1: the optimizer update made the weights non-finite, first in "
+               "model.embed_tokens.weight (element 0 = nan)" in e for e in errors), errors
+    assert not (run_dir / "ckpt" / "step-1").exists() and not (run_dir / "model.safetensors").exists()
+
+
+def mpmd(first, second, timeout=120, binaries=None):
+    """One job of two ranks that got different --set overrides (mpirun -np 1 A : -np 1 B)."""
+    binaries = binaries or [crucible_binary(), crucible_binary()]
+    args = ["mpirun"] + sum((["-x", k] for k in MPI_ENV), [])
+    for i, (binary, settings) in enumerate(zip(binaries, (first, second))):
+        args += ([":"] if i else []) + ["-np", "1", binary, "train"] + sum((["--set", s] for s in settings), [])
+    return subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=timeout)
+
+
+@pytest.mark.parametrize("key,rank0,rank1", [("training.seq_len", "32", "64"), ("optimizer.lr", "0.001", "0.002")])
+def test_ranks_given_different_configs_stop_at_start_naming_the_key_and_both_values(tmp_path, key, rank0, rank1):
+    run_dir = tmp_path / "run"
+    common = [s for s in BASE if not s.startswith(key + "=")] + ["training.steps=4", f"job.dump_folder={run_dir}"]
+    proc = mpmd(common + [f"{key}={rank0}"], common + [f"{key}={rank1}"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert len(errors) == 2, proc.stderr  # every rank stops
+    assert any(f"{key} is {rank0} on rank 0 but {rank1} on rank 1" in e for e in errors), errors
+    assert "step=" not in proc.stdout
+    assert not run_dir.exists()  # nothing was written
+
+
+def test_ranks_running_different_crucible_binaries_stop_at_start(tmp_path):
+    other = tmp_path / "crucible-other"
+    other.write_bytes(open(crucible_binary(), "rb").read() + b"\0")  # runs the same, other bits
+    other.chmod(0o755)
+    settings = BASE + ["training.steps=4", f"job.dump_folder={tmp_path / 'run'}"]
+    proc = mpmd(settings, settings, binaries=[crucible_binary(), str(other)])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"rank 1 runs crucible \S+ \(binary xxh3 [0-9a-f]+\) but rank 0 runs crucible \S+ "
+                     r"\(binary xxh3 [0-9a-f]+\)", proc.stderr), proc.stderr
+    assert "step=" not in proc.stdout
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 3])
+def test_the_memory_planned_before_allocating_is_what_the_ranks_allocate(tmp_path, zero_stage):
+    proc = mpirun(2, BASE + ["training.steps=1", f"parallelism.zero_stage={zero_stage}",
+                             f"job.dump_folder={tmp_path / 'run'}"])
+    planned = re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", proc.stdout, re.M)
+    allocated = re.search(r"^phase=memory .*model_state_bytes=(\d+)", proc.stdout, re.M)
+    assert planned and allocated, proc.stdout
+    assert int(planned.group(1)) == int(allocated.group(1))
+    assert re.search(r"^phase=memory_check host=\S+ ranks_on_host=2 ", proc.stdout, re.M), proc.stdout
+
+
+def test_ranks_that_share_a_host_are_refused_when_together_they_ask_for_more_than_it_has(tmp_path):
+    available = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:"))
+    # ZeRO-0 keeps about 32 bytes per parameter on each rank, and the debug dims give 256 parameters per
+    # vocabulary entry: a vocabulary for about 0.6 of the machine per rank, so 2 ranks ask for 1.2 of it.
+    vocab = int(0.6 * available / (32 * 256))
+    run_dir = tmp_path / "run"
+    proc = mpirun(2, BASE + ["training.steps=1", "parallelism.zero_stage=0", "checkpoint.enable=false",
+                             f"model.vocab_size={vocab}", f"job.dump_folder={run_dir}"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("crucible: error:")]
+    assert errors and all("(2 ranks; rank 0:" in e and f"model.vocab_size = {vocab}" in e for e in errors), errors
+    assert not run_dir.exists()
+
+
+def test_a_peak_below_the_achieved_rate_is_reported_once_for_the_job(tmp_path):
+    proc = mpirun(2, [s for s in BASE if not s.startswith("metrics.peak_gflops=")]
+                  + ["metrics.peak_gflops=0.001", "training.steps=3", f"job.dump_folder={tmp_path / 'run'}"])
+    warnings = [l for l in proc.stderr.splitlines() if "MFU is not reported" in l]
+    assert len(warnings) == 1 and "step 1:" in warnings[0], proc.stderr
+    assert all(l.endswith("mfu=nan") for l in proc.stdout.splitlines() if l.startswith("step=")), proc.stdout

@@ -85,8 +85,36 @@ def test_tiny_model_learns_real_text(tmp_path):
     assert np.mean(losses[-5:]) < 3.3, losses  # well below ln(256) = 5.55
 
 
+def progress_fields(stdout):
+    return [dict(item.split("=", 1) for item in line.split()) for line in stdout.splitlines()
+            if line.startswith("step=")]
+
+
+def test_mfu_is_never_reported_from_a_peak_below_the_achieved_rate(tmp_path):
+    # 0.001 GFLOP/s is below what any step achieves: the peak is wrong, so no MFU is printed.
+    run_dir = tmp_path / "run"
+    proc = run_crucible("train", *SMALL[:-2], "--set", "metrics.peak_gflops=0.001",
+                        "--set", f"job.dump_folder={run_dir}")
+    start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
+    assert "peak_gflops=0.001 " in start and "peak_source=config" in start, start
+    assert [f["mfu"] for f in progress_fields(proc.stdout)] == ["nan"] * 6
+    assert [json.loads(l)["mfu"] for l in open(run_dir / "metrics.jsonl")] == [None] * 6
+    warnings = [l for l in proc.stderr.splitlines() if "MFU" in l]
+    assert len(warnings) == 1 and "step 1:" in warnings[0] and "metrics.peak_gflops" in warnings[0], proc.stderr
+    assert "peak_source=config" in warnings[0]
+
+
+def test_a_measured_peak_says_so_and_mfu_stays_at_most_100(tmp_path):
+    proc = run_crucible("train", *SMALL[:-2], "--set", f"job.dump_folder={tmp_path / 'run'}")
+    start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
+    assert "peak_source=measured" in start, start
+    assert float(re.search(r"peak_gflops=([0-9.]+)", start).group(1)) > 0
+    for fields in progress_fields(proc.stdout):
+        assert fields["mfu"] == "nan" or 0 < float(fields["mfu"]) <= 100, fields
+
+
 def error_of(*args):
-    proc = run_crucible(*args, check=False)
+    proc = run_crucible(*args, check=False, timeout=120)
     assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     return proc.returncode, lines
@@ -190,6 +218,122 @@ def test_malformed_safetensors(tmp_path, corrupt):
     code, lines = error_of("train", *SMALL, "--set", f"model.init_weights={bad}",
                            "--set", f"job.dump_folder={tmp_path / 'run'}")
     assert code == 65 and len(lines) == 1 and "bad.safetensors" in lines[0], lines
+
+
+@pytest.mark.parametrize("setting,expect", [
+    ("optimizer.lr=inf", "optimizer.lr = inf is out of range: expected a finite number >= 0"),
+    ("model.init_std=inf", "model.init_std = inf is out of range: expected a finite number > 0"),
+    ("optimizer.eps=0", "optimizer.eps = 0 is out of range: expected a finite number >= 1.17549e-38"),
+    ("training.max_norm=-1", "training.max_norm = -1 is out of range"),
+    ("comm.train_timeout_seconds=0", "comm.train_timeout_seconds = 0 is out of range"),
+    ("comm.train_timeout_seconds=nan", "comm.train_timeout_seconds = nan is out of range"),
+    ("optimizer.beta1=1", "optimizer.beta1 = 1 is out of range: expected a finite number in [0, 1)"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay = -0.1 is out of range"),
+    ("metrics.log_freq=0", "metrics.log_freq = 0 is out of range: expected an integer >= 1"),
+    ("validation.freq=0", "validation.freq = 0 is out of range: expected an integer >= 1"),
+])
+def test_non_finite_or_meaningless_hyperparameters_are_config_errors(tmp_path, setting, expect):
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, "--set", setting, "--set", f"job.dump_folder={run_dir}")
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"crucible: error: --set {setting}: {expect}"), lines
+    assert not run_dir.exists()  # refused before anything is written
+
+
+def test_a_value_out_of_range_in_a_config_file_names_its_line(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[optimizer]\nname = \"AdamW\"\nlr = nan\n")
+    code, lines = error_of("train", "--config", cfg, "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1
+    assert f"{cfg}:3: optimizer.lr = nan is out of range" in lines[0], lines
+
+
+def test_config_keys_lists_the_valid_range_of_each_number():
+    out = run_crucible("config", "keys").stdout
+    assert re.search(r"^  lr += \S+ +# peak learning rate \(valid: a finite number >= 0\)$", out, re.M), out
+    assert re.search(r"^  beta1 .*\(valid: a finite number in \[0, 1\)\)$", out, re.M), out
+    assert re.search(r"^  seq_len .*\(valid: an integer in \[1, 2147483647\]\)$", out, re.M), out
+
+
+@pytest.mark.parametrize("settings,expect", [
+    (["optimizer.lr=2", "optimizer.weight_decay=0.5"], "optimizer.lr x optimizer.weight_decay = 2 x 0.5 = 1"),
+    (["lr_scheduler.decay_type=wsd", "training.steps=20", "lr_scheduler.warmup_steps=18"],
+     "lr_scheduler.warmup_steps = 18 reaches into the wsd decay, which starts after step 16"),
+])
+def test_hyperparameters_that_contradict_each_other_are_config_errors(tmp_path, settings, expect):
+    code, lines = error_of("train", *SMALL, *sum((["--set", s] for s in settings), []),
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1 and expect in lines[0], lines
+
+
+# AdamW's first step divides lr by 1 - beta1: 3e38 / 0.1 overflows float32, so the update turns every
+# weight into inf (or nan where the gradient is 0).
+OVERFLOWING_UPDATE = ["--set", "optimizer.lr=3e38", "--set", "optimizer.weight_decay=0",
+                      "--set", "lr_scheduler.warmup_steps=0"]
+
+
+def metrics_steps(run_dir):
+    return [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
+
+
+def test_weights_that_go_non_finite_stop_the_run_with_exit_3_naming_the_step_and_tensor(tmp_path):
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, *OVERFLOWING_UPDATE, "--set", "checkpoint.interval=1",
+                           "--set", f"job.dump_folder={run_dir}")
+    assert code == 3, lines
+    assert len(lines) == 1 and lines[0].startswith("crucible: error: step 1: "), lines
+    assert "weights" in lines[0] and "model.embed_tokens.weight" in lines[0] and "non-finite" in lines[0]
+    assert not (run_dir / "model.safetensors").exists()
+    assert not (run_dir / "ckpt" / "step-1").exists()  # nothing is saved from a diverged state
+    assert metrics_steps(run_dir) == []
+
+
+def test_a_loss_that_goes_non_finite_stops_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp_path):
+    # The learning rate warms up to 1e12 over 1000 steps: step 1 (lr 1e9) leaves finite weights, so
+    # large that step 2's forward pass overflows.
+    run_dir = tmp_path / "run"
+    code, lines = error_of("train", *SMALL, "--set", "optimizer.lr=1e12", "--set", "optimizer.weight_decay=0",
+                           "--set", "lr_scheduler.warmup_steps=1000", "--set", "checkpoint.interval=1",
+                           "--set", "checkpoint.async=false", "--set", f"job.dump_folder={run_dir}")
+    assert code == 3, lines
+    assert lines[-1].startswith("crucible: error: step 2: the loss is nan"), lines
+    assert "ckpt/step-1" in lines[-1], lines  # where to go back to
+    assert (run_dir / "ckpt" / "step-1" / "COMPLETE").exists()
+    assert not (run_dir / "ckpt" / "step-2").exists()
+    assert (run_dir / "ckpt" / "latest").read_text().strip().endswith("step-1")
+    assert not (run_dir / "model.safetensors").exists()
+    assert metrics_steps(run_dir) == [1]
+
+
+@pytest.mark.parametrize("settings,named", [
+    (["training.seq_len=1000000000"], ["training.local_batch_size = 4", "training.seq_len = 1000000000"]),
+    (["training.local_batch_size=100000000"], ["training.local_batch_size = 100000000", "training.seq_len = 64"]),
+    (["training.local_batch_size=1", "training.global_batch_size=4000000000000000"],
+     ["training.global_batch_size = 4000000000000000"]),
+    (["model.dim=1000000000", "model.n_heads=2", "model.n_kv_heads=2"], ["model.dim = 1000000000"]),
+    (["model.vocab_size=2000000000"], ["model.vocab_size = 2000000000"]),
+    (["model.n_layers=100000000"], ["model.n_layers = 100000000"]),
+])
+def test_a_config_that_asks_for_more_memory_than_the_machine_has_is_refused_before_allocating(
+        tmp_path, settings, named):
+    run_dir = tmp_path / "run"
+    proc = run_crucible("train", *SMALL, *sum((["--set", s] for s in settings), []),
+                        "--set", f"job.dump_folder={run_dir}", check=False, timeout=120)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
+    size = r"[0-9.e+]+ (?:[KMGT]iB|B|bytes)"
+    match = re.search(rf"asks for {size} of memory on host (\S+) .* but \1 has {size} available", lines[0])
+    assert match, lines
+    for key in named:
+        assert key in lines[0], (key, lines)
+    assert not run_dir.exists()  # refused before anything is written
+
+
+def test_products_that_overflow_a_64_bit_count_are_refused(tmp_path):
+    code, lines = error_of("train", *SMALL, "--set", "training.steps=9223372036854775807",
+                           "--set", f"job.dump_folder={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1, lines
+    assert "training.steps x training.global_batch_size x training.seq_len" in lines[0], lines
 
 
 def test_unknown_flavor_and_optimizer():

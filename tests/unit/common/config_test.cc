@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/error.h"
 
 namespace crucible {
@@ -88,6 +90,88 @@ TEST(Config, DiffListsChangedKeys) {
   Config a = Config::Defaults(), b = Config::Defaults();
   b.ApplyOverride("training.seq_len=512");
   EXPECT_EQ(a.Diff(b), std::vector<std::string>{"training.seq_len"});
+}
+
+TEST(ConfigRange, DefaultsAreInRange) {
+  EXPECT_NO_THROW(Config::Defaults().Validate());
+}
+
+TEST(ConfigRange, EveryNumericKeyDeclaresItsValidRange) {
+  for (const auto& spec : Config::Schema()) {
+    if (spec.type != ConfigType::kInt && spec.type != ConfigType::kFloat &&
+        spec.type != ConfigType::kIntOrString)
+      continue;
+    if (spec.key == "debug.seed") continue;  // any integer seeds the generator
+    EXPECT_TRUE(std::isfinite(spec.range.min) || std::isfinite(spec.range.max)) << spec.key;
+  }
+}
+
+TEST(ConfigRange, OutOfRangeValueNamesWhereKeyValueAndRange) {
+  std::string message;
+  Config from_file = Config::Parse("[job]\nname = \"x\"\n[optimizer]\nlr = inf\n", "c.toml");
+  EXPECT_EQ(ExitCodeOf([&] { from_file.Validate(); }, &message), kExitUsage);
+  EXPECT_EQ(message, "c.toml:4: optimizer.lr = inf is out of range: expected a finite number >= 0");
+
+  Config overridden = Config::Defaults();
+  overridden.ApplyOverride("optimizer.eps=0");
+  EXPECT_EQ(ExitCodeOf([&] { overridden.Validate(); }, &message), kExitUsage);
+  EXPECT_NE(message.find("--set optimizer.eps=0: optimizer.eps = 0 is out of range"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find(">= 1.17549e-38"), std::string::npos) << message;
+}
+
+TEST(ConfigRange, RejectsNonFiniteAndMeaninglessValues) {
+  for (const char* bad : {"optimizer.lr=inf",
+                          "optimizer.lr=nan",
+                          "optimizer.lr=-1e-3",
+                          "model.init_std=inf",
+                          "model.init_std=0",
+                          "model.norm_eps=1e-50",
+                          "optimizer.eps=0",
+                          "optimizer.beta1=1",
+                          "optimizer.beta2=-0.1",
+                          "optimizer.weight_decay=-0.1",
+                          "training.max_norm=-1",
+                          "training.max_norm=inf",
+                          "comm.train_timeout_seconds=0",
+                          "comm.train_timeout_seconds=nan",
+                          "comm.train_timeout_seconds=inf",
+                          "metrics.log_freq=0",
+                          "metrics.peak_gflops=-1",
+                          "validation.freq=0",
+                          "lr_scheduler.min_lr_factor=1.5",
+                          "lr_scheduler.decay_ratio=nan",
+                          "training.seq_len=0",
+                          "training.seq_len=4294967296",
+                          "training.local_batch_size=0",
+                          "training.steps=-1",
+                          "model.dim=-8",
+                          "model.vocab_size=4294967296",
+                          "checkpoint.interval=0",
+                          "checkpoint.mtbf_hours=nan",
+                          "parallelism.zero_stage=4",
+                          "parallelism.consistency_check_steps=-1",
+                          "debug.fake_loss_divisor=0"}) {
+    Config config = Config::Defaults();
+    config.ApplyOverride(bad);
+    std::string message;
+    EXPECT_EQ(ExitCodeOf([&] { config.Validate(); }, &message), kExitUsage) << bad;
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(message.find(key + " = "), std::string::npos) << message;
+  }
+}
+
+TEST(ConfigRange, AcceptsTheEndsOfEachRange) {
+  for (const char* good :
+       {"optimizer.lr=0", "optimizer.beta1=0", "optimizer.beta2=0.999999", "training.max_norm=0",
+        "optimizer.weight_decay=0", "lr_scheduler.min_lr_factor=1", "checkpoint.interval=\"auto\"",
+        "checkpoint.interval=1", "debug.seed=-5", "training.seq_len=2147483647",
+        "optimizer.eps=1.2e-38"}) {
+    Config config = Config::Defaults();
+    config.ApplyOverride(good);
+    EXPECT_NO_THROW(config.Validate()) << good;
+  }
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
+#include "common/error.h"
 #include "dist/exact_sum.h"
 
 namespace crucible {
@@ -37,6 +39,46 @@ TEST(LrSchedule, DecaysReachTheFloor) {
   EXPECT_DOUBLE_EQ(LearningRate(Schedule("wsd"), 88), 1.0);
   EXPECT_NEAR(LearningRate(Schedule("wsd"), 99), 0.55, 1e-12);
   EXPECT_NEAR(LearningRate(Schedule("wsd"), 110), 0.1, 1e-12);
+}
+
+std::string UsageErrorOf(const std::function<void()>& build) {
+  try {
+    build();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OptimizerConfig, WeightDecayThatWouldZeroTheWeightsEveryStepIsRejected) {
+  Config config = Config::Defaults();
+  config.ApplyOverride("optimizer.lr=2");
+  config.ApplyOverride("optimizer.weight_decay=0.5");
+  const std::string message = UsageErrorOf([&] { BuildOptimizerConfig(config); });
+  EXPECT_NE(message.find("optimizer.lr x optimizer.weight_decay = 2 x 0.5 = 1: must be below 1"),
+            std::string::npos)
+      << message;
+  config.ApplyOverride("optimizer.weight_decay=0.4");
+  EXPECT_EQ(UsageErrorOf([&] { BuildOptimizerConfig(config); }), "");
+}
+
+TEST(LrScheduleConfig, WsdWarmupThatRunsIntoTheDecayIsRejected) {
+  Config config = Config::Defaults();
+  config.ApplyOverride("training.steps=100");
+  config.ApplyOverride("lr_scheduler.decay_type=wsd");
+  config.ApplyOverride("lr_scheduler.warmup_steps=90");  // the decay starts after step 80
+  const std::string message = UsageErrorOf([&] { BuildLrScheduleConfig(config); });
+  EXPECT_NE(message.find("lr_scheduler.warmup_steps = 90"), std::string::npos) << message;
+  EXPECT_NE(message.find("step 80"), std::string::npos) << message;
+  config.ApplyOverride("lr_scheduler.warmup_steps=80");
+  EXPECT_EQ(UsageErrorOf([&] { BuildLrScheduleConfig(config); }), "");
+  // A warmup longer than a short run is fine for the other schedules (the run may be resumed
+  // with more steps): the learning rate ramps for as long as the run lasts.
+  config.ApplyOverride("lr_scheduler.decay_type=cosine");
+  config.ApplyOverride("training.steps=6");
+  config.ApplyOverride("lr_scheduler.warmup_steps=10");
+  EXPECT_EQ(UsageErrorOf([&] { BuildLrScheduleConfig(config); }), "");
 }
 
 TEST(Clip, MatchesTorchClipGradNorm) {

@@ -1,0 +1,52 @@
+// The divergence guard of the training loop: a run whose loss or weights go non-finite stops
+// with exit 3 (kExitDiverged) at the step where it happens, naming the step and, for weights, the
+// first tensor and element that went bad. Nothing is saved from a diverged state, so the
+// checkpoints written before stay the last word, and no final model.safetensors is written.
+// (A non-finite gradient alone skips the update and is reported by the detectors: the weights
+// stay finite.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "dist/data_parallel.h"
+#include "model/llama.h"
+
+namespace crucible {
+
+// Index of the first non-finite value of values[0, count), or count when all are finite.
+// Independent of the thread count.
+size_t FirstNonFinite(const float* values, size_t count);
+
+class DivergenceGuard {
+ public:
+  // `last_checkpoint` names what a diverged run leaves to go back to (for the message).
+  DivergenceGuard(const ParameterTable& table, DataParallel& data_parallel,
+                  std::function<std::string()> last_checkpoint)
+      : table_(table),
+        data_parallel_(data_parallel),
+        last_checkpoint_(std::move(last_checkpoint)) {}
+
+  // Throws Error(kExitDiverged) when the step's loss is not finite (every rank holds the same
+  // loss, so every rank throws).
+  void CheckLoss(double loss, int64_t step) const;
+  // After the optimizer step: checks weights[i - base] for i in [begin, end), this rank's
+  // part. Collective: when any rank holds a non-finite weight, every rank throws
+  // Error(kExitDiverged) naming the first one (lowest flat index over all ranks).
+  void CheckWeights(const float* weights, size_t base, size_t begin, size_t end,
+                    int64_t step) const;
+  // Before the final model.safetensors: the full weights [0, table.total()).
+  void CheckFinalWeights(const float* weights) const;
+
+ private:
+  // "model.layers.0.mlp.up_proj.weight (element 17 = nan)"
+  std::string Describe(size_t index, float value) const;
+
+  const ParameterTable& table_;
+  DataParallel& data_parallel_;
+  std::function<std::string()> last_checkpoint_;
+};
+
+}  // namespace crucible

@@ -1,0 +1,190 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "dist/data_parallel.h"
+#include "dist/param_access.h"
+
+namespace crucible {
+namespace {
+
+constexpr double kInt64Limit = 9223372036854775808.0;  // 2^63
+constexpr double kIntLimit = 2147483647.0;             // what BLAS takes as a dimension
+
+// Sizes up to a PiB as HumanBytes does, larger ones in scientific notation.
+std::string Bytes(double bytes) {
+  return bytes < std::ldexp(1.0, 50) ? HumanBytes(bytes) : StrFormat("%.3g bytes", bytes);
+}
+
+// A count exactly while a double holds it exactly, then in scientific notation.
+std::string Count(double value) {
+  return value < 1e15 ? StrFormat("%.0f", value) : StrFormat("%.3g", value);
+}
+
+// A number from a file such as memory.max; NaN when absent or not a number ("max").
+double ReadNumber(const std::string& path) {
+  if (!FileExists(path)) return std::nan("");
+  try {
+    const std::string text = Trim(ReadFile(path));
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    return end && end != text.c_str() && *end == '\0' ? value : std::nan("");
+  } catch (const Error&) {
+    return std::nan("");
+  }
+}
+
+}  // namespace
+
+MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+                      int rank, int world) {
+  const LlamaSizes sizes = PlannedSizes(model);
+  const double P = sizes.parameters, U = sizes.largest_unit;
+  const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
+  // The layout of DataParallel: shards of whole norm chunks, buffers padded to ranks x shard.
+  const double chunk = static_cast<double>(DataParallel::kNormChunk);
+  const double shard = std::ceil(std::ceil(P / chunk) / world) * chunk;
+  const double padded = shard * world;
+  const double update =
+      shape.zero_stage == 0
+          ? P
+          : std::max(0.0, std::min(P, (rank + 1) * shard) - std::min(P, rank * shard));
+  const double state_buffers = config.String("optimizer.name") == "AdamW" ? 2 : 1;
+
+  MemoryPlan plan;
+  plan.activations = PlannedActivationBytes(model, B, T) + 4 * T * model.head_dim() + 8 * B * T;
+  plan.batch = 8 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
+  if (shape.zero_stage == 3) {
+    const double piece = std::min(static_cast<double>(DataParallel::kReducePiece), U);
+    plan.model_state =
+        (4 + 4 + 16) * shard + 4 * state_buffers * update + 4 * ShardedAccess::kGatherBuffers * U +
+        4 * (sizes.embedding + sizes.largest_other_unit) +
+        16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard)));
+  } else {
+    const double receive =
+        shape.zero_stage == 1 && shape.overlap
+            ? 16.0 * DataParallel::kMaxInFlight *
+                  std::max(1.0, std::min(static_cast<double>(DataParallel::kReducePiece), shard))
+            : 0.0;
+    plan.model_state = (4 + 4 + 16) * padded + 4 * state_buffers * update + receive;
+  }
+  // Rank 0 writes checkpoints: the host snapshot of the async writer, and during a save the full
+  // optimizer state (and under ZeRO-3 the full weights) gathered from the shards.
+  const bool sharded_state = shape.zero_stage >= 1 && world > 1;
+  if (config.Bool("checkpoint.enable")) {
+    if (rank == 0) {
+      if (config.Bool("checkpoint.async")) plan.checkpoint += 4 * P * (1 + state_buffers);
+      if (sharded_state) plan.checkpoint += 4 * state_buffers * P + 4 * padded;
+      if (shape.zero_stage == 3 && world > 1) plan.checkpoint += 4 * padded;
+    }
+    if (sharded_state) plan.checkpoint += 4 * shard;
+  }
+  // ZeRO-3 fills one full buffer when it loads given weights, then keeps its shard.
+  if (shape.zero_stage == 3 && (!config.String("model.init_weights").empty() ||
+                                !config.String("checkpoint.initial_load_hf").empty()))
+    plan.checkpoint += 4 * padded;
+  return plan;
+}
+
+AvailableMemory MachineAvailableMemory() {
+  AvailableMemory available{HUGE_VAL, "unknown"};
+  if (FileExists("/proc/meminfo")) {
+    for (const std::string& line : Split(ReadFile("/proc/meminfo"), '\n'))
+      if (StartsWith(line, "MemAvailable:")) {
+        available = {std::strtod(line.c_str() + 13, nullptr) * 1024.0,
+                     "MemAvailable in /proc/meminfo"};
+        break;
+      }
+  }
+  // A cgroup limit below that (a container, a Slurm job): what is left under it.
+  struct Limit {
+    const char* limit;
+    const char* usage;
+    const char* name;
+  };
+  for (const Limit& l :
+       {Limit{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "cgroup memory.max"},
+        Limit{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+              "/sys/fs/cgroup/memory/memory.usage_in_bytes", "cgroup memory.limit_in_bytes"}}) {
+    const double limit = ReadNumber(l.limit), usage = ReadNumber(l.usage);
+    if (std::isfinite(limit) && std::isfinite(usage) && limit - usage < available.bytes)
+      available = {std::max(0.0, limit - usage), StrFormat("%s minus usage", l.name)};
+  }
+  return available;
+}
+
+void CheckTrainingFits(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+                       Communicator& comm) {
+  const double steps = static_cast<double>(config.Int("training.steps"));
+  const double global_batch = static_cast<double>(config.Int("training.global_batch_size"));
+  const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
+  if (steps * global_batch * T >= kInt64Limit)
+    throw UsageError(StrFormat(
+        "training.steps x training.global_batch_size x training.seq_len = %.0f x %.0f x %.0f = "
+        "%.3g tokens: more than a 64-bit count holds (9.2e18); lower them",
+        steps, global_batch, T, steps * global_batch * T));
+
+  // Ranks on one host share its memory.
+  const MemoryPlan plan = PlanMemory(config, model, shape, comm.rank(), comm.world());
+  const AvailableMemory available = MachineAvailableMemory();
+  const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "memory check");
+  const double mine[2] = {plan.total(), available.bytes};
+  std::vector<double> all(2 * comm.world());
+  comm.AllGatherDouble(mine, all.data(), 2, "memory check");
+  std::map<std::string, int> first_rank;  // of each host
+  std::map<std::string, double> asked;
+  std::map<std::string, int> ranks;
+  for (int r = 0; r < comm.world(); ++r) {
+    first_rank.emplace(hosts[r], r);
+    asked[hosts[r]] += all[2 * r];
+    ++ranks[hosts[r]];
+  }
+  if (comm.rank() == 0)
+    PrintLine(StrFormat(
+        "phase=memory_check host=%s ranks_on_host=%d asked_bytes=%.0f available_bytes=%.0f "
+        "available_source=\"%s\" activations_bytes=%.0f batch_bytes=%.0f model_state_bytes=%.0f "
+        "checkpoint_bytes=%.0f",
+        hosts[0].c_str(), ranks[hosts[0]], asked[hosts[0]], available.bytes,
+        available.source.c_str(), plan.activations, plan.batch, plan.model_state, plan.checkpoint));
+  for (int r = 0; r < comm.world(); ++r) {
+    const std::string& host = hosts[r];
+    const double host_available = all[2 * first_rank[host] + 1];
+    if (first_rank[host] != r || asked[host] <= host_available) continue;
+    // The parts of the first rank of that host (its ranks differ only in their shard, and rank
+    // 0 in its checkpoint buffers); every rank computes the same message.
+    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.world());
+    const double largest = std::max({p.activations, p.batch, p.model_state, p.checkpoint});
+    const char* advice =
+        largest == p.activations ? "lower training.local_batch_size or training.seq_len"
+        : largest == p.batch     ? "lower training.global_batch_size"
+                                 : "choose a smaller model (model.*), or shard it over more ranks "
+                                   "with parallelism.zero_stage = 3";
+    throw UsageError(StrFormat(
+        "the config asks for %s of memory on host %s (%d rank%s; rank %d: activations %s for "
+        "training.local_batch_size = %.0f x training.seq_len = %.0f, step batch %s for "
+        "training.global_batch_size = %.0f, model state %s for %s parameters of "
+        "model.vocab_size = %lld, model.dim = %lld, model.n_layers = %lld, model.ffn_hidden_dim "
+        "= %lld with parallelism.zero_stage = %d, checkpoint buffers %s) but %s has %s available "
+        "(%s): %s",
+        Bytes(asked[host]).c_str(), host.c_str(), ranks[host], ranks[host] > 1 ? "s" : "", r,
+        Bytes(p.activations).c_str(), B, T, Bytes(p.batch).c_str(), global_batch,
+        Bytes(p.model_state).c_str(), Count(PlannedSizes(model).parameters).c_str(),
+        (long long)model.vocab_size, (long long)model.dim, (long long)model.n_layers,
+        (long long)model.ffn_hidden_dim, shape.zero_stage, Bytes(p.checkpoint).c_str(),
+        host.c_str(), Bytes(host_available).c_str(), available.source.c_str(), advice));
+  }
+  if (B * T > kIntLimit)
+    throw UsageError(StrFormat(
+        "training.local_batch_size x training.seq_len = %.0f x %.0f = %.0f rows: a micro-batch "
+        "has at most 2147483647 (BLAS takes its sizes as int); lower them",
+        B, T, B * T));
+}
+
+}  // namespace crucible

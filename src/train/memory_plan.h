@@ -1,0 +1,52 @@
+// The memory a training config asks for, computed before anything is allocated, and the check
+// that it fits the machine: an absurd size (training.seq_len = 1e9, a vocabulary of 2e9) is a
+// config error (exit 2) that says how much was asked and how much there is, instead of an "out of
+// memory" half way through allocating. Everything is computed in double, so no product of config
+// values can overflow on the way; the products the code later keeps in integers are checked
+// against their integer limits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config.h"
+#include "dist/communicator.h"
+#include "model/llama.h"
+
+namespace crucible {
+
+// Bytes one rank allocates, by what they are for (the formula of docs/distributed.md).
+struct MemoryPlan {
+  double activations = 0;  // the model's activations of one micro-batch (and its token buffers)
+  double batch = 0;        // the step's inputs and targets: every micro-batch of this rank
+  double model_state = 0;  // weights, gradients, exact sums, optimizer state, comm buffers
+  double checkpoint = 0;   // rank 0: the host snapshot and the full state gathered for a save
+  double total() const { return activations + batch + model_state + checkpoint; }
+};
+
+struct TrainingShape {
+  int64_t micro_batch = 0, seq_len = 0, accumulation = 0;
+  int zero_stage = 1;
+  bool overlap = false;  // overlapped gradient reduction (with more than one rank)
+};
+
+// The plan of rank `rank` of `world` for the resolved `config`.
+MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+                      int rank, int world);
+
+// What this machine can still give: MemAvailable of /proc/meminfo, or less where a cgroup limit
+// is lower. `bytes` is infinite where neither can be read.
+struct AvailableMemory {
+  double bytes = 0;
+  std::string source;
+};
+AvailableMemory MachineAvailableMemory();
+
+// Collective. Throws UsageError on every rank when the ranks of some host together plan more
+// than that host has available, or when a product the trainer keeps in an integer exceeds its
+// type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
+// prints the plan (phase=memory_check).
+void CheckTrainingFits(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+                       Communicator& comm);
+
+}  // namespace crucible

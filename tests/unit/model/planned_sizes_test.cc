@@ -1,0 +1,57 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/llama.h"
+
+namespace crucible {
+namespace {
+
+LlamaConfig Model(const std::vector<std::string>& overrides) {
+  Config config = Config::Defaults();
+  for (const auto& o : overrides) config.ApplyOverride(o);
+  return BuildLlamaConfig(config);
+}
+
+std::vector<LlamaConfig> Models() {
+  return {Model({}), Model({"model.flavor=tiny"}), Model({"model.flavor=small"}),
+          Model({"model.flavor=base"}),
+          Model({"model.dim=64", "model.n_heads=8", "model.n_kv_heads=1", "model.n_layers=1",
+                 "model.tie_embeddings=true", "model.vocab_size=300", "model.ffn_hidden_dim=96"})};
+}
+
+TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
+  for (const LlamaConfig& c : Models()) {
+    const ParameterTable table(c);
+    const LlamaSizes sizes = PlannedSizes(c);
+    EXPECT_EQ(sizes.parameters, static_cast<double>(table.total())) << c.flavor;
+    EXPECT_EQ(sizes.embedding, static_cast<double>(table.units()[0].size())) << c.flavor;
+    EXPECT_EQ(sizes.layer, static_cast<double>(table.units()[1].size())) << c.flavor;
+    EXPECT_EQ(sizes.tail, static_cast<double>(table.units().back().size())) << c.flavor;
+    EXPECT_EQ(sizes.largest_unit, static_cast<double>(table.max_unit_size())) << c.flavor;
+  }
+}
+
+TEST(PlannedSizes, ActivationBytesAreWhatTheModelAllocates) {
+  for (const LlamaConfig& c : Models()) {
+    for (auto [batch, seq_len] : {std::pair<int64_t, int64_t>{1, 8}, {3, 16}}) {
+      const LlamaModel model(c, batch, seq_len);
+      EXPECT_EQ(PlannedActivationBytes(c, batch, seq_len),
+                static_cast<double>(model.activation_bytes()))
+          << c.flavor << " " << batch << "x" << seq_len;
+    }
+  }
+}
+
+TEST(PlannedSizes, AbsurdConfigsDoNotOverflow) {
+  const LlamaConfig c = Model({"model.dim=2147483644", "model.n_heads=2", "model.n_kv_heads=2",
+                               "model.vocab_size=2147483647", "model.n_layers=2147483647",
+                               "model.ffn_hidden_dim=2147483647"});
+  const double parameters = PlannedSizes(c).parameters;  // about 2^31 x 2^31 x 2^31 x 6
+  EXPECT_GT(parameters, 5e28);
+  const double activations = PlannedActivationBytes(c, 2147483647.0, 2147483647.0);
+  EXPECT_TRUE(std::isfinite(activations) && activations > 1e38) << activations;
+}
+
+}  // namespace
+}  // namespace crucible
