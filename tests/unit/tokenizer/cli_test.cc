@@ -95,6 +95,16 @@ TEST(TokenizerCli, MalformedTokenizerJsonIsExit65NamingTheFile) {
   j = Valid();
   j["decoder"] = {{"type", "WordPiece"}};
   ExpectBadData("decoder.json", j, "decoder");
+  // A property crucible cannot match at the Unicode version of `tokenizers` (a script).
+  j = Valid();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"},
+                           {"pattern", {{"Regex", "\\p{Han}+|\\p{L}+"}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"}}}}};
+  ExpectBadData("script_property.json", j, "\\p{Han}");
 }
 
 TEST(TokenizerCli, MissingFileIsAUsageError) {
