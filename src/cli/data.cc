@@ -258,7 +258,8 @@ int RunDump(const DataOptions& o) {
     for (int64_t t : data.Sequence(s)) line += std::to_string(t) + ",";
     if (line.size() > 1) line.pop_back();
     line += "]\n";
-    std::fwrite(line.data(), 1, line.size(), stdout);
+    if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size())
+      ThrowErrno("cannot write to stdout");  // stop now, not after the whole shard
   }
   return kExitOk;
 }

@@ -184,14 +184,15 @@ class OutputFile {
     }
   }
   void Write(const void* data, size_t size) {
-    if (size && std::fwrite(data, 1, size, file_) != size) ThrowErrno("cannot write " + path_);
+    if (size && std::fwrite(data, 1, size, file_) != size) ThrowErrno("cannot write to " + Name());
   }
   void Commit() {
     if (file_ == stdout) {
-      std::fflush(stdout);
+      if (std::fflush(stdout) != 0) ThrowErrno("cannot write to stdout");
       return;
     }
-    if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0) ThrowErrno("cannot write " + path_);
+    if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)
+      ThrowErrno("cannot write to " + path_);
     std::fclose(file_);
     file_ = nullptr;
     if (::rename(temporary_.c_str(), path_.c_str()) != 0) ThrowErrno("cannot rename to " + path_);
@@ -199,6 +200,7 @@ class OutputFile {
   }
 
  private:
+  std::string Name() const { return file_ == stdout ? "stdout" : path_; }
   std::string path_, temporary_;
   FILE* file_ = nullptr;
 };
