@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/lines.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/timer.h"
@@ -35,7 +36,8 @@ struct TokenizerOptions {
 };
 
 // Reads documents from text files (one per line, or one per file) and jsonl files (one object
-// per line, the string at `field`), a batch at a time. Errors name the file and line.
+// per line, the string at `field`), a batch at a time, with the one line splitter
+// (common/lines.h: CRLF reads as LF). Errors name the file and line.
 class DocumentReader {
  public:
   DocumentReader(const TokenizerOptions& o) : o_(o) {}
@@ -48,18 +50,14 @@ class DocumentReader {
     while (documents->empty()) {
       if (!fd_open_ && !OpenNext()) return false;
       if (!ReadBlock()) continue;
-      if (whole_file_) {
+      if (whole_file_) {  // as data prepare --split file reads a file
+        buffer_ = JoinLines(buffer_);
         documents->push_back(buffer_);
         continue;
       }
       std::vector<std::string_view> lines;
-      size_t pos = 0;
-      while (pos < buffer_.size()) {
-        size_t end = buffer_.find('\n', pos);
-        if (end == std::string::npos) end = buffer_.size();
-        lines.push_back(std::string_view(buffer_).substr(pos, end - pos));
-        pos = end + 1;
-      }
+      LineSplitter splitter(buffer_);
+      for (std::string_view line; splitter.Next(&line);) lines.push_back(line);
       if (!jsonl_) {
         *documents = std::move(lines);
       } else {
@@ -88,7 +86,8 @@ class DocumentReader {
     return true;
   }
 
-  // Reads up to kBatchBytes of whole lines (or the whole file) into buffer_; false at EOF.
+  // Reads up to kBatchBytes of whole lines, each with its line end (or the whole file), into
+  // buffer_; false at EOF.
   bool ReadBlock() {
     buffer_ = std::move(carry_);
     carry_.clear();
@@ -116,12 +115,11 @@ class DocumentReader {
     if (eof) {
       ::close(fd_);
       fd_open_ = false;
-      if (!whole_file_ && !buffer_.empty() && buffer_.back() == '\n') buffer_.pop_back();
       return !buffer_.empty() || whole_file_;
     }
     size_t last = buffer_.rfind('\n');
     carry_ = buffer_.substr(last + 1);
-    buffer_.resize(last);
+    buffer_.resize(last + 1);
     return true;
   }
 
@@ -333,13 +331,12 @@ int RunDecode(const TokenizerOptions& o) {
     if (o.inputs.empty()) throw UsageError("tokenizer decode: give an ids file or --in-bin");
     for (const std::string& path : o.inputs) {
       std::string data = ReadFile(path);
-      size_t pos = 0, line = 1;
-      while (pos < data.size()) {
-        size_t end = data.find('\n', pos);
-        if (end == std::string::npos) end = data.size();
+      LineSplitter lines(data);
+      for (std::string_view text; lines.Next(&text);) {
+        const size_t line = lines.line_number();
         std::vector<uint32_t> ids;
-        const char* p = data.data() + pos;
-        const char* stop = data.data() + end;
+        const char* p = text.data();
+        const char* stop = text.data() + text.size();
         while (p < stop) {
           while (p < stop && (*p == ' ' || *p == '\t' || *p == '\r')) ++p;
           if (p == stop) break;
@@ -356,8 +353,6 @@ int RunDecode(const TokenizerOptions& o) {
           p = result.ptr;
         }
         emit(ids);
-        pos = end + 1;
-        ++line;
       }
     }
   }
