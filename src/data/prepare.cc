@@ -186,7 +186,9 @@ PrepareResult PrepareShard(const PrepareOptions& options, const TokenEncoder& en
   if (options.inputs.empty()) throw UsageError("data prepare: name at least one input file");
   if (options.output_prefix.empty()) throw UsageError("data prepare: --output PREFIX is required");
   if (encoder.eos_id < 0)
-    throw UsageError("data prepare: the tokenizer has no end-of-text token to close documents");
+    throw UsageError(
+        "data prepare: the tokenizer has no end-of-text token to close documents (name one "
+        "with --eos-token)");
   int64_t total_bytes = 0;
   for (const auto& input : options.inputs) {
     if (!FileExists(input)) throw DataError(input + ": input file not found");
