@@ -35,6 +35,8 @@ def commands(t, tmp):
     tok, corpus, shard, blend = (str(t[k]) for k in ("tokenizer", "corpus", "shard", "blend"))
     ids = tmp / "ids.txt"
     ids.write_text("1 2 3\n4 5\n")
+    small = tmp / "small.txt"
+    small.write_text("one short line\n")
     ids_bin = tmp / "ids.bin"
     np.array([1, 2, 3], dtype=np.uint32).tofile(ids_bin)
     copy = tmp / "copy"
@@ -55,6 +57,7 @@ def commands(t, tmp):
         ("tokenizer train", ["tokenizer", "train", corpus, "-o", str(tmp / "t.json"),
                              "--vocab-size", "300"]),
         ("tokenizer encode", ["tokenizer", "encode", "-t", tok, corpus]),
+        ("tokenizer encode (small)", ["tokenizer", "encode", "-t", tok, str(small)]),
         ("tokenizer encode --pieces", ["tokenizer", "encode", "-t", tok, corpus, "--pieces"]),
         ("tokenizer decode", ["tokenizer", "decode", "-t", tok, str(ids)]),
         ("tokenizer decode --in-bin", ["tokenizer", "decode", "-t", tok, "--in-bin", str(ids_bin)]),
