@@ -16,30 +16,28 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "tokenizer/tokenizer.h"
 
 namespace crucible {
 namespace {
 
-// Special-token ids of a tokenizer.json, by the names the common Llama/GPT tokenizers use.
-void FindSpecialTokens(const nlohmann::json& tokenizer, nlohmann::json* bos, nlohmann::json* eos) {
-  *bos = nullptr;
-  *eos = nullptr;
+// The BOS and EOS tokens of a tokenizer.json (content and id; null when none), found by the
+// tokenizer module's one detector. Only the added tokens are read: the export also carries
+// tokenizers crucible cannot encode with.
+void FindBosEos(const nlohmann::json& tokenizer, nlohmann::json* bos, nlohmann::json* eos,
+                nlohmann::json* bos_token, nlohmann::json* eos_token) {
+  *bos = *eos = *bos_token = *eos_token = nullptr;
   if (!tokenizer.contains("added_tokens") || !tokenizer["added_tokens"].is_array()) return;
-  std::map<std::string, int64_t> ids;
+  std::vector<std::pair<std::string, int64_t>> added;
   for (const auto& token : tokenizer["added_tokens"])
     if (token.is_object() && token.contains("content") && token.contains("id") &&
         token["content"].is_string() && token["id"].is_number_integer())
-      ids[token["content"].get<std::string>()] = token["id"].get<int64_t>();
-  for (const char* name : {"<|begin_of_text|>", "<s>", "<|endoftext|>"})
-    if (ids.count(name)) {
-      *bos = ids[name];
-      break;
-    }
-  for (const char* name : {"<|end_of_text|>", "</s>", "<|endoftext|>", "<|eot_id|>"})
-    if (ids.count(name)) {
-      *eos = ids[name];
-      break;
-    }
+      added.emplace_back(token["content"].get<std::string>(), token["id"].get<int64_t>());
+  const SpecialTokenIds ids = FindSpecialTokens(added);
+  for (const auto& [content, id] : added) {
+    if (id == ids.bos && bos->is_null()) *bos = id, *bos_token = content;
+    if (id == ids.eos && eos->is_null()) *eos = id, *eos_token = content;
+  }
 }
 
 nlohmann::json ReadJson(const std::string& path) {
@@ -152,13 +150,13 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
   RemoveTree(temporary);
   MakeDirectories(temporary);
   try {
-    nlohmann::json bos = nullptr, eos = nullptr;
+    nlohmann::json bos = nullptr, eos = nullptr, bos_token = nullptr, eos_token = nullptr;
     std::string tokenizer_text;
     if (!tokenizer_path.empty()) {
       tokenizer_text = ReadFile(tokenizer_path);
       nlohmann::json tokenizer = nlohmann::json::parse(tokenizer_text, nullptr, false);
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
-      FindSpecialTokens(tokenizer, &bos, &eos);
+      FindBosEos(tokenizer, &bos, &eos, &bos_token, &eos_token);
     }
     // The RoPE base and the dtype in the spellings of transformers < 5 (rope_theta, torch_dtype)
     // and >= 5 (rope_parameters, dtype), each read natively by its own version.
@@ -196,8 +194,11 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
     SaveModelWeights(JoinPath(temporary, "model.safetensors"), table, m, weights);
     if (!tokenizer_path.empty()) {
       AtomicWriteFile(JoinPath(temporary, "tokenizer.json"), tokenizer_text);
+      // bos_token/eos_token make AutoTokenizer report them (lm-eval needs the EOS).
       nlohmann::ordered_json tokenizer_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                                  {"model_max_length", max_position_embeddings}};
+      if (!bos_token.is_null()) tokenizer_config["bos_token"] = bos_token;
+      if (!eos_token.is_null()) tokenizer_config["eos_token"] = eos_token;
       AtomicWriteFile(JoinPath(temporary, "tokenizer_config.json"),
                       tokenizer_config.dump(2) + "\n");
     }

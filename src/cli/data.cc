@@ -25,7 +25,7 @@ namespace {
 struct DataOptions {
   // prepare
   std::vector<std::string> inputs;
-  std::string output, tokenizer, field = "text", format = "auto", split = "file";
+  std::string output, tokenizer, field = "text", format = "auto", split = "file", eos_token;
   bool quiet = false;
   // blend / verify / inspect
   std::string list, cache_dir;
@@ -39,7 +39,11 @@ int RunPrepare(const DataOptions& o) {
   TokenEncoder encoder;
   encoder.encode = [&tokenizer](std::string_view text) { return tokenizer.Encode(text); };
   encoder.vocab_size = tokenizer.vocab_size();
-  encoder.eos_id = tokenizer.eos_id();
+  encoder.eos_id = tokenizer.EndOfTextId(o.eos_token);
+  if (encoder.eos_id < 0)
+    throw UsageError(o.tokenizer +
+                     ": no end-of-text token found by name to close documents; name it with "
+                     "--eos-token");
   encoder.checksum = tokenizer.Checksum();
   PrepareOptions options;
   options.inputs = o.inputs;
@@ -237,8 +241,8 @@ int RunManifest(const DataOptions& o) {
   const Tokenizer tokenizer = Tokenizer::Load(o.tokenizer);
   for (std::string prefix : o.prefixes) {
     if (EndsWith(prefix, ".bin") || EndsWith(prefix, ".idx")) prefix.resize(prefix.size() - 4);
-    const ShardManifest m =
-        DescribeShard(prefix, tokenizer.Checksum(), tokenizer.vocab_size(), tokenizer.eos_id());
+    const ShardManifest m = DescribeShard(prefix, tokenizer.Checksum(), tokenizer.vocab_size(),
+                                          tokenizer.EndOfTextId(o.eos_token));
     WriteManifest(prefix, m);
     PrintLine(StrFormat("manifest prefix=%s documents=%lld tokens=%lld dtype=%s content=%s",
                         prefix.c_str(), (long long)m.documents, (long long)m.tokens,
@@ -258,7 +262,8 @@ int RunDump(const DataOptions& o) {
     for (int64_t t : data.Sequence(s)) line += std::to_string(t) + ",";
     if (line.size() > 1) line.pop_back();
     line += "]\n";
-    std::fwrite(line.data(), 1, line.size(), stdout);
+    if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size())
+      ThrowErrno("cannot write to stdout");  // stop now, not after the whole shard
   }
   return kExitOk;
 }
@@ -299,6 +304,9 @@ CommandRun SetupData(CLI::App& app) {
   prepare->add_option("--format", o->format, "auto (by extension), text or jsonl");
   prepare->add_option("--split", o->split,
                       "text: a document is a file, paragraph (blank-line separated) or line");
+  prepare->add_option("--eos-token", o->eos_token,
+                      "the token that closes each document (default: the tokenizer's "
+                      "end-of-text token, found by name, e.g. <|end_of_text|>)");
   prepare->add_flag("-q,--quiet", o->quiet, "no progress lines");
   CLI::App* blend = app.add_subcommand(
       "blend", "build (or reuse) the cached blend index of a file list and report its mixture");
@@ -322,6 +330,8 @@ CommandRun SetupData(CLI::App& app) {
   manifest->add_option("prefixes", o->prefixes, "shard prefixes")->required();
   manifest->add_option("-t,--tokenizer", o->tokenizer, "tokenizer.json the shard was made with")
       ->required();
+  manifest->add_option("--eos-token", o->eos_token,
+                       "the token that closes its documents (default: found by name)");
   return [o, prepare, blend, verify, inspect, dump, manifest]() {
     if (dump->parsed()) return RunDump(*o);
     if (manifest->parsed()) return RunManifest(*o);

@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/lines.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/timer.h"
@@ -26,16 +27,18 @@ constexpr size_t kBatchBytes = 64 << 20;  // documents are read and encoded 64 M
 
 struct TokenizerOptions {
   std::string tokenizer_path, out, out_bin, in_bin, format = "auto", field = "text";
-  std::string pretokenizer = "llama3";
+  std::string pretokenizer = "llama3", eos_token;
   std::vector<std::string> inputs;
   std::vector<std::string> special_tokens = {"<|begin_of_text|>", "<|end_of_text|>"};
   int64_t vocab_size = 8192, min_frequency = 2;
   int threads = 0;
-  bool whole_file = false, eos = false, pieces = false, jsonl_out = false, skip_special = false;
+  bool whole_file = false, eos = false, pieces = false, jsonl_out = false, skip_special = false,
+       all_special = false;
 };
 
 // Reads documents from text files (one per line, or one per file) and jsonl files (one object
-// per line, the string at `field`), a batch at a time. Errors name the file and line.
+// per line, the string at `field`), a batch at a time, with the one line splitter
+// (common/lines.h: CRLF reads as LF). Errors name the file and line.
 class DocumentReader {
  public:
   DocumentReader(const TokenizerOptions& o) : o_(o) {}
@@ -48,18 +51,14 @@ class DocumentReader {
     while (documents->empty()) {
       if (!fd_open_ && !OpenNext()) return false;
       if (!ReadBlock()) continue;
-      if (whole_file_) {
+      if (whole_file_) {  // as data prepare --split file reads a file
+        buffer_ = JoinLines(buffer_);
         documents->push_back(buffer_);
         continue;
       }
       std::vector<std::string_view> lines;
-      size_t pos = 0;
-      while (pos < buffer_.size()) {
-        size_t end = buffer_.find('\n', pos);
-        if (end == std::string::npos) end = buffer_.size();
-        lines.push_back(std::string_view(buffer_).substr(pos, end - pos));
-        pos = end + 1;
-      }
+      LineSplitter splitter(buffer_);
+      for (std::string_view line; splitter.Next(&line);) lines.push_back(line);
       if (!jsonl_) {
         *documents = std::move(lines);
       } else {
@@ -88,7 +87,8 @@ class DocumentReader {
     return true;
   }
 
-  // Reads up to kBatchBytes of whole lines (or the whole file) into buffer_; false at EOF.
+  // Reads up to kBatchBytes of whole lines, each with its line end (or the whole file), into
+  // buffer_; false at EOF.
   bool ReadBlock() {
     buffer_ = std::move(carry_);
     carry_.clear();
@@ -116,12 +116,11 @@ class DocumentReader {
     if (eof) {
       ::close(fd_);
       fd_open_ = false;
-      if (!whole_file_ && !buffer_.empty() && buffer_.back() == '\n') buffer_.pop_back();
       return !buffer_.empty() || whole_file_;
     }
     size_t last = buffer_.rfind('\n');
     carry_ = buffer_.substr(last + 1);
-    buffer_.resize(last);
+    buffer_.resize(last + 1);
     return true;
   }
 
@@ -184,14 +183,15 @@ class OutputFile {
     }
   }
   void Write(const void* data, size_t size) {
-    if (size && std::fwrite(data, 1, size, file_) != size) ThrowErrno("cannot write " + path_);
+    if (size && std::fwrite(data, 1, size, file_) != size) ThrowErrno("cannot write to " + Name());
   }
   void Commit() {
     if (file_ == stdout) {
-      std::fflush(stdout);
+      if (std::fflush(stdout) != 0) ThrowErrno("cannot write to stdout");
       return;
     }
-    if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0) ThrowErrno("cannot write " + path_);
+    if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)
+      ThrowErrno("cannot write to " + path_);
     std::fclose(file_);
     file_ = nullptr;
     if (::rename(temporary_.c_str(), path_.c_str()) != 0) ThrowErrno("cannot rename to " + path_);
@@ -199,6 +199,7 @@ class OutputFile {
   }
 
  private:
+  std::string Name() const { return file_ == stdout ? "stdout" : path_; }
   std::string path_, temporary_;
   FILE* file_ = nullptr;
 };
@@ -255,8 +256,12 @@ int RunTrain(const TokenizerOptions& o) {
 
 int RunEncode(const TokenizerOptions& o) {
   Tokenizer tokenizer = Tokenizer::Load(o.tokenizer_path);
-  if (o.eos && tokenizer.eos_id() < 0)
-    throw UsageError(o.tokenizer_path + ": --eos given but the tokenizer has no end-of-text token");
+  const bool eos = o.eos || !o.eos_token.empty();
+  const int64_t eos_id = tokenizer.EndOfTextId(o.eos_token);
+  if (eos && eos_id < 0)
+    throw UsageError(o.tokenizer_path +
+                     ": --eos given but the tokenizer has no end-of-text token (name one with "
+                     "--eos-token)");
   const bool binary = !o.out_bin.empty();
   OutputFile out(binary ? o.out_bin : o.out);
   DocumentReader reader(o);
@@ -281,7 +286,7 @@ int RunEncode(const TokenizerOptions& o) {
     encode_seconds += timer.Seconds();
     for (auto d : documents) bytes += static_cast<double>(d.size());
     for (auto& ids : encoded) {
-      if (o.eos) ids.push_back(static_cast<uint32_t>(tokenizer.eos_id()));
+      if (eos) ids.push_back(static_cast<uint32_t>(eos_id));
       tokens += static_cast<int64_t>(ids.size());
       if (binary) {
         out.Write(ids.data(), ids.size() * sizeof(uint32_t));
@@ -331,13 +336,12 @@ int RunDecode(const TokenizerOptions& o) {
     if (o.inputs.empty()) throw UsageError("tokenizer decode: give an ids file or --in-bin");
     for (const std::string& path : o.inputs) {
       std::string data = ReadFile(path);
-      size_t pos = 0, line = 1;
-      while (pos < data.size()) {
-        size_t end = data.find('\n', pos);
-        if (end == std::string::npos) end = data.size();
+      LineSplitter lines(data);
+      for (std::string_view text; lines.Next(&text);) {
+        const size_t line = lines.line_number();
         std::vector<uint32_t> ids;
-        const char* p = data.data() + pos;
-        const char* stop = data.data() + end;
+        const char* p = text.data();
+        const char* stop = text.data() + text.size();
         while (p < stop) {
           while (p < stop && (*p == ' ' || *p == '\t' || *p == '\r')) ++p;
           if (p == stop) break;
@@ -354,8 +358,6 @@ int RunDecode(const TokenizerOptions& o) {
           p = result.ptr;
         }
         emit(ids);
-        pos = end + 1;
-        ++line;
       }
     }
   }
@@ -363,17 +365,38 @@ int RunDecode(const TokenizerOptions& o) {
   return 0;
 }
 
+// A token as one line shows it: as written, or JSON-quoted when it holds a control character.
+std::string ShowToken(const std::string& content) {
+  for (unsigned char c : content)
+    if (c < 0x20 || c == 0x7F) return nlohmann::json(content).dump();
+  return content;
+}
+
+constexpr size_t kListedSpecialTokens = 16;  // tokenizer info lists this many unless --all
+
 int RunInfo(const TokenizerOptions& o) {
   Tokenizer tokenizer = Tokenizer::Load(o.tokenizer_path);
-  std::string specials;
-  for (const auto& [content, id] : tokenizer.SpecialTokens())
-    specials += (specials.empty() ? "" : " ") + content + ":" + std::to_string(id);
-  std::printf(
-      "path=%s\nmodel=%s\nvocab_size=%lld\nmerges=%lld\nspecial_tokens=%s\n"
-      "bos_id=%lld\neos_id=%lld\nchecksum=%s\n",
+  const int64_t eos = tokenizer.EndOfTextId(o.eos_token), bos = tokenizer.bos_id();
+  const auto specials = tokenizer.SpecialTokens();
+  std::string text = StrFormat(
+      "path=%s\nmodel=%s\nvocab_size=%lld\nmerges=%lld\nspecial_tokens=%zu\n",
       o.tokenizer_path.c_str(), tokenizer.Describe().c_str(), (long long)tokenizer.vocab_size(),
-      (long long)tokenizer.merges_count(), specials.c_str(), (long long)tokenizer.bos_id(),
-      (long long)tokenizer.eos_id(), tokenizer.Checksum().c_str());
+      (long long)tokenizer.merges_count(), specials.size());
+  const size_t listed =
+      o.all_special ? specials.size() : std::min(specials.size(), kListedSpecialTokens);
+  for (size_t i = 0; i < listed; ++i)
+    text += "special_token=" + ShowToken(specials[i].first) + ":" +
+            std::to_string(specials[i].second) + "\n";
+  if (listed < specials.size())
+    text +=
+        StrFormat("special_tokens_not_listed=%zu (--all lists them)\n", specials.size() - listed);
+  auto token = [&](int64_t id) {
+    return id < 0 ? std::string() : ShowToken(tokenizer.IdToToken(static_cast<uint32_t>(id)));
+  };
+  text += StrFormat("bos_id=%lld\nbos_token=%s\neos_id=%lld\neos_token=%s\nchecksum=%s\n",
+                    (long long)bos, token(bos).c_str(), (long long)eos, token(eos).c_str(),
+                    tokenizer.Checksum().c_str());
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 
@@ -416,6 +439,9 @@ CommandRun SetupTokenizer(CLI::App& app) {
   encode->add_option("-o,--out", o->out, "ids as text, one line per document (default: stdout)");
   encode->add_option("--out-bin", o->out_bin, "ids as raw little-endian uint32 instead");
   encode->add_flag("--eos", o->eos, "append the end-of-text id after each document");
+  encode->add_option("--eos-token", o->eos_token,
+                     "the token --eos appends (default: the tokenizer's end-of-text token, e.g. "
+                     "<|end_of_text|>); implies --eos");
   encode->add_flag("--pieces", o->pieces,
                    "debug: write each document's pre-tokens (and added tokens) as a JSON list");
   AddInputOptions(encode, o.get());
@@ -430,8 +456,14 @@ CommandRun SetupTokenizer(CLI::App& app) {
   decode->add_flag("--skip-special", o->skip_special, "leave special tokens out");
 
   CLI::App* info = app.add_subcommand(
-      "info", "print vocab size, special tokens, checksum and model type of a tokenizer.json");
+      "info",
+      "print vocab size, special tokens (one per line), BOS/EOS, checksum and model type of a "
+      "tokenizer.json");
   info->add_option("tokenizer", o->tokenizer_path, "tokenizer.json")->required();
+  info->add_option("--eos-token", o->eos_token,
+                   "the end-of-text token to report (default: found by name)");
+  info->add_flag("--all", o->all_special,
+                 "list every special token (default: the first 16 and a count)");
 
   return [o, train, encode, decode, info]() {
     if (train->parsed()) return RunTrain(*o);

@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <mutex>
 
@@ -8,6 +9,7 @@ namespace {
 LogLevel g_level = LogLevel::kInfo;
 int g_rank = -1;
 std::mutex g_mutex;
+int g_print_error = 0;  // guarded by g_mutex
 }  // namespace
 
 void SetLogLevel(LogLevel level) {
@@ -34,9 +36,20 @@ void Log(LogLevel level, const std::string& message) {
 
 void PrintLine(const std::string& line) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  errno = 0;
+  const bool written = std::fwrite(line.data(), 1, line.size(), stdout) == line.size() &&
+                       std::fputc('\n', stdout) != EOF && std::fflush(stdout) == 0;
+  if (!written && g_print_error == 0) g_print_error = errno ? errno : EIO;
+}
+
+void RecordStdoutError(int error) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_print_error == 0) g_print_error = error ? error : EIO;
+}
+
+int PrintLineError() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_print_error;
 }
 
 }  // namespace crucible

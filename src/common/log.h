@@ -22,6 +22,11 @@ inline void LogError(const std::string& message) {
 }
 
 // Writes one complete line to stdout and flushes it (progress lines and phase= heartbeats).
+// A failed write does not stop the caller: main() turns it into exit 74 when the command ends.
 void PrintLine(const std::string& line);
+// errno of the first write to stdout that failed (in PrintLine, or reported by a writer that
+// bypasses stdio through RecordStdoutError); 0 if none failed.
+int PrintLineError();
+void RecordStdoutError(int error);
 
 }  // namespace crucible

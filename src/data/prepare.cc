@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/lines.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/timer.h"
@@ -20,7 +21,8 @@
 namespace crucible {
 namespace {
 
-// Reads a file line by line in large chunks, hashing every byte on the way.
+// Reads a file line by line (the one line splitter, common/lines.h: CRLF reads as LF) in large
+// chunks, hashing every byte on the way.
 class LineReader {
  public:
   explicit LineReader(const std::string& path) : path_(path) {
@@ -33,49 +35,46 @@ class LineReader {
   ~LineReader() {
     if (fd_ >= 0) ::close(fd_);
   }
-  // Next line without its '\n' (and without a trailing '\r'); false at the end of the file.
+  // Next line without its line end; false at the end of the file.
   bool Next(std::string* line) {
-    line->clear();
-    while (true) {
-      size_t newline = buffer_.find('\n', position_);
-      if (newline != std::string::npos) {
-        line->append(buffer_, position_, newline - position_);
-        position_ = newline + 1;
-        ++line_number_;
-        if (!line->empty() && line->back() == '\r') line->pop_back();
-        return true;
-      }
-      line->append(buffer_, position_, std::string::npos);
-      buffer_.clear();
-      position_ = 0;
-      if (!Fill()) {
-        if (line->empty()) return false;
-        ++line_number_;
-        return true;
-      }
+    std::string_view view;
+    while (!lines_.Next(&view)) {
+      if (eof_) return false;
+      Fill();
     }
+    line->assign(view);
+    ++line_number_;
+    return true;
   }
   int64_t line_number() const { return line_number_; }
   int64_t bytes_read() const { return bytes_read_; }
   std::string checksum() const { return hasher_.HexDigest128(); }
 
  private:
-  bool Fill() {
-    buffer_.resize(1 << 22);
-    while (true) {
-      ssize_t n = ::read(fd_, buffer_.data(), buffer_.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) ThrowErrno("cannot read " + path_);
-      buffer_.resize(static_cast<size_t>(n));
-      hasher_.Update(buffer_.data(), buffer_.size());
-      bytes_read_ += n;
-      return n > 0;
-    }
+  // Reads the next chunk; the splitter gets every complete line held (all of them at the end).
+  void Fill() {
+    buffer_.erase(0, complete_);
+    const size_t held = buffer_.size();
+    buffer_.resize(held + (1 << 22));
+    ssize_t n;
+    do n = ::read(fd_, buffer_.data() + held, buffer_.size() - held);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) ThrowErrno("cannot read " + path_);
+    buffer_.resize(held + static_cast<size_t>(n));
+    hasher_.Update(buffer_.data() + held, static_cast<size_t>(n));
+    bytes_read_ += n;
+    eof_ = n == 0;
+    // The held part has no line end (it followed the last one), so look in the new bytes only.
+    const size_t last = std::string_view(buffer_).substr(held).rfind('\n');
+    complete_ = eof_ ? buffer_.size() : last == std::string_view::npos ? 0 : held + last + 1;
+    lines_ = LineSplitter(std::string_view(buffer_).substr(0, complete_));
   }
   std::string path_;
   int fd_ = -1;
   std::string buffer_;
-  size_t position_ = 0;
+  size_t complete_ = 0;  // buffer_[0, complete_) is whole lines, handed to lines_
+  LineSplitter lines_{std::string_view()};
+  bool eof_ = false;
   int64_t line_number_ = 0, bytes_read_ = 0;
   StreamHasher hasher_;
 };
@@ -187,7 +186,9 @@ PrepareResult PrepareShard(const PrepareOptions& options, const TokenEncoder& en
   if (options.inputs.empty()) throw UsageError("data prepare: name at least one input file");
   if (options.output_prefix.empty()) throw UsageError("data prepare: --output PREFIX is required");
   if (encoder.eos_id < 0)
-    throw UsageError("data prepare: the tokenizer has no end-of-text token to close documents");
+    throw UsageError(
+        "data prepare: the tokenizer has no end-of-text token to close documents (name one "
+        "with --eos-token)");
   int64_t total_bytes = 0;
   for (const auto& input : options.inputs) {
     if (!FileExists(input)) throw DataError(input + ": input file not found");

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/lines.h"
 #include "common/strings.h"
 #include "eval/eval.h"
 
@@ -153,11 +154,12 @@ ChoiceTask LoadChoiceTask(const std::string& path) {
   task.path = path;
   task.name = StemOf(path);
   const std::string text = ReadFile(path);
-  std::vector<std::string> lines = Split(text, '\n');
-  for (size_t i = 0; i < lines.size(); ++i) {
+  LineSplitter lines(text);
+  for (std::string_view line; lines.Next(&line);) {
+    const size_t i = lines.line_number() - 1;
     LineContext at{StrFormat("%s:%zu", path.c_str(), i + 1)};
-    if (Trim(lines[i]).empty()) continue;
-    nlohmann::json doc = nlohmann::json::parse(lines[i], nullptr, false);
+    if (Trim(line).empty()) continue;
+    nlohmann::json doc = nlohmann::json::parse(line, nullptr, false);
     if (doc.is_discarded()) at.Fail("not valid JSON; each line must be one JSON object");
     if (!doc.is_object()) at.Fail("not a JSON object");
     const std::string shape = ShapeOf(doc);
@@ -188,11 +190,11 @@ TextDocuments LoadTextDocuments(const std::string& path) {
   if (!EndsWith(path, ".jsonl")) {
     text.documents.push_back(std::move(contents));
   } else {
-    std::vector<std::string> lines = Split(contents, '\n');
-    for (size_t i = 0; i < lines.size(); ++i) {
-      if (Trim(lines[i]).empty()) continue;
-      const std::string where = StrFormat("%s:%zu", path.c_str(), i + 1);
-      nlohmann::json doc = nlohmann::json::parse(lines[i], nullptr, false);
+    LineSplitter lines(contents);
+    for (std::string_view line; lines.Next(&line);) {
+      if (Trim(line).empty()) continue;
+      const std::string where = StrFormat("%s:%zu", path.c_str(), lines.line_number());
+      nlohmann::json doc = nlohmann::json::parse(line, nullptr, false);
       if (doc.is_discarded())
         throw DataError(where + ": not valid JSON; each line must be one JSON object");
       if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string())

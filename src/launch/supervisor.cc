@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/log.h"
 #include "common/timer.h"
 #include "launch/process.h"
 #include "launch/rank_environment.h"
@@ -47,7 +48,10 @@ void WriteAll(int fd, const std::string& text) {
   while (done < text.size()) {
     ssize_t n = write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed stdout must not stop the job
+    if (n <= 0) {  // a closed or full stdout must not stop the job; main reports it at the end
+      if (fd == 1) RecordStdoutError(n < 0 ? errno : EIO);
+      return;
+    }
     done += static_cast<size_t>(n);
   }
 }

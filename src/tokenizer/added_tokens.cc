@@ -3,19 +3,26 @@
 #include <algorithm>
 #include <cctype>
 
+#include "tokenizer/oniguruma.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/utf8.h"
 
 namespace crucible {
 namespace {
 
-// Rust regex's Unicode \w: alphabetic, marks, decimal digits, connector punctuation, joiners.
+// Rust regex's Unicode \w (what `tokenizers` checks around a single_word token), as measured.
 bool IsWordCodepoint(std::string_view text, size_t start, size_t end) {
   if (end - start == 1) {
     unsigned char c = static_cast<unsigned char>(text[start]);
     return std::isalnum(c) || c == '_';
   }
-  static const Regex word("^[\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}]$", "\\w");
+  static const Regex word(
+      [] {
+        std::string pattern = "^";
+        pattern += Pcre2WordClass();
+        return pattern += "$";
+      }(),
+      "\\w", /*allow_fast=*/false, /*translate=*/false);
   thread_local RegexScratch scratch;
   bool found = false;
   word.ForEachMatch(text.substr(start, end - start), scratch,

@@ -1,6 +1,7 @@
 #include "tokenizer/pre_tokenizer.h"
 
 #include "common/error.h"
+#include "tokenizer/oniguruma.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
@@ -108,11 +109,15 @@ struct PreTokenizer::Step {
 
 namespace {
 
-// Split (and Digits, which is a Split on \p{N} characters).
+// Split (and Digits, which is a Split on the characters Rust's char::is_numeric accepts, a PCRE2
+// pattern of ours: translate=false).
 struct RegexSplitStep : PreTokenizer::Step {
   RegexSplitStep(const std::string& pattern, Behavior b, bool inv, std::string name,
-                 const std::string& where)
-      : regex(pattern, where), behavior(b), invert(inv), description(std::move(name)) {}
+                 const std::string& where, bool translate = true)
+      : regex(pattern, where, /*allow_fast=*/true, translate),
+        behavior(b),
+        invert(inv),
+        description(std::move(name)) {}
   void Apply(const std::vector<std::string_view>& in, PreTokenizerScratch& scratch,
              std::vector<std::string_view>* out) const override {
     std::vector<Span> spans;
@@ -223,8 +228,8 @@ void AddSteps(const nlohmann::json& value, const std::string& where,
   } else if (type == "Digits") {
     bool individual = Bool(value, "individual_digits", false, where);
     steps->push_back(std::make_unique<RegexSplitStep>(
-        "\\p{N}", individual ? Behavior::kIsolated : Behavior::kContiguous, false,
-        individual ? "Digits(individual)" : "Digits", where));
+        Pcre2NumericClass(), individual ? Behavior::kIsolated : Behavior::kContiguous, false,
+        individual ? "Digits(individual)" : "Digits", where, /*translate=*/false));
   } else {
     throw DataError(where + ": unsupported pre_tokenizer type \"" + type +
                     "\" (supported: ByteLevel, Split, Digits, Sequence)");

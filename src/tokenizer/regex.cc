@@ -4,81 +4,10 @@
 #include <pcre2.h>
 
 #include "common/error.h"
+#include "tokenizer/oniguruma.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
-
-// Unicode White_Space, as Oniguruma's \s matches it (checked against `tokenizers` on every code
-// point): PCRE2's \s misses U+0085 and has U+180E.
-constexpr const char* kWhiteSpace =
-    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
-    "\\x{202F}\\x{205F}\\x{3000}";
-
-// Letters and numbers assigned after the Unicode version of Debian's PCRE2 (10.42) and known to
-// the Oniguruma inside `tokenizers` (found by comparing the two on every code point; the test
-// test_pre_tokenization_agrees_on_every_code_point keeps it so).
-constexpr const char* kNewerLetters =
-    "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}\\x{105C0}-\\x{105F3}"
-    "\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}"
-    "\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}"
-    "\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}"
-    "\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}"
-    "\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}"
-    "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{2B739}"
-    "\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}";
-constexpr const char* kNewerNumbers =
-    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11F50}-\\x{11F59}"
-    "\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}"
-    "\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}";
-
-std::string TranslateOnigurumaPattern(const std::string& pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 16);
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      char next = pattern[i + 1];
-      ++i;
-      if ((next == 'p' || next == 'P') &&
-          (pattern.compare(i + 1, 3, "{L}") == 0 || pattern.compare(i + 1, 3, "{N}") == 0)) {
-        std::string extended = std::string("\\p") + pattern.substr(i + 1, 3) +
-                               (pattern[i + 2] == 'L' ? kNewerLetters : kNewerNumbers);
-        i += 3;
-        if (in_class && next == 'p')
-          out += extended;
-        else if (next == 'p')
-          out += "[" + extended + "]";
-        else if (!in_class)
-          out += "[^" + extended + "]";
-        else
-          out += "\\P" + pattern.substr(i - 2, 3);  // \P{..} inside a class stays as is
-        continue;
-      }
-      if (next == 's') {
-        out += in_class ? std::string(kWhiteSpace) : std::string("[") + kWhiteSpace + "]";
-      } else if (next == 'S' && !in_class) {
-        out += std::string("[^") + kWhiteSpace + "]";
-      } else {
-        // \S inside a class cannot be widened the same way; it stays PCRE2's \S.
-        out += '\\';
-        out += next;
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      // A ']' (or '^]') right after the opening bracket is a literal.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
-      continue;
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  return out;
-}
 
 RegexScratch::RegexScratch() {
   match_data_ = pcre2_match_data_create(1, nullptr);
@@ -94,8 +23,8 @@ RegexScratch::~RegexScratch() {
   if (jit_stack_) pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
 }
 
-Regex::Regex(const std::string& pattern, const std::string& where, bool allow_fast)
-    : where_(where), translated_(TranslateOnigurumaPattern(pattern)) {
+Regex::Regex(const std::string& pattern, const std::string& where, bool allow_fast, bool translate)
+    : where_(where), translated_(translate ? TranslateOnigurumaPattern(pattern, where) : pattern) {
   if (allow_fast && pattern == kGpt2Pattern) fast_ = FastPattern::kGpt2;
   if (allow_fast && pattern == kLlama3Pattern) fast_ = FastPattern::kLlama3;
   int error_code = 0;

@@ -1,5 +1,5 @@
 // PCRE2 (UTF + Unicode properties, JIT-compiled) with the semantics Hugging Face `tokenizers` gets
-// from Oniguruma: the same \s class and the same find-all iteration.
+// from Oniguruma: the pattern translated (tokenizer/oniguruma.h) and the same find-all iteration.
 #pragma once
 
 #include <cstddef>
@@ -27,10 +27,12 @@ class RegexScratch {
 class Regex {
  public:
   // Compiles an Oniguruma-syntax pattern as tokenizer.json writes it. Throws DataError naming
-  // `where` when PCRE2 rejects it.
+  // `where` when it uses a construct the translation refuses or PCRE2 rejects it.
   // The GPT-2 and Llama 3 patterns get a hand-written matcher for ASCII text that hands over to
   // PCRE2 whenever a decision depends on a non-ASCII character (allow_fast=false: PCRE2 only).
-  Regex(const std::string& pattern, const std::string& where, bool allow_fast = true);
+  // translate=false compiles a pattern written for PCRE2 itself (crucible's own).
+  Regex(const std::string& pattern, const std::string& where, bool allow_fast = true,
+        bool translate = true);
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
@@ -82,9 +84,5 @@ class Regex {
   FastPattern fast_ = FastPattern::kNone;
   bool jit_ = false;
 };
-
-// Oniguruma's \s is Unicode White_Space; PCRE2's \s (with UCP) lacks U+0085 and has U+180E.
-// Rewrites \s and \S as the explicit White_Space set so both engines agree. Exposed for tests.
-std::string TranslateOnigurumaPattern(const std::string& pattern);
 
 }  // namespace crucible

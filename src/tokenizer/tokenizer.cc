@@ -192,13 +192,11 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
     if (!t.byte_level_decoder || !ByteLevelToBytes(t.id_to_token[id], &t.id_to_bytes[id]))
       t.id_to_bytes[id] = t.id_to_token[id];
 
-  auto find_special = [&](std::initializer_list<const char*> names) -> int64_t {
-    for (const char* name : names)
-      if (auto it = added_ids.find(name); it != added_ids.end()) return it->second;
-    return -1;
-  };
-  t.eos_id = find_special({"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|eot_id|>"});
-  t.bos_id = find_special({"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"});
+  std::vector<std::pair<std::string, int64_t>> added;
+  for (const AddedToken& token : t.added_tokens) added.emplace_back(token.content, token.id);
+  const SpecialTokenIds special = FindSpecialTokens(added);
+  t.eos_id = special.eos;
+  t.bos_id = special.bos;
   t.checksum = t.ComputeChecksum();
   return impl;
 }
@@ -430,6 +428,35 @@ int64_t Tokenizer::eos_id() const {
 int64_t Tokenizer::bos_id() const {
   return impl_->bos_id;
 }
+
+int64_t Tokenizer::EndOfTextId(const std::string& token) const {
+  if (token.empty()) return impl_->eos_id;
+  const int64_t id = TokenToId(token);
+  if (id < 0)
+    throw UsageError(impl_->name + ": has no token '" + token +
+                     "' (neither an added token nor a vocabulary entry) to end documents with");
+  return id;
+}
+
+SpecialTokenIds FindSpecialTokens(
+    const std::vector<std::pair<std::string, int64_t>>& added_tokens) {
+  auto find = [&](std::initializer_list<const char*> names) -> int64_t {
+    for (const char* name : names)
+      for (const auto& [content, id] : added_tokens)
+        if (content == name) return id;
+    return -1;
+  };
+  SpecialTokenIds ids;
+  ids.eos = find({"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>",
+                  "<\xEF\xBD\x9C"
+                  "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                  "<|eot_id|>", "<|im_end|>"});
+  ids.bos = find({"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>",
+                  "<\xEF\xBD\x9C"
+                  "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                  "<|endoftext|>"});
+  return ids;
+}
 std::string Tokenizer::Checksum() const {
   return impl_->checksum;
 }
@@ -441,7 +468,7 @@ int64_t Tokenizer::TokenToId(const std::string& token) const {
   for (const AddedToken& t : impl_->added_tokens)
     if (t.content == token) return t.id;
   auto it = impl_->model_vocab.find(token);
-  return it == impl_->model_vocab.end() ? -1 : it->second;
+  return it == impl_->model_vocab.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
 }
 
 std::string Tokenizer::IdToToken(uint32_t id) const {

@@ -42,9 +42,13 @@ class Tokenizer {
   std::string Decode(const std::vector<uint32_t>& ids, bool skip_special_tokens) const;
 
   int64_t vocab_size() const;  // including added/special tokens
-  // Id of <|end_of_text|> (or the tokenizer's EOS-like special token); -1 if none.
+  // The end- and beginning-of-text tokens, found by name (FindSpecialTokens below); -1 if none.
   int64_t eos_id() const;
   int64_t bos_id() const;
+  // The token that ends documents: the one named `token` (an added token, or a vocabulary entry
+  // as tokenizer.json spells it; UsageError naming the file and the token if there is none), or
+  // eos_id() when `token` is empty.
+  int64_t EndOfTextId(const std::string& token) const;
   // Content checksum of the tokenizer (vocab, merges, pre-tokenizer, special tokens), hex.
   std::string Checksum() const;
 
@@ -72,6 +76,17 @@ class Tokenizer {
  private:
   std::shared_ptr<const Impl> impl_;
 };
+
+// The end- and beginning-of-text tokens among a tokenizer's added tokens (content, id), by the
+// names released tokenizers give them, first name first: EOS <|end_of_text|> <|endoftext|> </s>
+// <eos> <｜end▁of▁sentence｜> (DeepSeek) <|eot_id|> <|im_end|>; BOS <|begin_of_text|> <s> <bos>
+// <|startoftext|> <｜begin▁of▁sentence｜> <|endoftext|> (GPT-2's is both). -1 for none. The one
+// detector: Tokenizer and the Hugging Face export (which also reads tokenizers crucible cannot
+// encode with) both use it.
+struct SpecialTokenIds {
+  int64_t bos = -1, eos = -1;
+};
+SpecialTokenIds FindSpecialTokens(const std::vector<std::pair<std::string, int64_t>>& added_tokens);
 
 // Trains a byte-level BPE tokenizer: the 256 byte tokens, then merges of the most frequent
 // adjacent pair (ties broken by the smaller pair of ids, so the result is deterministic and

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -95,6 +96,16 @@ TEST(TokenizerCli, MalformedTokenizerJsonIsExit65NamingTheFile) {
   j = Valid();
   j["decoder"] = {{"type", "WordPiece"}};
   ExpectBadData("decoder.json", j, "decoder");
+  // A property crucible cannot match at the Unicode version of `tokenizers` (a script).
+  j = Valid();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"},
+                           {"pattern", {{"Regex", "\\p{Han}+|\\p{L}+"}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"}}}}};
+  ExpectBadData("script_property.json", j, "\\p{Han}");
 }
 
 TEST(TokenizerCli, MissingFileIsAUsageError) {
@@ -132,6 +143,61 @@ TEST(TokenizerCli, TrainEncodeDecodeRoundTrip) {
   Result bad = RunCrucible("tokenizer decode -t " + tokenizer + " " + input);  // text is not ids
   EXPECT_EQ(bad.exit_code, 65);
   EXPECT_NE(bad.output.find(input + ":1"), std::string::npos) << bad.output;
+}
+
+TEST(TokenizerCli, InfoListsSpecialTokensOnePerLineAndNamesTheEndOfText) {
+  auto j = Valid();
+  const std::string end =
+      "<\xEF\xBD\x9C"
+      "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  j["added_tokens"].push_back({{"id", 257}, {"content", end}, {"special", true}});
+  for (int k = 0; k < 300; ++k)
+    j["added_tokens"].push_back({{"id", 258 + k},
+                                 {"content", "<|reserved_" + std::to_string(k) + "|>"},
+                                 {"special", true}});
+  std::string path = WriteFile("many_specials.json", j.dump());
+  Result r = RunCrucible("tokenizer info " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\neos_id=257\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\neos_token=" + end + "\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nspecial_tokens=301\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nspecial_token=" + end + ":257\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nspecial_tokens_not_listed=285"), std::string::npos) << r.output;
+  size_t longest = 0;
+  for (size_t start = 0, end_of_line; start < r.output.size(); start = end_of_line + 1) {
+    end_of_line = r.output.find('\n', start);
+    if (end_of_line == std::string::npos) end_of_line = r.output.size();
+    longest = std::max(longest, end_of_line - start);
+  }
+  EXPECT_LT(longest, 200u) << r.output;
+  // --all lists every one; --eos-token names another end of text.
+  Result all = RunCrucible("tokenizer info --all " + path);
+  EXPECT_NE(all.output.find("special_token=<|reserved_299|>:557\n"), std::string::npos);
+  Result named = RunCrucible("tokenizer info --eos-token '<|reserved_7|>' " + path);
+  EXPECT_NE(named.output.find("\neos_id=265\n"), std::string::npos) << named.output;
+  Result unknown = RunCrucible("tokenizer info --eos-token '<|nope|>' " + path);
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.output.find(path), std::string::npos) << unknown.output;
+  EXPECT_NE(unknown.output.find("<|nope|>"), std::string::npos) << unknown.output;
+}
+
+TEST(TokenizerCli, EncodeEosTokenAppendsTheNamedToken) {
+  auto j = Valid();
+  j["added_tokens"].push_back({{"id", 257}, {"content", "<|end_of_text|>"}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 258}, {"content", "<|eot_id|>"}, {"special", true}});
+  std::string tokenizer = WriteFile("two_ends.json", j.dump());
+  std::string input = WriteFile("two_docs.txt", "ab\nb\n");
+  std::string out = ::testing::TempDir() + "/two_docs.ids";
+  auto ids = [&](const std::string& options) {
+    EXPECT_EQ(
+        RunCrucible("tokenizer encode " + options + " -t " + tokenizer + " " + input + " -o " + out)
+            .exit_code,
+        0);
+    std::ifstream in(out);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(ids("--eos"), "256 257\n98 257\n");
+  EXPECT_EQ(ids("--eos-token '<|eot_id|>'"), "256 258\n98 258\n");
 }
 
 TEST(TokenizerCli, BadJsonlLineIsNamed) {

@@ -4,6 +4,7 @@
 #include <random>
 #include <set>
 
+#include "common/error.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
@@ -115,6 +116,48 @@ TEST(AddedTokens, AreCutFromRawTextLeftmostLongest) {
   EXPECT_EQ(t.Encode("<|end_of_text|>!"), (Ids{bang}));
   EXPECT_EQ(t.Encode("<|end_of_tex"), (Ids{static_cast<uint32_t>(t.TokenToId("<|e")), 'n', 'd', '_',
                                            'o', 'f', '_', 't', 'e', 'x'}));
+}
+
+TEST(SpecialTokens, EndAndBeginOfTextAreFoundByTheNamesOfCommonTokenizers) {
+  // DeepSeek spells them with U+FF5C (fullwidth vertical line) and U+2581 (lower one eighth).
+  const std::string end =
+      "<\xEF\xBD\x9C"
+      "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  const std::string begin =
+      "<\xEF\xBD\x9C"
+      "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  TestTokenizerSpec spec;
+  spec.added_tokens = {Special(begin), Special(end), Special("<|User|>")};
+  Tokenizer t = MakeTokenizer(spec);
+  EXPECT_EQ(t.eos_id(), t.TokenToId(end));
+  EXPECT_EQ(t.bos_id(), t.TokenToId(begin));
+  // End of text wins over end of turn; GPT-2's <|endoftext|> is both.
+  SpecialTokenIds ids = FindSpecialTokens({{"<|eot_id|>", 7}, {"<|end_of_text|>", 9}});
+  EXPECT_EQ(ids.eos, 9);
+  EXPECT_EQ(ids.bos, -1);
+  ids = FindSpecialTokens({{"<|endoftext|>", 3}});
+  EXPECT_EQ(ids.eos, 3);
+  EXPECT_EQ(ids.bos, 3);
+  EXPECT_EQ(FindSpecialTokens({{"<|im_end|>", 4}, {"<s>", 1}}).eos, 4);
+}
+
+TEST(SpecialTokens, AnEndOfTextTokenCanBeNamedAndAnUnknownNameIsAUsageError) {
+  TestTokenizerSpec spec;
+  spec.added_tokens = {Special("<|end_of_text|>"), Special("<|eot_id|>")};
+  Tokenizer t = MakeTokenizer(spec);
+  EXPECT_EQ(t.EndOfTextId(""), t.eos_id());
+  EXPECT_EQ(t.EndOfTextId("<|eot_id|>"), t.TokenToId("<|eot_id|>"));
+  EXPECT_EQ(t.EndOfTextId("a"), 'a');  // a vocabulary entry, as tokenizer.json writes it
+  try {
+    t.EndOfTextId("<|no_such_token|>");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_NE(std::string(e.what()).find("test.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("<|no_such_token|>"), std::string::npos) << e.what();
+  }
+  TestTokenizerSpec none;
+  EXPECT_EQ(MakeTokenizer(none).EndOfTextId(""), -1);
 }
 
 TEST(AddedTokens, LstripAndRstripSwallowWhitespace) {
