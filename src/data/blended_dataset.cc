@@ -117,8 +117,13 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
   auto state = std::make_unique<State>();
   state->options = options;
   std::vector<FileListEntry> entries = ReadFileList(options.file_list);
-  double total_weight = 0;
-  for (const auto& e : entries) total_weight += e.weight;
+  std::vector<double> entry_weights;
+  std::vector<std::string> entry_lines;
+  for (const auto& e : entries) {
+    entry_weights.push_back(e.weight);
+    entry_lines.push_back(e.where);
+  }
+  const std::vector<double> shares = BlendShares(entry_weights, entry_lines);
   std::string tokenizer = options.tokenizer_checksum;
   std::string tokenizer_source = "the run's tokenizer";
   for (size_t d = 0; d < entries.size(); ++d) {
@@ -131,7 +136,7 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
                       ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");
     BlendedShard shard;
     shard.entry = entry;
-    shard.share = entry.weight / total_weight;
+    shard.share = shares[d];
     auto reader = std::make_unique<ShardReader>();
     try {
       shard.manifest = ReadManifest(entry.prefix);

@@ -201,8 +201,41 @@ def test_verify_names_corrupted_and_truncated_shards(tmp_path, tokenizer_json):
     assert "ok " + str(tmp_path / "shards" / "web") in proc.stdout
 
 
+def test_weights_whose_sum_overflows_blend_and_train_like_their_ratios(tmp_path, tokenizer_json):
+    blend_setup(tmp_path, tokenizer_json)
+    lst = tmp_path / "huge.txt"
+    lst.write_text("1e308 shards/web web\n1e308 shards/books books\n")
+    proc = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 1000, check=False)
+    assert proc.returncode == 0, proc.stderr
+    mixture = {l.split()[0].split("=")[1]: dict(kv.split("=", 1) for kv in l.split())
+               for l in proc.stdout.splitlines() if l.startswith("corpus=")}
+    assert {name: int(m["samples"]) for name, m in mixture.items()} == {"web": 500, "books": 500}
+    config = tmp_path / "train.toml"
+    config.write_text(f"""
+[job]
+dump_folder = "{tmp_path / 'run'}"
+[model]
+flavor = "debug"
+vocab_size = 640
+[training]
+steps = 2
+seq_len = 32
+local_batch_size = 2
+dataset = "blend"
+dataset_path = "{lst}"
+[metrics]
+peak_gflops = 100.0
+[checkpoint]
+enable = false
+""")
+    train = run_crucible("train", "--config", config, check=False)
+    assert train.returncode == 0, train.stderr
+    assert "step=2 " in train.stdout
+
+
 @pytest.mark.parametrize("case", ["missing", "zero_weight", "negative_weight", "unknown_corpus_file",
-                                  "truncated_idx", "wrong_magic", "vocab_overflow", "empty_corpus"])
+                                  "truncated_idx", "wrong_magic", "vocab_overflow", "empty_corpus",
+                                  "nan_weight", "infinite_weight", "unrepresentable_share"])
 def test_bad_blend_input_exits_65_naming_file_and_line(tmp_path, tokenizer_json, case):
     lst = blend_setup(tmp_path, tokenizer_json)
     shards = tmp_path / "shards"
@@ -217,6 +250,15 @@ def test_bad_blend_input_exits_65_naming_file_and_line(tmp_path, tokenizer_json,
     elif case == "negative_weight":
         lst.write_text("0.5 shards/web\n-1 shards/books\n")
         needle = "weight -1 must be a positive"
+    elif case == "nan_weight":
+        lst.write_text("0.5 shards/web\nnan shards/books\n")
+        needle = "weight nan must be a positive finite number"
+    elif case == "infinite_weight":
+        lst.write_text("0.5 shards/web\n1e309 shards/books\n")
+        needle = "weight 1e309 must be a positive finite number"
+    elif case == "unrepresentable_share":
+        lst.write_text("1e308 shards/web\n1e-10 shards/books\n")
+        needle = "weight 1e-10 is too small next to the largest"
     elif case == "unknown_corpus_file":
         for ext in (".bin", ".idx"):
             (shards / ("stray" + ext)).write_bytes((shards / ("web" + ext)).read_bytes())
@@ -297,3 +339,28 @@ def test_concurrent_blend_builders_agree(tmp_path, tokenizer_json):
     assert len(summaries) == 1
     cache = list((tmp_path / ".crucible-cache").iterdir())
     assert sorted(p.suffix for p in cache) == [".index", ".lock"], cache
+
+
+def test_a_crashed_blend_builder_blocks_no_one_and_waiters_name_it(tmp_path, tokenizer_json):
+    """The lock is an flock on <index>.lock: it dies with its process (here SIGSEGV), so the file
+    left on disk blocks no one; while it is held, waiters name the holder."""
+    lst = blend_setup(tmp_path, tokenizer_json)
+    cmd = [crucible_binary(), "data", "blend", "--list", str(lst), "--seq-len", "32", "--samples", "3000000"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().startswith("phase=index status=building")
+        first.send_signal(signal.SIGSTOP)  # holds the lock, makes no progress
+        second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_line = second.stdout.readline()
+        assert wait_line.startswith("phase=index_wait"), wait_line
+        assert f'pid={first.pid}"' in wait_line, wait_line
+        first.send_signal(signal.SIGSEGV)
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=60) == -signal.SIGSEGV
+        out, err = second.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert second.returncode == 0, err
+    assert "status=built samples=3000000" in out
+    cache = sorted(p.name for p in (tmp_path / ".crucible-cache").iterdir())
+    assert len(cache) == 2 and cache[0].endswith(".index") and cache[1].endswith(".index.lock"), cache
