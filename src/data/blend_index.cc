@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -174,7 +177,77 @@ class FileLock {
   int fd_ = -1;
 };
 
+constexpr int64_t kIndexBytesPerSample = 2 + 8;  // dataset (uint16) and its sample (int64)
+
+std::string Asked(int64_t n, const std::string& asked) {
+  return asked.empty() ? StrFormat("%lld samples", (long long)n) : asked;
+}
+
+// The most memory this process can use, and what sets it.
+std::pair<long double, std::string> MemoryLimit() {
+  struct sysinfo info;
+  long double limit = std::numeric_limits<long double>::infinity();
+  std::string source;
+  if (::sysinfo(&info) == 0) {
+    limit = (static_cast<long double>(info.totalram) + info.totalswap) * info.mem_unit;
+    source = info.totalswap > 0 ? "memory and swap this machine has" : "memory this machine has";
+  }
+  for (const auto& [resource, name] :
+       {std::pair{RLIMIT_AS, "ulimit -v"}, {RLIMIT_DATA, "ulimit -d"}}) {
+    struct rlimit rl;
+    if (::getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        static_cast<long double>(rl.rlim_cur) < limit) {
+      limit = static_cast<long double>(rl.rlim_cur);
+      source = std::string("memory this process may map (") + name + ")";
+    }
+  }
+  std::string cgroup_max;
+  try {
+    if (FileExists("/sys/fs/cgroup/memory.max"))
+      cgroup_max = Trim(ReadFile("/sys/fs/cgroup/memory.max"));
+  } catch (const Error&) {
+  }
+  if (!cgroup_max.empty() && cgroup_max.find_first_not_of("0123456789") == std::string::npos) {
+    const long double cgroup = std::stold(cgroup_max);
+    if (cgroup < limit) {
+      limit = cgroup;
+      source = "memory this cgroup may use (/sys/fs/cgroup/memory.max)";
+    }
+  }
+  return {limit, source};
+}
+
+// Refuses to build when the cache folder's filesystem has no room for the file.
+void CheckDiskRoom(const std::string& cache_dir, const std::string& key_text, int64_t n,
+                   const std::string& asked) {
+  struct statvfs fs;
+  if (::statvfs(cache_dir.c_str(), &fs) != 0) return;  // the write itself will say why
+  const long double need =
+      static_cast<long double>(n) * kIndexBytesPerSample + key_text.size() + 64;
+  const long double room = static_cast<long double>(fs.f_bavail) * fs.f_frsize;
+  if (need > room)
+    throw IoError(StrFormat(
+        "%s: the blend index for %s needs %s on disk but only %s is free; "
+        "free space or put the cache elsewhere (--cache-dir, [training] "
+        "data_cache_dir)",
+        cache_dir.c_str(), Asked(n, asked).c_str(), HumanBytes(static_cast<double>(need)).c_str(),
+        HumanBytes(static_cast<double>(room)).c_str()));
+}
+
 }  // namespace
+
+void CheckBlendIndexFits(int64_t n, const std::string& asked) {
+  if (n < 0) throw UsageError(Asked(n, asked) + ": the number of samples must not be negative");
+  const long double bytes = static_cast<long double>(n) * kIndexBytesPerSample;
+  const auto [limit, source] = MemoryLimit();
+  if (2 * bytes <= limit) return;
+  throw UsageError(StrFormat(
+      "%s needs %s of blend index (%lld bytes a sample, %s while it is built or read), more than "
+      "the %s of %s; ask for fewer samples",
+      Asked(n, asked).c_str(), HumanBytes(static_cast<double>(bytes)).c_str(),
+      (long long)kIndexBytesPerSample, HumanBytes(static_cast<double>(2 * bytes)).c_str(),
+      HumanBytes(static_cast<double>(limit)).c_str(), source.c_str()));
+}
 
 std::vector<double> BlendShares(const std::vector<double>& weights,
                                 const std::vector<std::string>& where) {
@@ -300,7 +373,9 @@ std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_
 }
 
 BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
-                                 const std::vector<double>& weights, int64_t n, bool progress) {
+                                 const std::vector<double>& weights, int64_t n, bool progress,
+                                 const std::string& asked) {
+  CheckBlendIndexFits(n, asked);
   const std::string path = BlendIndexPath(cache_dir, key_text);
   BlendIndex index;
   std::string reason = "absent";
@@ -340,6 +415,7 @@ BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string
                     "finished",
                     entry.path().c_str(), HumanBytes(static_cast<double>(bytes)).c_str()));
   }
+  CheckDiskRoom(cache_dir, key_text, n, asked);
   if (progress)
     PrintLine(
         StrFormat("phase=index status=building samples=%lld datasets=%zu reason=\"%s\" path=%s",

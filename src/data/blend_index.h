@@ -47,8 +47,18 @@ struct BlendIndex {
 // fsyncs and renames it. The flock dies with its holder, however it ends; the holder removes the
 // <file>.tmp.<pid> a killed builder left. A corrupt or foreign cache file is rebuilt. Prints
 // phase= lines.
+// `asked` says where n came from, for errors ("--samples 5000"; "" = "<n> samples"). Before
+// anything is allocated, an index that cannot fit is refused: CheckBlendIndexFits, and before
+// building, IoError (74) when the cache folder's filesystem has no room for the file.
 BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
-                                 const std::vector<double>& weights, int64_t n, bool progress);
+                                 const std::vector<double>& weights, int64_t n, bool progress,
+                                 const std::string& asked = "");
+
+// Refuses (UsageError, exit 2, naming `asked` and the sizes) an index of n samples whose build or
+// read would need more memory than this process can have: 10 bytes a sample, twice that at the
+// peak (the serialised copy while it is written, the file's bytes while it is read), against the
+// machine's memory and swap, the address-space limit (ulimit -v) and the cgroup's memory.max.
+void CheckBlendIndexFits(int64_t n, const std::string& asked);
 
 // The cache file a key maps to (for tests and `data inspect`).
 std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_text);

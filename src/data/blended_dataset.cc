@@ -112,8 +112,8 @@ BlendedDataset::~BlendedDataset() = default;
 
 std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options) {
   if (options.seq_len < 1) throw UsageError("blend: seq_len must be at least 1");
-  if (options.num_samples < 0)
-    throw UsageError("blend: the number of samples must not be negative");
+  // Before any shard is opened: an index that cannot fit is refused at once.
+  CheckBlendIndexFits(options.num_samples, options.samples_from);
   auto state = std::make_unique<State>();
   state->options = options;
   std::vector<FileListEntry> entries = ReadFileList(options.file_list);
@@ -174,9 +174,9 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
                     (long long)options.vocab_size));
     shard.samples_per_epoch = (data.total_tokens() - 1) / options.seq_len;
     if (shard.samples_per_epoch < 1)
-      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %lld",
+      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %llu",
                                 where.c_str(), entry.prefix.c_str(), (long long)data.total_tokens(),
-                                (long long)(options.seq_len + 1)));
+                                (unsigned long long)options.seq_len + 1));
     state->shards.push_back(std::move(shard));
     state->readers.push_back(std::move(reader));
   }
@@ -195,8 +195,8 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
     cache_dir = JoinPath(ParentDirectory(options.file_list), ".crucible-cache");
   state->key = key;
   state->path = BlendIndexPath(cache_dir, key);
-  state->index =
-      LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples, options.progress);
+  state->index = LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples,
+                                       options.progress, options.samples_from);
   return std::unique_ptr<BlendedDataset>(new BlendedDataset(std::move(state)));
 }
 

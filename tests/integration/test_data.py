@@ -364,3 +364,64 @@ def test_a_crashed_blend_builder_blocks_no_one_and_waiters_name_it(tmp_path, tok
     assert "status=built samples=3000000" in out
     cache = sorted(p.name for p in (tmp_path / ".crucible-cache").iterdir())
     assert len(cache) == 2 and cache[0].endswith(".index") and cache[1].endswith(".index.lock"), cache
+
+
+@pytest.mark.parametrize("command", ["blend", "inspect"])
+@pytest.mark.parametrize("samples", ["100000000000", "1e11", "9223372036854775807"])
+def test_an_index_too_large_for_memory_is_refused_saying_how_large(tmp_path, tokenizer_json, command, samples):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    proc = run_crucible("data", command, "-q", "--list", lst, "--seq-len", 32, "--samples", samples, check=False)
+    assert proc.returncode == 2, proc.stderr
+    exact = samples if samples != "1e11" else "100000000000"
+    assert f"--samples {exact} needs " in proc.stderr and "of blend index" in proc.stderr, proc.stderr
+    assert "out of memory" not in proc.stderr
+    assert not (tmp_path / ".crucible-cache").exists() or not any((tmp_path / ".crucible-cache").iterdir())
+
+
+@pytest.mark.parametrize("steps,needle", [
+    ("100000000000", "training.steps x global batch (100000000000 x 4 = 400000000000 samples) needs "),
+    ("4611686018427387904", "training.steps 4611686018427387904 x global batch 4 overflows"),
+])
+def test_training_on_a_blend_too_large_for_memory_is_refused(tmp_path, tokenizer_json, steps, needle):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    config = tmp_path / "train.toml"
+    config.write_text(f"""
+[job]
+dump_folder = "{tmp_path / 'run'}"
+[model]
+flavor = "debug"
+vocab_size = 640
+[training]
+steps = {steps}
+seq_len = 32
+local_batch_size = 4
+dataset = "blend"
+dataset_path = "{lst}"
+[metrics]
+peak_gflops = 100.0
+[checkpoint]
+enable = false
+""")
+    proc = run_crucible("train", "--config", config, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr, proc.stderr
+
+
+def test_an_index_without_room_on_disk_is_refused_before_building(tmp_path, tokenizer_json):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    cache = tmp_path / "small"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        proc = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 500000,
+                            "--cache-dir", cache, check=False)
+        left = sorted(p.name for p in cache.iterdir())
+    finally:
+        subprocess.run(["umount", str(cache)], check=False)
+    assert proc.returncode == 74, proc.stderr
+    assert "the blend index for --samples 500000 needs 4.8 MiB on disk" in proc.stderr, proc.stderr
+    assert "status=building" not in proc.stdout
+    assert all(name.endswith(".lock") for name in left), left

@@ -213,6 +213,22 @@ TEST(BlendIndexCache, ABuilderKilledWhileHoldingTheLockBlocksNobody) {
   EXPECT_TRUE(FileExists(path));
 }
 
+TEST(BlendIndexCache, AnIndexBeyondThisMachinesMemoryIsAUsageErrorSaidBeforeAllocating) {
+  ScratchDir dir;
+  for (const int64_t n : {int64_t{100000000000}, INT64_MAX}) {
+    try {
+      LoadOrBuildBlendIndex(dir.path(), "k", {1, 1}, n, false, "--samples " + std::to_string(n));
+      ADD_FAILURE() << n << " samples were indexed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitUsage) << e.what();
+      const std::string message = e.what();
+      EXPECT_EQ(message.find("--samples " + std::to_string(n) + " needs "), 0u) << message;
+      EXPECT_NE(message.find("of memory"), std::string::npos) << message;
+    }
+  }
+  EXPECT_FALSE(FileExists(BlendIndexPath(dir.path(), "k")));
+}
+
 TEST(BlendIndexCache, ConcurrentBuildersInSeveralProcessesAgree) {
   ScratchDir dir;
   std::vector<double> weights(50);

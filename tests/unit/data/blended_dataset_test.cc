@@ -233,6 +233,21 @@ TEST_F(BlendTest, WeightsWhoseSumOverflowsBlendLikeTheirRatios) {
   EXPECT_EQ(Stream(*huge, 0, 400), Stream(*unit, 0, 400));
 }
 
+TEST_F(BlendTest, AnIndexTooLargeForMemoryIsRefusedNamingTheRequest) {
+  BlendOptions o = Options(int64_t{1} << 60);
+  o.samples_from = "--samples 1152921504606846976";
+  try {
+    BlendedDataset::Open(o);
+    ADD_FAILURE() << "opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_EQ(std::string(e.what()).find("--samples 1152921504606846976 needs 10.0 EiB of blend "
+                                         "index (10 bytes a sample, 20.0 EiB while it is built"),
+              0u)
+        << e.what();
+  }
+}
+
 TEST_F(BlendTest, DtypeMismatchBetweenIndexAndManifest) {
   // Rewrite b as int32 under its old manifest (which says uint16): sizes differ, so hide that by
   // patching the manifest sizes to the new files, leaving only the dtype wrong.
