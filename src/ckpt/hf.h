@@ -25,7 +25,8 @@ void ExportHfModel(const std::string& out, const LlamaConfig& model, const Param
 LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embeddings);
 
 // Reads `dir`/config.json (must describe the same shape as `model`: every differing key is
-// listed in a UsageError) and the weights into `weights` (DataError on a missing tensor).
+// listed in a UsageError) and the weights into `weights` (DataError on a missing tensor, or on
+// one that holds NaN or infinity, naming its file: RequireFiniteWeights).
 void ImportHfModel(const std::string& dir, const LlamaConfig& model, const ParameterTable& table,
                    float* weights);
 
