@@ -267,9 +267,16 @@ std::string VerifyCheckpoint(const std::string& dir) {
   return "";
 }
 
-std::optional<std::string> FindResumeCheckpoint(
-    const std::string& root, const std::function<void(const std::string&)>& report) {
+namespace {
+
+// The newest step folder under `root` that verifies (nullopt when none does); `latest` is read as
+// a hint (its problems go to `report`), and each folder that fails goes to `unusable` (folder,
+// reason), newest first. *folders is the number of step folders.
+std::optional<std::string> FindNewestVerifiedCheckpoint(
+    const std::string& root, const std::function<void(const std::string&)>& report,
+    const std::function<void(const std::string&, const std::string&)>& unusable, size_t* folders) {
   auto checkpoints = ListCheckpoints(root);
+  *folders = checkpoints.size();
   const std::string latest_path = JoinPath(root, "latest");
   std::string latest;
   if (FileExists(latest_path)) latest = Trim(ReadSmallFile(latest_path));
@@ -287,17 +294,72 @@ std::optional<std::string> FindResumeCheckpoint(
     report(latest_path + " names " + latest + " but " + checkpoints.front().second +
            " is newer (a save that stopped before updating latest?); verifying newest first");
   }
-  std::vector<std::string> failures;
   for (const auto& [step, dir] : checkpoints) {
     std::string failure = VerifyCheckpoint(dir);
     if (failure.empty()) return dir;
-    report("checkpoint " + dir + " is unusable: " + failure + "; falling back to the one before");
-    failures.push_back(dir + ": " + failure);
+    unusable(dir, failure);
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> FindResumeCheckpoint(
+    const std::string& root, const std::function<void(const std::string&)>& report) {
+  std::vector<std::string> failures;
+  size_t folders = 0;
+  std::optional<std::string> found = FindNewestVerifiedCheckpoint(
+      root, report,
+      [&](const std::string& dir, const std::string& failure) {
+        report("checkpoint " + dir + " is unusable: " + failure +
+               "; falling back to the one before");
+        failures.push_back(dir + ": " + failure);
+      },
+      &folders);
+  if (found || folders == 0) return found;
   throw DataError(
       StrFormat("%s: none of the %zu checkpoints verifies (newest: %s); nothing was "
                 "deleted. Pass --resume none to start over or --resume PATH",
-                root.c_str(), checkpoints.size(), failures.front().c_str()));
+                root.c_str(), folders, failures.front().c_str()));
+}
+
+RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
+                          const std::function<void(const std::string&)>& report) {
+  const std::string config_path = JoinPath(run_dir, "config.toml");
+  const Config config = Config::Parse(ReadFile(config_path), config_path);
+  const std::string root = JoinPath(run_dir, config.String("checkpoint.folder"));
+  std::vector<std::pair<std::string, std::string>> skipped;  // (folder, reason)
+  size_t folders = 0;
+  std::optional<std::string> checkpoint = FindNewestVerifiedCheckpoint(
+      root, report,
+      [&](const std::string& dir, const std::string& failure) {
+        report("checkpoint " + dir + " is unusable: " + failure + "; skipped");
+        skipped.emplace_back(dir, failure);
+      },
+      &folders);
+  if (checkpoint)
+    return {JoinPath(*checkpoint, "model.safetensors"), JoinPath(*checkpoint, "config.toml")};
+  const std::string final_model = JoinPath(run_dir, "model.safetensors");
+  if (FileExists(final_model)) {
+    if (!skipped.empty()) {
+      std::string names;
+      for (const auto& [dir, failure] : skipped)
+        names += (names.empty() ? "" : ", ") + dir.substr(dir.find_last_of('/') + 1);
+      report(
+          StrFormat("%s: none of the %zu checkpoints under %s verifies (skipped: %s); using "
+                    "the run's final model %s",
+                    run_dir.c_str(), folders, root.c_str(), names.c_str(), final_model.c_str()));
+    }
+    return {final_model, config_path};
+  }
+  if (skipped.empty())
+    throw UsageError(run_dir + ": has no checkpoint and no final model.safetensors");
+  throw DataError(StrFormat(
+      "%s: nothing to %s: none of the %zu checkpoints under %s verifies (newest: %s: %s) and the "
+      "run has no final model.safetensors; nothing was deleted. Name a checkpoint folder or a "
+      "Hugging Face folder instead",
+      run_dir.c_str(), verb.c_str(), folders, root.c_str(), skipped.front().first.c_str(),
+      skipped.front().second.c_str()));
 }
 
 nlohmann::json LoadCheckpoint(

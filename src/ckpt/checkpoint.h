@@ -80,6 +80,19 @@ std::string VerifyCheckpoint(const std::string& dir);
 std::optional<std::string> FindResumeCheckpoint(
     const std::string& root, const std::function<void(const std::string&)>& report);
 
+// The weights `crucible eval` and `crucible export hf` read from a run directory (config.toml,
+// checkpoint.folder): its newest checkpoint that verifies, each one that does not reported
+// through `report` with its reason and skipped; else its final model.safetensors, reported when
+// checkpoints were skipped. `verb` names the command in errors ("evaluate", "export"). Throws
+// DataError (65) when checkpoints exist, none verifies and there is no final model, UsageError
+// (2) when there is neither. Nothing is deleted.
+struct RunWeights {
+  std::string weights_path;  // the model.safetensors to load
+  std::string config_path;   // the config.toml that describes it
+};
+RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
+                          const std::function<void(const std::string&)>& report);
+
 // Reads a checkpoint that VerifyCheckpoint accepted: weights (table layout), the optimizer
 // state buffers named in `optimizer_state` (each filled over the slice starting at
 // `optimizer_begin`), and returns state.json. Throws DataError naming the file on a mismatch.

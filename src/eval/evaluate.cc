@@ -132,20 +132,10 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     config_path = JoinPath(path, "config.toml");
   } else if (has_toml) {
     model.kind = "run";
-    config_path = JoinPath(path, "config.toml");
-    Config run = Config::Parse(ReadFile(config_path), config_path);
-    const std::string folder = run.String("checkpoint.folder");
-    const std::string root = !folder.empty() && folder[0] == '/' ? folder : JoinPath(path, folder);
-    std::optional<std::string> checkpoint =
-        FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
-    if (checkpoint) {
-      weights_path = JoinPath(*checkpoint, "model.safetensors");
-      config_path = JoinPath(*checkpoint, "config.toml");
-    } else if (FileExists(JoinPath(path, "model.safetensors"))) {
-      weights_path = JoinPath(path, "model.safetensors");
-    } else {
-      throw UsageError(path + ": has no checkpoint and no final model.safetensors");
-    }
+    const RunWeights run =
+        FindRunWeights(path, "evaluate", [](const std::string& line) { LogWarn(line); });
+    weights_path = run.weights_path;
+    config_path = run.config_path;
   } else {
     throw UsageError(
         path +

@@ -120,6 +120,56 @@ TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
   EXPECT_FALSE(FindResumeCheckpoint((root_ / "absent").string(), [](const std::string&) {}));
 }
 
+TEST_F(CheckpointTest, RunWeightsFallBackToTheFinalModelNamingEachCheckpointSkipped) {
+  // A run directory: config.toml, ckpt/ with two damaged checkpoints, the final model.
+  const fs::path run = root_ / "run";
+  const std::string ckpt = (run / "ckpt").string();
+  for (int64_t step : {10, 20}) WriteCheckpoint(ckpt, Snapshot(step), *table_, model_);
+  AtomicWriteFile((run / "config.toml").string(), config_.ToToml());
+  fs::remove(ckpt + "/step-20/COMPLETE");
+  fs::resize_file(ckpt + "/step-10/state.json", 3);
+  AtomicWriteFile((run / "model.safetensors").string(), "final");
+  std::vector<std::string> reports;
+  RunWeights found =
+      FindRunWeights(run.string(), "evaluate", [&](const std::string& r) { reports.push_back(r); });
+  EXPECT_EQ(found.weights_path, (run / "model.safetensors").string());
+  EXPECT_EQ(found.config_path, (run / "config.toml").string());
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_EQ(reports[0], "checkpoint " + ckpt + "/step-20 is unusable: COMPLETE is missing (the " +
+                            "save never finished); skipped");
+  EXPECT_NE(reports[1].find(ckpt + "/step-10 is unusable: state.json: 3 bytes"), std::string::npos)
+      << reports[1];
+  EXPECT_EQ(reports[2], run.string() + ": none of the 2 checkpoints under " + ckpt +
+                            " verifies (skipped: step-20, step-10); using the run's final model " +
+                            (run / "model.safetensors").string());
+
+  // Nothing usable: an error for the command, not the trainer's advice; nothing deleted.
+  fs::remove(run / "model.safetensors");
+  try {
+    FindRunWeights(run.string(), "export", [](const std::string&) {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitBadData);
+    const std::string message = e.what();
+    EXPECT_EQ(message.find(run.string() + ": nothing to export: none of the 2 checkpoints under " +
+                           ckpt + " verifies (newest: "),
+              0u)
+        << message;
+    EXPECT_NE(message.find("no final model.safetensors"), std::string::npos) << message;
+    EXPECT_EQ(message.find("--resume"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(fs::exists(ckpt + "/step-20") && fs::exists(ckpt + "/step-10"));
+
+  // A good checkpoint is preferred, with nothing to report when `latest` names it.
+  WriteCheckpoint(ckpt, Snapshot(30), *table_, model_);
+  reports.clear();
+  found =
+      FindRunWeights(run.string(), "export", [&](const std::string& r) { reports.push_back(r); });
+  EXPECT_EQ(found.weights_path, ckpt + "/step-30/model.safetensors");
+  EXPECT_EQ(found.config_path, ckpt + "/step-30/config.toml");
+  EXPECT_TRUE(reports.empty());
+}
+
 TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
   for (int64_t step = 5; step <= 40; step += 5)
     WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
