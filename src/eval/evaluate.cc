@@ -254,6 +254,14 @@ PerplexityResult EvaluatePerplexity(const EvalModel& model, const TextDocuments&
     result.bytes += static_cast<int64_t>(text.documents[d].size());
     result.words += PythonWordCount(text.documents[d]);
   }
+  if (result.bytes == 0 || result.tokens == 0)  // LoadTextDocuments refused files with no text
+    throw DataError(
+        result.bytes == 0
+            ? StrFormat("%s: no text to score in the first %lld documents (--limit %lld); raise "
+                        "--limit",
+                        text.path.c_str(), (long long)documents, (long long)options.limit)
+            : StrFormat("%s: no text to score: its %lld bytes encode to no tokens",
+                        text.path.c_str(), (long long)result.bytes));
   std::vector<TokenScore> scores = ScoreRequests(model, requests, options, "text=" + text.name);
   double loglikelihood = 0;
   for (const auto& s : scores) loglikelihood += s.loglikelihood;
