@@ -2,8 +2,10 @@
 #include "ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +13,7 @@
 #include "ckpt/interval.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 
 namespace crucible {
 namespace {
@@ -168,6 +171,86 @@ TEST_F(CheckpointTest, RunWeightsFallBackToTheFinalModelNamingEachCheckpointSkip
   EXPECT_EQ(found.weights_path, ckpt + "/step-30/model.safetensors");
   EXPECT_EQ(found.config_path, ckpt + "/step-30/config.toml");
   EXPECT_TRUE(reports.empty());
+}
+
+// A process that sleeps until killed: a writer that is alive, then one that is gone.
+pid_t StartSleeper() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  return pid;
+}
+
+void Reap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+// A WRITER record with one field's value replaced.
+std::string WithField(const std::string& record, const std::string& key, const std::string& value) {
+  std::string out;
+  for (const std::string& line : Split(record, '\n'))
+    if (!line.empty()) out += (line.rfind(key + "=", 0) == 0 ? key + "=" + value : line) + "\n";
+  return out;
+}
+
+// A temporary folder as a save that stopped part way leaves it: a partial weights file and,
+// unless `record` is empty, the writer record.
+std::string MakeTemporary(const fs::path& root, const std::string& name,
+                          const std::string& record) {
+  const fs::path dir = root / name;
+  fs::create_directories(dir);
+  std::ofstream(dir / "model.safetensors") << std::string(1 << 16, 'w');
+  if (!record.empty()) std::ofstream(dir / "WRITER") << record;
+  return dir.string();
+}
+
+TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterIsGoneIsRemovedAtTheNextSave) {
+  fs::create_directories(root_);
+  // Its writer was killed (and reaped): this host, no such process now.
+  const pid_t dead = StartSleeper();
+  const std::string dead_record = CheckpointWriterRecord(dead);
+  ASSERT_NE(dead_record.find("pid=" + std::to_string(dead) + "\n"), std::string::npos);
+  Reap(dead);
+  const std::string gone =
+      MakeTemporary(root_, ".tmp-step-40." + std::to_string(dead), dead_record);
+  // Its record names a pid that now runs another process (another start time).
+  const pid_t reused = StartSleeper();
+  const std::string reused_record = WithField(CheckpointWriterRecord(reused), "start_time", "1");
+  const std::string stale = MakeTemporary(root_, ".tmp-step-30.77", reused_record);
+
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_EQ(VerifyCheckpoint(Dir(50)), "");
+  EXPECT_FALSE(fs::exists(Dir(50) + "/WRITER")) << "the record is not part of a checkpoint";
+  Reap(reused);
+}
+
+TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterMayBeAliveIsKept) {
+  fs::create_directories(root_);
+  const pid_t alive = StartSleeper();
+  const std::string record = CheckpointWriterRecord(alive);
+  const std::string live = MakeTemporary(root_, ".tmp-step-40." + std::to_string(alive), record);
+  // Another host (or this host's name in another pid namespace or boot): cannot be checked.
+  const std::string elsewhere =
+      MakeTemporary(root_, ".tmp-step-41.5", WithField(record, "host", "some-other-node"));
+  const std::string other_namespace =
+      MakeTemporary(root_, ".tmp-step-42.6", WithField(record, "pid_namespace", "pid:[1]"));
+  // No record at all: a save from before records existed, or one that has just begun.
+  const std::string unrecorded = MakeTemporary(root_, ".tmp-step-43.7", "");
+
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  for (const auto& dir : {live, elsewhere, other_namespace, unrecorded})
+    EXPECT_TRUE(fs::exists(dir + "/model.safetensors")) << dir;
+  Reap(alive);
+  // Now that writer is gone too.
+  WriteCheckpoint(root_.string(), Snapshot(60), *table_, model_);
+  EXPECT_FALSE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(elsewhere) && fs::exists(other_namespace) && fs::exists(unrecorded));
 }
 
 TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
