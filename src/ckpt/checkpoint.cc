@@ -237,12 +237,9 @@ std::vector<std::string> RemoveStaleCheckpointTemporaries(const std::string& roo
     if (name.rfind(".tmp-step-", 0) != 0 || !entry.is_directory(type_error)) continue;
     const std::string dir = entry.path().string();
     const std::string record_path = JoinPath(dir, kWriterRecord);
-    std::string kept;
+    std::string kept = "it has no WRITER record (a save from an older crucible, or one just begun)";
     const std::string gone =
-        FileExists(record_path)
-            ? WhyWriterIsGone(ReadSmallFile(record_path), &kept)
-            : (kept = "it has no WRITER record (a save from an older crucible, or one just begun)",
-               "");
+        FileExists(record_path) ? WhyWriterIsGone(ReadSmallFile(record_path), &kept) : "";
     if (gone.empty()) {
       std::lock_guard<std::mutex> lock(reported_mutex);
       if (reported.insert(dir).second)

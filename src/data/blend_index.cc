@@ -198,7 +198,7 @@ std::pair<long double, std::string> MemoryLimit() {
     if (::getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         static_cast<long double>(rl.rlim_cur) < limit) {
       limit = static_cast<long double>(rl.rlim_cur);
-      source = std::string("memory this process may map (") + name + ")";
+      source = std::string("memory this process may use (") + name + ")";
     }
   }
   std::string cgroup_max;
