@@ -1,6 +1,7 @@
 #include "ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,12 +10,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "ckpt/model_weights.h"
 #include "ckpt/safetensors.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "common/timer.h"
 
@@ -120,10 +124,136 @@ std::string ReadSmallFile(const std::string& path) {
   }
 }
 
+constexpr const char* kWriterRecord = "WRITER";
+
+// What the pid numbers of a WRITER record are relative to: the host, its boot, the pid namespace.
+struct HostIdentity {
+  std::string host, boot_id, pid_namespace;
+};
+
+const HostIdentity& ThisHost() {
+  static const HostIdentity identity = [] {
+    HostIdentity id;
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    id.host = host;
+    id.boot_id = Trim(ReadSmallFile("/proc/sys/kernel/random/boot_id"));
+    char ns[128] = {};
+    const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    if (n > 0) id.pid_namespace.assign(ns, n);
+    return id;
+  }();
+  return identity;
+}
+
+// Field 22 of /proc/<pid>/stat (clock ticks after boot), or "" when unreadable.
+std::string ProcessStartTime(int pid) {
+  const std::string stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t comm_end = stat.rfind(')');
+  if (comm_end == std::string::npos) return "";
+  std::vector<std::string> fields = Split(Trim(stat.substr(comm_end + 1)), ' ');
+  return fields.size() > 19 ? fields[19] : "";  // the fields after the comm start at field 3
+}
+
+// Why the writer of a temporary folder is known to be gone, or "" (with *kept saying why not).
+std::string WhyWriterIsGone(const std::string& record, std::string* kept) {
+  std::map<std::string, std::string> fields;
+  for (const std::string& line : Split(record, '\n')) {
+    const size_t equals = line.find('=');
+    if (equals != std::string::npos) fields[line.substr(0, equals)] = line.substr(equals + 1);
+  }
+  for (const char* key : {"host", "boot_id", "pid_namespace", "pid", "start_time"}) {
+    if (fields[key].empty()) {
+      *kept = std::string("its WRITER record has no ") + key;
+      return "";
+    }
+  }
+  const HostIdentity& here = ThisHost();
+  if (fields["host"] != here.host) {
+    *kept = "written on host " + fields["host"] + ", which cannot be checked from here";
+    return "";
+  }
+  if (fields["boot_id"] != here.boot_id) {
+    *kept = "written on a host named " + fields["host"] + " in another boot (or another machine)";
+    return "";
+  }
+  if (fields["pid_namespace"] != here.pid_namespace) {
+    *kept = "written in another pid namespace (" + fields["pid_namespace"] + ")";
+    return "";
+  }
+  const int pid = std::atoi(fields["pid"].c_str());
+  if (pid <= 0 || pid == ::getpid()) {
+    *kept = pid <= 0 ? "its WRITER record has a bad pid" : "written by this process";
+    return "";
+  }
+  const std::string writer = StrFormat("pid %d (start time %s)", pid, fields["start_time"].c_str());
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return "its writer, " + writer + ", is not running";
+  const std::string now = ProcessStartTime(pid);
+  if (now.empty()) {
+    *kept = "its writer, " + writer + ", may be running (its start time cannot be read)";
+    return "";
+  }
+  if (now != fields["start_time"])
+    return "its writer, " + writer + ", is gone: pid " + fields["pid"] +
+           " now runs a process started at " + now;
+  *kept = "its writer, " + writer + ", is running";
+  return "";
+}
+
+uint64_t TreeBytes(const std::string& path) {
+  uint64_t bytes = 0;
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    std::error_code size_error;
+    if (it->is_regular_file(size_error)) bytes += it->file_size(size_error);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::string CheckpointDirName(int64_t step) {
   return "step-" + std::to_string(step);
+}
+
+std::string CheckpointWriterRecord(int pid) {
+  const std::string start_time = ProcessStartTime(pid);
+  if (start_time.empty()) return "";
+  const HostIdentity& here = ThisHost();
+  return StrFormat("host=%s\nboot_id=%s\npid_namespace=%s\npid=%d\nstart_time=%s\n",
+                   here.host.c_str(), here.boot_id.c_str(), here.pid_namespace.c_str(), pid,
+                   start_time.c_str());
+}
+
+std::vector<std::string> RemoveStaleCheckpointTemporaries(const std::string& root) {
+  static std::mutex reported_mutex;
+  static std::set<std::string> reported;  // folders kept, already said so
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code type_error;
+    if (name.rfind(".tmp-step-", 0) != 0 || !entry.is_directory(type_error)) continue;
+    const std::string dir = entry.path().string();
+    const std::string record_path = JoinPath(dir, kWriterRecord);
+    std::string kept = "it has no WRITER record (a save from an older crucible, or one just begun)";
+    const std::string gone =
+        FileExists(record_path) ? WhyWriterIsGone(ReadSmallFile(record_path), &kept) : "";
+    if (gone.empty()) {
+      std::lock_guard<std::mutex> lock(reported_mutex);
+      if (reported.insert(dir).second)
+        LogInfo("kept temporary checkpoint folder " + dir + ": " + kept);
+      continue;
+    }
+    const uint64_t bytes = TreeBytes(dir);
+    RemoveTree(dir);
+    if (FileExists(dir)) continue;
+    LogInfo(StrFormat("removed stale temporary checkpoint folder %s (%s): %s", dir.c_str(),
+                      HumanBytes(static_cast<double>(bytes)).c_str(), gone.c_str()));
+    removed.push_back(dir);
+  }
+  return removed;
 }
 
 void RemoveTree(const std::string& path) {
@@ -140,9 +270,11 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
   const std::string temporary = JoinPath(root, ".tmp-" + name + "." + std::to_string(::getpid()));
   const std::string final_dir = JoinPath(root, name);
   RemoveTree(temporary);  // a leftover of this very process: never a published checkpoint
+  RemoveStaleCheckpointTemporaries(root);
   if (::mkdir(temporary.c_str(), 0755) != 0) ThrowErrno("cannot create " + temporary);
   SaveStats stats;
   try {
+    AtomicWriteFile(JoinPath(temporary, kWriterRecord), CheckpointWriterRecord(::getpid()));
     if (snapshot.weights.size() != table.total())
       throw Error(kExitFailure, "internal: checkpoint snapshot has the wrong number of weights");
     std::vector<CheckpointFileInfo> files;
@@ -179,6 +311,9 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
     WriteTextFile(temporary, "COMPLETE",
                   StrFormat("step=%lld\nmanifest_xxh3=%s\n", (long long)snapshot.step,
                             manifest_info.xxh3.c_str()));
+    // The record only marks an unfinished save; the published folder holds the checkpoint alone.
+    if (::unlink(JoinPath(temporary, kWriterRecord).c_str()) != 0)
+      ThrowErrno("cannot remove " + JoinPath(temporary, kWriterRecord));
     FsyncDirectory(temporary);
 
     if (FileExists(final_dir)) {  // left by an earlier attempt: keep it as evidence
@@ -267,9 +402,16 @@ std::string VerifyCheckpoint(const std::string& dir) {
   return "";
 }
 
-std::optional<std::string> FindResumeCheckpoint(
-    const std::string& root, const std::function<void(const std::string&)>& report) {
+namespace {
+
+// The newest step folder under `root` that verifies (nullopt when none does); `latest` is read as
+// a hint (its problems go to `report`), and each folder that fails goes to `unusable` (folder,
+// reason), newest first. *folders is the number of step folders.
+std::optional<std::string> FindNewestVerifiedCheckpoint(
+    const std::string& root, const std::function<void(const std::string&)>& report,
+    const std::function<void(const std::string&, const std::string&)>& unusable, size_t* folders) {
   auto checkpoints = ListCheckpoints(root);
+  *folders = checkpoints.size();
   const std::string latest_path = JoinPath(root, "latest");
   std::string latest;
   if (FileExists(latest_path)) latest = Trim(ReadSmallFile(latest_path));
@@ -287,17 +429,72 @@ std::optional<std::string> FindResumeCheckpoint(
     report(latest_path + " names " + latest + " but " + checkpoints.front().second +
            " is newer (a save that stopped before updating latest?); verifying newest first");
   }
-  std::vector<std::string> failures;
   for (const auto& [step, dir] : checkpoints) {
     std::string failure = VerifyCheckpoint(dir);
     if (failure.empty()) return dir;
-    report("checkpoint " + dir + " is unusable: " + failure + "; falling back to the one before");
-    failures.push_back(dir + ": " + failure);
+    unusable(dir, failure);
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> FindResumeCheckpoint(
+    const std::string& root, const std::function<void(const std::string&)>& report) {
+  std::vector<std::string> failures;
+  size_t folders = 0;
+  std::optional<std::string> found = FindNewestVerifiedCheckpoint(
+      root, report,
+      [&](const std::string& dir, const std::string& failure) {
+        report("checkpoint " + dir + " is unusable: " + failure +
+               "; falling back to the one before");
+        failures.push_back(dir + ": " + failure);
+      },
+      &folders);
+  if (found || folders == 0) return found;
   throw DataError(
       StrFormat("%s: none of the %zu checkpoints verifies (newest: %s); nothing was "
                 "deleted. Pass --resume none to start over or --resume PATH",
-                root.c_str(), checkpoints.size(), failures.front().c_str()));
+                root.c_str(), folders, failures.front().c_str()));
+}
+
+RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
+                          const std::function<void(const std::string&)>& report) {
+  const std::string config_path = JoinPath(run_dir, "config.toml");
+  const Config config = Config::Parse(ReadFile(config_path), config_path);
+  const std::string root = JoinPath(run_dir, config.String("checkpoint.folder"));
+  std::vector<std::pair<std::string, std::string>> skipped;  // (folder, reason)
+  size_t folders = 0;
+  std::optional<std::string> checkpoint = FindNewestVerifiedCheckpoint(
+      root, report,
+      [&](const std::string& dir, const std::string& failure) {
+        report("checkpoint " + dir + " is unusable: " + failure + "; skipped");
+        skipped.emplace_back(dir, failure);
+      },
+      &folders);
+  if (checkpoint)
+    return {JoinPath(*checkpoint, "model.safetensors"), JoinPath(*checkpoint, "config.toml")};
+  const std::string final_model = JoinPath(run_dir, "model.safetensors");
+  if (FileExists(final_model)) {
+    if (!skipped.empty()) {
+      std::string names;
+      for (const auto& [dir, failure] : skipped)
+        names += (names.empty() ? "" : ", ") + dir.substr(dir.find_last_of('/') + 1);
+      report(
+          StrFormat("%s: none of the %zu checkpoints under %s verifies (skipped: %s); using "
+                    "the run's final model %s",
+                    run_dir.c_str(), folders, root.c_str(), names.c_str(), final_model.c_str()));
+    }
+    return {final_model, config_path};
+  }
+  if (skipped.empty())
+    throw UsageError(run_dir + ": has no checkpoint and no final model.safetensors");
+  throw DataError(StrFormat(
+      "%s: nothing to %s: none of the %zu checkpoints under %s verifies (newest: %s: %s) and the "
+      "run has no final model.safetensors; nothing was deleted. Name a checkpoint folder or a "
+      "Hugging Face folder instead",
+      run_dir.c_str(), verb.c_str(), folders, root.c_str(), skipped.front().first.c_str(),
+      skipped.front().second.c_str()));
 }
 
 nlohmann::json LoadCheckpoint(

@@ -12,7 +12,10 @@
 // A checkpoint is written in "<root>/.tmp-step-<n>.<pid>" (every file fsynced), published by
 // renaming that folder, and only then pointed to by `latest` (itself written atomically).
 // Readers trust a checkpoint only when COMPLETE is present and every file matches MANIFEST.
-// Nothing here deletes a checkpoint that failed verification: evidence stays on disk.
+// Nothing here deletes a checkpoint that failed verification: evidence stays on disk. The one
+// thing a save removes is the temporary folder of a save whose writer is known to be gone: each
+// temporary folder holds WRITER (host, boot, pid namespace, pid, process start time) while it is
+// written, and the next save removes those whose writer ran here and no longer runs.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +69,17 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
 
 std::string CheckpointDirName(int64_t step);  // "step-<n>"
 
+// The WRITER record of process `pid` as this process sees it ("host=...\nboot_id=...\n
+// pid_namespace=...\npid=...\nstart_time=...\n"), or "" when no such process runs.
+std::string CheckpointWriterRecord(int pid);
+
+// Removes every "<root>/.tmp-step-*" folder whose WRITER names a process that ran on this host
+// (same host name, boot and pid namespace) and is gone: no such pid, or the pid now runs a process
+// with another start time. Keeps any other (another host or namespace, a live writer, no record).
+// Logs each removal, and once per process each folder kept and why. Returns the folders removed.
+// WriteCheckpoint calls it before it starts.
+std::vector<std::string> RemoveStaleCheckpointTemporaries(const std::string& root);
+
 // The step-<n> folders under `root`, newest first (complete or not).
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root);
 
@@ -79,6 +93,19 @@ std::string VerifyCheckpoint(const std::string& dir);
 // throws DataError (65) when it holds some and none verifies.
 std::optional<std::string> FindResumeCheckpoint(
     const std::string& root, const std::function<void(const std::string&)>& report);
+
+// The weights `crucible eval` and `crucible export hf` read from a run directory (config.toml,
+// checkpoint.folder): its newest checkpoint that verifies, each one that does not reported
+// through `report` with its reason and skipped; else its final model.safetensors, reported when
+// checkpoints were skipped. `verb` names the command in errors ("evaluate", "export"). Throws
+// DataError (65) when checkpoints exist, none verifies and there is no final model, UsageError
+// (2) when there is neither. Nothing is deleted.
+struct RunWeights {
+  std::string weights_path;  // the model.safetensors to load
+  std::string config_path;   // the config.toml that describes it
+};
+RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
+                          const std::function<void(const std::string&)>& report);
 
 // Reads a checkpoint that VerifyCheckpoint accepted: weights (table layout), the optimizer
 // state buffers named in `optimizer_state` (each filled over the slice starting at

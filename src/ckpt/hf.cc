@@ -327,6 +327,8 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
     if (!reader) reader = std::make_unique<SafetensorsReader>(JoinPath(dir, file_of[p.name]));
     reader->ReadFloat32(p.name, p.shape, weights + p.offset);
   }
+  RequireFiniteWeights(table, weights,
+                       [&](const std::string& name) { return JoinPath(dir, file_of[name]); });
 }
 
 }  // namespace crucible

@@ -30,7 +30,8 @@ LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embe
 
 // Reads `dir`/config.json (refused as by ReadHfLlamaConfig, and it must describe the same shape
 // and RoPE base as `model`: every differing key is listed in a UsageError) and the weights into
-// `weights` (DataError on a missing tensor).
+// `weights` (DataError on a missing tensor, or on one that holds NaN or infinity, naming its
+// file: RequireFiniteWeights).
 void ImportHfModel(const std::string& dir, const LlamaConfig& model, const ParameterTable& table,
                    float* weights);
 

@@ -1,8 +1,11 @@
 #include "ckpt/model_weights.h"
 
+#include <cmath>
 #include <map>
 
 #include "ckpt/safetensors.h"
+#include "common/error.h"
+#include "common/strings.h"
 
 namespace crucible {
 
@@ -28,6 +31,30 @@ void SaveModelWeights(const std::string& path, const ParameterTable& table, cons
 void LoadModelWeights(const std::string& path, const ParameterTable& table, float* weights) {
   SafetensorsReader reader(path);
   for (const auto& p : table.params()) reader.ReadFloat32(p.name, p.shape, weights + p.offset);
+  RequireFiniteWeights(table, weights, [&](const std::string&) { return path; });
+}
+
+void RequireFiniteWeights(const ParameterTable& table, const float* weights,
+                          const std::function<std::string(const std::string&)>& file_of) {
+  const ParamInfo* first = nullptr;
+  size_t first_count = 0, total = 0, tensors = 0;
+  for (const auto& p : table.params()) {
+    size_t count = 0;
+    for (size_t i = 0; i < p.numel; ++i) count += !std::isfinite(weights[p.offset + i]);
+    if (count == 0) continue;
+    if (!first) {
+      first = &p;
+      first_count = count;
+    }
+    total += count;
+    ++tensors;
+  }
+  if (!first) return;
+  throw DataError(StrFormat(
+      "%s: tensor '%s' holds %zu non-finite values (NaN or infinity) of %zu; %zu in all, in %zu "
+      "tensor%s: weights that are not finite cannot be trained or scored; load other weights",
+      file_of(first->name).c_str(), first->name.c_str(), first_count, first->numel, total, tensors,
+      tensors == 1 ? "" : "s"));
 }
 
 }  // namespace crucible

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -131,12 +132,46 @@ void SafetensorsReader::Parse() {
                         (unsigned long long)header_length, size_));
   data_start_ = 8 + header_length;
   const uint64_t data_size = size_ - data_start_;
+  // A JSON object keeps the last of two equal keys, so a tensor named twice would silently lose
+  // its first entry: every object of the header is checked for repeated keys while it is parsed.
+  struct Level {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Level> levels;
+  std::string duplicate;
+  auto check_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      levels.emplace_back();
+    } else if (event == Event::object_end) {
+      if (!levels.empty()) levels.pop_back();
+    } else if (event == Event::key && !levels.empty()) {
+      const std::string key = parsed.get<std::string>();
+      if (!levels.back().keys.insert(key).second && duplicate.empty()) {
+        const std::string owner = levels.size() >= 2 ? levels[levels.size() - 2].last_key : "";
+        if (levels.size() == 1) {
+          duplicate = key == "__metadata__" ? "__metadata__ appears twice"
+                                            : "tensor '" + key + "' appears twice";
+        } else if (levels.size() == 2 && owner == "__metadata__") {
+          duplicate = "__metadata__: key '" + key + "' appears twice";
+        } else if (levels.size() == 2) {
+          duplicate = "tensor '" + owner + "': key '" + key + "' appears twice";
+        } else {
+          duplicate = "key '" + key + "' appears twice in one object";
+        }
+      }
+      levels.back().last_key = key;
+    }
+    return true;
+  };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(data_ + 8, data_ + data_start_);
+    header = nlohmann::json::parse(data_ + 8, data_ + data_start_, check_keys);
   } catch (const nlohmann::json::exception& e) {
     throw bad(std::string("header is not valid JSON (") + e.what() + ")");
   }
+  if (!duplicate.empty()) throw bad(duplicate + " in the header (each name must be unique)");
   if (!header.is_object()) throw bad("header is not a JSON object");
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();

@@ -1,7 +1,8 @@
 // safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
 // length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {..}}, then the
-// tensor bytes. The reader trusts nothing in the file: a truncated or malformed file is a
-// DataError (exit 65) naming the file and the tensor, never a crash.
+// tensor bytes. The reader trusts nothing in the file: a truncated or malformed file, or a header
+// that names a tensor twice (or repeats a key inside an entry or __metadata__), is a DataError
+// (exit 65) naming the file and the tensor, never a crash.
 #pragma once
 
 #include <cstdint>

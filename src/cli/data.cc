@@ -69,6 +69,7 @@ BlendOptions MakeBlendOptions(const DataOptions& o, bool progress) {
   b.seq_len = o.seq_len;
   b.seed = o.seed;
   b.num_samples = o.samples;
+  b.samples_from = StrFormat("--samples %lld", (long long)o.samples);
   b.cache_dir = o.cache_dir;
   b.progress = progress;
   if (!o.tokenizer.empty()) {
@@ -268,12 +269,31 @@ int RunDump(const DataOptions& o) {
   return kExitOk;
 }
 
+// Counts may be written in exponent form ("1e11"): such a value becomes the integer it denotes
+// (when it is one), so that the size checks name it; anything else goes to the integer parser.
+const CLI::Validator kCount(
+    [](std::string& value) {
+      if (value.find_first_of("eE") == std::string::npos) return std::string();
+      char* end = nullptr;
+      const double number = std::strtod(value.c_str(), &end);
+      if (end != value.c_str() && *end == '\0' && number >= 0 && number < 0x1p63 &&
+          std::floor(number) == number)
+        value = StrFormat("%.0f", number);
+      return std::string();
+    },
+    "", "COUNT");
+
 void AddBlendOptions(CLI::App* app, DataOptions* o, bool need_samples) {
   app->add_option("--list", o->list, "blendcorpus file list: `weight prefix [corpus]` per line")
       ->required();
   app->add_option("--seq-len", o->seq_len, "tokens per sample (each sample holds seq_len + 1)")
-      ->required();
-  auto* samples = app->add_option("--samples", o->samples, "global samples to index");
+      ->required()
+      ->transform(kCount);
+  auto* samples =
+      app->add_option("--samples", o->samples,
+                      "global samples to index (1e6 or 1000000; 10 bytes of index each, refused "
+                      "when twice that exceeds the memory this process can have)")
+          ->transform(kCount);
   if (need_samples) samples->required();
   app->add_option("--seed", o->seed, "shuffle seed (the [debug] seed of a run)");
   app->add_option("--tokenizer", o->tokenizer,
@@ -318,8 +338,9 @@ CommandRun SetupData(CLI::App& app) {
   CLI::App* inspect = app.add_subcommand(
       "inspect", "realised mixture vs weights, document/token statistics, decoded samples");
   AddBlendOptions(inspect, o.get(), true);
-  inspect->add_option("--decode", o->decode,
-                      "samples to print (decoded with --tokenizer, else ids)");
+  inspect
+      ->add_option("--decode", o->decode, "samples to print (decoded with --tokenizer, else ids)")
+      ->transform(kCount);
   CLI::App* dump = app.add_subcommand(
       "dump",
       "print every sequence of a .bin/.idx shard (any Megatron shard) as a JSON array of ids");

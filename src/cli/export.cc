@@ -33,19 +33,12 @@ ExportSource ResolveSource(const std::string& source) {
     if (!failure.empty()) throw DataError(source + ": " + failure);
     return {JoinPath(source, "model.safetensors"), JoinPath(source, "config.toml")};
   }
-  const std::string config_path = JoinPath(source, "config.toml");
-  if (!FileExists(config_path))
+  if (!FileExists(JoinPath(source, "config.toml")))
     throw UsageError(source +
                      ": neither a checkpoint (MANIFEST) nor a run directory (config.toml)");
-  Config config = Config::Parse(ReadFile(config_path), config_path);
-  const std::string root = JoinPath(source, config.String("checkpoint.folder"));
-  std::optional<std::string> checkpoint =
-      FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
-  if (checkpoint)
-    return {JoinPath(*checkpoint, "model.safetensors"), JoinPath(*checkpoint, "config.toml")};
-  if (FileExists(JoinPath(source, "model.safetensors")))
-    return {JoinPath(source, "model.safetensors"), config_path};
-  throw UsageError(source + ": has no checkpoint and no final model.safetensors");
+  const RunWeights run =
+      FindRunWeights(source, "export", [](const std::string& line) { LogWarn(line); });
+  return {run.weights_path, run.config_path};
 }
 
 CommandRun SetupExport(CLI::App& app) {

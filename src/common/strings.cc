@@ -75,9 +75,9 @@ std::string HexU64(uint64_t value) {
 }
 
 std::string HumanBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int unit = 0;
-  while (bytes >= 1024.0 && unit < 4) {
+  while (bytes >= 1024.0 && unit < 6) {
     bytes /= 1024.0;
     ++unit;
   }

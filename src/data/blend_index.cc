@@ -2,10 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <queue>
 
@@ -131,7 +135,10 @@ std::string SerializeCache(const std::string& key_text, const BlendIndex& index)
   return out;
 }
 
-// Holds an exclusive flock on a lock file for the lifetime of the object.
+// Holds an exclusive flock on a lock file for the lifetime of the object. The flock, not the
+// file, is the lock: the kernel drops it when its process ends, however it ends (a crash or
+// SIGKILL included), so a lock file left on disk never blocks anyone. The holder writes
+// "host=<h> pid=<p>" into the file, which waiters name in their heartbeats.
 class FileLock {
  public:
   FileLock(const std::string& path, bool progress) {
@@ -144,12 +151,22 @@ class FileLock {
         ThrowErrno("cannot lock " + path);
       }
       if (progress && since_heartbeat.Seconds() >= 2.0) {
-        PrintLine(
-            StrFormat("phase=index_wait lock=%s waited_s=%.0f", path.c_str(), waited.Seconds()));
+        char holder[128] = {};
+        const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+        PrintLine(StrFormat("phase=index_wait lock=%s holder=\"%s\" waited_s=%.0f", path.c_str(),
+                            n > 0 ? Trim(std::string_view(holder, n)).c_str() : "unknown",
+                            waited.Seconds()));
         since_heartbeat.Reset();
       }
       ::usleep(50 * 1000);
     }
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string record = StrFormat("host=%s pid=%d\n", host, static_cast<int>(::getpid()));
+    const bool recorded =
+        ::ftruncate(fd_, 0) == 0 &&
+        ::pwrite(fd_, record.data(), record.size(), 0) == static_cast<ssize_t>(record.size());
+    (void)recorded;  // only the waiters' heartbeats read it: not worth failing the build for
   }
   ~FileLock() {
     ::flock(fd_, LOCK_UN);
@@ -160,24 +177,123 @@ class FileLock {
   int fd_ = -1;
 };
 
+constexpr int64_t kIndexBytesPerSample = 2 + 8;  // dataset (uint16) and its sample (int64)
+
+std::string Asked(int64_t n, const std::string& asked) {
+  return asked.empty() ? StrFormat("%lld samples", (long long)n) : asked;
+}
+
+// The most memory this process can use, and what sets it.
+std::pair<long double, std::string> MemoryLimit() {
+  struct sysinfo info;
+  long double limit = std::numeric_limits<long double>::infinity();
+  std::string source;
+  if (::sysinfo(&info) == 0) {
+    limit = (static_cast<long double>(info.totalram) + info.totalswap) * info.mem_unit;
+    source = info.totalswap > 0 ? "memory and swap this machine has" : "memory this machine has";
+  }
+  for (const auto& [resource, name] :
+       {std::pair{RLIMIT_AS, "ulimit -v"}, {RLIMIT_DATA, "ulimit -d"}}) {
+    struct rlimit rl;
+    if (::getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        static_cast<long double>(rl.rlim_cur) < limit) {
+      limit = static_cast<long double>(rl.rlim_cur);
+      source = std::string("memory this process may use (") + name + ")";
+    }
+  }
+  std::string cgroup_max;
+  try {
+    if (FileExists("/sys/fs/cgroup/memory.max"))
+      cgroup_max = Trim(ReadFile("/sys/fs/cgroup/memory.max"));
+  } catch (const Error&) {
+  }
+  if (!cgroup_max.empty() && cgroup_max.find_first_not_of("0123456789") == std::string::npos) {
+    const long double cgroup = std::stold(cgroup_max);
+    if (cgroup < limit) {
+      limit = cgroup;
+      source = "memory this cgroup may use (/sys/fs/cgroup/memory.max)";
+    }
+  }
+  return {limit, source};
+}
+
+// Refuses to build when the cache folder's filesystem has no room for the file.
+void CheckDiskRoom(const std::string& cache_dir, const std::string& key_text, int64_t n,
+                   const std::string& asked) {
+  struct statvfs fs;
+  if (::statvfs(cache_dir.c_str(), &fs) != 0) return;  // the write itself will say why
+  const long double need =
+      static_cast<long double>(n) * kIndexBytesPerSample + key_text.size() + 64;
+  const long double room = static_cast<long double>(fs.f_bavail) * fs.f_frsize;
+  if (need > room)
+    throw IoError(StrFormat(
+        "%s: the blend index for %s needs %s on disk but only %s is free; "
+        "free space or put the cache elsewhere (--cache-dir, [training] "
+        "data_cache_dir)",
+        cache_dir.c_str(), Asked(n, asked).c_str(), HumanBytes(static_cast<double>(need)).c_str(),
+        HumanBytes(static_cast<double>(room)).c_str()));
+}
+
 }  // namespace
+
+void CheckBlendIndexFits(int64_t n, const std::string& asked) {
+  if (n < 0) throw UsageError(Asked(n, asked) + ": the number of samples must not be negative");
+  const long double bytes = static_cast<long double>(n) * kIndexBytesPerSample;
+  const auto [limit, source] = MemoryLimit();
+  if (2 * bytes <= limit) return;
+  throw UsageError(StrFormat(
+      "%s needs %s of blend index (%lld bytes a sample, %s while it is built or read), more than "
+      "the %s of %s; ask for fewer samples",
+      Asked(n, asked).c_str(), HumanBytes(static_cast<double>(bytes)).c_str(),
+      (long long)kIndexBytesPerSample, HumanBytes(static_cast<double>(2 * bytes)).c_str(),
+      HumanBytes(static_cast<double>(limit)).c_str(), source.c_str()));
+}
+
+std::vector<double> BlendShares(const std::vector<double>& weights,
+                                const std::vector<std::string>& where) {
+  auto name = [&](size_t d) {
+    return d < where.size() ? where[d] : "blend: weight " + std::to_string(d);
+  };
+  if (weights.empty() || weights.size() > 65535)
+    throw DataError(StrFormat("blend: %zu datasets; a blend needs 1 to 65535", weights.size()));
+  double total = 0, largest = 0;
+  for (size_t d = 0; d < weights.size(); ++d) {
+    if (!(weights[d] > 0) || !std::isfinite(weights[d]))
+      throw DataError(name(d) + ": weight " + FormatDouble(weights[d]) +
+                      " must be a positive finite number");
+    total += weights[d];
+    largest = std::max(largest, weights[d]);
+  }
+  std::vector<double> scaled = weights;
+  if (!std::isfinite(total)) {
+    // Scale by 2^-k (exact) so that the largest weight is below 1 and the sum below 65535.
+    int exponent = 0;
+    std::frexp(largest, &exponent);
+    total = 0;
+    for (double& w : scaled) {
+      w = std::ldexp(w, -exponent);
+      total += w;
+    }
+  }
+  std::vector<double> shares(weights.size());
+  for (size_t d = 0; d < weights.size(); ++d) {
+    shares[d] = scaled[d] / total;
+    if (!(shares[d] >= std::numeric_limits<double>::min()))
+      throw DataError(StrFormat(
+          "%s: weight %s is too small next to the largest, %s: its share of the blend cannot be "
+          "represented as a double (below %.3g); raise the weight or drop the line",
+          name(d).c_str(), FormatDouble(weights[d]).c_str(), FormatDouble(largest).c_str(),
+          std::numeric_limits<double>::min()));
+  }
+  return shares;
+}
 
 void BuildBlendIndex(const std::vector<double>& weights, int64_t n, uint16_t* dataset_index,
                      int64_t* dataset_sample, const std::function<void(int64_t)>& heartbeat) {
-  const int datasets = static_cast<int>(weights.size());
-  if (datasets == 0 || datasets > 65535) throw UsageError("blend: need 1 to 65535 datasets");
-  double total = 0;
-  for (double w : weights) {
-    if (!(w > 0) || !std::isfinite(w))
-      throw UsageError("blend: weights must be positive and finite");
-    total += w;
-  }
-  std::vector<double> share(datasets);
+  const std::vector<double> share = BlendShares(weights);
+  const int datasets = static_cast<int>(share.size());
   double longest_gap = 1;
-  for (int d = 0; d < datasets; ++d) {
-    share[d] = weights[d] / total;
-    longest_gap = std::max(longest_gap, 1.0 / share[d]);
-  }
+  for (int d = 0; d < datasets; ++d) longest_gap = std::max(longest_gap, 1.0 / share[d]);
   // Calendar ring for releases up to `ring` slots ahead; later ones wait in a heap.
   int64_t ring = 2;
   while (ring < static_cast<int64_t>(std::min(longest_gap + 2, 1048576.0))) ring *= 2;
@@ -219,6 +335,9 @@ void BuildBlendIndex(const std::vector<double>& weights, int64_t n, uint16_t* da
       if (slot < step + ring) {
         drain(slot);
       } else {
+        // Every dataset waits somewhere: the ring is empty here, so the heap is not (a guard
+        // against a broken invariant, not a path valid shares take).
+        if (far.empty()) throw Error(kExitFailure, "blend: internal error: no dataset is due");
         int64_t first = far.top().first;
         while (!far.empty() && far.top().first == first) {
           release(far.top().second);
@@ -254,7 +373,9 @@ std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_
 }
 
 BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
-                                 const std::vector<double>& weights, int64_t n, bool progress) {
+                                 const std::vector<double>& weights, int64_t n, bool progress,
+                                 const std::string& asked) {
+  CheckBlendIndexFits(n, asked);
   const std::string path = BlendIndexPath(cache_dir, key_text);
   BlendIndex index;
   std::string reason = "absent";
@@ -279,6 +400,22 @@ BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string
           StrFormat("phase=index status=cached samples=%lld path=%s", (long long)n, path.c_str()));
     return index;
   }
+  // A builder that died while writing left <index>.tmp.<pid> (AtomicWriteFile's temporary): only
+  // the lock holder writes one, so under the lock every such file is a dead builder's.
+  const std::string leftover_prefix = path.substr(path.find_last_of('/') + 1) + ".tmp.";
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(cache_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(leftover_prefix, 0) != 0) continue;
+    std::error_code size_error;
+    const uintmax_t bytes = entry.file_size(size_error);
+    if (std::filesystem::remove(entry.path(), size_error))
+      LogInfo(
+          StrFormat("removed %s (%s): left by a blend index build that stopped before it "
+                    "finished",
+                    entry.path().c_str(), HumanBytes(static_cast<double>(bytes)).c_str()));
+  }
+  CheckDiskRoom(cache_dir, key_text, n, asked);
   if (progress)
     PrintLine(
         StrFormat("phase=index status=building samples=%lld datasets=%zu reason=\"%s\" path=%s",

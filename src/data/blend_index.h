@@ -19,7 +19,15 @@
 
 namespace crucible {
 
-// weights: positive, need not be normalised. Fills dataset_index[0, n) and dataset_sample[0, n).
+// The shares weights[d] / sum(weights). Every weight must be a positive finite number; a sum
+// beyond the range of a double is computed on the weights scaled by a power of two (exact, so the
+// shares are those of the ratios), and a share below the smallest normal double (its ratio to
+// the other weights cannot be represented) is refused. Throws DataError (65) naming where[d]
+// (e.g. "list.txt:3"; "weight <d>" when `where` is empty) and what to do.
+std::vector<double> BlendShares(const std::vector<double>& weights,
+                                const std::vector<std::string>& where = {});
+
+// weights: as BlendShares takes them. Fills dataset_index[0, n) and dataset_sample[0, n).
 // `heartbeat`, when set, is called every few million samples with the samples done.
 void BuildBlendIndex(const std::vector<double>& weights, int64_t n, uint16_t* dataset_index,
                      int64_t* dataset_sample,
@@ -36,9 +44,21 @@ struct BlendIndex {
 // an xxh3 of its bytes, both checked on every read. A cached index with at least n samples is
 // used (its first n, which prefix stability makes the same); otherwise one process builds it
 // (an flock on <file>.lock; others wait and then read it), writes it under a temporary name,
-// fsyncs and renames it. A corrupt or foreign cache file is rebuilt. Prints phase= lines.
+// fsyncs and renames it. The flock dies with its holder, however it ends; the holder removes the
+// <file>.tmp.<pid> a killed builder left. A corrupt or foreign cache file is rebuilt. Prints
+// phase= lines.
+// `asked` says where n came from, for errors ("--samples 5000"; "" = "<n> samples"). Before
+// anything is allocated, an index that cannot fit is refused: CheckBlendIndexFits, and before
+// building, IoError (74) when the cache folder's filesystem has no room for the file.
 BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
-                                 const std::vector<double>& weights, int64_t n, bool progress);
+                                 const std::vector<double>& weights, int64_t n, bool progress,
+                                 const std::string& asked = "");
+
+// Refuses (UsageError, exit 2, naming `asked` and the sizes) an index of n samples whose build or
+// read would need more memory than this process can have: 10 bytes a sample, twice that at the
+// peak (the serialised copy while it is written, the file's bytes while it is read), against the
+// machine's memory and swap, the address-space limit (ulimit -v) and the cgroup's memory.max.
+void CheckBlendIndexFits(int64_t n, const std::string& asked);
 
 // The cache file a key maps to (for tests and `data inspect`).
 std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_text);

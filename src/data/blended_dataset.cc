@@ -112,13 +112,18 @@ BlendedDataset::~BlendedDataset() = default;
 
 std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options) {
   if (options.seq_len < 1) throw UsageError("blend: seq_len must be at least 1");
-  if (options.num_samples < 0)
-    throw UsageError("blend: the number of samples must not be negative");
+  // Before any shard is opened: an index that cannot fit is refused at once.
+  CheckBlendIndexFits(options.num_samples, options.samples_from);
   auto state = std::make_unique<State>();
   state->options = options;
   std::vector<FileListEntry> entries = ReadFileList(options.file_list);
-  double total_weight = 0;
-  for (const auto& e : entries) total_weight += e.weight;
+  std::vector<double> entry_weights;
+  std::vector<std::string> entry_lines;
+  for (const auto& e : entries) {
+    entry_weights.push_back(e.weight);
+    entry_lines.push_back(e.where);
+  }
+  const std::vector<double> shares = BlendShares(entry_weights, entry_lines);
   std::string tokenizer = options.tokenizer_checksum;
   std::string tokenizer_source = "the run's tokenizer";
   for (size_t d = 0; d < entries.size(); ++d) {
@@ -131,7 +136,7 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
                       ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");
     BlendedShard shard;
     shard.entry = entry;
-    shard.share = entry.weight / total_weight;
+    shard.share = shares[d];
     auto reader = std::make_unique<ShardReader>();
     try {
       shard.manifest = ReadManifest(entry.prefix);
@@ -169,9 +174,9 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
                     (long long)options.vocab_size));
     shard.samples_per_epoch = (data.total_tokens() - 1) / options.seq_len;
     if (shard.samples_per_epoch < 1)
-      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %lld",
+      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %llu",
                                 where.c_str(), entry.prefix.c_str(), (long long)data.total_tokens(),
-                                (long long)(options.seq_len + 1)));
+                                (unsigned long long)options.seq_len + 1));
     state->shards.push_back(std::move(shard));
     state->readers.push_back(std::move(reader));
   }
@@ -190,8 +195,8 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
     cache_dir = JoinPath(ParentDirectory(options.file_list), ".crucible-cache");
   state->key = key;
   state->path = BlendIndexPath(cache_dir, key);
-  state->index =
-      LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples, options.progress);
+  state->index = LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples,
+                                       options.progress, options.samples_from);
   return std::unique_ptr<BlendedDataset>(new BlendedDataset(std::move(state)));
 }
 

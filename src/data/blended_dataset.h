@@ -26,8 +26,9 @@ struct BlendOptions {
   std::string file_list;
   int64_t seq_len = 0;
   uint64_t seed = 0;
-  int64_t num_samples = 0;  // how many global samples to index
-  std::string cache_dir;    // "" = <file list folder>/.crucible-cache
+  int64_t num_samples = 0;   // how many global samples to index
+  std::string samples_from;  // where num_samples came from, for errors ("--samples 5000")
+  std::string cache_dir;     // "" = <file list folder>/.crucible-cache
   // The checksum of the tokenizer the run uses ("" = take the shards', which must agree).
   std::string tokenizer_checksum;
   int64_t vocab_size = 0;  // the model's; 0 = do not check token ids against it

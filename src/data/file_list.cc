@@ -12,7 +12,10 @@ namespace crucible {
 
 std::vector<FileListEntry> ReadFileList(const std::string& path) {
   if (!FileExists(path)) throw UsageError(path + ": file list not found");
-  const std::string text = ReadFile(path);
+  return ParseFileList(ReadFile(path), path);
+}
+
+std::vector<FileListEntry> ParseFileList(const std::string& text, const std::string& path) {
   const std::string folder = ParentDirectory(path);
   std::vector<FileListEntry> entries;
   int line_number = 0;

@@ -2,7 +2,8 @@
 // a prepared shard (prefix.bin, prefix.idx, prefix.manifest.json; a trailing .bin or .idx is
 // accepted and dropped) and corpus groups shards for reporting (defaults to the shard's file
 // name). Blank lines and lines starting with '#' are skipped. Relative prefixes are relative to
-// the file list's folder. Weights are positive numbers; they are normalised to sum to one.
+// the file list's folder. Weights are positive finite numbers; BlendShares (blend_index.h)
+// normalises them to sum to one.
 #pragma once
 
 #include <string>
@@ -21,5 +22,7 @@ struct FileListEntry {
 // a weight that is not a positive finite number, or an empty list; UsageError if the list itself
 // is missing.
 std::vector<FileListEntry> ReadFileList(const std::string& path);
+// The same on the list's text; `path` names it in errors and anchors relative prefixes.
+std::vector<FileListEntry> ParseFileList(const std::string& text, const std::string& path);
 
 }  // namespace crucible

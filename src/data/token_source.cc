@@ -148,7 +148,15 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
     const int64_t global_batch = config.Int("training.global_batch_size") > 0
                                      ? config.Int("training.global_batch_size")
                                      : config.Int("training.local_batch_size");
-    options.num_samples = config.Int("training.steps") * global_batch;
+    const int64_t steps = config.Int("training.steps");
+    if (__builtin_mul_overflow(steps, global_batch, &options.num_samples))
+      throw UsageError(
+          StrFormat("training.steps %lld x global batch %lld overflows the sample "
+                    "count; lower training.steps",
+                    (long long)steps, (long long)global_batch));
+    options.samples_from =
+        StrFormat("training.steps x global batch (%lld x %lld = %lld samples)", (long long)steps,
+                  (long long)global_batch, (long long)options.num_samples);
     options.cache_dir = config.String("training.data_cache_dir");
     options.vocab_size = vocab_size;
     const std::string& tokenizer_path = config.String("model.tokenizer_path");

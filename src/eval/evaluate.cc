@@ -132,20 +132,10 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     config_path = JoinPath(path, "config.toml");
   } else if (has_toml) {
     model.kind = "run";
-    config_path = JoinPath(path, "config.toml");
-    Config run = Config::Parse(ReadFile(config_path), config_path);
-    const std::string folder = run.String("checkpoint.folder");
-    const std::string root = !folder.empty() && folder[0] == '/' ? folder : JoinPath(path, folder);
-    std::optional<std::string> checkpoint =
-        FindResumeCheckpoint(root, [](const std::string& line) { LogWarn(line); });
-    if (checkpoint) {
-      weights_path = JoinPath(*checkpoint, "model.safetensors");
-      config_path = JoinPath(*checkpoint, "config.toml");
-    } else if (FileExists(JoinPath(path, "model.safetensors"))) {
-      weights_path = JoinPath(path, "model.safetensors");
-    } else {
-      throw UsageError(path + ": has no checkpoint and no final model.safetensors");
-    }
+    const RunWeights run =
+        FindRunWeights(path, "evaluate", [](const std::string& line) { LogWarn(line); });
+    weights_path = run.weights_path;
+    config_path = run.config_path;
   } else {
     throw UsageError(
         path +
@@ -264,6 +254,14 @@ PerplexityResult EvaluatePerplexity(const EvalModel& model, const TextDocuments&
     result.bytes += static_cast<int64_t>(text.documents[d].size());
     result.words += PythonWordCount(text.documents[d]);
   }
+  if (result.bytes == 0 || result.tokens == 0)  // LoadTextDocuments refused files with no text
+    throw DataError(
+        result.bytes == 0
+            ? StrFormat("%s: no text to score in the first %lld documents (--limit %lld); raise "
+                        "--limit",
+                        text.path.c_str(), (long long)documents, (long long)options.limit)
+            : StrFormat("%s: no text to score: its %lld bytes encode to no tokens",
+                        text.path.c_str(), (long long)result.bytes));
   std::vector<TokenScore> scores = ScoreRequests(model, requests, options, "text=" + text.name);
   double loglikelihood = 0;
   for (const auto& s : scores) loglikelihood += s.loglikelihood;

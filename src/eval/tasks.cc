@@ -202,7 +202,14 @@ TextDocuments LoadTextDocuments(const std::string& path) {
       text.documents.push_back(doc["text"].get<std::string>());
     }
   }
-  if (text.documents.empty()) throw DataError(path + ": no documents");
+  size_t bytes = 0;
+  for (const auto& d : text.documents) bytes += d.size();
+  if (bytes == 0)
+    throw DataError(path + ": no text to score (" +
+                    (text.documents.empty()     ? std::string("no documents")
+                     : EndsWith(path, ".jsonl") ? "every document's text is empty"
+                                                : "the file is empty") +
+                    "); bits per byte of nothing would read as a perfect 0");
   return text;
 }
 

@@ -327,3 +327,48 @@ def test_auto_interval_uses_young_daly_and_attempts_evidence(tmp_path):
     assert any(f["cost_source"] == "measured" for f in lines), "interval not revised after a save"
     saves = re.findall(r"^phase=checkpoint step=(\d+) mode=\w+ reason=interval", proc.stdout, re.M)
     assert saves, proc.stdout
+
+
+def writer_record(pid, **override):
+    """The WRITER record crucible keeps in a temporary checkpoint folder, for process `pid`."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = {"host": os.uname().nodename,
+              "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+              "pid_namespace": os.readlink("/proc/self/ns/pid"), "pid": str(pid),
+              "start_time": stat[stat.rindex(")") + 2:].split()[19]}
+    fields.update(override)
+    return "".join(f"{k}={v}\n" for k, v in fields.items())
+
+
+def test_temporary_folders_of_killed_saves_are_removed_at_the_next_save(tmp_path):
+    """A save killed part way leaves ckpt/.tmp-step-<n>.<pid>/ (as large as a checkpoint); the next
+    save removes it when its writer ran on this host and is gone, and keeps it when the writer
+    may be alive (a running process, another host)."""
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "ckpt"
+    dead = subprocess.Popen(["sleep", "600"])
+    dead_record = writer_record(dead.pid)
+    dead.kill()
+    dead.wait()
+    live = subprocess.Popen(["sleep", "600"])
+    try:
+        folders = {"stale": (f".tmp-step-30.{dead.pid}", dead_record),
+                   "live": (f".tmp-step-20.{live.pid}", writer_record(live.pid)),
+                   "elsewhere": (".tmp-step-10.4242", writer_record(live.pid, host="node-17"))}
+        for name, record in folders.values():
+            (ckpt / name).mkdir(parents=True)
+            (ckpt / name / "model.safetensors").write_bytes(b"\0" * 100000)
+            (ckpt / name / "WRITER").write_text(record)
+        proc = run(run_dir, "--set", "training.steps=10")
+        assert proc.returncode == 0, proc.stderr
+        removed = [l for l in proc.stderr.splitlines() if "removed stale temporary checkpoint folder" in l]
+        assert len(removed) == 1 and f"{ckpt / folders['stale'][0]} (97.8 KiB): its writer, pid {dead.pid} " \
+            in removed[0] and removed[0].endswith("is not running"), proc.stderr
+        assert not (ckpt / folders["stale"][0]).exists()
+        assert (ckpt / folders["live"][0] / "model.safetensors").exists()
+        assert (ckpt / folders["elsewhere"][0] / "model.safetensors").exists()
+        assert "written on host node-17" in proc.stderr
+        assert not (ckpt / "step-10" / "WRITER").exists()
+    finally:
+        live.kill()
+        live.wait()

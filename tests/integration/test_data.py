@@ -228,8 +228,41 @@ def test_verify_names_corrupted_and_truncated_shards(tmp_path, tokenizer_json):
     assert "ok " + str(tmp_path / "shards" / "web") in proc.stdout
 
 
+def test_weights_whose_sum_overflows_blend_and_train_like_their_ratios(tmp_path, tokenizer_json):
+    blend_setup(tmp_path, tokenizer_json)
+    lst = tmp_path / "huge.txt"
+    lst.write_text("1e308 shards/web web\n1e308 shards/books books\n")
+    proc = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 1000, check=False)
+    assert proc.returncode == 0, proc.stderr
+    mixture = {l.split()[0].split("=")[1]: dict(kv.split("=", 1) for kv in l.split())
+               for l in proc.stdout.splitlines() if l.startswith("corpus=")}
+    assert {name: int(m["samples"]) for name, m in mixture.items()} == {"web": 500, "books": 500}
+    config = tmp_path / "train.toml"
+    config.write_text(f"""
+[job]
+dump_folder = "{tmp_path / 'run'}"
+[model]
+flavor = "debug"
+vocab_size = 640
+[training]
+steps = 2
+seq_len = 32
+local_batch_size = 2
+dataset = "blend"
+dataset_path = "{lst}"
+[metrics]
+peak_gflops = 100.0
+[checkpoint]
+enable = false
+""")
+    train = run_crucible("train", "--config", config, check=False)
+    assert train.returncode == 0, train.stderr
+    assert "step=2 " in train.stdout
+
+
 @pytest.mark.parametrize("case", ["missing", "zero_weight", "negative_weight", "unknown_corpus_file",
-                                  "truncated_idx", "wrong_magic", "vocab_overflow", "empty_corpus"])
+                                  "truncated_idx", "wrong_magic", "vocab_overflow", "empty_corpus",
+                                  "nan_weight", "infinite_weight", "unrepresentable_share"])
 def test_bad_blend_input_exits_65_naming_file_and_line(tmp_path, tokenizer_json, case):
     lst = blend_setup(tmp_path, tokenizer_json)
     shards = tmp_path / "shards"
@@ -244,6 +277,15 @@ def test_bad_blend_input_exits_65_naming_file_and_line(tmp_path, tokenizer_json,
     elif case == "negative_weight":
         lst.write_text("0.5 shards/web\n-1 shards/books\n")
         needle = "weight -1 must be a positive"
+    elif case == "nan_weight":
+        lst.write_text("0.5 shards/web\nnan shards/books\n")
+        needle = "weight nan must be a positive finite number"
+    elif case == "infinite_weight":
+        lst.write_text("0.5 shards/web\n1e309 shards/books\n")
+        needle = "weight 1e309 must be a positive finite number"
+    elif case == "unrepresentable_share":
+        lst.write_text("1e308 shards/web\n1e-10 shards/books\n")
+        needle = "weight 1e-10 is too small next to the largest"
     elif case == "unknown_corpus_file":
         for ext in (".bin", ".idx"):
             (shards / ("stray" + ext)).write_bytes((shards / ("web" + ext)).read_bytes())
@@ -324,3 +366,89 @@ def test_concurrent_blend_builders_agree(tmp_path, tokenizer_json):
     assert len(summaries) == 1
     cache = list((tmp_path / ".crucible-cache").iterdir())
     assert sorted(p.suffix for p in cache) == [".index", ".lock"], cache
+
+
+def test_a_crashed_blend_builder_blocks_no_one_and_waiters_name_it(tmp_path, tokenizer_json):
+    """The lock is an flock on <index>.lock: it dies with its process (here SIGSEGV), so the file
+    left on disk blocks no one; while it is held, waiters name the holder."""
+    lst = blend_setup(tmp_path, tokenizer_json)
+    cmd = [crucible_binary(), "data", "blend", "--list", str(lst), "--seq-len", "32", "--samples", "3000000"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().startswith("phase=index status=building")
+        first.send_signal(signal.SIGSTOP)  # holds the lock, makes no progress
+        second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_line = second.stdout.readline()
+        assert wait_line.startswith("phase=index_wait"), wait_line
+        assert f'pid={first.pid}"' in wait_line, wait_line
+        first.send_signal(signal.SIGSEGV)
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=60) == -signal.SIGSEGV
+        out, err = second.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert second.returncode == 0, err
+    assert "status=built samples=3000000" in out
+    cache = sorted(p.name for p in (tmp_path / ".crucible-cache").iterdir())
+    assert len(cache) == 2 and cache[0].endswith(".index") and cache[1].endswith(".index.lock"), cache
+
+
+@pytest.mark.parametrize("command", ["blend", "inspect"])
+@pytest.mark.parametrize("samples", ["100000000000", "1e11", "9223372036854775807"])
+def test_an_index_too_large_for_memory_is_refused_saying_how_large(tmp_path, tokenizer_json, command, samples):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    proc = run_crucible("data", command, "-q", "--list", lst, "--seq-len", 32, "--samples", samples, check=False)
+    assert proc.returncode == 2, proc.stderr
+    exact = samples if samples != "1e11" else "100000000000"
+    assert f"--samples {exact} needs " in proc.stderr and "of blend index" in proc.stderr, proc.stderr
+    assert "out of memory" not in proc.stderr
+    assert not (tmp_path / ".crucible-cache").exists() or not any((tmp_path / ".crucible-cache").iterdir())
+
+
+@pytest.mark.parametrize("steps,needle", [
+    ("100000000000", "training.steps x global batch (100000000000 x 4 = 400000000000 samples) needs "),
+    ("4611686018427387904", "training.steps 4611686018427387904 x global batch 4 overflows"),
+])
+def test_training_on_a_blend_too_large_for_memory_is_refused(tmp_path, tokenizer_json, steps, needle):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    config = tmp_path / "train.toml"
+    config.write_text(f"""
+[job]
+dump_folder = "{tmp_path / 'run'}"
+[model]
+flavor = "debug"
+vocab_size = 640
+[training]
+steps = {steps}
+seq_len = 32
+local_batch_size = 4
+dataset = "blend"
+dataset_path = "{lst}"
+[metrics]
+peak_gflops = 100.0
+[checkpoint]
+enable = false
+""")
+    proc = run_crucible("train", "--config", config, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr, proc.stderr
+
+
+def test_an_index_without_room_on_disk_is_refused_before_building(tmp_path, tokenizer_json):
+    lst = blend_setup(tmp_path, tokenizer_json)
+    cache = tmp_path / "small"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        proc = run_crucible("data", "blend", "--list", lst, "--seq-len", 32, "--samples", 500000,
+                            "--cache-dir", cache, check=False)
+        left = sorted(p.name for p in cache.iterdir())
+    finally:
+        subprocess.run(["umount", str(cache)], check=False)
+    assert proc.returncode == 74, proc.stderr
+    assert "the blend index for --samples 500000 needs 4.8 MiB on disk" in proc.stderr, proc.stderr
+    assert "status=building" not in proc.stdout
+    assert all(name.endswith(".lock") for name in left), left

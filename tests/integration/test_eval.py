@@ -150,3 +150,30 @@ def test_limit_scores_only_the_first_items(model, tmp_path):
     evaluate(hf, "--tasks", task, "--limit", 3, "--json", tmp_path / "r.json", "--predictions", tmp_path / "p.jsonl", "-q")
     assert json.loads((tmp_path / "r.json").read_text())["tasks"]["fortune"]["items"] == 3
     assert [json.loads(line)["line"] for line in (tmp_path / "p.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name,contents,extra,reason", [
+    ("empty.txt", "", [], "no text to score (the file is empty)"),
+    ("blank.jsonl", "\n\n   \n", [], "no text to score (no documents)"),
+    ("empty_texts.jsonl", '{"text": ""}\n{"text": ""}\n', [], "no text to score (every document's text is empty)"),
+    ("limited.jsonl", '{"text": ""}\n{"text": "In the beginning"}\n', ["--limit", "1"],
+     "no text to score in the first 1 documents (--limit 1)"),
+])
+def test_text_with_nothing_to_score_is_bad_data_not_a_perfect_score(model, tmp_path, name, contents, extra, reason):
+    root, run, hf, tokenizer = model
+    path = tmp_path / name
+    path.write_text(contents)
+    proc = evaluate(hf, "--text", path, "--json", tmp_path / "out.json", *extra, check=False)
+    assert proc.returncode == 65, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert errors == [errors[0]] and f"{path}: {reason}" in errors[0], errors
+    assert "bits_per_byte" not in proc.stdout and not (tmp_path / "out.json").exists()
+
+
+def test_whitespace_is_text_the_model_scores(model, tmp_path):
+    root, run, hf, tokenizer = model
+    path = tmp_path / "newlines.txt"
+    path.write_text("\n\n\n")
+    evaluate(hf, "--text", path, "--json", tmp_path / "out.json", "-q")
+    result = json.loads((tmp_path / "out.json").read_text())["perplexity"]["newlines"]
+    assert result["bytes"] == 3 and result["tokens"] >= 1 and result["bits_per_byte"] > 0

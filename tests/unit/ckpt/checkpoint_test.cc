@@ -2,8 +2,10 @@
 #include "ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +13,7 @@
 #include "ckpt/interval.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 
 namespace crucible {
 namespace {
@@ -118,6 +121,136 @@ TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
     EXPECT_NE(std::string(e.what()).find("none of the 3 checkpoints verifies"), std::string::npos);
   }
   EXPECT_FALSE(FindResumeCheckpoint((root_ / "absent").string(), [](const std::string&) {}));
+}
+
+TEST_F(CheckpointTest, RunWeightsFallBackToTheFinalModelNamingEachCheckpointSkipped) {
+  // A run directory: config.toml, ckpt/ with two damaged checkpoints, the final model.
+  const fs::path run = root_ / "run";
+  const std::string ckpt = (run / "ckpt").string();
+  for (int64_t step : {10, 20}) WriteCheckpoint(ckpt, Snapshot(step), *table_, model_);
+  AtomicWriteFile((run / "config.toml").string(), config_.ToToml());
+  fs::remove(ckpt + "/step-20/COMPLETE");
+  fs::resize_file(ckpt + "/step-10/state.json", 3);
+  AtomicWriteFile((run / "model.safetensors").string(), "final");
+  std::vector<std::string> reports;
+  RunWeights found =
+      FindRunWeights(run.string(), "evaluate", [&](const std::string& r) { reports.push_back(r); });
+  EXPECT_EQ(found.weights_path, (run / "model.safetensors").string());
+  EXPECT_EQ(found.config_path, (run / "config.toml").string());
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_EQ(reports[0], "checkpoint " + ckpt + "/step-20 is unusable: COMPLETE is missing (the " +
+                            "save never finished); skipped");
+  EXPECT_NE(reports[1].find(ckpt + "/step-10 is unusable: state.json: 3 bytes"), std::string::npos)
+      << reports[1];
+  EXPECT_EQ(reports[2], run.string() + ": none of the 2 checkpoints under " + ckpt +
+                            " verifies (skipped: step-20, step-10); using the run's final model " +
+                            (run / "model.safetensors").string());
+
+  // Nothing usable: an error for the command, not the trainer's advice; nothing deleted.
+  fs::remove(run / "model.safetensors");
+  try {
+    FindRunWeights(run.string(), "export", [](const std::string&) {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitBadData);
+    const std::string message = e.what();
+    EXPECT_EQ(message.find(run.string() + ": nothing to export: none of the 2 checkpoints under " +
+                           ckpt + " verifies (newest: "),
+              0u)
+        << message;
+    EXPECT_NE(message.find("no final model.safetensors"), std::string::npos) << message;
+    EXPECT_EQ(message.find("--resume"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(fs::exists(ckpt + "/step-20") && fs::exists(ckpt + "/step-10"));
+
+  // A good checkpoint is preferred, with nothing to report when `latest` names it.
+  WriteCheckpoint(ckpt, Snapshot(30), *table_, model_);
+  reports.clear();
+  found =
+      FindRunWeights(run.string(), "export", [&](const std::string& r) { reports.push_back(r); });
+  EXPECT_EQ(found.weights_path, ckpt + "/step-30/model.safetensors");
+  EXPECT_EQ(found.config_path, ckpt + "/step-30/config.toml");
+  EXPECT_TRUE(reports.empty());
+}
+
+// A process that sleeps until killed: a writer that is alive, then one that is gone.
+pid_t StartSleeper() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  return pid;
+}
+
+void Reap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+// A WRITER record with one field's value replaced.
+std::string WithField(const std::string& record, const std::string& key, const std::string& value) {
+  std::string out;
+  for (const std::string& line : Split(record, '\n'))
+    if (!line.empty()) out += (line.rfind(key + "=", 0) == 0 ? key + "=" + value : line) + "\n";
+  return out;
+}
+
+// A temporary folder as a save that stopped part way leaves it: a partial weights file and,
+// unless `record` is empty, the writer record.
+std::string MakeTemporary(const fs::path& root, const std::string& name,
+                          const std::string& record) {
+  const fs::path dir = root / name;
+  fs::create_directories(dir);
+  std::ofstream(dir / "model.safetensors") << std::string(1 << 16, 'w');
+  if (!record.empty()) std::ofstream(dir / "WRITER") << record;
+  return dir.string();
+}
+
+TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterIsGoneIsRemovedAtTheNextSave) {
+  fs::create_directories(root_);
+  // Its writer was killed (and reaped): this host, no such process now.
+  const pid_t dead = StartSleeper();
+  const std::string dead_record = CheckpointWriterRecord(dead);
+  ASSERT_NE(dead_record.find("pid=" + std::to_string(dead) + "\n"), std::string::npos);
+  Reap(dead);
+  const std::string gone =
+      MakeTemporary(root_, ".tmp-step-40." + std::to_string(dead), dead_record);
+  // Its record names a pid that now runs another process (another start time).
+  const pid_t reused = StartSleeper();
+  const std::string reused_record = WithField(CheckpointWriterRecord(reused), "start_time", "1");
+  const std::string stale = MakeTemporary(root_, ".tmp-step-30.77", reused_record);
+
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_EQ(VerifyCheckpoint(Dir(50)), "");
+  EXPECT_FALSE(fs::exists(Dir(50) + "/WRITER")) << "the record is not part of a checkpoint";
+  Reap(reused);
+}
+
+TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterMayBeAliveIsKept) {
+  fs::create_directories(root_);
+  const pid_t alive = StartSleeper();
+  const std::string record = CheckpointWriterRecord(alive);
+  const std::string live = MakeTemporary(root_, ".tmp-step-40." + std::to_string(alive), record);
+  // Another host (or this host's name in another pid namespace or boot): cannot be checked.
+  const std::string elsewhere =
+      MakeTemporary(root_, ".tmp-step-41.5", WithField(record, "host", "some-other-node"));
+  const std::string other_namespace =
+      MakeTemporary(root_, ".tmp-step-42.6", WithField(record, "pid_namespace", "pid:[1]"));
+  // No record at all: a save from before records existed, or one that has just begun.
+  const std::string unrecorded = MakeTemporary(root_, ".tmp-step-43.7", "");
+
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  for (const auto& dir : {live, elsewhere, other_namespace, unrecorded})
+    EXPECT_TRUE(fs::exists(dir + "/model.safetensors")) << dir;
+  Reap(alive);
+  // Now that writer is gone too.
+  WriteCheckpoint(root_.string(), Snapshot(60), *table_, model_);
+  EXPECT_FALSE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(elsewhere) && fs::exists(other_namespace) && fs::exists(unrecorded));
 }
 
 TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {

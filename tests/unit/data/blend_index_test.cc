@@ -1,12 +1,16 @@
 #include "data/blend_index.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <random>
 
+#include "common/error.h"
 #include "common/files.h"
 #include "data_test_util.h"
 
@@ -109,6 +113,39 @@ TEST(BlendIndex, TinyWeightsGetTheirQuotaExactly) {
   EXPECT_EQ(index.dataset_index, QuotaMethodReference(weights, n));
 }
 
+TEST(BlendIndex, WeightsWhoseSumOverflowsGiveTheSameIndexAsTheirRatios) {
+  // Each weight is finite but their sum is not: 2^1023 + 2^1023 + 2^1022 overflows a double.
+  const std::vector<double> huge = {0x1p1023, 0x1p1023, 0x1p1022};
+  const int64_t n = 5000;
+  EXPECT_EQ(Build(huge, n).dataset_index, Build({2, 2, 1}, n).dataset_index);
+  EXPECT_EQ(Build({1e308, 1e308}, n).dataset_index, Build({1, 1}, n).dataset_index);
+  const std::vector<double> shares = BlendShares({1e308, 1e308});
+  EXPECT_EQ(shares, std::vector<double>({0.5, 0.5}));
+}
+
+TEST(BlendIndex, SharesThatCannotBeRepresentedAreBadDataNamingTheWeight) {
+  auto error = [](const std::vector<double>& weights) -> std::pair<int, std::string> {
+    try {
+      BlendShares(weights, {"list.txt:1", "list.txt:2", "list.txt:3"});
+    } catch (const Error& e) {
+      return {e.exit_code(), e.what()};
+    }
+    return {0, ""};
+  };
+  // 1e-10 next to 1e308: a share of 1e-318 is below the smallest normal double.
+  auto [code, message] = error({1e308, 1e-10});
+  EXPECT_EQ(code, kExitBadData);
+  EXPECT_NE(message.find("list.txt:2"), std::string::npos) << message;
+  EXPECT_NE(message.find("cannot be represented"), std::string::npos) << message;
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    auto [bad_code, bad_message] = error({1.0, 1.0, bad});
+    EXPECT_EQ(bad_code, kExitBadData) << bad;
+    EXPECT_NE(bad_message.find("list.txt:3"), std::string::npos) << bad_message;
+  }
+  EXPECT_EQ(error({}).first, kExitBadData);
+  EXPECT_EQ(error({1.0, 3.0}), (std::pair<int, std::string>{0, ""}));
+}
+
 TEST(BlendIndexCache, ReadsBackWhatItBuiltAndServesShorterPrefixes) {
   ScratchDir dir;
   const std::vector<double> weights = {3, 1, 1};
@@ -142,6 +179,54 @@ TEST(BlendIndexCache, RebuildsACorruptOrTruncatedCacheFile) {
             reference.dataset_index);
   EXPECT_EQ(ReadFile(path).size(), bytes.size());
   EXPECT_NE(ReadFile(path), bytes);
+}
+
+TEST(BlendIndexCache, ABuilderKilledWhileHoldingTheLockBlocksNobody) {
+  ScratchDir dir;
+  const std::vector<double> weights = {1, 2};
+  const std::string path = BlendIndexPath(dir.path(), "k");
+  // A builder that took the lock, had begun writing the index and was killed (SIGKILL, as a
+  // crash or an OOM kill ends it): its lock file and its partial temporary file stay on disk.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    const int fd = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    AtomicWriteFile(path + ".tmp.999999", std::string(4096, 'x'));  // stands in for its write
+    if (::write(ready[1], "x", 1) != 1) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  char byte;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::kill(holder, SIGKILL);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  ASSERT_TRUE(FileExists(path + ".lock"));
+  ASSERT_TRUE(FileExists(path + ".tmp.999999"));
+  // The flock died with its process: the next builder takes the lock at once, builds, and removes
+  // the dead builder's partial file (only a lock holder writes <index>.tmp.<pid>).
+  BlendIndex built = LoadOrBuildBlendIndex(dir.path(), "k", weights, 300, false);
+  EXPECT_EQ(built.dataset_index, Build(weights, 300).dataset_index);
+  EXPECT_FALSE(FileExists(path + ".tmp.999999"));
+  EXPECT_TRUE(FileExists(path));
+}
+
+TEST(BlendIndexCache, AnIndexBeyondThisMachinesMemoryIsAUsageErrorSaidBeforeAllocating) {
+  ScratchDir dir;
+  for (const int64_t n : {int64_t{100000000000}, INT64_MAX}) {
+    try {
+      LoadOrBuildBlendIndex(dir.path(), "k", {1, 1}, n, false, "--samples " + std::to_string(n));
+      ADD_FAILURE() << n << " samples were indexed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitUsage) << e.what();
+      const std::string message = e.what();
+      EXPECT_EQ(message.find("--samples " + std::to_string(n) + " needs "), 0u) << message;
+      EXPECT_NE(message.find("of memory"), std::string::npos) << message;
+    }
+  }
+  EXPECT_FALSE(FileExists(BlendIndexPath(dir.path(), "k")));
 }
 
 TEST(BlendIndexCache, ConcurrentBuildersInSeveralProcessesAgree) {

@@ -199,6 +199,7 @@ TEST_F(BlendTest, BadInputNamesTheListLine) {
   expect("0 a\n", "blend.txt:1: weight 0 must be a positive");
   expect("5 a\n-2 b\n", "blend.txt:2: weight -2 must be a positive");
   expect("x a\n", "blend.txt:1: weight 'x' is not a number");
+  expect("1e308 a\n1e-10 b\n", "blend.txt:2: weight 1e-10 is too small next to the largest");
   expect("1 a web extra\n", "blend.txt:1: expected");
   expect("# nothing\n", "names no datasets");
   expect("1 a\n1 b\n", "vocabulary overflow", 200);  // byte ids reach 256
@@ -219,6 +220,32 @@ TEST_F(BlendTest, BadInputNamesTheListLine) {
   std::ofstream(dir_ / "b.idx", std::ios::binary | std::ios::trunc)
       << idx.substr(0, idx.size() - 8);
   expect("1 a\n2 b\n", "truncated");
+}
+
+TEST_F(BlendTest, WeightsWhoseSumOverflowsBlendLikeTheirRatios) {
+  WriteList("1 a\n1 b\n");
+  auto unit = BlendedDataset::Open(Options(400));
+  WriteList("1e308 a\n1e308 b\n");
+  auto huge = BlendedDataset::Open(Options(400));
+  ASSERT_EQ(huge->shards().size(), 2u);
+  EXPECT_EQ(huge->shards()[0].share, 0.5);
+  EXPECT_EQ(huge->shards()[1].share, 0.5);
+  EXPECT_EQ(Stream(*huge, 0, 400), Stream(*unit, 0, 400));
+}
+
+TEST_F(BlendTest, AnIndexTooLargeForMemoryIsRefusedNamingTheRequest) {
+  BlendOptions o = Options(int64_t{1} << 60);
+  o.samples_from = "--samples 1152921504606846976";
+  try {
+    BlendedDataset::Open(o);
+    ADD_FAILURE() << "opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_EQ(std::string(e.what()).find("--samples 1152921504606846976 needs 10.0 EiB of blend "
+                                         "index (10 bytes a sample, 20.0 EiB while it is built"),
+              0u)
+        << e.what();
+  }
 }
 
 TEST_F(BlendTest, DtypeMismatchBetweenIndexAndManifest) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "eval/eval.h"
@@ -128,6 +130,29 @@ TEST(ChoiceTask, MalformedLinesAndUnknownShapes) {
   EXPECT_EQ(ExitCodeOf("/nonexistent/task.jsonl", &message), 2);
   EXPECT_NE(message.find("/nonexistent/task.jsonl: no such task file"), std::string::npos)
       << message;
+}
+
+TEST(TextDocuments, AFileWithNoTextToScoreIsBadDataNamingIt) {
+  auto error = [](const std::string& name, const std::string& contents) {
+    const std::string path = WriteTemp(name, contents);
+    try {
+      LoadTextDocuments(path);
+    } catch (const Error& e) {
+      return std::make_pair(e.exit_code(), std::string(e.what()));
+    }
+    return std::make_pair(0, std::string());
+  };
+  for (const auto& [name, contents] : std::vector<std::pair<std::string, std::string>>{
+           {"empty.txt", ""},
+           {"blank_lines.jsonl", "\n\n  \n"},
+           {"empty_texts.jsonl", "{\"text\": \"\"}\n{\"text\": \"\"}\n"}}) {
+    auto [code, message] = error(name, contents);
+    EXPECT_EQ(code, kExitBadData) << name;
+    EXPECT_NE(message.find(name + ": no text to score"), std::string::npos) << message;
+  }
+  // Whitespace is text: its bytes are tokens the model predicts.
+  EXPECT_EQ(error("newlines.txt", "\n\n\n").first, 0);
+  EXPECT_EQ(error("some_empty.jsonl", "{\"text\": \"\"}\n{\"text\": \"a\"}\n").first, 0);
 }
 
 TEST(EvalStatistics, MeanStderrIsSampleStddevOverSqrtN) {
