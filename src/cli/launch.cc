@@ -25,7 +25,8 @@ CommandRun SetupLaunch(CLI::App& app) {
   app.add_flag("--dry-run", o->dry_run, "print the exact command and environment, run nothing");
   app.add_option(
       "--timeout", o->timeout_seconds,
-      "hang watchdog: kill the job when no output line appears for S seconds (exit 124)");
+      "hang watchdog: kill the job when no output line appears for S seconds (exit 124); "
+      "default: off");
   app.add_option("--kill-grace", o->kill_grace_seconds,
                  "seconds between SIGTERM and SIGKILL when the watchdog fires (default 1)");
   app.add_option("--retries", o->retries,
@@ -59,7 +60,8 @@ CommandRun SetupLaunch(CLI::App& app) {
       "Scheduler: CRUCIBLE_SCHEDULER (local, slurm, pbs) or detected from PBS_*/SLURM_* "
       "variables.\n"
       "MPI: --mpi or CRUCIBLE_MPI, else detected from mpirun on PATH.\n"
-      "Exit: the job's exit code; 124 when the watchdog killed it; 2 for bad usage.\n"
+      "Exit: the job's exit code; 124 when the watchdog killed it; 2 for bad usage (every number\n"
+      "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7).\n"
       "Records: RUN_DIR/launch/attempts.jsonl, attempt-<k>.log, bad_nodes.txt. See "
       "docs/launch.md.");
   return [o]() { return RunLaunch(*o, CurrentEnvironment()); };

@@ -96,14 +96,7 @@ struct Plan {
 };
 
 Plan MakePlan(const LaunchOptions& options, const Environment& env) {
-  if (options.command.empty())
-    throw UsageError("no command after '--' (usage: crucible launch [options] -- COMMAND...)");
-  if (options.np < 0 || options.ppn < 0 || options.nodes < 0)
-    throw UsageError("--np, --ppn and --nodes must be positive");
-  if (options.timeout_seconds < 0 || options.kill_grace_seconds < 0 ||
-      options.backoff_base_seconds < 0 || options.backoff_cap_seconds < 0)
-    throw UsageError("--timeout, --kill-grace and the backoff must not be negative");
-  if (options.spares >= 0 && !options.auto_retry) throw UsageError("--spares needs --auto-retry");
+  ValidateLaunchOptions(options);
   Plan plan;
   plan.allocation = DetectAllocation(env, options.hostfile);
   plan.patterns = BadNodePatterns::Defaults();
@@ -118,32 +111,32 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
   plan.accelerator = DetectAccelerator();
 
   const int allocated = static_cast<int>(plan.allocation.nodes.size());
-  const int spares = options.spares > 0 ? options.spares : 0;
-  if (options.nodes > 0) {
-    plan.active_nodes = options.nodes;
-  } else if (options.np > 0 && options.ppn > 0) {
-    plan.active_nodes = CeilDiv(options.np, options.ppn);
+  const int spares = options.spares.value_or(0);
+  if (options.nodes) {
+    plan.active_nodes = *options.nodes;
+  } else if (options.np && options.ppn) {
+    plan.active_nodes = CeilDiv(*options.np, *options.ppn);
   } else {
     plan.active_nodes = std::max(1, allocated - spares);
-    if (options.np > 0) plan.active_nodes = std::min(plan.active_nodes, options.np);
+    if (options.np) plan.active_nodes = std::min(plan.active_nodes, *options.np);
   }
   if (plan.active_nodes > allocated)
     throw UsageError(StrFormat("%d node(s) needed, but the allocation (%s) has only %d",
                                plan.active_nodes, plan.allocation.source.c_str(), allocated));
-  if (options.ppn > 0) {
-    plan.ranks_per_node = options.ppn;
-  } else if (options.np > 0) {
-    plan.ranks_per_node = CeilDiv(options.np, plan.active_nodes);
+  if (options.ppn) {
+    plan.ranks_per_node = *options.ppn;
+  } else if (options.np) {
+    plan.ranks_per_node = CeilDiv(*options.np, plan.active_nodes);
   } else if (plan.allocation.slots_per_node > 0) {
     plan.ranks_per_node = plan.allocation.slots_per_node;
   } else {
     plan.ranks_per_node = std::max(1, plan.accelerator.count);
   }
-  plan.ranks = options.np > 0 ? options.np : plan.active_nodes * plan.ranks_per_node;
+  plan.ranks = options.np.value_or(plan.active_nodes * plan.ranks_per_node);
   if (plan.ranks > plan.active_nodes * plan.ranks_per_node)
     throw UsageError(StrFormat("--np %d does not fit on %d node(s) x %d rank(s) per node",
                                plan.ranks, plan.active_nodes, plan.ranks_per_node));
-  plan.retries = options.retries >= 0 ? options.retries : (options.auto_retry ? 10 : 0);
+  plan.retries = options.retries.value_or(options.auto_retry ? 10 : 0);
   std::random_device random;
   plan.launch_id = StrFormat("%d-%08x", static_cast<int>(getpid()), random());
   plan.crucible = options.crucible_path.empty() ? SelfExecutable() : options.crucible_path;
@@ -285,13 +278,47 @@ void PrintDryRun(const Plan& plan, const NodePool& pool, const LaunchCommand& co
 
 }  // namespace
 
+void ValidateLaunchOptions(const LaunchOptions& options) {
+  if (options.command.empty())
+    throw UsageError("no command after '--' (usage: crucible launch [options] -- COMMAND...)");
+  // The longest wait any option may ask for: 10^7 s (116 days).
+  constexpr double kMaxSeconds = 1e7;
+  constexpr int kMaxCount = 1000000;
+  auto seconds = [&](const char* option, double value, bool zero_allowed) {
+    const char* range =
+        zero_allowed ? "give seconds from 0 to 10000000" : "give seconds above 0, at most 10000000";
+    if (!std::isfinite(value))
+      throw UsageError(StrFormat("%s: %g is not a finite number; %s", option, value, range));
+    if (value < 0 || (value == 0 && !zero_allowed) || value > kMaxSeconds)
+      throw UsageError(StrFormat("%s: %g is out of range; %s", option, value, range));
+  };
+  auto count = [&](const char* option, const std::optional<int>& value, int least) {
+    if (value && (*value < least || *value > kMaxCount))
+      throw UsageError(
+          StrFormat("%s: %d is out of range; give %d to %d", option, *value, least, kMaxCount));
+  };
+  count("--np", options.np, 1);
+  count("--ppn", options.ppn, 1);
+  count("--nodes", options.nodes, 1);
+  count("--retries", options.retries, 0);
+  count("--spares", options.spares, 0);
+  if (options.timeout_seconds) seconds("--timeout", *options.timeout_seconds, false);
+  seconds("--kill-grace", options.kill_grace_seconds, true);
+  seconds("--backoff-base", options.backoff_base_seconds, true);
+  seconds("--backoff-cap", options.backoff_cap_seconds, true);
+  seconds("--walltime-margin", options.walltime_margin_seconds, true);
+  seconds("--preflight-timeout", options.preflight_timeout_seconds, false);
+  if (options.spares && !options.auto_retry) throw UsageError("--spares needs --auto-retry");
+}
+
 double BackoffSeconds(int retry, double base, double cap) {
   return std::min(cap, base * std::pow(2.0, std::max(0, retry - 1)));
 }
 
 int RunLaunch(const LaunchOptions& options, const Environment& env) {
   Plan plan = MakePlan(options, env);
-  NodePool pool(plan.allocation.nodes, plan.active_nodes, options.auto_retry ? options.spares : 0);
+  NodePool pool(plan.allocation.nodes, plan.active_nodes,
+                options.auto_retry ? options.spares.value_or(-1) : 0);
   if (options.dry_run) {
     PrintDryRun(plan, pool, BuildLaunchCommand(MakeSpec(plan, options, pool.active(), 1)));
     return kExitOk;
@@ -352,7 +379,7 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     LaunchCommand command = BuildLaunchCommand(spec);
     AttemptLog log(&plan.patterns, pool.active());
     SupervisorOptions supervisor;
-    supervisor.timeout_seconds = options.timeout_seconds;
+    supervisor.timeout_seconds = options.timeout_seconds.value_or(0);
     supervisor.kill_grace_seconds = options.kill_grace_seconds;
     supervisor.marker = "CRUCIBLE_LAUNCH_ID=" + plan.launch_id;
     supervisor.log_path = JoinPath(plan.launch_dir, StrFormat("attempt-%d.log", attempt));

@@ -182,7 +182,7 @@ bool SleepUnlessSignalled(double seconds) {
     double left = seconds - timer.Seconds();
     if (left <= 0) return true;
     pollfd p{signal_pipe[0], POLLIN, 0};
-    poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    poll(&p, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
     DrainSignalPipe();
   }
   return false;

@@ -231,6 +231,9 @@ def test_dry_run_prints_command_and_environment_and_runs_nothing(tmp_path):
     (["--hostfile", "/nonexistent/hosts"], ["true"], "cannot read host file /nonexistent/hosts"),
     (["--nodes", "5"], ["true"], "5 node(s) needed, but the allocation"),
     (["--spares", "1"], ["true"], "--spares needs --auto-retry"),
+    (["--timeout", "nan"], ["true"], "--timeout: nan is not a finite number"),
+    (["--retries", "-1"], ["true"], "--retries: -1 is out of range"),
+    (["--np", "0"], ["true"], "--np: 0 is out of range"),
 ])
 def test_bad_input_is_a_clear_usage_error(tmp_path, args, cmd, message):
     proc = launch(["--run-dir", str(tmp_path / "run"), *args], cmd)
