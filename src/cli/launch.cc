@@ -31,7 +31,7 @@ CommandRun SetupLaunch(CLI::App& app) {
                  "seconds between SIGTERM and SIGKILL when the watchdog fires (default 1)");
   app.add_option("--retries", o->retries,
                  "re-run a failed job up to N times (default 0; 10 with --auto-retry); never "
-                 "after exit 2 or 65");
+                 "after a config error (exit 2 or 65, or two attempts in a row without a step)");
   app.add_option("--backoff-base", o->backoff_base_seconds,
                  "first pause between attempts, doubling each time (default 5 s)");
   app.add_option("--backoff-cap", o->backoff_cap_seconds, "longest pause (default 60 s)");

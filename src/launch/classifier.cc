@@ -116,4 +116,17 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
   return c;
 }
 
+Decision DecideNextStep(const Classification& c, const NextStepFacts& facts) {
+  if (c.verdict == Verdict::kSuccess) return {NextStep::kDone, ""};
+  if (c.verdict == Verdict::kConfigError) return {NextStep::kStop, ""};
+  if (c.verdict == Verdict::kWalltime) return {NextStep::kStopAndResubmit, "(walltime)"};
+  if (facts.signal_received != 0) return {NextStep::kStopAndResubmit, "(signalled)"};
+  if (facts.retry > facts.retries)
+    return {NextStep::kStop, facts.retries > 0 ? "(retries used up)" : ""};
+  if (!facts.auto_retry) return {NextStep::kRetry, ""};
+  if (c.verdict == Verdict::kDiskIo || c.verdict == Verdict::kNoProgress)
+    return {NextStep::kRetry, ""};
+  return {NextStep::kFailover, ""};
+}
+
 }  // namespace crucible

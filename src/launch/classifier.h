@@ -54,4 +54,22 @@ struct Classification {
 
 Classification ClassifyAttempt(const AttemptFacts& facts);
 
+// What the launcher does after an attempt, decided from its verdict (docs/launch.md, "Retries"
+// and "Failover"). A verdict and its action never disagree: success is done, a config error
+// always stops (with or without --auto-retry), walltime and a stop the launcher was asked for
+// stop (and may resubmit); with plain --retries every other failure is retried in place, with
+// --auto-retry disk_io and no_progress are, and the rest fail over to a spare.
+enum class NextStep { kDone, kStop, kStopAndResubmit, kRetry, kFailover };
+struct NextStepFacts {
+  bool auto_retry = false;
+  int retries = 0;          // --retries (resolved)
+  int retry = 1;            // this launch's count of the attempt just ended, from 1
+  int signal_received = 0;  // a stop signal the launcher received, 0 if none
+};
+struct Decision {
+  NextStep step = NextStep::kStop;
+  std::string detail;  // why it stops, e.g. "(retries used up)"; empty otherwise
+};
+Decision DecideNextStep(const Classification& classification, const NextStepFacts& facts);
+
 }  // namespace crucible

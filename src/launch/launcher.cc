@@ -411,50 +411,48 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     bool again = false;
     const int signal_received =
         record.run.signal_received ? record.run.signal_received : PendingLaunchSignal();
-    const bool clean_stop = signal_received != 0 && exit_code == 143;
-    if (c.verdict == Verdict::kSuccess) {
-      record.action = "done";
-    } else if (c.verdict == Verdict::kWalltime || clean_stop) {
-      record.action = "stop";
-      record.detail = c.verdict == Verdict::kWalltime ? "(walltime)" : "(signalled)";
-      if (options.resubmit) {
-        std::string how;
-        std::string job = Resubmit(plan, options, env, &how);
-        record.action = job.empty() ? "stop" : "resubmit";
-        record.detail = job.empty() ? "(resubmit failed: " + how + ")" : job;
-        Say(job.empty() ? "cannot resubmit: " + how : "resubmitted as job " + job + ": " + how);
-      }
-    } else if (signal_received != 0) {
-      record.action = "stop";
-      record.detail = StrFormat("(signal %d)", signal_received);
-    } else if (retry > plan.retries) {
-      record.action = "stop";
-      record.detail = plan.retries > 0 ? "(retries used up)" : "";
-    } else if (!options.auto_retry) {
-      // Plain --retries: exit codes alone decide; never retry a usage or data error.
-      again = exit_code != kExitUsage && exit_code != kExitBadData;
-      record.action = again ? "retry" : "stop";
-    } else if (c.verdict == Verdict::kConfigError) {
-      record.action = "stop";
-    } else if (c.verdict == Verdict::kDiskIo || c.verdict == Verdict::kNoProgress) {
-      again = true;
-      record.action = "retry";
-    } else {
-      pool.CountFailure(pool.active());
-      EvictedNode e{c.node, !c.node.empty(), attempt, VerdictName(c.verdict), c.evidence};
-      if (e.node.empty()) e.node = pool.BlindCandidate();
-      if (e.node.empty()) {
+    const Decision decision =
+        DecideNextStep(c, {options.auto_retry, plan.retries, retry, signal_received});
+    record.detail = decision.detail;
+    switch (decision.step) {
+      case NextStep::kDone:
+        record.action = "done";
+        break;
+      case NextStep::kStop:
         record.action = "stop";
-        record.detail = "(no node to blame: every active node was just swapped in)";
-      } else if (pool.spares().empty()) {
+        break;
+      case NextStep::kStopAndResubmit:
         record.action = "stop";
-        record.detail = "(no spares left for " + e.node + ")";
-      } else {
-        std::string spare = pool.Swap(e);
-        record_eviction(e, spare);
-        record.action = e.named ? "swap" : "blind-swap";
-        record.detail = e.node + "->" + spare;
+        if (options.resubmit) {
+          std::string how;
+          std::string job = Resubmit(plan, options, env, &how);
+          record.action = job.empty() ? "stop" : "resubmit";
+          record.detail = job.empty() ? "(resubmit failed: " + how + ")" : job;
+          Say(job.empty() ? "cannot resubmit: " + how : "resubmitted as job " + job + ": " + how);
+        }
+        break;
+      case NextStep::kRetry:
         again = true;
+        record.action = "retry";
+        break;
+      case NextStep::kFailover: {
+        pool.CountFailure(pool.active());
+        EvictedNode e{c.node, !c.node.empty(), attempt, VerdictName(c.verdict), c.evidence};
+        if (e.node.empty()) e.node = pool.BlindCandidate();
+        if (e.node.empty()) {
+          record.action = "stop";
+          record.detail = "(no node to blame: every active node was just swapped in)";
+        } else if (pool.spares().empty()) {
+          record.action = "stop";
+          record.detail = "(no spares left for " + e.node + ")";
+        } else {
+          std::string spare = pool.Swap(e);
+          record_eviction(e, spare);
+          record.action = e.named ? "swap" : "blind-swap";
+          record.detail = e.node + "->" + spare;
+          again = true;
+        }
+        break;
       }
     }
     const double backoff =

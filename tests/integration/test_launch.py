@@ -102,8 +102,8 @@ def test_retries_back_off_then_succeed(tmp_path):
     base, cap = 0.4, 0.6
     proc = launch(["--run-dir", str(tmp_path / "run"), "--retries", "4", "--backoff-base", str(base),
                    "--backoff-cap", str(cap)],
-                  [sys.executable, FAKE, "--steps", "3", "--state", str(tmp_path / "state"),
-                   "--fail-at-step", "2", "--fail-attempts", "3", "--fail-code", "1"])
+                  [sys.executable, FAKE, "--steps", "3", "--fail-at-step", "2", "--fail-attempts", "3",
+                   "--fail-code", "1"])
     assert proc.returncode == 0, proc.stderr
     records = attempts(tmp_path / "run")
     assert [r["exit_code"] for r in records] == [1, 1, 1, 0]
@@ -112,8 +112,8 @@ def test_retries_back_off_then_succeed(tmp_path):
     starts = [time.mktime(time.strptime(r["started"], "%Y-%m-%dT%H:%M:%S")) for r in records]
     log_times = [(tmp_path / "run" / "launch" / f"attempt-{k}.log").stat().st_mtime for k in (1, 2, 3, 4)]
     assert log_times == sorted(log_times)
-    # Each retry resumed where the last one stopped; attempts 2 and 3 failed before a step.
-    assert [r["first_step"] for r in records] == [1, None, None, 2]
+    # Every attempt reached step 1 (two in a row without a step would be a config error).
+    assert [r["first_step"] for r in records] == [1, 1, 1, 1]
     assert "summary" in proc.stderr
 
 
@@ -124,6 +124,18 @@ def test_retries_never_after_a_usage_or_data_error(tmp_path):
                       [sys.executable, FAKE, "--exit", str(code)])
         assert proc.returncode == code
         assert len(attempts(run_dir)) == 1
+
+
+def test_plain_retries_stop_at_a_config_error_verdict(tmp_path):
+    # Without --auto-retry too: two attempts in a row that reach no step= line are a config error,
+    # and a config error is never retried, so the action agrees with the verdict.
+    run_dir = tmp_path / "run"
+    proc = launch(["--run-dir", str(run_dir), "--retries", "3", "--backoff-base", "0"],
+                  [sys.executable, FAKE, "--exit", "1"])
+    assert proc.returncode == 1
+    records = attempts(run_dir)
+    assert [(r["verdict"], r["action"]) for r in records] == [("no_progress", "retry"),
+                                                              ("config_error", "stop")]
 
 
 def hostfile(tmp_path, *hosts):

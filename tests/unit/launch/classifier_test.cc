@@ -265,5 +265,40 @@ TEST(BadNodePatterns, InvalidRegexNamesFileAndLine) {
   EXPECT_THROW(patterns.AddText("name-only\n", "inline"), Error);
 }
 
+// What the launcher does next agrees with the verdict, in both modes.
+TEST(NextStep, AConfigErrorIsNeverRetriedWhicheverMode) {
+  Excerpt e(std::string(kRanks) + "0: fake_trainer: error: asked to exit 1\n");
+  Classification c = e.Classify(1, std::nullopt, /*previous_reached_step=*/false);
+  ASSERT_EQ(c.verdict, Verdict::kConfigError);
+  for (bool auto_retry : {false, true}) {
+    Decision d = DecideNextStep(c, {auto_retry, /*retries=*/3, /*retry=*/2, 0});
+    EXPECT_EQ(d.step, NextStep::kStop) << "auto_retry=" << auto_retry;
+  }
+  Classification usage = e.Classify(2);
+  EXPECT_EQ(DecideNextStep(usage, {false, 3, 1, 0}).step, NextStep::kStop);
+}
+
+TEST(NextStep, PlainRetriesRetryEveryOtherFailureUntilUsedUp) {
+  Excerpt e(std::string(kRanks) + "0: step=1 loss=10.4\n0: Segmentation fault\n");
+  Classification c = e.Classify(139);
+  EXPECT_EQ(DecideNextStep(c, {false, 2, 1, 0}).step, NextStep::kRetry);
+  EXPECT_EQ(DecideNextStep(c, {false, 2, 2, 0}).step, NextStep::kRetry);
+  Decision last = DecideNextStep(c, {false, 2, 3, 0});
+  EXPECT_EQ(last.step, NextStep::kStop);
+  EXPECT_EQ(last.detail, "(retries used up)");
+  EXPECT_EQ(DecideNextStep(c, {false, 0, 1, 0}).detail, "");  // no retries were asked for
+  EXPECT_EQ(DecideNextStep(c, {true, 2, 1, 0}).step, NextStep::kFailover);
+}
+
+TEST(NextStep, AStopTheLauncherWasAskedForIsNotRetried) {
+  Excerpt e(std::string(kRanks) + "0: step=5 loss=9.0\n");
+  for (int code : {143, 75}) {
+    Decision d = DecideNextStep(e.Classify(code, 7200.0), {true, 10, 1, 15});
+    EXPECT_EQ(d.step, NextStep::kStopAndResubmit) << code;
+    EXPECT_EQ(d.detail, "(signalled)");
+  }
+  EXPECT_EQ(DecideNextStep(e.Classify(0), {true, 10, 1, 15}).step, NextStep::kDone);
+}
+
 }  // namespace
 }  // namespace crucible
