@@ -1,5 +1,6 @@
 #include "launch/attempt_log.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "common/strings.h"
@@ -19,6 +20,69 @@ std::optional<int> NumberThen(std::string_view text, size_t* pos, std::string_vi
   if (end == start || text.substr(end, terminator.size()) != terminator) return std::nullopt;
   *pos = end + terminator.size();
   return std::atoi(std::string(text.substr(start, end - start)).c_str());
+}
+
+// Banners, separators and the fixed text MPI launchers print around a failure: they say nothing
+// the exit code does not (Open MPI 4 mpirun, MPICH Hydra, srun).
+bool IsBoilerplate(std::string_view text) {
+  const std::string trimmed = Trim(std::string(text));
+  if (trimmed.find_first_not_of("-=*#_~+ ") == std::string::npos) return true;
+  static const char* const kBoilerplate[] = {
+      // Open MPI
+      "Primary job  terminated normally, but",
+      "Primary job terminated normally, but",
+      "a non-zero exit code. Per user-direction, the job has been aborted.",
+      "mpirun detected that one or more processes exited with non-zero status",
+      "the job to be terminated. The first process to do so was:",
+      "NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.",
+      "You may or may not see output from other processes, depending on",
+      "exactly when Open MPI kills them.",
+      // MPICH Hydra
+      "This typically refers to a problem with your application.",
+      "Please see the FAQ page for debugging suggestions",
+      // srun
+      "srun: Job step aborted: Waiting up to",
+      "srun: launch/slurm: _step_signal: Terminating StepId=",
+      "srun: forcing job termination",
+  };
+  for (const char* line : kBoilerplate)
+    if (trimmed.rfind(line, 0) == 0) return true;
+  // Open MPI's "Process name: [[...]]" / "Exit code: N" and Hydra's "=   ..." box.
+  return StartsWith(trimmed, "Process name:") || StartsWith(trimmed, "Exit code:") ||
+         StartsWith(trimmed, "=   ");
+}
+
+std::string Lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+// "error:", "fatal:", "exception:" (also as the end of a word: "ValueError:"), or a C++ abort.
+bool NamesAnError(std::string_view text) {
+  const std::string lower = Lower(text);
+  for (const char* marker : {"error:", "fatal:", "exception:", "terminate called", "what():"})
+    if (lower.find(marker) != std::string::npos) return true;
+  return false;
+}
+
+// A word that says something failed, at word boundaries ("errors=0" does not count).
+bool MentionsAFailure(std::string_view text) {
+  const std::string lower = Lower(text);
+  static const char* const kWords[] = {
+      "error",         "failed", "failure",      "fatal",      "killed",    "abort",
+      "aborted",       "cannot", "timeout",      "timed out",  "signal",    "segmentation fault",
+      "out of memory", "denied", "no such file", "terminated", "exception", "bad termination"};
+  auto is_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (const char* word : kWords) {
+    const std::string_view w(word);
+    for (size_t at = lower.find(w); at != std::string::npos; at = lower.find(w, at + 1)) {
+      const bool starts = at == 0 || !is_word(lower[at - 1]);
+      const bool ends = at + w.size() == lower.size() || !is_word(lower[at + w.size()]);
+      if (starts && ends) return true;
+    }
+  }
+  return false;
 }
 
 bool IsTimeLimitMessage(std::string_view text) {
@@ -106,8 +170,25 @@ void AttemptLog::Add(const OutputLine& line, double seconds) {
       candidates_.push_back({*match, line.rank, DisplayLine(line)});
   }
   if (!time_limit_line_ && IsTimeLimitMessage(text)) time_limit_line_ = DisplayLine(line);
-  tail_.push_back(DisplayLine(line));
+  const std::string shown = DisplayLine(line);
+  tail_.push_back(shown);
   if (tail_.size() > kTailLines) tail_.pop_front();
+  if (IsBoilerplate(text)) return;
+  meaningful_.push_back(shown);
+  if (meaningful_.size() > kTailLines) meaningful_.pop_front();
+  if (StartsWith(text, "step=") || StartsWith(text, "phase=")) return;
+  if (!first_error_line_ && NamesAnError(text)) first_error_line_ = shown;
+  if (MentionsAFailure(text)) last_failure_line_ = shown;
+}
+
+std::string AttemptLog::EvidenceLine() const {
+  if (first_error_line_) return *first_error_line_;
+  if (last_failure_line_) return *last_failure_line_;
+  return LastMeaningfulLine();
+}
+
+std::string AttemptLog::LastMeaningfulLine() const {
+  return meaningful_.empty() ? "(no output)" : meaningful_.back();
 }
 
 std::vector<std::string> AttemptLog::RankNodes() const {

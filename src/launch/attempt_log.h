@@ -50,6 +50,15 @@ class AttemptLog {
   const std::optional<std::string>& time_limit_line() const { return time_limit_line_; }
   const std::deque<std::string>& tail() const { return tail_; }
 
+  // The line that best says why the attempt failed, as shown ("<rank>: text"): the first line
+  // that names an error ("crucible: error: ...", "srun: error: ...", "ValueError: ..."), else
+  // the last one that mentions a failure (killed, aborted, failed, ...), else the last line;
+  // banners, separators and the MPI launchers' boilerplate are never chosen. "(no output)" when
+  // there is nothing else.
+  std::string EvidenceLine() const;
+  // The last line that is not a banner, separator or boilerplate; "(no output)" if none.
+  std::string LastMeaningfulLine() const;
+
   // The first pattern match that resolves to an active node (a host the match names, or the
   // node of the rank it names or the line came from).
   std::optional<NamedNode> BadNode() const;
@@ -75,7 +84,10 @@ class AttemptLog {
   std::map<std::string, double> node_last_output_;
   std::vector<Candidate> candidates_;
   std::optional<std::string> time_limit_line_;
-  std::deque<std::string> tail_;
+  std::deque<std::string> tail_;        // every line
+  std::deque<std::string> meaningful_;  // lines that are not banners or boilerplate
+  std::optional<std::string> first_error_line_;
+  std::optional<std::string> last_failure_line_;
 };
 
 }  // namespace crucible

@@ -11,8 +11,12 @@ bool IsWalltimeCode(int code) {
   return code == 143 || code == 271 || code == -29;
 }
 
+std::string Evidence(const AttemptLog* log) {
+  return log ? log->EvidenceLine() : "(no output)";
+}
+
 std::string LastLine(const AttemptLog* log) {
-  return log && !log->tail().empty() ? log->tail().back() : "(no output)";
+  return log ? log->LastMeaningfulLine() : "(no output)";
 }
 
 }  // namespace
@@ -53,18 +57,18 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
     c.verdict = Verdict::kConfigError;
     c.evidence =
         StrFormat("exit %d (%s): %s", code,
-                  code == kExitUsage ? "usage or config error" : "bad data", LastLine(log).c_str());
+                  code == kExitUsage ? "usage or config error" : "bad data", Evidence(log).c_str());
     return c;
   }
   if (!reached_step && !facts.previous_reached_step) {
     c.verdict = Verdict::kConfigError;
     c.evidence = StrFormat("two attempts in a row reached no step= line; exit %d: %s", code,
-                           LastLine(log).c_str());
+                           Evidence(log).c_str());
     return c;
   }
   if (code == kExitIo) {
     c.verdict = Verdict::kDiskIo;
-    c.evidence = "exit 74 (I/O error): " + LastLine(log);
+    c.evidence = "exit 74 (I/O error): " + Evidence(log);
     return c;
   }
   if (IsWalltimeCode(code)) {
@@ -108,11 +112,11 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
   }
   if (!reached_step) {
     c.verdict = Verdict::kNoProgress;
-    c.evidence = StrFormat("exit %d before the first step= line: %s", code, LastLine(log).c_str());
+    c.evidence = StrFormat("exit %d before the first step= line: %s", code, Evidence(log).c_str());
     return c;
   }
   c.verdict = Verdict::kUnknown;
-  c.evidence = StrFormat("exit %d: %s", code, LastLine(log).c_str());
+  c.evidence = StrFormat("exit %d: %s", code, Evidence(log).c_str());
   return c;
 }
 

@@ -206,6 +206,18 @@ def test_sigterm_to_the_launcher_reaches_the_job_and_is_not_retried(tmp_path):
     assert len(records) == 1 and records[0]["signal"] == signal.SIGTERM
 
 
+def test_failure_evidence_is_the_error_line_not_the_mpirun_banner(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["--run-dir", str(run_dir), "--np", "2", "--mpi", "openmpi"],
+                  [CRUCIBLE, "train", "--set", "model.flavor=debug", "--set", "data.no_such_key=1",
+                   "--set", f"job.dump_folder={run_dir}"])
+    assert proc.returncode == 2, proc.stderr
+    assert "Primary job" in (run_dir / "launch" / "attempt-1.log").read_text()  # the banner is there
+    record = attempts(run_dir)[0]
+    assert record["verdict"] == "config_error"
+    assert "unknown key 'data.no_such_key'" in record["evidence"], record["evidence"]
+
+
 def test_pbs_job_from_a_faked_environment(tmp_path):
     nodefile = tmp_path / "PBS_NODEFILE"
     nodefile.write_text("localhost\nlocalhost\n")  # one host, two MPI slots
