@@ -530,23 +530,30 @@ int RunTraining(Config config, const std::string& resume_mode) {
     if (leader && due)
       checkpointing.Save(progress, save_weights, false, step == steps ? "final" : "interval");
     if (signal_number != 0) {
-      std::string saved = "none (checkpoint.enable = false)";
+      // 143 only with a complete checkpoint of this step; without one, 75.
+      std::string saved = "none";
+      int exit_code = kExitStoppedNoCheckpoint;
       if (checkpointing.enabled()) {
         if (leader && checkpointing.last_saved_step() != step)
           checkpointing.Save(progress, save_weights, true, SignalName(signal_number));
         if (leader) checkpointing.Finish();
         saved = JoinPath(checkpointing.root(), "step-" + std::to_string(step));
+        exit_code = kExitSignalled;
+      } else if (leader) {
+        LogWarn("stopped without a checkpoint (checkpoint.enable = false): exit 75");
       }
+      // Printed before the barrier, so no rank can exit (and make srun or mpirun end the job)
+      // before the line is out; the save is complete by now.
+      if (leader)
+        PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
+                            SignalName(signal_number), saved.c_str(), exit_code));
       release_full_state();
       release_gathered();
       comm.Barrier("stop");
       metrics.Close();
       rank_metrics.Close();
-      if (leader)
-        PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
-                            SignalName(signal_number), saved.c_str(), kExitSignalled));
       comm.Finalize();
-      return kExitSignalled;
+      return exit_code;
     }
     if (save_now) {  // rank 0's full copies exist only while a save needs them
       release_full_state();
