@@ -516,7 +516,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
     TrainingProgress progress{step, step * global_batch, tokens_seen, loss, lr};
     // Every rank must agree to stop at the same step, or the others would wait in a collective.
     int signal_number = StopSignals::Requested();
-    if (data_parallel.Any(signal_number != 0) && signal_number == 0) signal_number = SIGTERM;
+    if (data_parallel.Any(signal_number != 0)) {
+      // And name the same signal: the one the lowest rank that got one received.
+      const uint64_t mine = static_cast<uint64_t>(signal_number);
+      std::vector<uint64_t> received(world);
+      comm.AllGatherU64(&mine, received.data(), 1, "stop-signal all-gather");
+      for (auto it = received.rbegin(); it != received.rend(); ++it)
+        if (*it != 0) signal_number = static_cast<int>(*it);
+    }
     // The leader decides (the "auto" interval depends on its measured save stalls).
     const bool due = data_parallel.Any(leader && checkpointing.Due(step, steps));
     const bool save_now =

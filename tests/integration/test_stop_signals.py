@@ -15,10 +15,10 @@ from conftest import crucible_binary
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-# 400 short steps (tens of ms each) with a constant LR: the signal lands near step 10, long
+# 200 short steps (tens of ms each) with a constant LR: the signal lands near step 5, long
 # before the end even on a loaded machine; the only checkpoint is the one the stop writes.
 SETTINGS = ["model.flavor=debug", "training.seq_len=32", "training.local_batch_size=2",
-            "training.global_batch_size=8", "training.steps=400", "metrics.peak_gflops=100",
+            "training.global_batch_size=8", "training.steps=200", "metrics.peak_gflops=100",
             "lr_scheduler.warmup_steps=2", "lr_scheduler.decay_type=constant", "optimizer.lr=1e-3",
             "checkpoint.interval=1000"]
 STOPPED = re.compile(r"^stopped step=(\d+) signal=(\S+) checkpoint=(.*) exit=(\d+)$", re.M)
@@ -105,7 +105,7 @@ def test_sigusr1_to_a_bare_mpirun_checkpoints_exits_143_and_resumes_bit_identica
     mpirun = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), [])
     env = dict(os.environ, **MPI_ENV)
     proc = start(mpirun + train_args(run_dir, "parallelism.zero_stage=1"), env=env)
-    wait_for_step(proc, 10)
+    wait_for_step(proc, 5)
     signalled = time.monotonic()
     proc.send_signal(signal.SIGUSR1)  # to mpirun only: it forwards SIGUSR1 to every rank
     out, err = proc.communicate(timeout=120)
@@ -120,3 +120,21 @@ def test_sigusr1_to_a_bare_mpirun_checkpoints_exits_143_and_resumes_bit_identica
     assert resumed.returncode == 0, resumed.stderr
     assert f"phase=resume from={stopped.group(3)} step={step} " in resumed.stdout
     assert result(run_dir, resumed.stdout) == result(straight, plain.stdout)
+
+
+def test_a_signal_to_one_rank_stops_all_and_is_named_by_rank_0(tmp_path):
+    # SIGUSR1 to rank 1 only: rank 0 stops at the same step and names the signal rank 1 received.
+    run_dir = tmp_path / "run"
+    mpirun = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), [])
+    proc = start(mpirun + train_args(run_dir), env=dict(os.environ, **MPI_ENV))
+    wait_for_step(proc, 5)
+    ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
+    pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
+    pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+    rank1 = [p for p in pids if b"OMPI_COMM_WORLD_RANK=1" in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")]
+    assert len(rank1) == 1, pids
+    os.kill(rank1[0], signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    stopped = STOPPED.search(out)
+    assert stopped and stopped.group(2) == "SIGUSR1", out
