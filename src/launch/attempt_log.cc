@@ -1,6 +1,8 @@
 #include "launch/attempt_log.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 
 #include "common/strings.h"
@@ -85,6 +87,20 @@ bool MentionsAFailure(std::string_view text) {
   return false;
 }
 
+// The number after " key=" in a key=value line; nullopt if absent or not a number.
+std::optional<double> NumberField(std::string_view text, std::string_view key) {
+  size_t at = 0;
+  while ((at = text.find(key, at + 1)) != std::string_view::npos) {
+    if (text[at - 1] == ' ' && text.substr(at + key.size(), 1) == "=") break;
+  }
+  if (at == std::string_view::npos) return std::nullopt;
+  const std::string rest(text.substr(at + key.size() + 1));
+  char* end = nullptr;
+  const double value = std::strtod(rest.c_str(), &end);
+  if (end == rest.c_str() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
 bool IsTimeLimitMessage(std::string_view text) {
   return text.find("DUE TO TIME LIMIT") != std::string_view::npos ||
          (text.find("walltime") != std::string_view::npos &&
@@ -92,6 +108,26 @@ bool IsTimeLimitMessage(std::string_view text) {
 }
 
 }  // namespace
+
+std::optional<StoppedLine> ParseStoppedLine(std::string_view text) {
+  constexpr std::string_view kPrefix = "stopped step=";
+  if (!StartsWith(text, kPrefix)) return std::nullopt;
+  size_t pos = kPrefix.size();
+  auto step = NumberThen(text, &pos, " signal=");
+  const size_t checkpoint_at = text.find(" checkpoint=", pos);
+  const size_t exit_at = text.rfind(" exit=");
+  if (!step || checkpoint_at == std::string_view::npos || exit_at == std::string_view::npos ||
+      exit_at < checkpoint_at)
+    return std::nullopt;
+  StoppedLine stopped;
+  stopped.step = *step;
+  stopped.signal = std::string(text.substr(pos, checkpoint_at - pos));
+  const size_t path_at = checkpoint_at + 12;
+  stopped.checkpoint = std::string(text.substr(path_at, exit_at - path_at));
+  stopped.exit_code = std::atoi(std::string(text.substr(exit_at + 6)).c_str());
+  stopped.line = std::string(text);
+  return stopped;
+}
 
 OutputLine ParseOutputLine(std::string_view raw, LabelStyle style) {
   OutputLine line;
@@ -152,6 +188,7 @@ void AttemptLog::Add(const OutputLine& line, double seconds) {
   RankIdentity identity;
   if (ParseRankAnnouncement(text, &identity)) {
     rank_nodes_[identity.rank] = identity.node;
+    if (identity.pid > 0) rank_pids_[identity.rank] = identity.pid;
     return;
   }
   if (line.rank >= 0) {
@@ -165,6 +202,19 @@ void AttemptLog::Add(const OutputLine& line, double seconds) {
       first_step_seconds_ = seconds;
     }
     last_step_ = step;
+    if (last_step_line_seconds_) {
+      const double gap = seconds - *last_step_line_seconds_;
+      longest_step_seconds_ = std::max(gap, longest_step_seconds_.value_or(0.0));
+    }
+    last_step_line_seconds_ = seconds;
+  } else if (StartsWith(text, "phase=checkpoint ")) {
+    auto longest = [](std::optional<double>* kept, std::optional<double> value) {
+      if (value) *kept = std::max(*value, kept->value_or(0.0));
+    };
+    longest(&longest_stall_seconds_, NumberField(text, "stall_s"));
+    longest(&longest_write_seconds_, NumberField(text, "write_s"));
+  } else if (auto stopped = ParseStoppedLine(text)) {
+    stopped_ = std::move(stopped);
   } else if (patterns_ && candidates_.size() < kMaxCandidates) {
     if (auto match = patterns_->Find(text))
       candidates_.push_back({*match, line.rank, DisplayLine(line)});
@@ -189,6 +239,11 @@ std::string AttemptLog::EvidenceLine() const {
 
 std::string AttemptLog::LastMeaningfulLine() const {
   return meaningful_.empty() ? "(no output)" : meaningful_.back();
+}
+
+std::optional<double> AttemptLog::longest_save_seconds() const {
+  if (!longest_stall_seconds_ && !longest_write_seconds_) return std::nullopt;
+  return longest_stall_seconds_.value_or(0.0) + longest_write_seconds_.value_or(0.0);
 }
 
 std::vector<std::string> AttemptLog::RankNodes() const {

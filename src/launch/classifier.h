@@ -3,8 +3,10 @@
 //   success      exit 0
 //   config_error exit 2 or 65, or a second attempt in a row that reached no `step=` line
 //   disk_io      exit 74: retry in place, no node to blame
-//   walltime     exit 143, 271 or -29 while the scheduler says little time is left (or its
+//   walltime     exit 143, 75, 271 or -29 while the scheduler says little time is left (or its
 //                log says the job hit its time limit); a 143 with hours left is not walltime
+//   stopped      exit 143 or 75 after the launcher itself was sent a stop signal: it was asked
+//                to stop and did
 //   bad_node     a bad-node pattern in the log, or the scheduler's node state, names a node
 //   hang         exit 124 from the watchdog; names the node that went silent first, if known
 //   no_progress  a first attempt that reached no `step=` line: retry in place once, so a
@@ -30,6 +32,7 @@ enum class Verdict {
   kBadNode,
   kHang,
   kNoProgress,
+  kStopped,
   kUnknown
 };
 const char* VerdictName(Verdict verdict);
@@ -43,6 +46,7 @@ struct AttemptFacts {
   double walltime_margin_seconds = 300;            // "little time is left" means at most this
   std::map<std::string, std::string> node_states;  // scheduler's state of each active node
   double silence_gap_seconds = 1.0;                // see AttemptLog::FirstSilentNode
+  int stop_signal = 0;  // a stop signal the launcher received during the attempt, 0 if none
 };
 
 struct Classification {

@@ -23,6 +23,7 @@
 #include "launch/node_pool.h"
 #include "launch/preflight.h"
 #include "launch/process.h"
+#include "launch/stop.h"
 #include "launch/supervisor.h"
 
 namespace crucible {
@@ -189,6 +190,7 @@ struct AttemptRecord {
   int attempt = 0;
   std::vector<std::string> nodes;
   AttemptRun run;
+  int exit_code = 0;  // what the attempt counts as: run.exit_code, or 143/75 for a stop
   std::optional<int64_t> first_step, last_step;
   Classification classification;
   std::string action;  // done, stop, retry, swap, resubmit
@@ -245,7 +247,7 @@ void PrintSummary(const std::vector<AttemptRecord>& records, const NodePool& poo
     std::string action = r.action + (r.detail.empty() ? "" : " " + r.detail);
     std::string evidence = r.classification.evidence;
     if (evidence.size() > 100) evidence = evidence.substr(0, 97) + "...";
-    table += StrFormat("  %-7d %-5d %-11s %-24s %-12s %-18s %s\n", r.attempt, r.run.exit_code,
+    table += StrFormat("  %-7d %-5d %-11s %-24s %-12s %-18s %s\n", r.attempt, r.exit_code,
                        steps.c_str(), nodes.c_str(), VerdictName(r.classification.verdict),
                        action.c_str(), evidence.c_str());
   }
@@ -391,7 +393,13 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     record.run = RunSupervised(command, supervisor, &log);
     record.first_step = log.first_step();
     record.last_step = log.last_step();
-    exit_code = record.run.exit_code;
+    // A stop: 143 only for a complete checkpoint of the step the trainer names, else 75.
+    const StopJudgement stop = JudgeStop(log, {record.run.exit_code, record.run.stop_requested,
+                                               record.run.timed_out, record.run.stop_end});
+    exit_code = stop.applies ? stop.exit_code : record.run.exit_code;
+    record.exit_code = exit_code;
+    if (stop.applies && stop.exit_code == kExitStoppedNoCheckpoint)
+      Say("stopped without a complete checkpoint (exit 75): " + stop.problem);
 
     AttemptFacts facts;
     facts.exit_code = exit_code;
@@ -399,7 +407,8 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     facts.log = &log;
     facts.previous_reached_step = previous_reached_step;
     facts.walltime_margin_seconds = options.walltime_margin_seconds;
-    if (exit_code == 143 || exit_code == 271)
+    facts.stop_signal = record.run.signal_received;
+    if (exit_code == kExitSignalled || exit_code == kExitStoppedNoCheckpoint || exit_code == 271)
       facts.time_left_seconds = QueryTimeLeft(plan.allocation);
     if (exit_code != 0 && options.auto_retry)
       facts.node_states = QueryNodeStates(plan.allocation, pool.active());
@@ -460,35 +469,44 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
               : 0;
     Json rank_nodes = Json::object();
     for (const auto& [rank, node] : log.rank_nodes()) rank_nodes[std::to_string(rank)] = node;
-    Json line = {{"kind", "attempt"},
-                 {"attempt", attempt},
-                 {"launch_id", plan.launch_id},
-                 {"started", started},
-                 {"wall_s", record.run.seconds},
-                 {"scheduler", SchedulerName(plan.allocation.scheduler)},
-                 {"job_id", plan.allocation.job_id},
-                 {"nodes", record.nodes},
-                 {"spares", pool.spares()},
-                 {"ranks", plan.ranks},
-                 {"ranks_per_node", plan.ranks_per_node},
-                 {"argv", command.argv},
-                 {"exit_code", exit_code},
-                 {"timed_out", record.run.timed_out},
-                 {"signal", signal_received},
-                 {"first_step", record.first_step ? Json(*record.first_step) : Json(nullptr)},
-                 {"last_step", record.last_step ? Json(*record.last_step) : Json(nullptr)},
-                 {"first_step_seconds",
-                  log.first_step_seconds() ? Json(*log.first_step_seconds()) : Json(nullptr)},
-                 {"rank_nodes", rank_nodes},
-                 {"verdict", VerdictName(c.verdict)},
-                 {"evidence", c.evidence},
-                 {"blamed_node", c.node},
-                 {"pattern", c.pattern},
-                 {"time_left_seconds",
-                  facts.time_left_seconds ? Json(*facts.time_left_seconds) : Json(nullptr)},
-                 {"action", record.action},
-                 {"detail", record.detail},
-                 {"backoff_seconds", backoff}};
+    Json line = {
+        {"kind", "attempt"},
+        {"attempt", attempt},
+        {"launch_id", plan.launch_id},
+        {"started", started},
+        {"wall_s", record.run.seconds},
+        {"scheduler", SchedulerName(plan.allocation.scheduler)},
+        {"job_id", plan.allocation.job_id},
+        {"nodes", record.nodes},
+        {"spares", pool.spares()},
+        {"ranks", plan.ranks},
+        {"ranks_per_node", plan.ranks_per_node},
+        {"argv", command.argv},
+        {"exit_code", exit_code},
+        {"job_exit_code", record.run.exit_code},
+        {"timed_out", record.run.timed_out},
+        {"signal", signal_received},
+        {"stop_grace_s",
+         record.run.stop_requested ? Json(record.run.stop_grace_seconds) : Json(nullptr)},
+        {"stop_s", record.run.stop_requested ? Json(record.run.stop_seconds) : Json(nullptr)},
+        {"stopped_step", log.stopped() ? Json(log.stopped()->step) : Json(nullptr)},
+        {"stopped_checkpoint",
+         stop.applies && !stop.checkpoint.empty() ? Json(stop.checkpoint) : Json(nullptr)},
+        {"stop_problem", stop.problem},
+        {"first_step", record.first_step ? Json(*record.first_step) : Json(nullptr)},
+        {"last_step", record.last_step ? Json(*record.last_step) : Json(nullptr)},
+        {"first_step_seconds",
+         log.first_step_seconds() ? Json(*log.first_step_seconds()) : Json(nullptr)},
+        {"rank_nodes", rank_nodes},
+        {"verdict", VerdictName(c.verdict)},
+        {"evidence", c.evidence},
+        {"blamed_node", c.node},
+        {"pattern", c.pattern},
+        {"time_left_seconds",
+         facts.time_left_seconds ? Json(*facts.time_left_seconds) : Json(nullptr)},
+        {"action", record.action},
+        {"detail", record.detail},
+        {"backoff_seconds", backoff}};
     if (record.action == "resubmit") {
       line["resubmitted_job"] = record.detail;
       line["job_chain"] = Split(Getenv(CurrentEnvironment(), "CRUCIBLE_JOB_CHAIN"), ':');

@@ -87,6 +87,7 @@ bool ParseRankAnnouncement(std::string_view line, RankIdentity* id) {
     if (key == "local_rank") id->local_rank = std::atoi(value.c_str());
     if (key == "world") id->world_size = std::atoi(value.c_str());
     if (key == "node") has_node = true, id->node = value;
+    if (key == "pid") id->pid = std::atoi(value.c_str());
   }
   return has_rank && has_node;
 }

@@ -23,6 +23,7 @@ struct RankIdentity {
   int world_size = 1;
   int local_world_size = 1;
   std::string node;
+  int pid = 0;  // the rank's process (after exec), from the announcement; 0 if unknown
 };
 
 // From the launcher's variables; `hostname` is the node name when no scheduler names it.

@@ -12,9 +12,11 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "common/timer.h"
 #include "launch/process.h"
 #include "launch/rank_environment.h"
+#include "launch/stop.h"
 
 namespace crucible {
 namespace {
@@ -136,6 +138,17 @@ class Watcher {
   double first_line_seconds_ = -1;
 };
 
+// Asks the job to stop: SIGUSR1 to the launch command (mpirun, mpiexec and srun forward it to
+// every rank, remote ones included, and do not end the job for it; with no MPI launcher the
+// command is the rank itself) and to every rank that announced a pid which is a process of this
+// job on this host (the marker proves it), so local ranks hear it even if forwarding fails.
+void DeliverStop(pid_t child, const AttemptLog* log, const std::string& marker) {
+  kill(child, SIGUSR1);
+  if (!log) return;
+  for (const auto& [rank, pid] : log->rank_pids())
+    if (pid != child && ProcessCarries(pid, marker)) kill(pid, SIGUSR1);
+}
+
 // Signals the job's process group and every process of the job.
 void SignalJob(pid_t child, const std::string& marker, int signal_number) {
   kill(-child, signal_number);
@@ -164,7 +177,7 @@ void InstallLaunchSignalHandlers() {
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &action, nullptr);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaction(s, &action, nullptr);
   action.sa_handler = OnChild;
   action.sa_flags = SA_NOCLDSTOP;
   sigaction(SIGCHLD, &action, nullptr);  // wakes poll() when the job exits
@@ -234,14 +247,18 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   double drain_deadline = -1;  // after the child exits, how long leftover writers may hold pipes
   int signals_seen = signals_before;
 
-  auto kill_job = [&]() {
-    SignalJob(child, options.marker, SIGTERM);
-    SignalJob(child, options.marker, SIGCONT);
-    Timer grace;
-    while (grace.Seconds() < options.kill_grace_seconds) {
-      Reap(child, &child_status, &child_done);
-      if (child_done && JobProcesses(options.marker).empty()) return;
-      usleep(20000);
+  // Ends the job: SIGTERM (and SIGCONT) to every process of it, --kill-grace, then SIGKILL
+  // until nothing is left; `at_once` skips to SIGKILL.
+  auto kill_job = [&](bool at_once) {
+    if (!at_once) {
+      SignalJob(child, options.marker, SIGTERM);
+      SignalJob(child, options.marker, SIGCONT);
+      Timer grace;
+      while (grace.Seconds() < options.kill_grace_seconds) {
+        Reap(child, &child_status, &child_done);
+        if (child_done && JobProcesses(options.marker).empty()) return;
+        usleep(20000);
+      }
     }
     if (options.before_kill) options.before_kill();
     Timer hard;
@@ -253,22 +270,47 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     }
   };
 
+  double stop_started = -1, stop_deadline = -1;
+  bool kill_at_once = false;
   while (streams[0].open() || streams[1].open() || !child_done) {
     const double now = watcher.timer().Seconds();
-    // A signal to the launcher is forwarded to the job (srun and mpirun pass it to the ranks);
-    // a second one kills the job.
+    // A signal to the launcher asks the job to stop (SIGUSR1 to the ranks, see launch/stop.h)
+    // and waits for it, up to the stop grace; a second signal kills the job at once.
     const int signals_now = signal_count.load();
     if (signals_now != signals_seen) {
-      if (run.signal_received != 0) break;
-      run.signal_received = PendingLaunchSignal();
       signals_seen = signals_now;
-      kill(-child, run.signal_received);
+      if (run.signal_received != 0) {
+        run.stop_end = "was killed at once by a second signal to the launcher";
+        kill_at_once = true;
+        break;
+      }
+      run.signal_received = PendingLaunchSignal();
+      if (!child_done) {
+        run.stop_requested = true;
+        const AttemptLog nothing_seen(nullptr, {});
+        run.stop_grace_seconds =
+            StopGraceSeconds(log ? *log : nothing_seen, options.kill_grace_seconds);
+        stop_started = now;
+        stop_deadline = now + run.stop_grace_seconds;
+        DeliverStop(child, log, options.marker);
+      }
     }
     double wait = 1.0;
+    if (stop_deadline >= 0 && !child_done) {
+      if (now >= stop_deadline) {
+        run.stop_end =
+            StrFormat("was killed after the stop grace of %.1f s", run.stop_grace_seconds);
+        break;
+      }
+      wait = std::min(wait, stop_deadline - now);
+    }
     if (options.timeout_seconds > 0) {
       double silent_for = now - watcher.last_line_seconds();
       if (silent_for >= options.timeout_seconds) {
         run.timed_out = true;
+        if (run.stop_requested)
+          run.stop_end = StrFormat("went silent for %.0f s during the stop (watchdog)",
+                                   options.timeout_seconds);
         break;
       }
       wait = std::min(wait, options.timeout_seconds - silent_for);
@@ -293,9 +335,10 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     }
     Reap(child, &child_status, &child_done);
   }
-  // Whatever is still running now is the silent job, a job signalled twice, or a leftover
-  // holding our pipes.
-  if (run.timed_out || !child_done || !JobProcesses(options.marker).empty()) kill_job();
+  // Whatever is still running now is the silent job, a job signalled twice, one past its stop
+  // grace, or a leftover holding our pipes.
+  if (run.timed_out || !child_done || !JobProcesses(options.marker).empty()) kill_job(kill_at_once);
+  if (stop_started >= 0) run.stop_seconds = watcher.timer().Seconds() - stop_started;
   // Read what the writers left; a writer this host cannot see must not hold us forever.
   for (Stream& s : streams) {
     while (s.open()) {
@@ -315,10 +358,6 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     if (pid < 0 && errno != EINTR) break;
   }
   run.exit_code = run.timed_out ? kExitTimeout : ExitCodeFromStatus(child_status);
-  // Stopped by a signal to the launcher: mpirun and srun report that with codes of their own;
-  // the contract is 128 + the signal (143 for SIGTERM).
-  if (!run.timed_out && run.signal_received != 0 && run.exit_code != 0)
-    run.exit_code = 128 + run.signal_received;
   run.seconds = watcher.timer().Seconds();
   run.first_line_seconds = watcher.first_line_seconds();
   return run;

@@ -190,22 +190,6 @@ def test_unknown_failure_with_one_node_and_no_spare_stops_with_a_summary(tmp_pat
     assert "summary" in proc.stderr and "unknown" in proc.stderr
 
 
-def test_sigterm_to_the_launcher_reaches_the_job_and_is_not_retried(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([CRUCIBLE, "launch", "--run-dir", str(run_dir), "--retries", "3", "--",
-                             sys.executable, FAKE, "--steps", "1000", "--step-seconds", "0.05"],
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if "step=3" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143, err
-    assert "phase=stop signal=TERM" in out
-    records = attempts(run_dir)
-    assert len(records) == 1 and records[0]["signal"] == signal.SIGTERM
-
-
 def test_failure_evidence_is_the_error_line_not_the_mpirun_banner(tmp_path):
     run_dir = tmp_path / "run"
     proc = launch(["--run-dir", str(run_dir), "--np", "2", "--mpi", "openmpi"],

@@ -24,8 +24,9 @@ struct Excerpt {
     }
   }
   Classification Classify(int exit_code, std::optional<double> time_left = std::nullopt,
-                          bool previous_reached_step = true) {
+                          bool previous_reached_step = true, int stop_signal = 0) {
     AttemptFacts facts;
+    facts.stop_signal = stop_signal;
     facts.exit_code = exit_code;
     facts.timed_out = exit_code == 124;
     facts.log = &log;
@@ -378,12 +379,28 @@ TEST(NextStep, PlainRetriesRetryEveryOtherFailureUntilUsedUp) {
   EXPECT_EQ(DecideNextStep(c, {true, 2, 1, 0}).step, NextStep::kFailover);
 }
 
+TEST(Classifier, AStopTheLauncherWasAskedForIsStoppedUnlessAtWalltime) {
+  Excerpt e(std::string(kRanks) + "0: step=5 loss=9.0\n" +
+            "0: stopped step=5 signal=SIGUSR1 checkpoint=/r/ckpt/step-5 exit=143\n");
+  Classification c = e.Classify(143, 7200.0, true, 15);
+  EXPECT_EQ(c.verdict, Verdict::kStopped);
+  EXPECT_EQ(c.evidence,
+            "exit 143 after signal 15 to the launcher: stopped step=5 signal=SIGUSR1 "
+            "checkpoint=/r/ckpt/step-5 exit=143");
+  EXPECT_EQ(e.Classify(75, 7200.0, true, 10).verdict, Verdict::kStopped);
+  EXPECT_EQ(e.Classify(75, 60.0, true, 10).verdict, Verdict::kWalltime);
+  EXPECT_EQ(e.Classify(143, 7200.0).verdict, Verdict::kUnknown);  // nobody asked the launcher
+}
+
 TEST(NextStep, AStopTheLauncherWasAskedForIsNotRetried) {
   Excerpt e(std::string(kRanks) + "0: step=5 loss=9.0\n");
   for (int code : {143, 75}) {
-    Decision d = DecideNextStep(e.Classify(code, 7200.0), {true, 10, 1, 15});
+    Decision d = DecideNextStep(e.Classify(code, 7200.0, true, 15), {true, 10, 1, 15});
     EXPECT_EQ(d.step, NextStep::kStopAndResubmit) << code;
     EXPECT_EQ(d.detail, "(signalled)");
+    // A signal that came after the attempt ended (during the backoff) stops the launch too.
+    EXPECT_EQ(DecideNextStep(e.Classify(code, 7200.0), {true, 10, 1, 15}).step,
+              NextStep::kStopAndResubmit);
   }
   EXPECT_EQ(DecideNextStep(e.Classify(0), {true, 10, 1, 15}).step, NextStep::kDone);
 }
