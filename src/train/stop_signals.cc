@@ -57,7 +57,16 @@ StopSignals::StopSignals() {
 StopSignals::~StopSignals() {
   sigaction(SIGTERM, &g_previous_term, nullptr);
   sigaction(SIGINT, &g_previous_int, nullptr);
-  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  if (g_requested != 0) {
+    // The process is on its way out with 143 or 75: a late copy of the warning (mpirun or srun
+    // forwarding what crucible launch also sent directly) must not turn that into a kill.
+    struct sigaction ignore;
+    std::memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGUSR1, &ignore, nullptr);
+  } else {
+    sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  }
   sigaction(SIGXFSZ, &g_previous_xfsz, nullptr);
 }
 

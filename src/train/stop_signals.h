@@ -3,8 +3,8 @@
 // checkpoint synchronously and exits 143 (75 when it writes none: checkpoint.enable = false). A
 // second SIGTERM or SIGINT while that is under way kills the process at once, by that signal,
 // leaving no checkpoint that looks complete (saves publish by rename, so a half-written one has
-// a temporary name); a repeated SIGUSR1 is ignored. SIGXFSZ is ignored so that exceeding a
-// file-size limit surfaces as EFBIG, an I/O error (74).
+// a temporary name); a repeated SIGUSR1 is ignored, up to the exit. SIGXFSZ is ignored so that
+// exceeding a file-size limit surfaces as EFBIG, an I/O error (74).
 #pragma once
 
 namespace crucible {

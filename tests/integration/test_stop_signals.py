@@ -138,3 +138,19 @@ def test_a_signal_to_one_rank_stops_all_and_is_named_by_rank_0(tmp_path):
     assert proc.returncode == 143, out + err
     stopped = STOPPED.search(out)
     assert stopped and stopped.group(2) == "SIGUSR1", out
+
+
+def test_repeated_sigusr1_until_the_exit_is_ignored(tmp_path):
+    # mpirun and srun forward SIGUSR1 while crucible launch also signals local ranks directly, and
+    # a scheduler's warning may come twice: a late copy must not kill a trainer that is exiting.
+    run_dir = tmp_path / "run"
+    proc = start(train_args(run_dir))
+    wait_for_step(proc, 5)
+    while proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    assert STOPPED.search(out)
