@@ -83,6 +83,9 @@ def main():
     current = [start - 1]
 
     def on_stop(signum, frame):
+        # Like the trainer: a repeated SIGUSR1 (forwarded by mpirun or srun while the launcher
+        # also signals the rank directly) is ignored up to the exit.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         name = signal.Signals(signum).name
         code = 143 if a.stop_checkpoint else 75
         if rank == 0:
