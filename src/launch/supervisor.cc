@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,10 +212,15 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) ThrowErrno("pipe");
   const int signals_before = signal_count.load();
 
+  const pid_t launcher = getpid();
   pid_t child = fork();
   if (child < 0) ThrowErrno("fork");
   if (child == 0) {
     setsid();
+    // The job must not outlive the launcher, even a SIGKILLed one: on SIGTERM mpirun and mpiexec
+    // end their ranks and srun cancels its step (and each rank dies with its parent, see
+    // ExecRank). A launcher gone before this took effect has re-parented us already.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(kExitFailure);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -1,5 +1,5 @@
-// Runs one attempt of a launch command and watches it: starts it in a session of its own,
-// passes its output through line by line (rank-labelled),
+// Runs one attempt of a launch command and watches it: starts it in a session of its own (dying
+// with the launcher: PR_SET_PDEATHSIG), passes its output through line by line (rank-labelled),
 // copies every line to the attempt log, and — the hang watchdog — when no complete line has
 // appeared on stdout or stderr for `timeout_seconds`, kills the whole job: SIGTERM (and SIGCONT,
 // so stopped ranks can act on it) to every process of the job, a grace period, then SIGKILL to

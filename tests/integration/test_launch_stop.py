@@ -2,8 +2,8 @@
 launcher reaches the ranks as SIGUSR1 (never as SIGTERM to mpirun, which kills the ranks about a
 second later, in the middle of the checkpoint); the launcher waits for the job for a grace measured
 from the save times the trainer reports, and exits 143 only when the checkpoint the trainer's
-`stopped` line names is complete, else 75. A second signal kills at once. The Slurm side is in
-test_launch_slurm.py."""
+`stopped` line names is complete, else 75. A second signal kills at once; a SIGKILLed launcher
+leaves no process of the job behind. The Slurm side is in test_launch_slurm.py."""
 import json
 import os
 import re
@@ -269,3 +269,23 @@ def test_a_second_signal_kills_the_job_at_once(tmp_path):
     assert proc.returncode == 75, err
     assert time.monotonic() - second < 10
     assert not wait_gone(job, 5)
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich", "none"])
+def test_a_sigkilled_launcher_leaves_no_process_of_the_job(tmp_path, mpi):
+    # Ranks that print nothing after the kill (as in a long save, eval or collective): a rank
+    # that writes would die of the broken pipe anyway.
+    run_dir = tmp_path / "run"
+    np = "1" if mpi == "none" else "2"
+    proc = start_launch(["--run-dir", str(run_dir), "--np", np, "--mpi", mpi],
+                        ["sh", "-c", "echo step=3 rank=$CRUCIBLE_RANK; exec sleep 1000"])
+    read_until(proc, r"^(0: )?step=3 ")
+    deadline = time.monotonic() + 30
+    while len(job := job_processes(proc.pid, run_dir)) < int(np) + (mpi != "none"):
+        assert time.monotonic() < deadline, job  # mpirun/mpiexec (and Hydra's proxy) and the ranks
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    left = wait_gone(job, 15)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left if alive(p)]
+    assert not job_processes(proc.pid, run_dir)
