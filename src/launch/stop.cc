@@ -39,7 +39,6 @@ StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts) {
     judgement.problem = "the job " + ended + " without a 'stopped step=...' line";
     return judgement;
   }
-  judgement.checkpoint = stopped->checkpoint;
   if (stopped->checkpoint == "none") {
     judgement.problem = StrFormat(
         "the trainer stopped at step %lld without a checkpoint "
@@ -47,6 +46,7 @@ StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts) {
         (long long)stopped->step, ended.c_str());
     return judgement;
   }
+  judgement.checkpoint = stopped->checkpoint;
   const std::string why = VerifyCheckpoint(stopped->checkpoint, VerifyDepth::kSizes);
   if (!why.empty()) {
     judgement.problem = "checkpoint " + stopped->checkpoint + " named by the trainer is not " +

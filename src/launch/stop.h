@@ -20,7 +20,7 @@ double StopGraceSeconds(const AttemptLog& log, double kill_grace_seconds);
 struct StopJudgement {
   bool applies = false;    // false: the attempt was no stop, its exit code stands
   int exit_code = 0;       // 143 or 75 when it applies
-  std::string checkpoint;  // the one the stopped line named ("" when there was no such line)
+  std::string checkpoint;  // the path the stopped line named; "" without one (or "none")
   std::string problem;     // why 75, one line; "" for 143
 };
 

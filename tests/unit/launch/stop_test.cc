@@ -138,6 +138,7 @@ TEST_F(JudgeStopTest, A143NeedsTheNamedCheckpointComplete) {
 TEST_F(JudgeStopTest, WithoutACheckpointOrAStoppedLineIts75) {
   StopJudgement none = JudgeStop(LogOf(Stopped("none", 75)), {75, true, false, ""});
   EXPECT_EQ(none.exit_code, 75);
+  EXPECT_EQ(none.checkpoint, "");
   EXPECT_NE(none.problem.find("without a checkpoint (checkpoint=none)"), std::string::npos);
   StopJudgement silent = JudgeStop(LogOf("0: step=5 loss=1\n"), {1, true, false,
                                                                  "was killed at once by a second "
