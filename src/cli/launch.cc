@@ -62,7 +62,7 @@ CommandRun SetupLaunch(CLI::App& app) {
       "variables.\n"
       "MPI: --mpi or CRUCIBLE_MPI, else detected from mpirun on PATH.\n"
       "Stop: SIGTERM, SIGINT, SIGHUP or SIGUSR1 sends SIGUSR1 to the ranks and waits for their\n"
-      "checkpoint (a grace measured from the save times); a second signal kills at once.\n"
+      "checkpoint (a grace measured from the save times); a second TERM/INT/HUP kills at once.\n"
       "Exit: the job's exit code; after a stop 143 only when the checkpoint the trainer names is\n"
       "complete, else 75; 124 when the watchdog killed it; 2 for bad usage (every number\n"
       "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7).\n"

@@ -25,6 +25,7 @@ namespace {
 int signal_pipe[2] = {-1, -1};
 std::atomic<int> first_signal{0};
 std::atomic<int> signal_count{0};
+std::atomic<int> hard_signal_count{0};  // SIGTERM, SIGINT, SIGHUP: a repeated SIGUSR1 is not one
 
 void WakeUp() {
   const int saved = errno;
@@ -38,6 +39,7 @@ void OnSignal(int signal_number) {
   int expected = 0;
   first_signal.compare_exchange_strong(expected, signal_number);
   signal_count.fetch_add(1);
+  if (signal_number != SIGUSR1) hard_signal_count.fetch_add(1);
   WakeUp();
 }
 
@@ -211,6 +213,7 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) ThrowErrno("pipe");
   const int signals_before = signal_count.load();
+  const int hard_signals_before = hard_signal_count.load();
 
   const pid_t launcher = getpid();
   pid_t child = fork();
@@ -278,27 +281,32 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
 
   double stop_started = -1, stop_deadline = -1;
   bool kill_at_once = false;
+  int hard_signals_at_stop = 0;
   while (streams[0].open() || streams[1].open() || !child_done) {
     const double now = watcher.timer().Seconds();
     // A signal to the launcher asks the job to stop (SIGUSR1 to the ranks, see launch/stop.h)
-    // and waits for it, up to the stop grace; a second signal kills the job at once.
+    // and waits for it, up to the stop grace; a second SIGTERM, SIGINT or SIGHUP kills the job
+    // at once (a repeated SIGUSR1, a scheduler's warning sent again, changes nothing).
     const int signals_now = signal_count.load();
     if (signals_now != signals_seen) {
       signals_seen = signals_now;
-      if (run.signal_received != 0) {
+      if (run.signal_received == 0) {
+        run.signal_received = PendingLaunchSignal();
+        hard_signals_at_stop = hard_signals_before + (run.signal_received != SIGUSR1 ? 1 : 0);
+        if (!child_done) {
+          run.stop_requested = true;
+          const AttemptLog nothing_seen(nullptr, {});
+          run.stop_grace_seconds =
+              StopGraceSeconds(log ? *log : nothing_seen, options.kill_grace_seconds);
+          stop_started = now;
+          stop_deadline = now + run.stop_grace_seconds;
+          DeliverStop(child, log, options.marker);
+        }
+      }
+      if (hard_signal_count.load() > hard_signals_at_stop) {
         run.stop_end = "was killed at once by a second signal to the launcher";
         kill_at_once = true;
         break;
-      }
-      run.signal_received = PendingLaunchSignal();
-      if (!child_done) {
-        run.stop_requested = true;
-        const AttemptLog nothing_seen(nullptr, {});
-        run.stop_grace_seconds =
-            StopGraceSeconds(log ? *log : nothing_seen, options.kill_grace_seconds);
-        stop_started = now;
-        stop_deadline = now + run.stop_grace_seconds;
-        DeliverStop(child, log, options.marker);
       }
     }
     double wait = 1.0;

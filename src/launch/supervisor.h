@@ -5,7 +5,8 @@
 // so stopped ranks can act on it) to every process of the job, a grace period, then SIGKILL to
 // whatever is left, including ranks that left the process group or the session (found by the
 // launch marker in their environment), until none is alive. A stop signal to the launcher asks
-// the job to stop and waits for it (launch/stop.h); a second one kills the job at once.
+// the job to stop and waits for it (launch/stop.h); a second SIGTERM, SIGINT or SIGHUP kills the
+// job at once.
 #pragma once
 
 #include <functional>

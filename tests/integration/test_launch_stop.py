@@ -2,8 +2,9 @@
 launcher reaches the ranks as SIGUSR1 (never as SIGTERM to mpirun, which kills the ranks about a
 second later, in the middle of the checkpoint); the launcher waits for the job for a grace measured
 from the save times the trainer reports, and exits 143 only when the checkpoint the trainer's
-`stopped` line names is complete, else 75. A second signal kills at once; a SIGKILLed launcher
-leaves no process of the job behind. The Slurm side is in test_launch_slurm.py."""
+`stopped` line names is complete, else 75. A second SIGTERM kills at once (a second SIGUSR1 does
+not); a SIGKILLed launcher leaves no process of the job behind. The Slurm side is in
+test_launch_slurm.py."""
 import json
 import os
 import re
@@ -269,6 +270,23 @@ def test_a_second_signal_kills_the_job_at_once(tmp_path):
     assert proc.returncode == 75, err
     assert time.monotonic() - second < 10
     assert not wait_gone(job, 5)
+
+
+def test_a_repeated_sigusr1_to_the_launcher_changes_nothing(tmp_path, complete_checkpoint):
+    # A scheduler's warning may come twice; only a second SIGTERM, SIGINT or SIGHUP kills at once.
+    run_dir = tmp_path / "run"
+    proc = start_launch(["--run-dir", str(run_dir), "--np", "2"],
+                        [sys.executable, FAKE, "--steps", "100000", "--step-seconds", "0.05",
+                         "--state", str(tmp_path / "state"), "--stop-seconds", "3",
+                         "--stop-checkpoint", str(complete_checkpoint)])
+    read_until(proc, r"^0: step=3 ")
+    proc.send_signal(signal.SIGUSR1)
+    read_until(proc, r"^0: phase=stop signal=SIGUSR1")
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    assert STOPPED.search(out)
+    assert attempts(run_dir)[0]["signal"] == signal.SIGUSR1
 
 
 @pytest.mark.parametrize("mpi", ["openmpi", "mpich", "none"])
