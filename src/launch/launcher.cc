@@ -349,8 +349,13 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
       Json line = {{"kind", "preflight"},       {"attempt", attempt},
                    {"time", NowIso()},          {"nodes", pool.active()},
                    {"seconds", result.seconds}, {"failed", Json::object()}};
-      for (const auto& [node, reason] : result.failed) line["failed"][node] = reason;
+      // A stop signal ended the health check: its failures are the stop's, not the nodes'.
+      const int stopped_by = PendingLaunchSignal();
+      if (stopped_by != 0) line["signal"] = stopped_by;
+      for (const auto& [node, reason] : result.failed)
+        if (stopped_by == 0) line["failed"][node] = reason;
       AppendLine(attempts_path, line.dump());
+      if (stopped_by != 0) return false;
       if (result.failed.empty()) return true;
       for (const auto& [node, reason] : result.failed) {
         EvictedNode e{node, true, attempt, "preflight", reason};
@@ -370,12 +375,23 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
   bool previous_reached_step = true;
   // A resubmitted job continues the numbering of the run's earlier attempts.
   const int first_attempt = 1 + CountAttempts(attempts_path);
+  // A stop signal before an attempt starts: nothing ran, so no checkpoint of it exists (75).
+  auto stopped_before = [&](int attempt) {
+    if (PendingLaunchSignal() == 0) return false;
+    Say(StrFormat("stopped by signal %d before attempt %d (exit 75)", PendingLaunchSignal(),
+                  attempt));
+    return true;
+  };
   if (!preflight(first_attempt)) {
     PrintSummary(records, pool);
-    return kExitFailure;
+    return stopped_before(first_attempt) ? kExitStoppedNoCheckpoint : kExitFailure;
   }
   for (int attempt = first_attempt;; ++attempt) {
     const int retry = attempt - first_attempt + 1;  // this launch's own count
+    if (stopped_before(attempt)) {
+      if (records.empty()) exit_code = kExitStoppedNoCheckpoint;
+      break;
+    }
     pool.NewAttempt();
     LaunchSpec spec = MakeSpec(plan, options, pool.active(), attempt);
     LaunchCommand command = BuildLaunchCommand(spec);

@@ -289,6 +289,27 @@ def test_a_repeated_sigusr1_to_the_launcher_changes_nothing(tmp_path, complete_c
     assert attempts(run_dir)[0]["signal"] == signal.SIGUSR1
 
 
+def test_a_stop_during_the_preflight_blames_no_node_and_starts_no_attempt(tmp_path):
+    run_dir = tmp_path / "run"
+    check = tmp_path / "slow_check.sh"
+    check.write_text("#!/bin/sh\nexec sleep 60\n")
+    check.chmod(0o755)
+    proc = start_launch(["--run-dir", str(run_dir), "--preflight", "--preflight-command", str(check)],
+                        [sys.executable, FAKE, "--steps", "3"])
+    deadline = time.monotonic() + 60
+    while not any(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\0")
+                  for p in job_processes(proc.pid, run_dir) if alive(p)):
+        assert time.monotonic() < deadline and proc.poll() is None, "the health check never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert "stopped by signal 15 before attempt 1" in err
+    assert not (run_dir / "launch" / "bad_nodes.txt").exists()
+    lines = (run_dir / "launch" / "attempts.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["kind"] == "preflight" for line in lines)
+
+
 @pytest.mark.parametrize("mpi", ["openmpi", "mpich", "none"])
 def test_a_sigkilled_launcher_leaves_no_process_of_the_job(tmp_path, mpi):
     # Ranks that print nothing after the kill (as in a long save, eval or collective): a rank
