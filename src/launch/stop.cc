@@ -1,6 +1,7 @@
 #include "launch/stop.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "ckpt/checkpoint.h"
 #include "common/error.h"
@@ -47,6 +48,14 @@ StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts) {
     return judgement;
   }
   judgement.checkpoint = stopped->checkpoint;
+  const std::string folder = CheckpointDirName(stopped->step);
+  if (std::filesystem::path(stopped->checkpoint).filename() != folder) {
+    judgement.problem = StrFormat(
+        "checkpoint %s named by the trainer is not the one of step %lld "
+        "(%s); the job %s",
+        stopped->checkpoint.c_str(), (long long)stopped->step, folder.c_str(), ended.c_str());
+    return judgement;
+  }
   const std::string why = VerifyCheckpoint(stopped->checkpoint, VerifyDepth::kSizes);
   if (!why.empty()) {
     judgement.problem = "checkpoint " + stopped->checkpoint + " named by the trainer is not " +

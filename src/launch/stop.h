@@ -33,7 +33,8 @@ struct StopFacts {
 
 // A stop the launcher requested (and that did not end in exit 0), or a job that exited 143 or 75
 // by itself (the ranks were signalled directly, e.g. by the scheduler): 143 when the stopped line
-// names a checkpoint whose COMPLETE marker is present and whose MANIFEST matches its files
+// names the checkpoint of its step (a folder "step-<n>") whose COMPLETE marker is present and
+// whose MANIFEST matches its files
 // (VerifyCheckpoint, sizes only: no tensor data is read); else 75. A relative path is taken from
 // the launcher's working folder, which the ranks share.
 StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts);

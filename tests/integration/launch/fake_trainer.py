@@ -43,7 +43,8 @@ def main():
     p.add_argument("--finish-when-resubmitted", type=int, default=0,
                    help="when CRUCIBLE_JOB_CHAIN is set, stop after this many more steps")
     p.add_argument("--stop-checkpoint", default=None,
-                   help="the checkpoint a stop names (and exits 143 for); without it: none, 75")
+                   help="the checkpoint a stop names, .../step-<n> (and exits 143 for, reporting "
+                        "step n); without it: none, 75")
     p.add_argument("--stop-seconds", type=float, default=0.0,
                    help="how long a stop takes before the exit (a save)")
     p.add_argument("--save-every", type=int, default=0,
@@ -92,8 +93,11 @@ def main():
             print(f"phase=stop signal={name} step={current[0]}", flush=True)
         time.sleep(a.stop_seconds)
         stopped = os.path.join(state, f"stopped-{attempt}") if state else ""
+        # The step a stop reports is the one its checkpoint is of (a folder step-<n>).
+        folder = os.path.basename(a.stop_checkpoint or "")
+        step = int(folder[5:]) if folder.startswith("step-") and folder[5:].isdigit() else current[0]
         if rank == 0:
-            print(f"stopped step={current[0]} signal={name} checkpoint={a.stop_checkpoint or 'none'} "
+            print(f"stopped step={step} signal={name} checkpoint={a.stop_checkpoint or 'none'} "
                   f"exit={code}", flush=True)
             if stopped:
                 open(stopped, "w").close()

@@ -127,6 +127,15 @@ TEST_F(JudgeStopTest, A143NeedsTheNamedCheckpointComplete) {
                 .exit_code,
             143);
 
+  // A complete checkpoint, but of another step than the one the trainer stopped at.
+  StopJudgement other =
+      JudgeStop(LogOf("0: stopped step=6 signal=SIGUSR1 checkpoint=" + path + " exit=143\n"),
+                {143, true, false, ""});
+  EXPECT_EQ(other.exit_code, 75);
+  EXPECT_EQ(other.problem, "checkpoint " + path +
+                               " named by the trainer is not the one of step 6 "
+                               "(step-6); the job exited 143");
+
   fs::remove(fs::path(path) / "COMPLETE");
   StopJudgement incomplete = JudgeStop(LogOf(Stopped(path, 143)), {143, true, false, ""});
   EXPECT_EQ(incomplete.exit_code, kExitStoppedNoCheckpoint);
