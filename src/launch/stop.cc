@@ -42,8 +42,8 @@ StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts) {
   }
   if (stopped->checkpoint == "none") {
     judgement.problem = StrFormat(
-        "the trainer stopped at step %lld without a checkpoint "
-        "(checkpoint=none); the job %s",
+        "the trainer stopped at step %lld without a checkpoint (checkpoint=none); the "
+        "job %s",
         (long long)stopped->step, ended.c_str());
     return judgement;
   }
@@ -51,15 +51,14 @@ StopJudgement JudgeStop(const AttemptLog& log, const StopFacts& facts) {
   const std::string folder = CheckpointDirName(stopped->step);
   if (std::filesystem::path(stopped->checkpoint).filename() != folder) {
     judgement.problem = StrFormat(
-        "checkpoint %s named by the trainer is not the one of step %lld "
-        "(%s); the job %s",
+        "checkpoint %s named by the trainer is not the one of step %lld (%s); the job %s",
         stopped->checkpoint.c_str(), (long long)stopped->step, folder.c_str(), ended.c_str());
     return judgement;
   }
   const std::string why = VerifyCheckpoint(stopped->checkpoint, VerifyDepth::kSizes);
   if (!why.empty()) {
-    judgement.problem = "checkpoint " + stopped->checkpoint + " named by the trainer is not " +
-                        "complete: " + why + "; the job " + ended;
+    judgement.problem = "checkpoint " + stopped->checkpoint +
+                        " named by the trainer is not complete: " + why + "; the job " + ended;
     return judgement;
   }
   judgement.exit_code = kExitSignalled;
