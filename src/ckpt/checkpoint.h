@@ -83,9 +83,11 @@ std::vector<std::string> RemoveStaleCheckpointTemporaries(const std::string& roo
 // The step-<n> folders under `root`, newest first (complete or not).
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root);
 
-// Checks COMPLETE, MANIFEST and every file's size and checksum. Returns "" when the checkpoint
-// is good, else one line naming the file that failed and how.
-std::string VerifyCheckpoint(const std::string& dir);
+// Checks COMPLETE, MANIFEST and every file's size and checksum (kSizes: sizes only, which reads
+// no tensor data; what `crucible launch` checks before it reports a stop as complete). Returns ""
+// when the checkpoint is good, else one line naming the file that failed and how.
+enum class VerifyDepth { kChecksums, kSizes };
+std::string VerifyCheckpoint(const std::string& dir, VerifyDepth depth = VerifyDepth::kChecksums);
 
 // The checkpoint a resume should use: `latest` is read as a hint (a missing or dangling one is
 // reported), then step folders are verified newest first; each one that fails is reported with

@@ -25,12 +25,14 @@ CommandRun SetupLaunch(CLI::App& app) {
   app.add_flag("--dry-run", o->dry_run, "print the exact command and environment, run nothing");
   app.add_option(
       "--timeout", o->timeout_seconds,
-      "hang watchdog: kill the job when no output line appears for S seconds (exit 124)");
+      "hang watchdog: kill the job when no output line appears for S seconds (exit 124); "
+      "default: off");
   app.add_option("--kill-grace", o->kill_grace_seconds,
-                 "seconds between SIGTERM and SIGKILL when the watchdog fires (default 1)");
+                 "seconds between SIGTERM and SIGKILL when the job is killed, and the least a stop "
+                 "waits for the job (default 1)");
   app.add_option("--retries", o->retries,
                  "re-run a failed job up to N times (default 0; 10 with --auto-retry); never "
-                 "after exit 2 or 65");
+                 "after a config error (exit 2 or 65, or two attempts in a row without a step)");
   app.add_option("--backoff-base", o->backoff_base_seconds,
                  "first pause between attempts, doubling each time (default 5 s)");
   app.add_option("--backoff-cap", o->backoff_cap_seconds, "longest pause (default 60 s)");
@@ -45,8 +47,8 @@ CommandRun SetupLaunch(CLI::App& app) {
       "--walltime-margin", o->walltime_margin_seconds,
       "a 143 counts as walltime when at most this much wall time is left (default 300 s)");
   app.add_flag("--resubmit", o->resubmit,
-               "on walltime (or a clean 143 after SIGTERM), queue the follow-on job with "
-               "sbatch/qsub afterany dependency");
+               "on walltime, or a stop after a signal to the launcher (143 or 75), queue the "
+               "follow-on job with sbatch/qsub afterany dependency");
   app.add_option("--resubmit-script", o->resubmit_script,
                  "batch script to resubmit (default: the current job's, from scontrol)");
   app.add_flag("--preflight", o->preflight,
@@ -59,7 +61,11 @@ CommandRun SetupLaunch(CLI::App& app) {
       "Scheduler: CRUCIBLE_SCHEDULER (local, slurm, pbs) or detected from PBS_*/SLURM_* "
       "variables.\n"
       "MPI: --mpi or CRUCIBLE_MPI, else detected from mpirun on PATH.\n"
-      "Exit: the job's exit code; 124 when the watchdog killed it; 2 for bad usage.\n"
+      "Stop: SIGTERM, SIGINT, SIGHUP or SIGUSR1 sends SIGUSR1 to the ranks and waits for their\n"
+      "checkpoint (a grace measured from the save times); a second TERM/INT/HUP kills at once.\n"
+      "Exit: the job's exit code; after a stop 143 only when the checkpoint the trainer names is\n"
+      "complete, else 75; 124 when the watchdog killed it; 2 for bad usage (every number\n"
+      "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7).\n"
       "Records: RUN_DIR/launch/attempts.jsonl, attempt-<k>.log, bad_nodes.txt. See "
       "docs/launch.md.");
   return [o]() { return RunLaunch(*o, CurrentEnvironment()); };

@@ -1,7 +1,8 @@
 // What one attempt's output said, gathered line by line as it streams past (nothing is kept
-// but the evidence): progress (`step=<n>` lines), which rank runs on which node, the first
-// line a bad-node pattern matched, a scheduler's time-limit message, when each node last
-// spoke, and the last lines for the summary.
+// but the evidence): progress (`step=<n>` lines and the time between them), the save times the
+// trainer reports (`phase=checkpoint ... stall_s= / write_s=`), its `stopped` line, which rank
+// runs on which node (and pid), the first line a bad-node pattern matched, a scheduler's
+// time-limit message, when each node last spoke, and the last lines for the summary.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,18 @@ OutputLine ParseOutputLine(std::string_view raw, LabelStyle style);
 // The line as the launcher passes it through: "<rank>: text" or the text alone.
 std::string DisplayLine(const OutputLine& line);
 
+// The trainer's last word when a stop signal ended it (docs/architecture.md, "Progress line"):
+// "stopped step=<n> signal=<SIG> checkpoint=<path|none> exit=<143|75>".
+struct StoppedLine {
+  int64_t step = 0;
+  std::string signal;
+  std::string checkpoint;  // "none" when it wrote none
+  int exit_code = 0;
+  std::string line;  // the line itself
+};
+// Parses that line (the path may hold spaces: it runs to the last " exit="); nullopt otherwise.
+std::optional<StoppedLine> ParseStoppedLine(std::string_view text);
+
 // A node a log line blamed, with the line itself as evidence.
 struct NamedNode {
   std::string node;
@@ -45,10 +58,27 @@ class AttemptLog {
   std::optional<int64_t> last_step() const { return last_step_; }
   std::optional<double> first_step_seconds() const { return first_step_seconds_; }
   const std::map<int, std::string>& rank_nodes() const { return rank_nodes_; }
+  const std::map<int, int>& rank_pids() const { return rank_pids_; }  // as the ranks announced
+  const std::optional<StoppedLine>& stopped() const { return stopped_; }
+  // The longest time between two consecutive step= lines (a step, with whatever ran between);
+  // nullopt before the second one.
+  std::optional<double> longest_step_seconds() const { return longest_step_seconds_; }
+  // The longest save the trainer reported: its longest stall_s plus its longest write_s (a
+  // stop's synchronous save may first wait for a background one); nullopt before the first.
+  std::optional<double> longest_save_seconds() const;
   // Distinct nodes ranks announced, in rank order.
   std::vector<std::string> RankNodes() const;
   const std::optional<std::string>& time_limit_line() const { return time_limit_line_; }
   const std::deque<std::string>& tail() const { return tail_; }
+
+  // The line that best says why the attempt failed, as shown ("<rank>: text"): the first line
+  // that names an error ("crucible: error: ...", "srun: error: ...", "ValueError: ..."), else
+  // the last one that mentions a failure (killed, aborted, failed, ...), else the last line;
+  // banners, separators and the MPI launchers' boilerplate are never chosen. "(no output)" when
+  // there is nothing else.
+  std::string EvidenceLine() const;
+  // The last line that is not a banner, separator or boilerplate; "(no output)" if none.
+  std::string LastMeaningfulLine() const;
 
   // The first pattern match that resolves to an active node (a host the match names, or the
   // node of the rank it names or the line came from).
@@ -72,10 +102,17 @@ class AttemptLog {
   std::optional<int64_t> first_step_, last_step_;
   std::optional<double> first_step_seconds_;
   std::map<int, std::string> rank_nodes_;
+  std::map<int, int> rank_pids_;
+  std::optional<StoppedLine> stopped_;
+  std::optional<double> last_step_line_seconds_, longest_step_seconds_;
+  std::optional<double> longest_stall_seconds_, longest_write_seconds_;
   std::map<std::string, double> node_last_output_;
   std::vector<Candidate> candidates_;
   std::optional<std::string> time_limit_line_;
-  std::deque<std::string> tail_;
+  std::deque<std::string> tail_;        // every line
+  std::deque<std::string> meaningful_;  // lines that are not banners or boilerplate
+  std::optional<std::string> first_error_line_;
+  std::optional<std::string> last_failure_line_;
 };
 
 }  // namespace crucible

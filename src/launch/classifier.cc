@@ -7,12 +7,27 @@
 namespace crucible {
 namespace {
 
+// A stop: 143 (with a complete checkpoint) or 75 (without one), 271 / -29 (PBS's codes for a
+// job killed by SIGTERM).
 bool IsWalltimeCode(int code) {
-  return code == 143 || code == 271 || code == -29;
+  return code == kExitSignalled || code == kExitStoppedNoCheckpoint || code == 271 || code == -29;
+}
+
+// A stop code while the scheduler says little time is left, or its log says the job hit its
+// time limit.
+bool IsWalltime(const AttemptFacts& facts) {
+  const bool little_left =
+      facts.time_left_seconds && *facts.time_left_seconds <= facts.walltime_margin_seconds;
+  return IsWalltimeCode(facts.exit_code) &&
+         (little_left || (facts.log && facts.log->time_limit_line()));
+}
+
+std::string Evidence(const AttemptLog* log) {
+  return log ? log->EvidenceLine() : "(no output)";
 }
 
 std::string LastLine(const AttemptLog* log) {
-  return log && !log->tail().empty() ? log->tail().back() : "(no output)";
+  return log ? log->LastMeaningfulLine() : "(no output)";
 }
 
 }  // namespace
@@ -33,6 +48,8 @@ const char* VerdictName(Verdict verdict) {
       return "hang";
     case Verdict::kNoProgress:
       return "no_progress";
+    case Verdict::kStopped:
+      return "stopped";
     default:
       return "unknown";
   }
@@ -53,31 +70,34 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
     c.verdict = Verdict::kConfigError;
     c.evidence =
         StrFormat("exit %d (%s): %s", code,
-                  code == kExitUsage ? "usage or config error" : "bad data", LastLine(log).c_str());
+                  code == kExitUsage ? "usage or config error" : "bad data", Evidence(log).c_str());
     return c;
   }
   if (!reached_step && !facts.previous_reached_step) {
     c.verdict = Verdict::kConfigError;
     c.evidence = StrFormat("two attempts in a row reached no step= line; exit %d: %s", code,
-                           LastLine(log).c_str());
+                           Evidence(log).c_str());
     return c;
   }
   if (code == kExitIo) {
     c.verdict = Verdict::kDiskIo;
-    c.evidence = "exit 74 (I/O error): " + LastLine(log);
+    c.evidence = "exit 74 (I/O error): " + Evidence(log);
     return c;
   }
-  if (IsWalltimeCode(code)) {
-    const bool little_left =
-        facts.time_left_seconds && *facts.time_left_seconds <= facts.walltime_margin_seconds;
-    if (little_left || (log && log->time_limit_line())) {
-      c.verdict = Verdict::kWalltime;
-      c.evidence =
-          log && log->time_limit_line()
-              ? *log->time_limit_line()
-              : StrFormat("exit %d with %.0f s of wall time left", code, *facts.time_left_seconds);
-      return c;
-    }
+  if (IsWalltime(facts)) {
+    c.verdict = Verdict::kWalltime;
+    c.evidence = log && log->time_limit_line() ? *log->time_limit_line()
+                                               : StrFormat("exit %d with %.0f s of wall time left",
+                                                           code, *facts.time_left_seconds);
+    return c;
+  }
+  const bool stop_code = code == kExitSignalled || code == kExitStoppedNoCheckpoint;
+  if (facts.stop_signal != 0 && stop_code) {
+    c.verdict = Verdict::kStopped;
+    c.evidence =
+        StrFormat("exit %d after signal %d to the launcher: %s", code, facts.stop_signal,
+                  log && log->stopped() ? log->stopped()->line.c_str() : Evidence(log).c_str());
+    return c;
   }
   if (log) {
     if (auto named = log->BadNode()) {
@@ -108,12 +128,26 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
   }
   if (!reached_step) {
     c.verdict = Verdict::kNoProgress;
-    c.evidence = StrFormat("exit %d before the first step= line: %s", code, LastLine(log).c_str());
+    c.evidence = StrFormat("exit %d before the first step= line: %s", code, Evidence(log).c_str());
     return c;
   }
   c.verdict = Verdict::kUnknown;
-  c.evidence = StrFormat("exit %d: %s", code, LastLine(log).c_str());
+  c.evidence = StrFormat("exit %d: %s", code, Evidence(log).c_str());
   return c;
+}
+
+Decision DecideNextStep(const Classification& c, const NextStepFacts& facts) {
+  if (c.verdict == Verdict::kSuccess) return {NextStep::kDone, ""};
+  if (c.verdict == Verdict::kConfigError) return {NextStep::kStop, ""};
+  if (c.verdict == Verdict::kWalltime) return {NextStep::kStopAndResubmit, "(walltime)"};
+  if (c.verdict == Verdict::kStopped) return {NextStep::kStopAndResubmit, "(signalled)"};
+  if (facts.signal_received != 0) return {NextStep::kStopAndResubmit, "(signalled)"};
+  if (facts.retry > facts.retries)
+    return {NextStep::kStop, facts.retries > 0 ? "(retries used up)" : ""};
+  if (!facts.auto_retry) return {NextStep::kRetry, ""};
+  if (c.verdict == Verdict::kDiskIo || c.verdict == Verdict::kNoProgress)
+    return {NextStep::kRetry, ""};
+  return {NextStep::kFailover, ""};
 }
 
 }  // namespace crucible

@@ -3,8 +3,10 @@
 //   success      exit 0
 //   config_error exit 2 or 65, or a second attempt in a row that reached no `step=` line
 //   disk_io      exit 74: retry in place, no node to blame
-//   walltime     exit 143, 271 or -29 while the scheduler says little time is left (or its
+//   walltime     exit 143, 75, 271 or -29 while the scheduler says little time is left (or its
 //                log says the job hit its time limit); a 143 with hours left is not walltime
+//   stopped      exit 143 or 75 after the launcher itself was sent a stop signal: it was asked
+//                to stop and did
 //   bad_node     a bad-node pattern in the log, or the scheduler's node state, names a node
 //   hang         exit 124 from the watchdog; names the node that went silent first, if known
 //   no_progress  a first attempt that reached no `step=` line: retry in place once, so a
@@ -30,6 +32,7 @@ enum class Verdict {
   kBadNode,
   kHang,
   kNoProgress,
+  kStopped,
   kUnknown
 };
 const char* VerdictName(Verdict verdict);
@@ -43,6 +46,7 @@ struct AttemptFacts {
   double walltime_margin_seconds = 300;            // "little time is left" means at most this
   std::map<std::string, std::string> node_states;  // scheduler's state of each active node
   double silence_gap_seconds = 1.0;                // see AttemptLog::FirstSilentNode
+  int stop_signal = 0;  // a stop signal the launcher received during the attempt, 0 if none
 };
 
 struct Classification {
@@ -53,5 +57,23 @@ struct Classification {
 };
 
 Classification ClassifyAttempt(const AttemptFacts& facts);
+
+// What the launcher does after an attempt, decided from its verdict (docs/launch.md, "Retries"
+// and "Failover"). A verdict and its action never disagree: success is done, a config error
+// always stops (with or without --auto-retry), walltime and a stop the launcher was asked for
+// stop (and may resubmit); with plain --retries every other failure is retried in place, with
+// --auto-retry disk_io and no_progress are, and the rest fail over to a spare.
+enum class NextStep { kDone, kStop, kStopAndResubmit, kRetry, kFailover };
+struct NextStepFacts {
+  bool auto_retry = false;
+  int retries = 0;          // --retries (resolved)
+  int retry = 1;            // this launch's count of the attempt just ended, from 1
+  int signal_received = 0;  // a stop signal the launcher received, 0 if none
+};
+struct Decision {
+  NextStep step = NextStep::kStop;
+  std::string detail;  // why it stops, e.g. "(retries used up)"; empty otherwise
+};
+Decision DecideNextStep(const Classification& classification, const NextStepFacts& facts);
 
 }  // namespace crucible

@@ -23,6 +23,7 @@
 #include "launch/node_pool.h"
 #include "launch/preflight.h"
 #include "launch/process.h"
+#include "launch/stop.h"
 #include "launch/supervisor.h"
 
 namespace crucible {
@@ -96,14 +97,7 @@ struct Plan {
 };
 
 Plan MakePlan(const LaunchOptions& options, const Environment& env) {
-  if (options.command.empty())
-    throw UsageError("no command after '--' (usage: crucible launch [options] -- COMMAND...)");
-  if (options.np < 0 || options.ppn < 0 || options.nodes < 0)
-    throw UsageError("--np, --ppn and --nodes must be positive");
-  if (options.timeout_seconds < 0 || options.kill_grace_seconds < 0 ||
-      options.backoff_base_seconds < 0 || options.backoff_cap_seconds < 0)
-    throw UsageError("--timeout, --kill-grace and the backoff must not be negative");
-  if (options.spares >= 0 && !options.auto_retry) throw UsageError("--spares needs --auto-retry");
+  ValidateLaunchOptions(options);
   Plan plan;
   plan.allocation = DetectAllocation(env, options.hostfile);
   plan.patterns = BadNodePatterns::Defaults();
@@ -118,32 +112,32 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
   plan.accelerator = DetectAccelerator();
 
   const int allocated = static_cast<int>(plan.allocation.nodes.size());
-  const int spares = options.spares > 0 ? options.spares : 0;
-  if (options.nodes > 0) {
-    plan.active_nodes = options.nodes;
-  } else if (options.np > 0 && options.ppn > 0) {
-    plan.active_nodes = CeilDiv(options.np, options.ppn);
+  const int spares = options.spares.value_or(0);
+  if (options.nodes) {
+    plan.active_nodes = *options.nodes;
+  } else if (options.np && options.ppn) {
+    plan.active_nodes = CeilDiv(*options.np, *options.ppn);
   } else {
     plan.active_nodes = std::max(1, allocated - spares);
-    if (options.np > 0) plan.active_nodes = std::min(plan.active_nodes, options.np);
+    if (options.np) plan.active_nodes = std::min(plan.active_nodes, *options.np);
   }
   if (plan.active_nodes > allocated)
     throw UsageError(StrFormat("%d node(s) needed, but the allocation (%s) has only %d",
                                plan.active_nodes, plan.allocation.source.c_str(), allocated));
-  if (options.ppn > 0) {
-    plan.ranks_per_node = options.ppn;
-  } else if (options.np > 0) {
-    plan.ranks_per_node = CeilDiv(options.np, plan.active_nodes);
+  if (options.ppn) {
+    plan.ranks_per_node = *options.ppn;
+  } else if (options.np) {
+    plan.ranks_per_node = CeilDiv(*options.np, plan.active_nodes);
   } else if (plan.allocation.slots_per_node > 0) {
     plan.ranks_per_node = plan.allocation.slots_per_node;
   } else {
     plan.ranks_per_node = std::max(1, plan.accelerator.count);
   }
-  plan.ranks = options.np > 0 ? options.np : plan.active_nodes * plan.ranks_per_node;
+  plan.ranks = options.np.value_or(plan.active_nodes * plan.ranks_per_node);
   if (plan.ranks > plan.active_nodes * plan.ranks_per_node)
     throw UsageError(StrFormat("--np %d does not fit on %d node(s) x %d rank(s) per node",
                                plan.ranks, plan.active_nodes, plan.ranks_per_node));
-  plan.retries = options.retries >= 0 ? options.retries : (options.auto_retry ? 10 : 0);
+  plan.retries = options.retries.value_or(options.auto_retry ? 10 : 0);
   std::random_device random;
   plan.launch_id = StrFormat("%d-%08x", static_cast<int>(getpid()), random());
   plan.crucible = options.crucible_path.empty() ? SelfExecutable() : options.crucible_path;
@@ -196,6 +190,7 @@ struct AttemptRecord {
   int attempt = 0;
   std::vector<std::string> nodes;
   AttemptRun run;
+  int exit_code = 0;  // what the attempt counts as: run.exit_code, or 143/75 for a stop
   std::optional<int64_t> first_step, last_step;
   Classification classification;
   std::string action;  // done, stop, retry, swap, resubmit
@@ -252,7 +247,7 @@ void PrintSummary(const std::vector<AttemptRecord>& records, const NodePool& poo
     std::string action = r.action + (r.detail.empty() ? "" : " " + r.detail);
     std::string evidence = r.classification.evidence;
     if (evidence.size() > 100) evidence = evidence.substr(0, 97) + "...";
-    table += StrFormat("  %-7d %-5d %-11s %-24s %-12s %-18s %s\n", r.attempt, r.run.exit_code,
+    table += StrFormat("  %-7d %-5d %-11s %-24s %-12s %-18s %s\n", r.attempt, r.exit_code,
                        steps.c_str(), nodes.c_str(), VerdictName(r.classification.verdict),
                        action.c_str(), evidence.c_str());
   }
@@ -285,13 +280,47 @@ void PrintDryRun(const Plan& plan, const NodePool& pool, const LaunchCommand& co
 
 }  // namespace
 
+void ValidateLaunchOptions(const LaunchOptions& options) {
+  if (options.command.empty())
+    throw UsageError("no command after '--' (usage: crucible launch [options] -- COMMAND...)");
+  // The longest wait any option may ask for: 10^7 s (116 days).
+  constexpr double kMaxSeconds = 1e7;
+  constexpr int kMaxCount = 1000000;
+  auto seconds = [&](const char* option, double value, bool zero_allowed) {
+    const char* range =
+        zero_allowed ? "give seconds from 0 to 10000000" : "give seconds above 0, at most 10000000";
+    if (!std::isfinite(value))
+      throw UsageError(StrFormat("%s: %g is not a finite number; %s", option, value, range));
+    if (value < 0 || (value == 0 && !zero_allowed) || value > kMaxSeconds)
+      throw UsageError(StrFormat("%s: %g is out of range; %s", option, value, range));
+  };
+  auto count = [&](const char* option, const std::optional<int>& value, int least) {
+    if (value && (*value < least || *value > kMaxCount))
+      throw UsageError(
+          StrFormat("%s: %d is out of range; give %d to %d", option, *value, least, kMaxCount));
+  };
+  count("--np", options.np, 1);
+  count("--ppn", options.ppn, 1);
+  count("--nodes", options.nodes, 1);
+  count("--retries", options.retries, 0);
+  count("--spares", options.spares, 0);
+  if (options.timeout_seconds) seconds("--timeout", *options.timeout_seconds, false);
+  seconds("--kill-grace", options.kill_grace_seconds, true);
+  seconds("--backoff-base", options.backoff_base_seconds, true);
+  seconds("--backoff-cap", options.backoff_cap_seconds, true);
+  seconds("--walltime-margin", options.walltime_margin_seconds, true);
+  seconds("--preflight-timeout", options.preflight_timeout_seconds, false);
+  if (options.spares && !options.auto_retry) throw UsageError("--spares needs --auto-retry");
+}
+
 double BackoffSeconds(int retry, double base, double cap) {
   return std::min(cap, base * std::pow(2.0, std::max(0, retry - 1)));
 }
 
 int RunLaunch(const LaunchOptions& options, const Environment& env) {
   Plan plan = MakePlan(options, env);
-  NodePool pool(plan.allocation.nodes, plan.active_nodes, options.auto_retry ? options.spares : 0);
+  NodePool pool(plan.allocation.nodes, plan.active_nodes,
+                options.auto_retry ? options.spares.value_or(-1) : 0);
   if (options.dry_run) {
     PrintDryRun(plan, pool, BuildLaunchCommand(MakeSpec(plan, options, pool.active(), 1)));
     return kExitOk;
@@ -320,8 +349,13 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
       Json line = {{"kind", "preflight"},       {"attempt", attempt},
                    {"time", NowIso()},          {"nodes", pool.active()},
                    {"seconds", result.seconds}, {"failed", Json::object()}};
-      for (const auto& [node, reason] : result.failed) line["failed"][node] = reason;
+      // A stop signal ended the health check: its failures are the stop's, not the nodes'.
+      const int stopped_by = PendingLaunchSignal();
+      if (stopped_by != 0) line["signal"] = stopped_by;
+      for (const auto& [node, reason] : result.failed)
+        if (stopped_by == 0) line["failed"][node] = reason;
       AppendLine(attempts_path, line.dump());
+      if (stopped_by != 0) return false;
       if (result.failed.empty()) return true;
       for (const auto& [node, reason] : result.failed) {
         EvictedNode e{node, true, attempt, "preflight", reason};
@@ -341,18 +375,29 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
   bool previous_reached_step = true;
   // A resubmitted job continues the numbering of the run's earlier attempts.
   const int first_attempt = 1 + CountAttempts(attempts_path);
+  // A stop signal before an attempt starts: nothing ran, so no checkpoint of it exists (75).
+  auto stopped_before = [&](int attempt) {
+    if (PendingLaunchSignal() == 0) return false;
+    Say(StrFormat("stopped by signal %d before attempt %d (exit 75)", PendingLaunchSignal(),
+                  attempt));
+    return true;
+  };
   if (!preflight(first_attempt)) {
     PrintSummary(records, pool);
-    return kExitFailure;
+    return stopped_before(first_attempt) ? kExitStoppedNoCheckpoint : kExitFailure;
   }
   for (int attempt = first_attempt;; ++attempt) {
     const int retry = attempt - first_attempt + 1;  // this launch's own count
+    if (stopped_before(attempt)) {
+      if (records.empty()) exit_code = kExitStoppedNoCheckpoint;
+      break;
+    }
     pool.NewAttempt();
     LaunchSpec spec = MakeSpec(plan, options, pool.active(), attempt);
     LaunchCommand command = BuildLaunchCommand(spec);
     AttemptLog log(&plan.patterns, pool.active());
     SupervisorOptions supervisor;
-    supervisor.timeout_seconds = options.timeout_seconds;
+    supervisor.timeout_seconds = options.timeout_seconds.value_or(0);
     supervisor.kill_grace_seconds = options.kill_grace_seconds;
     supervisor.marker = "CRUCIBLE_LAUNCH_ID=" + plan.launch_id;
     supervisor.log_path = JoinPath(plan.launch_dir, StrFormat("attempt-%d.log", attempt));
@@ -364,7 +409,13 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     record.run = RunSupervised(command, supervisor, &log);
     record.first_step = log.first_step();
     record.last_step = log.last_step();
-    exit_code = record.run.exit_code;
+    // A stop: 143 only for a complete checkpoint of the step the trainer names, else 75.
+    const StopJudgement stop = JudgeStop(log, {record.run.exit_code, record.run.stop_requested,
+                                               record.run.timed_out, record.run.stop_end});
+    exit_code = stop.applies ? stop.exit_code : record.run.exit_code;
+    record.exit_code = exit_code;
+    if (stop.applies && stop.exit_code == kExitStoppedNoCheckpoint)
+      Say("stopped without a complete checkpoint (exit 75): " + stop.problem);
 
     AttemptFacts facts;
     facts.exit_code = exit_code;
@@ -372,7 +423,8 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     facts.log = &log;
     facts.previous_reached_step = previous_reached_step;
     facts.walltime_margin_seconds = options.walltime_margin_seconds;
-    if (exit_code == 143 || exit_code == 271)
+    facts.stop_signal = record.run.signal_received;
+    if (exit_code == kExitSignalled || exit_code == kExitStoppedNoCheckpoint || exit_code == 271)
       facts.time_left_seconds = QueryTimeLeft(plan.allocation);
     if (exit_code != 0 && options.auto_retry)
       facts.node_states = QueryNodeStates(plan.allocation, pool.active());
@@ -384,50 +436,48 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
     bool again = false;
     const int signal_received =
         record.run.signal_received ? record.run.signal_received : PendingLaunchSignal();
-    const bool clean_stop = signal_received != 0 && exit_code == 143;
-    if (c.verdict == Verdict::kSuccess) {
-      record.action = "done";
-    } else if (c.verdict == Verdict::kWalltime || clean_stop) {
-      record.action = "stop";
-      record.detail = c.verdict == Verdict::kWalltime ? "(walltime)" : "(signalled)";
-      if (options.resubmit) {
-        std::string how;
-        std::string job = Resubmit(plan, options, env, &how);
-        record.action = job.empty() ? "stop" : "resubmit";
-        record.detail = job.empty() ? "(resubmit failed: " + how + ")" : job;
-        Say(job.empty() ? "cannot resubmit: " + how : "resubmitted as job " + job + ": " + how);
-      }
-    } else if (signal_received != 0) {
-      record.action = "stop";
-      record.detail = StrFormat("(signal %d)", signal_received);
-    } else if (retry > plan.retries) {
-      record.action = "stop";
-      record.detail = plan.retries > 0 ? "(retries used up)" : "";
-    } else if (!options.auto_retry) {
-      // Plain --retries: exit codes alone decide; never retry a usage or data error.
-      again = exit_code != kExitUsage && exit_code != kExitBadData;
-      record.action = again ? "retry" : "stop";
-    } else if (c.verdict == Verdict::kConfigError) {
-      record.action = "stop";
-    } else if (c.verdict == Verdict::kDiskIo || c.verdict == Verdict::kNoProgress) {
-      again = true;
-      record.action = "retry";
-    } else {
-      pool.CountFailure(pool.active());
-      EvictedNode e{c.node, !c.node.empty(), attempt, VerdictName(c.verdict), c.evidence};
-      if (e.node.empty()) e.node = pool.BlindCandidate();
-      if (e.node.empty()) {
+    const Decision decision =
+        DecideNextStep(c, {options.auto_retry, plan.retries, retry, signal_received});
+    record.detail = decision.detail;
+    switch (decision.step) {
+      case NextStep::kDone:
+        record.action = "done";
+        break;
+      case NextStep::kStop:
         record.action = "stop";
-        record.detail = "(no node to blame: every active node was just swapped in)";
-      } else if (pool.spares().empty()) {
+        break;
+      case NextStep::kStopAndResubmit:
         record.action = "stop";
-        record.detail = "(no spares left for " + e.node + ")";
-      } else {
-        std::string spare = pool.Swap(e);
-        record_eviction(e, spare);
-        record.action = e.named ? "swap" : "blind-swap";
-        record.detail = e.node + "->" + spare;
+        if (options.resubmit) {
+          std::string how;
+          std::string job = Resubmit(plan, options, env, &how);
+          record.action = job.empty() ? "stop" : "resubmit";
+          record.detail = job.empty() ? "(resubmit failed: " + how + ")" : job;
+          Say(job.empty() ? "cannot resubmit: " + how : "resubmitted as job " + job + ": " + how);
+        }
+        break;
+      case NextStep::kRetry:
         again = true;
+        record.action = "retry";
+        break;
+      case NextStep::kFailover: {
+        pool.CountFailure(pool.active());
+        EvictedNode e{c.node, !c.node.empty(), attempt, VerdictName(c.verdict), c.evidence};
+        if (e.node.empty()) e.node = pool.BlindCandidate();
+        if (e.node.empty()) {
+          record.action = "stop";
+          record.detail = "(no node to blame: every active node was just swapped in)";
+        } else if (pool.spares().empty()) {
+          record.action = "stop";
+          record.detail = "(no spares left for " + e.node + ")";
+        } else {
+          std::string spare = pool.Swap(e);
+          record_eviction(e, spare);
+          record.action = e.named ? "swap" : "blind-swap";
+          record.detail = e.node + "->" + spare;
+          again = true;
+        }
+        break;
       }
     }
     const double backoff =
@@ -435,35 +485,44 @@ int RunLaunch(const LaunchOptions& options, const Environment& env) {
               : 0;
     Json rank_nodes = Json::object();
     for (const auto& [rank, node] : log.rank_nodes()) rank_nodes[std::to_string(rank)] = node;
-    Json line = {{"kind", "attempt"},
-                 {"attempt", attempt},
-                 {"launch_id", plan.launch_id},
-                 {"started", started},
-                 {"wall_s", record.run.seconds},
-                 {"scheduler", SchedulerName(plan.allocation.scheduler)},
-                 {"job_id", plan.allocation.job_id},
-                 {"nodes", record.nodes},
-                 {"spares", pool.spares()},
-                 {"ranks", plan.ranks},
-                 {"ranks_per_node", plan.ranks_per_node},
-                 {"argv", command.argv},
-                 {"exit_code", exit_code},
-                 {"timed_out", record.run.timed_out},
-                 {"signal", signal_received},
-                 {"first_step", record.first_step ? Json(*record.first_step) : Json(nullptr)},
-                 {"last_step", record.last_step ? Json(*record.last_step) : Json(nullptr)},
-                 {"first_step_seconds",
-                  log.first_step_seconds() ? Json(*log.first_step_seconds()) : Json(nullptr)},
-                 {"rank_nodes", rank_nodes},
-                 {"verdict", VerdictName(c.verdict)},
-                 {"evidence", c.evidence},
-                 {"blamed_node", c.node},
-                 {"pattern", c.pattern},
-                 {"time_left_seconds",
-                  facts.time_left_seconds ? Json(*facts.time_left_seconds) : Json(nullptr)},
-                 {"action", record.action},
-                 {"detail", record.detail},
-                 {"backoff_seconds", backoff}};
+    Json line = {
+        {"kind", "attempt"},
+        {"attempt", attempt},
+        {"launch_id", plan.launch_id},
+        {"started", started},
+        {"wall_s", record.run.seconds},
+        {"scheduler", SchedulerName(plan.allocation.scheduler)},
+        {"job_id", plan.allocation.job_id},
+        {"nodes", record.nodes},
+        {"spares", pool.spares()},
+        {"ranks", plan.ranks},
+        {"ranks_per_node", plan.ranks_per_node},
+        {"argv", command.argv},
+        {"exit_code", exit_code},
+        {"job_exit_code", record.run.exit_code},
+        {"timed_out", record.run.timed_out},
+        {"signal", signal_received},
+        {"stop_grace_s",
+         record.run.stop_requested ? Json(record.run.stop_grace_seconds) : Json(nullptr)},
+        {"stop_s", record.run.stop_requested ? Json(record.run.stop_seconds) : Json(nullptr)},
+        {"stopped_step", log.stopped() ? Json(log.stopped()->step) : Json(nullptr)},
+        {"stopped_checkpoint",
+         stop.applies && !stop.checkpoint.empty() ? Json(stop.checkpoint) : Json(nullptr)},
+        {"stop_problem", stop.problem},
+        {"first_step", record.first_step ? Json(*record.first_step) : Json(nullptr)},
+        {"last_step", record.last_step ? Json(*record.last_step) : Json(nullptr)},
+        {"first_step_seconds",
+         log.first_step_seconds() ? Json(*log.first_step_seconds()) : Json(nullptr)},
+        {"rank_nodes", rank_nodes},
+        {"verdict", VerdictName(c.verdict)},
+        {"evidence", c.evidence},
+        {"blamed_node", c.node},
+        {"pattern", c.pattern},
+        {"time_left_seconds",
+         facts.time_left_seconds ? Json(*facts.time_left_seconds) : Json(nullptr)},
+        {"action", record.action},
+        {"detail", record.detail},
+        {"backoff_seconds", backoff}};
     if (record.action == "resubmit") {
       line["resubmitted_job"] = record.detail;
       line["job_chain"] = Split(Getenv(CurrentEnvironment(), "CRUCIBLE_JOB_CHAIN"), ':');

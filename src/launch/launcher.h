@@ -3,6 +3,7 @@
 // point the CLI calls; see docs/launch.md for the behaviour in full.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,26 +11,28 @@
 
 namespace crucible {
 
+// An empty optional is an option that was not given; every value that was given is checked by
+// ValidateLaunchOptions (finite, within range), so no explicit value can mean "not given".
 struct LaunchOptions {
   std::vector<std::string> command;  // what every rank runs
   std::string run_dir = "runs/launch";
-  // Layout; 0 means "from the allocation".
-  int np = 0;
-  int ppn = 0;
-  int nodes = 0;
+  // Layout; not given: from the allocation.
+  std::optional<int> np;
+  std::optional<int> ppn;
+  std::optional<int> nodes;
   std::string hostfile;
   std::string mpi = "auto";  // auto, openmpi, mpich, none
   bool dry_run = false;
-  // Watchdog.
-  double timeout_seconds = 0;
+  // Watchdog; not given: off.
+  std::optional<double> timeout_seconds;
   double kill_grace_seconds = 1;
-  // Retries: attempts after the first; -1 means 0, or 10 with --auto-retry.
-  int retries = -1;
+  // Retries: attempts after the first; not given: 0, or 10 with --auto-retry.
+  std::optional<int> retries;
   double backoff_base_seconds = 5;
   double backoff_cap_seconds = 60;
   // Failover.
   bool auto_retry = false;
-  int spares = -1;  // -1: every allocated node left over
+  std::optional<int> spares;  // not given: every allocated node left over
   std::vector<std::string> pattern_files;
   double walltime_margin_seconds = 300;
   // Resubmission and health check.
@@ -41,6 +44,10 @@ struct LaunchOptions {
   // The crucible binary ranks run the wrapper from; empty: this process's executable.
   std::string crucible_path;
 };
+
+// Throws UsageError (exit 2) naming the option when a given number is not finite or out of
+// range, or when options contradict each other (--spares without --auto-retry).
+void ValidateLaunchOptions(const LaunchOptions& options);
 
 // Validates the options (UsageError, exit 2, for bad input), runs the job, and returns its
 // exit code: the last attempt's, or 124 when the watchdog killed it.

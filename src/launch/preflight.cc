@@ -83,7 +83,7 @@ PreflightResult RunPreflight(const LaunchSpec& base, const PreflightOptions& opt
       result.failed[node] = run.timed_out
                                 ? StrFormat("no report within %.0f s", options.timeout_seconds)
                                 : StrFormat("did not report (exit %d): %s", run.exit_code,
-                                            log.tail().empty() ? "" : log.tail().back().c_str());
+                                            log.EvidenceLine().c_str());
     } else if (it->second != "ok") {
       result.failed[node] = it->second;
     }

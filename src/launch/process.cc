@@ -116,6 +116,10 @@ CaptureResult RunCapture(const std::vector<std::string>& argv, double timeout_s)
   return result;
 }
 
+bool ProcessCarries(pid_t pid, const std::string& marker) {
+  return pid > 0 && ParentOf(pid) >= 0 && EnvironmentHas(pid, marker);
+}
+
 void BecomeSubreaper() {
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 }

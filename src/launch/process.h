@@ -31,6 +31,9 @@ int ExitCodeFromStatus(int status);
 // rank whose parent died is re-parented here and stays visible to the tree walk.
 void BecomeSubreaper();
 
+// Whether process `pid` is alive here and carries `marker` ("KEY=value") in its environment.
+bool ProcessCarries(pid_t pid, const std::string& marker);
+
 // Every live descendant of this process (with BecomeSubreaper, orphaned ones too), found
 // through /proc/<pid>/stat, plus every process whose environment holds `marker` ("KEY=value")
 // when marker is non-empty. This process itself is never included.

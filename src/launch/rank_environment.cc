@@ -1,5 +1,7 @@
 #include "launch/rank_environment.h"
 
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,6 +89,7 @@ bool ParseRankAnnouncement(std::string_view line, RankIdentity* id) {
     if (key == "local_rank") id->local_rank = std::atoi(value.c_str());
     if (key == "world") id->world_size = std::atoi(value.c_str());
     if (key == "node") has_node = true, id->node = value;
+    if (key == "pid") id->pid = std::atoi(value.c_str());
   }
   return has_rank && has_node;
 }
@@ -108,6 +111,16 @@ int ExecRank(const std::vector<std::string>& command) {
     set((p + "LOCAL_WORLD_SIZE").c_str(), std::to_string(id.local_world_size));
   }
   set("CRUCIBLE_NODE", id.node);
+  // Die with the parent that started this rank, even a SIGKILLed one. If it died before the
+  // request took effect (we were re-parented already), stop here.
+  const pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+    std::fprintf(stderr,
+                 "crucible launch-rank: error: the process that started this rank (pid %d) "
+                 "has exited\n",
+                 static_cast<int>(parent));
+    return 1;
+  }
   std::string announcement = RankAnnouncement(id, getpid()) + "\n";
   ssize_t ignored = write(2, announcement.data(), announcement.size());
   (void)ignored;

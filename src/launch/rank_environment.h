@@ -1,7 +1,9 @@
 // The rank wrapper, `crucible launch-rank -- COMMAND...`: the first thing every rank runs. It
 // reads the rank's identity from whichever launcher started it (Open MPI, MPICH/Hydra, Cray
 // PALS, srun), exports it under one set of names, announces itself on stderr, and execs the
-// command in place (same pid, so signals and exit codes pass straight through).
+// command in place (same pid, so signals and exit codes pass straight through). The rank dies
+// with its parent (PR_SET_PDEATHSIG, SIGKILL): when mpirun, its daemon, Hydra's proxy,
+// slurmstepd or the launcher itself is gone, no rank is left running.
 //
 // Names every rank gets: CRUCIBLE_RANK, CRUCIBLE_LOCAL_RANK, CRUCIBLE_WORLD_SIZE,
 // CRUCIBLE_LOCAL_WORLD_SIZE, CRUCIBLE_NODE, and the same numbers as RANK, LOCAL_RANK,
@@ -23,6 +25,7 @@ struct RankIdentity {
   int world_size = 1;
   int local_world_size = 1;
   std::string node;
+  int pid = 0;  // the rank's process (after exec), from the announcement; 0 if unknown
 };
 
 // From the launcher's variables; `hostname` is the node name when no scheduler names it.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,9 +14,11 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "common/timer.h"
 #include "launch/process.h"
 #include "launch/rank_environment.h"
+#include "launch/stop.h"
 
 namespace crucible {
 namespace {
@@ -23,6 +26,7 @@ namespace {
 int signal_pipe[2] = {-1, -1};
 std::atomic<int> first_signal{0};
 std::atomic<int> signal_count{0};
+std::atomic<int> hard_signal_count{0};  // SIGTERM, SIGINT, SIGHUP: a repeated SIGUSR1 is not one
 
 void WakeUp() {
   const int saved = errno;
@@ -36,6 +40,7 @@ void OnSignal(int signal_number) {
   int expected = 0;
   first_signal.compare_exchange_strong(expected, signal_number);
   signal_count.fetch_add(1);
+  if (signal_number != SIGUSR1) hard_signal_count.fetch_add(1);
   WakeUp();
 }
 
@@ -140,6 +145,17 @@ class Watcher {
   double first_line_seconds_ = -1;
 };
 
+// Asks the job to stop: SIGUSR1 to the launch command (mpirun, mpiexec and srun forward it to
+// every rank, remote ones included, and do not end the job for it; with no MPI launcher the
+// command is the rank itself) and to every rank that announced a pid which is a process of this
+// job on this host (the marker proves it), so local ranks hear it even if forwarding fails.
+void DeliverStop(pid_t child, const AttemptLog* log, const std::string& marker) {
+  kill(child, SIGUSR1);
+  if (!log) return;
+  for (const auto& [rank, pid] : log->rank_pids())
+    if (pid != child && ProcessCarries(pid, marker)) kill(pid, SIGUSR1);
+}
+
 // Signals the job's process group and every process of the job.
 void SignalJob(pid_t child, const std::string& marker, int signal_number) {
   kill(-child, signal_number);
@@ -168,7 +184,7 @@ void InstallLaunchSignalHandlers() {
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &action, nullptr);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaction(s, &action, nullptr);
   action.sa_handler = OnChild;
   action.sa_flags = SA_NOCLDSTOP;
   sigaction(SIGCHLD, &action, nullptr);  // wakes poll() when the job exits
@@ -186,7 +202,7 @@ bool SleepUnlessSignalled(double seconds) {
     double left = seconds - timer.Seconds();
     if (left <= 0) return true;
     pollfd p{signal_pipe[0], POLLIN, 0};
-    poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    poll(&p, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
     DrainSignalPipe();
   }
   return false;
@@ -201,11 +217,17 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) ThrowErrno("pipe");
   const int signals_before = signal_count.load();
+  const int hard_signals_before = hard_signal_count.load();
 
+  const pid_t launcher = getpid();
   pid_t child = fork();
   if (child < 0) ThrowErrno("fork");
   if (child == 0) {
     setsid();
+    // The job must not outlive the launcher, even a SIGKILLed one: on SIGTERM mpirun and mpiexec
+    // end their ranks and srun cancels its step (and each rank dies with its parent, see
+    // ExecRank). A launcher gone before this took effect has re-parented us already.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(kExitFailure);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -238,14 +260,18 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   double drain_deadline = -1;  // after the child exits, how long leftover writers may hold pipes
   int signals_seen = signals_before;
 
-  auto kill_job = [&]() {
-    SignalJob(child, options.marker, SIGTERM);
-    SignalJob(child, options.marker, SIGCONT);
-    Timer grace;
-    while (grace.Seconds() < options.kill_grace_seconds) {
-      Reap(child, &child_status, &child_done);
-      if (child_done && JobProcesses(options.marker).empty()) return;
-      usleep(20000);
+  // Ends the job: SIGTERM (and SIGCONT) to every process of it, --kill-grace, then SIGKILL
+  // until nothing is left; `at_once` skips to SIGKILL.
+  auto kill_job = [&](bool at_once) {
+    if (!at_once) {
+      SignalJob(child, options.marker, SIGTERM);
+      SignalJob(child, options.marker, SIGCONT);
+      Timer grace;
+      while (grace.Seconds() < options.kill_grace_seconds) {
+        Reap(child, &child_status, &child_done);
+        if (child_done && JobProcesses(options.marker).empty()) return;
+        usleep(20000);
+      }
     }
     if (options.before_kill) options.before_kill();
     Timer hard;
@@ -257,22 +283,52 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     }
   };
 
+  double stop_started = -1, stop_deadline = -1;
+  bool kill_at_once = false;
+  int hard_signals_at_stop = 0;
   while (streams[0].open() || streams[1].open() || !child_done) {
     const double now = watcher.timer().Seconds();
-    // A signal to the launcher is forwarded to the job (srun and mpirun pass it to the ranks);
-    // a second one kills the job.
+    // A signal to the launcher asks the job to stop (SIGUSR1 to the ranks, see launch/stop.h)
+    // and waits for it, up to the stop grace; a second SIGTERM, SIGINT or SIGHUP kills the job
+    // at once (a repeated SIGUSR1, a scheduler's warning sent again, changes nothing).
     const int signals_now = signal_count.load();
     if (signals_now != signals_seen) {
-      if (run.signal_received != 0) break;
-      run.signal_received = PendingLaunchSignal();
       signals_seen = signals_now;
-      kill(-child, run.signal_received);
+      if (run.signal_received == 0) {
+        run.signal_received = PendingLaunchSignal();
+        hard_signals_at_stop = hard_signals_before + (run.signal_received != SIGUSR1 ? 1 : 0);
+        if (!child_done) {
+          run.stop_requested = true;
+          const AttemptLog nothing_seen(nullptr, {});
+          run.stop_grace_seconds =
+              StopGraceSeconds(log ? *log : nothing_seen, options.kill_grace_seconds);
+          stop_started = now;
+          stop_deadline = now + run.stop_grace_seconds;
+          DeliverStop(child, log, options.marker);
+        }
+      }
+      if (hard_signal_count.load() > hard_signals_at_stop) {
+        run.stop_end = "was killed at once by a second signal to the launcher";
+        kill_at_once = true;
+        break;
+      }
     }
     double wait = 1.0;
+    if (stop_deadline >= 0 && !child_done) {
+      if (now >= stop_deadline) {
+        run.stop_end =
+            StrFormat("was killed after the stop grace of %.1f s", run.stop_grace_seconds);
+        break;
+      }
+      wait = std::min(wait, stop_deadline - now);
+    }
     if (options.timeout_seconds > 0) {
       double silent_for = now - watcher.last_line_seconds();
       if (silent_for >= options.timeout_seconds) {
         run.timed_out = true;
+        if (run.stop_requested)
+          run.stop_end = StrFormat("went silent for %.0f s during the stop (watchdog)",
+                                   options.timeout_seconds);
         break;
       }
       wait = std::min(wait, options.timeout_seconds - silent_for);
@@ -297,9 +353,10 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     }
     Reap(child, &child_status, &child_done);
   }
-  // Whatever is still running now is the silent job, a job signalled twice, or a leftover
-  // holding our pipes.
-  if (run.timed_out || !child_done || !JobProcesses(options.marker).empty()) kill_job();
+  // Whatever is still running now is the silent job, a job signalled twice, one past its stop
+  // grace, or a leftover holding our pipes.
+  if (run.timed_out || !child_done || !JobProcesses(options.marker).empty()) kill_job(kill_at_once);
+  if (stop_started >= 0) run.stop_seconds = watcher.timer().Seconds() - stop_started;
   // Read what the writers left; a writer this host cannot see must not hold us forever.
   for (Stream& s : streams) {
     while (s.open()) {
@@ -319,10 +376,6 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
     if (pid < 0 && errno != EINTR) break;
   }
   run.exit_code = run.timed_out ? kExitTimeout : ExitCodeFromStatus(child_status);
-  // Stopped by a signal to the launcher: mpirun and srun report that with codes of their own;
-  // the contract is 128 + the signal (143 for SIGTERM).
-  if (!run.timed_out && run.signal_received != 0 && run.exit_code != 0)
-    run.exit_code = 128 + run.signal_received;
   run.seconds = watcher.timer().Seconds();
   run.first_line_seconds = watcher.first_line_seconds();
   return run;

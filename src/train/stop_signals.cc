@@ -9,27 +9,31 @@ namespace crucible {
 namespace {
 
 volatile sig_atomic_t g_requested = 0;
-struct sigaction g_previous_term, g_previous_usr1, g_previous_xfsz;
+struct sigaction g_previous_term, g_previous_int, g_previous_usr1, g_previous_xfsz;
+
+void Write(const char* text) {
+  ssize_t ignored = write(2, text, std::strlen(text));  // async-signal-safe
+  (void)ignored;
+}
 
 void OnStopSignal(int signal_number) {
-  if (g_requested != 0 && signal_number == SIGTERM) {
-    // Second SIGTERM: die now, by the signal itself (async-signal-safe).
+  if (g_requested != 0) {
+    if (signal_number == SIGUSR1) return;  // a repeated warning changes nothing
+    // Second SIGTERM or SIGINT: die now, by the signal itself (async-signal-safe).
     struct sigaction default_action;
     std::memset(&default_action, 0, sizeof(default_action));
     default_action.sa_handler = SIG_DFL;
-    sigaction(SIGTERM, &default_action, nullptr);
-    raise(SIGTERM);
+    sigaction(signal_number, &default_action, nullptr);
+    raise(signal_number);
     return;
   }
-  if (g_requested == 0) {
-    g_requested = signal_number;
-    // Tell the operator (and tests) at once; write(2) is async-signal-safe.
-    static const char kMessage[] =
-        "crucible: stop requested: finishing this step, then a checkpoint and exit 143 (a second "
-        "SIGTERM exits at once)\n";
-    ssize_t ignored = write(2, kMessage, sizeof(kMessage) - 1);
-    (void)ignored;
-  }
+  g_requested = signal_number;
+  // Tell the operator (and tests) at once.
+  Write("crucible: stop requested by ");
+  Write(SignalName(signal_number));
+  Write(
+      ": finishing this step, then a checkpoint and exit 143 (exit 75 if none is written); a "
+      "second SIGTERM or SIGINT exits at once\n");
 }
 
 }  // namespace
@@ -42,6 +46,7 @@ StopSignals::StopSignals() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, &g_previous_term);
+  sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGUSR1, &action, &g_previous_usr1);
   struct sigaction ignore;
   std::memset(&ignore, 0, sizeof(ignore));
@@ -51,7 +56,17 @@ StopSignals::StopSignals() {
 
 StopSignals::~StopSignals() {
   sigaction(SIGTERM, &g_previous_term, nullptr);
-  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  sigaction(SIGINT, &g_previous_int, nullptr);
+  if (g_requested != 0) {
+    // The process is on its way out with 143 or 75: a late copy of the warning (mpirun or srun
+    // forwarding what crucible launch also sent directly) must not turn that into a kill.
+    struct sigaction ignore;
+    std::memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGUSR1, &ignore, nullptr);
+  } else {
+    sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  }
   sigaction(SIGXFSZ, &g_previous_xfsz, nullptr);
 }
 
@@ -63,6 +78,8 @@ const char* SignalName(int signal_number) {
   switch (signal_number) {
     case SIGTERM:
       return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
     case SIGUSR1:
       return "SIGUSR1";
     default:

@@ -535,7 +535,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
     TrainingProgress progress{step, step * global_batch, tokens_seen, loss, lr};
     // Every rank must agree to stop at the same step, or the others would wait in a collective.
     int signal_number = StopSignals::Requested();
-    if (data_parallel.Any(signal_number != 0) && signal_number == 0) signal_number = SIGTERM;
+    if (data_parallel.Any(signal_number != 0)) {
+      // And name the same signal: the one the lowest rank that got one received.
+      const uint64_t mine = static_cast<uint64_t>(signal_number);
+      std::vector<uint64_t> received(world);
+      comm.AllGatherU64(&mine, received.data(), 1, "stop-signal all-gather");
+      for (auto it = received.rbegin(); it != received.rend(); ++it)
+        if (*it != 0) signal_number = static_cast<int>(*it);
+    }
     // The leader decides (the "auto" interval depends on its measured save stalls).
     const bool due = data_parallel.Any(leader && checkpointing.Due(step, steps));
     const bool save_now =
@@ -549,23 +556,30 @@ int RunTraining(Config config, const std::string& resume_mode) {
     if (leader && due)
       checkpointing.Save(progress, save_weights, false, step == steps ? "final" : "interval");
     if (signal_number != 0) {
-      std::string saved = "none (checkpoint.enable = false)";
+      // 143 only with a complete checkpoint of this step; without one, 75.
+      std::string saved = "none";
+      int exit_code = kExitStoppedNoCheckpoint;
       if (checkpointing.enabled()) {
         if (leader && checkpointing.last_saved_step() != step)
           checkpointing.Save(progress, save_weights, true, SignalName(signal_number));
         if (leader) checkpointing.Finish();
         saved = JoinPath(checkpointing.root(), "step-" + std::to_string(step));
+        exit_code = kExitSignalled;
+      } else if (leader) {
+        LogWarn("stopped without a checkpoint (checkpoint.enable = false): exit 75");
       }
+      // Printed before the barrier, so no rank can exit (and make srun or mpirun end the job)
+      // before the line is out; the save is complete by now.
+      if (leader)
+        PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
+                            SignalName(signal_number), saved.c_str(), exit_code));
       release_full_state();
       release_gathered();
       comm.Barrier("stop");
       metrics.Close();
       rank_metrics.Close();
-      if (leader)
-        PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
-                            SignalName(signal_number), saved.c_str(), kExitSignalled));
       comm.Finalize();
-      return kExitSignalled;
+      return exit_code;
     }
     if (save_now) {  // rank 0's full copies exist only while a save needs them
       release_full_state();

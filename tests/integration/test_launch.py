@@ -102,8 +102,8 @@ def test_retries_back_off_then_succeed(tmp_path):
     base, cap = 0.4, 0.6
     proc = launch(["--run-dir", str(tmp_path / "run"), "--retries", "4", "--backoff-base", str(base),
                    "--backoff-cap", str(cap)],
-                  [sys.executable, FAKE, "--steps", "3", "--state", str(tmp_path / "state"),
-                   "--fail-at-step", "2", "--fail-attempts", "3", "--fail-code", "1"])
+                  [sys.executable, FAKE, "--steps", "3", "--fail-at-step", "2", "--fail-attempts", "3",
+                   "--fail-code", "1"])
     assert proc.returncode == 0, proc.stderr
     records = attempts(tmp_path / "run")
     assert [r["exit_code"] for r in records] == [1, 1, 1, 0]
@@ -112,8 +112,8 @@ def test_retries_back_off_then_succeed(tmp_path):
     starts = [time.mktime(time.strptime(r["started"], "%Y-%m-%dT%H:%M:%S")) for r in records]
     log_times = [(tmp_path / "run" / "launch" / f"attempt-{k}.log").stat().st_mtime for k in (1, 2, 3, 4)]
     assert log_times == sorted(log_times)
-    # Each retry resumed where the last one stopped; attempts 2 and 3 failed before a step.
-    assert [r["first_step"] for r in records] == [1, None, None, 2]
+    # Every attempt reached step 1 (two in a row without a step would be a config error).
+    assert [r["first_step"] for r in records] == [1, 1, 1, 1]
     assert "summary" in proc.stderr
 
 
@@ -124,6 +124,18 @@ def test_retries_never_after_a_usage_or_data_error(tmp_path):
                       [sys.executable, FAKE, "--exit", str(code)])
         assert proc.returncode == code
         assert len(attempts(run_dir)) == 1
+
+
+def test_plain_retries_stop_at_a_config_error_verdict(tmp_path):
+    # Without --auto-retry too: two attempts in a row that reach no step= line are a config error,
+    # and a config error is never retried, so the action agrees with the verdict.
+    run_dir = tmp_path / "run"
+    proc = launch(["--run-dir", str(run_dir), "--retries", "3", "--backoff-base", "0"],
+                  [sys.executable, FAKE, "--exit", "1"])
+    assert proc.returncode == 1
+    records = attempts(run_dir)
+    assert [(r["verdict"], r["action"]) for r in records] == [("no_progress", "retry"),
+                                                              ("config_error", "stop")]
 
 
 def hostfile(tmp_path, *hosts):
@@ -178,20 +190,16 @@ def test_unknown_failure_with_one_node_and_no_spare_stops_with_a_summary(tmp_pat
     assert "summary" in proc.stderr and "unknown" in proc.stderr
 
 
-def test_sigterm_to_the_launcher_reaches_the_job_and_is_not_retried(tmp_path):
+def test_failure_evidence_is_the_error_line_not_the_mpirun_banner(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([CRUCIBLE, "launch", "--run-dir", str(run_dir), "--retries", "3", "--",
-                             sys.executable, FAKE, "--steps", "1000", "--step-seconds", "0.05"],
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if "step=3" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143, err
-    assert "phase=stop signal=TERM" in out
-    records = attempts(run_dir)
-    assert len(records) == 1 and records[0]["signal"] == signal.SIGTERM
+    proc = launch(["--run-dir", str(run_dir), "--np", "2", "--mpi", "openmpi"],
+                  [CRUCIBLE, "train", "--set", "model.flavor=debug", "--set", "data.no_such_key=1",
+                   "--set", f"job.dump_folder={run_dir}"])
+    assert proc.returncode == 2, proc.stderr
+    assert "Primary job" in (run_dir / "launch" / "attempt-1.log").read_text()  # the banner is there
+    record = attempts(run_dir)[0]
+    assert record["verdict"] == "config_error"
+    assert "unknown key 'data.no_such_key'" in record["evidence"], record["evidence"]
 
 
 def test_pbs_job_from_a_faked_environment(tmp_path):
@@ -231,6 +239,9 @@ def test_dry_run_prints_command_and_environment_and_runs_nothing(tmp_path):
     (["--hostfile", "/nonexistent/hosts"], ["true"], "cannot read host file /nonexistent/hosts"),
     (["--nodes", "5"], ["true"], "5 node(s) needed, but the allocation"),
     (["--spares", "1"], ["true"], "--spares needs --auto-retry"),
+    (["--timeout", "nan"], ["true"], "--timeout: nan is not a finite number"),
+    (["--retries", "-1"], ["true"], "--retries: -1 is out of range"),
+    (["--np", "0"], ["true"], "--np: 0 is out of range"),
 ])
 def test_bad_input_is_a_clear_usage_error(tmp_path, args, cmd, message):
     proc = launch(["--run-dir", str(tmp_path / "run"), *args], cmd)

@@ -3,6 +3,7 @@ machine, started and stopped by this module (tests/integration/slurm/). Skipped 
 machine cannot run Slurm at all (packages missing or not root), with the reason."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,7 +64,34 @@ exec {CRUCIBLE} launch --run-dir {work}/run --resubmit -- \\
     return work, submit.stdout.split()[-1]
 
 
-def test_failover_swaps_the_named_node_for_the_spare(cluster, walltime_job, tmp_path):
+@pytest.fixture(scope="module")
+def warned_job(cluster):
+    """A job that asks Slurm for SIGUSR1 to its batch shell (the launcher, by exec) 90 s before
+    its 2-minute limit: docs/launch.md's recipe for a clean stop at walltime. The job's stand-in
+    trainer names a real, complete checkpoint when it stops."""
+    folder, env = cluster
+    work = folder / "warned"
+    work.mkdir()
+    made = subprocess.run([CRUCIBLE, "train", "--set", "model.flavor=debug", "--set", "training.seq_len=16",
+                           "--set", "training.steps=1", "--set", "checkpoint.interval=1",
+                           "--set", "metrics.peak_gflops=100", "--set", f"job.dump_folder={work}/made"],
+                          env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    checkpoint = work / "made" / "ckpt" / "step-1"
+    script = work / "job.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 1 -t 2 --signal=B:USR1@90 -o {work}/slurm-%j.out
+exec {CRUCIBLE} launch --run-dir {work}/run --resubmit -- \\
+    {sys.executable} {FAKE} --steps 100000 --step-seconds 0.5 --state {work}/state \\
+    --finish-when-resubmitted 3 --stop-checkpoint {checkpoint}
+""")
+    submit = subprocess.run(["sbatch", str(script)], env=env, cwd=work, capture_output=True, text=True,
+                            timeout=30)
+    assert submit.returncode == 0, submit.stderr
+    return work, submit.stdout.split()[-1], checkpoint
+
+
+def test_failover_swaps_the_named_node_for_the_spare(cluster, walltime_job, warned_job, tmp_path):
     folder, env = cluster
     run_dir, state = tmp_path / "run", tmp_path / "state"
     # 4 nodes allocated, 3 active: n4 is the spare. Rank 1 (on n2) is SIGKILLed at step 6.
@@ -216,3 +244,93 @@ def test_real_mpi_ranks_talk_across_the_virtual_nodes(cluster, walltime_job, tmp
     assert sorted(l.split("node=")[1].split()[0] for l in lines) == ["n1", "n2", "n3"]
     record = attempts(tmp_path / "run")[0]
     assert "--mpi=pmix" in record["argv"] and "--nodelist=n1,n2,n3" in record["argv"]
+
+
+def launcher_pid(run_dir):
+    """The pid of the `crucible launch --run-dir run_dir` process (salloc's child)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 3 and argv[0].endswith(b"crucible") and argv[1] == b"launch" \
+                and str(run_dir).encode() in argv:
+            return int(proc.name)
+    return None
+
+
+def test_sigterm_through_the_launcher_under_srun_checkpoints_and_resumes_bit_identical(cluster, tmp_path):
+    """SIGTERM to `crucible launch` running 3 ranks of crucible train under srun (--mpi=pmix, one
+    per node, ZeRO-3): the launcher sends SIGUSR1 through srun instead (srun cancels its step on
+    SIGTERM), waits for the checkpoint and exits 143; the named checkpoint is complete and the
+    resume ends bit-identical to an uninterrupted single-process run."""
+    folder, env = cluster
+    env = dict(env, OMP_NUM_THREADS="1", CRUCIBLE_MPI="openmpi")
+    settings = TRAIN_SETTINGS + ["--set", "checkpoint.interval=1000"]  # the stop's is the only one
+    reference = tmp_path / "reference"
+    plain = subprocess.run([CRUCIBLE, "train", *settings, "--set", f"job.dump_folder={reference}"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+
+    run_dir = tmp_path / "run"
+    launch = ["salloc", "-N", "3", "--time=10", CRUCIBLE, "launch", "--run-dir", str(run_dir), "--nodes", "3",
+              "--timeout", "120", "--", CRUCIBLE, "train", *settings, "--set", f"job.dump_folder={run_dir}"]
+    proc = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signalled = None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if signalled is None and line.startswith("0: step=") and int(line.split()[1].split("=")[1]) >= 10:
+            pid = launcher_pid(run_dir)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+                signalled = time.monotonic()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 143, "".join(lines) + stderr
+    print(f"SIGTERM to the launcher under srun -> exit after {time.monotonic() - signalled:.2f} s")
+    stopped = [l for l in lines if l.startswith("0: stopped step=")]
+    assert stopped and "signal=SIGUSR1" in stopped[0], "".join(lines) + stderr
+    step = int(stopped[0].split()[2].split("=")[1])
+    checkpoint = run_dir / "ckpt" / f"step-{step}"
+    assert f"checkpoint={checkpoint} exit=143" in stopped[0]
+    assert (checkpoint / "COMPLETE").exists() and not list((run_dir / "ckpt").glob(".tmp-*"))
+    first = attempts(run_dir)[0]
+    assert first["exit_code"] == 143 and first["signal"] == signal.SIGTERM
+    assert first["stopped_checkpoint"] == str(checkpoint) and first["stop_problem"] == ""
+    assert first["argv"][0] == "srun" and "--mpi=pmix" in first["argv"]
+
+    resumed = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"0: phase=resume from={checkpoint} step={step} " in resumed.stdout
+    done = [l for l in resumed.stdout.splitlines() if "done steps=300" in l]
+    assert done and plain.stdout.split("weights_xxh3=")[1].split()[0] in done[-1]
+    losses = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, open(d / "metrics.jsonl"))]
+    assert losses(run_dir) == losses(reference)
+    assert (run_dir / "model.safetensors").read_bytes() == (reference / "model.safetensors").read_bytes()
+
+
+def test_a_walltime_warning_to_the_launcher_stops_cleanly_and_resubmits(cluster, warned_job):
+    """`#SBATCH --signal=B:USR1@90` + `exec crucible launch`: the launcher gets SIGUSR1 ahead of the
+    limit, stops the job (143: the named checkpoint is complete), calls it walltime and queues the
+    follow-on job, which finishes."""
+    folder, env = cluster
+    work, job, checkpoint = warned_job
+    run_dir = work / "run"
+    deadline = time.time() + 300
+    records = []
+    while time.time() < deadline:
+        if (run_dir / "launch" / "attempts.jsonl").exists():
+            records = attempts(run_dir)
+            if any(r["verdict"] == "success" for r in records):
+                break
+        time.sleep(1)
+    outputs = "".join(p.read_text() for p in work.glob("slurm-*.out"))
+    assert len(records) == 2, outputs
+    first, second = records
+    assert first["job_id"] == job and first["signal"] == signal.SIGUSR1, outputs
+    assert first["exit_code"] == 143 and first["stopped_checkpoint"] == str(checkpoint), first
+    assert first["verdict"] == "walltime" and first["time_left_seconds"] <= 120, first
+    assert first["action"] == "resubmit"
+    assert second["job_id"] == first["resubmitted_job"] and second["verdict"] == "success"

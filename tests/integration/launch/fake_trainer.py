@@ -4,8 +4,11 @@ on request, for the launcher's integration tests and benchmarks.
 
 Rank 0 prints `step=<n> ...` lines; every rank waits for the others at each step (a barrier on
 files in --state), so one stopped rank silences the job like a stuck collective would. Progress
-is saved in --state after each step and resumed from there, like a checkpoint. SIGTERM saves and
-exits 143. Failures are injected by rank, node, attempt and step.
+is saved in --state after each step and resumed from there, like a checkpoint. SIGTERM, SIGINT
+and SIGUSR1 stop it like the trainer: rank 0 prints `stopped step=<n> signal=<SIG>
+checkpoint=<path> exit=143` naming --stop-checkpoint (whatever is there: the launcher must check
+it), or `checkpoint=none exit=75` without one, and every rank exits with that code. Failures are
+injected by rank, node, attempt and step.
 """
 import argparse
 import os
@@ -39,6 +42,14 @@ def main():
     p.add_argument("--orphan", action="store_true", help="each rank leaves a setsid'd child behind")
     p.add_argument("--finish-when-resubmitted", type=int, default=0,
                    help="when CRUCIBLE_JOB_CHAIN is set, stop after this many more steps")
+    p.add_argument("--stop-checkpoint", default=None,
+                   help="the checkpoint a stop names, .../step-<n> (and exits 143 for, reporting "
+                        "step n); without it: none, 75")
+    p.add_argument("--stop-seconds", type=float, default=0.0,
+                   help="how long a stop takes before the exit (a save)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="report a checkpoint save (the trainer's phase=checkpoint lines) every N steps")
+    p.add_argument("--save-seconds", type=float, default=0.0, help="the save time those lines report")
     a = p.parse_args()
 
     rank = env_int("CRUCIBLE_RANK", 0)
@@ -72,12 +83,32 @@ def main():
         last = start + a.finish_when_resubmitted - 1
     current = [start - 1]
 
-    def on_term(signum, frame):
+    def on_stop(signum, frame):
+        # Like the trainer: a repeated SIGUSR1 (forwarded by mpirun or srun while the launcher
+        # also signals the rank directly) is ignored up to the exit.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        code = 143 if a.stop_checkpoint else 75
         if rank == 0:
-            print(f"phase=stop signal=TERM step={current[0]}", flush=True)
-        sys.exit(143)
+            print(f"phase=stop signal={name} step={current[0]}", flush=True)
+        time.sleep(a.stop_seconds)
+        stopped = os.path.join(state, f"stopped-{attempt}") if state else ""
+        # The step a stop reports is the one its checkpoint is of (a folder step-<n>).
+        folder = os.path.basename(a.stop_checkpoint or "")
+        step = int(folder[5:]) if folder.startswith("step-") and folder[5:].isdigit() else current[0]
+        if rank == 0:
+            print(f"stopped step={step} signal={name} checkpoint={a.stop_checkpoint or 'none'} "
+                  f"exit={code}", flush=True)
+            if stopped:
+                open(stopped, "w").close()
+        elif stopped:  # like the trainer's stop barrier: no rank exits before rank 0 has printed
+            deadline = time.time() + 30
+            while not os.path.exists(stopped) and time.time() < deadline:
+                time.sleep(0.01)
+        sys.exit(code)
 
-    signal.signal(signal.SIGTERM, on_term)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(stop_signal, on_stop)
     should_fail = (a.fail_rank is None or a.fail_rank == rank) and \
                   (a.fail_node is None or a.fail_node == node) and attempt <= a.fail_attempts
     for step in range(start, last + 1):
@@ -106,6 +137,12 @@ def main():
                     f.write(f"{step}\n")
                 os.replace(progress + ".tmp", progress)
             print(f"step={step} loss={10.0 / step:.4f} node={node} world={world}", flush=True)
+            if a.save_every and step % a.save_every == 0:
+                time.sleep(a.save_seconds)
+                print(f"phase=checkpoint step={step} status=complete path=ckpt/step-{step} bytes=1 "
+                      f"write_s={a.save_seconds:.3f}", flush=True)
+                print(f"phase=checkpoint step={step} mode=sync reason=interval stall_s={a.save_seconds:.4f} "
+                      f"copy_s=0.0001 wait_s=0.0000 state_bytes=1", flush=True)
     if rank == 0:
         print(f"done steps={last}", flush=True)
 

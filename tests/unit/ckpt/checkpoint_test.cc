@@ -96,6 +96,29 @@ TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
   EXPECT_NE(VerifyCheckpoint(Dir(4)).find("COMPLETE is missing"), std::string::npos);
 }
 
+TEST_F(CheckpointTest, SizesOnlyVerificationChecksEverythingButTheContent) {
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  EXPECT_EQ(VerifyCheckpoint(Dir(1), VerifyDepth::kSizes), "");
+  {  // a flipped byte: same size, only a checksum sees it
+    std::fstream f(Dir(1) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(300);
+    f.put('\x7f');
+  }
+  EXPECT_EQ(VerifyCheckpoint(Dir(1), VerifyDepth::kSizes), "");
+  EXPECT_NE(VerifyCheckpoint(Dir(1)).find("model.safetensors: checksum"), std::string::npos);
+  const std::string model = Dir(1) + "/model.safetensors";
+  fs::resize_file(model, fs::file_size(model) - 4);
+  EXPECT_NE(VerifyCheckpoint(Dir(1), VerifyDepth::kSizes).find("model.safetensors: "),
+            std::string::npos);
+  WriteCheckpoint(root_.string(), Snapshot(2), *table_, model_);
+  { std::ofstream(Dir(2) + "/MANIFEST", std::ios::app) << "# edited\n"; }
+  EXPECT_NE(VerifyCheckpoint(Dir(2), VerifyDepth::kSizes).find("MANIFEST: checksum"),
+            std::string::npos);
+  fs::remove(Dir(2) + "/COMPLETE");
+  EXPECT_NE(VerifyCheckpoint(Dir(2), VerifyDepth::kSizes).find("COMPLETE is missing"),
+            std::string::npos);
+}
+
 TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
   for (int64_t step : {10, 20, 30})
     WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);

@@ -24,8 +24,9 @@ struct Excerpt {
     }
   }
   Classification Classify(int exit_code, std::optional<double> time_left = std::nullopt,
-                          bool previous_reached_step = true) {
+                          bool previous_reached_step = true, int stop_signal = 0) {
     AttemptFacts facts;
+    facts.stop_signal = stop_signal;
     facts.exit_code = exit_code;
     facts.timed_out = exit_code == 124;
     facts.log = &log;
@@ -263,6 +264,145 @@ TEST(BadNodePatterns, InvalidRegexNamesFileAndLine) {
     EXPECT_NE(std::string(e.what()).find(path + ":2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(patterns.AddText("name-only\n", "inline"), Error);
+}
+
+// The evidence is the line that says something, not an MPI launcher's banner. Real output of
+// failing jobs (Open MPI 4.1.4 mpirun --tag-output, MPICH 4.0.2 Hydra -l), captured here.
+const char kOpenMpiConfigError[] =
+    "[1,0]<stderr>:crucible-rank: rank=0 local_rank=0 world=2 node=vm pid=17994\n"
+    "[1,1]<stderr>:crucible-rank: rank=1 local_rank=1 world=2 node=vm pid=17995\n"
+    "[1,0]<stderr>:crucible: error: --set data.no_such_key=1: unknown key 'data.no_such_key'\n"
+    "--------------------------------------------------------------------------\n"
+    "Primary job  terminated normally, but 1 process returned\n"
+    "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+    "--------------------------------------------------------------------------\n"
+    "[1,1]<stderr>:crucible: error: --set data.no_such_key=1: unknown key 'data.no_such_key'\n"
+    "--------------------------------------------------------------------------\n"
+    "mpirun detected that one or more processes exited with non-zero status, thus causing\n"
+    "the job to be terminated. The first process to do so was:\n"
+    "\n"
+    "  Process name: [[10939,1],0]\n"
+    "  Exit code:    2\n"
+    "--------------------------------------------------------------------------\n";
+
+TEST(Evidence, OpenMpiBannersAreSkippedForTheErrorLine) {
+  Excerpt e(kOpenMpiConfigError, LabelStyle::kOpenMpi, {"vm"});
+  Classification c = e.Classify(2);
+  EXPECT_EQ(c.verdict, Verdict::kConfigError);
+  EXPECT_EQ(c.evidence,
+            "exit 2 (usage or config error): 0: crucible: error: --set data.no_such_key=1: "
+            "unknown key 'data.no_such_key'");
+}
+
+TEST(Evidence, OpenMpiRankKilledNamesTheSignalNotTheSeparator) {
+  Excerpt e(
+      "[1,0]<stdout>:step=1\n"
+      "[1,1]<stdout>:step=1\n"
+      "--------------------------------------------------------------------------\n"
+      "Primary job  terminated normally, but 1 process returned\n"
+      "a non-zero exit code. Per user-direction, the job has been aborted.\n"
+      "--------------------------------------------------------------------------\n"
+      "--------------------------------------------------------------------------\n"
+      "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).\n"
+      "--------------------------------------------------------------------------\n",
+      LabelStyle::kOpenMpi, {"n1"});
+  Classification c = e.Classify(137);
+  EXPECT_EQ(c.verdict, Verdict::kUnknown);
+  EXPECT_EQ(c.evidence,
+            "exit 137: mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 "
+            "(Killed).");
+}
+
+TEST(Evidence, HydraBoxIsSkipped) {
+  Excerpt e(
+      "[0] step=1\n"
+      "[1] step=1\n"
+      "\n"
+      "==================================================================================="
+      "\n"
+      "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+      "=   PID 18248 RUNNING AT vm\n"
+      "=   EXIT CODE: 9\n"
+      "=   CLEANING UP REMAINING PROCESSES\n"
+      "=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES\n"
+      "==================================================================================="
+      "\n"
+      "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
+      "This typically refers to a problem with your application.\n"
+      "Please see the FAQ page for debugging suggestions\n",
+      LabelStyle::kBracket, {"n1"});
+  Classification c = e.Classify(9);
+  EXPECT_EQ(c.evidence,
+            "exit 9: YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)");
+}
+
+TEST(Evidence, TheFirstErrorLineWinsOverLaterCollateral) {
+  Excerpt e(std::string(kRanks) +
+            "0: step=4 loss=9.1\n"
+            "1: crucible: error: cannot read data/shard-3.bin: Input/output error\n"
+            "0: crucible: error: collective timeout at step 5: rank 1 did not answer\n"
+            "--------------------------------------------------------------------------\n");
+  Classification c = e.Classify(1);
+  EXPECT_EQ(c.evidence,
+            "exit 1: 1: crucible: error: cannot read data/shard-3.bin: Input/output error");
+}
+
+TEST(Evidence, WithoutAnErrorTheLastMeaningfulLine) {
+  Excerpt e(std::string(kRanks) + "0: step=7 loss=8.5\n\n=====\n");
+  EXPECT_EQ(e.Classify(1).evidence, "exit 1: 0: step=7 loss=8.5");
+  Excerpt silent("");
+  EXPECT_EQ(silent.Classify(1).evidence, "exit 1 before the first step= line: (no output)");
+}
+
+// What the launcher does next agrees with the verdict, in both modes.
+TEST(NextStep, AConfigErrorIsNeverRetriedWhicheverMode) {
+  Excerpt e(std::string(kRanks) + "0: fake_trainer: error: asked to exit 1\n");
+  Classification c = e.Classify(1, std::nullopt, /*previous_reached_step=*/false);
+  ASSERT_EQ(c.verdict, Verdict::kConfigError);
+  for (bool auto_retry : {false, true}) {
+    Decision d = DecideNextStep(c, {auto_retry, /*retries=*/3, /*retry=*/2, 0});
+    EXPECT_EQ(d.step, NextStep::kStop) << "auto_retry=" << auto_retry;
+  }
+  Classification usage = e.Classify(2);
+  EXPECT_EQ(DecideNextStep(usage, {false, 3, 1, 0}).step, NextStep::kStop);
+}
+
+TEST(NextStep, PlainRetriesRetryEveryOtherFailureUntilUsedUp) {
+  Excerpt e(std::string(kRanks) + "0: step=1 loss=10.4\n0: Segmentation fault\n");
+  Classification c = e.Classify(139);
+  EXPECT_EQ(DecideNextStep(c, {false, 2, 1, 0}).step, NextStep::kRetry);
+  EXPECT_EQ(DecideNextStep(c, {false, 2, 2, 0}).step, NextStep::kRetry);
+  Decision last = DecideNextStep(c, {false, 2, 3, 0});
+  EXPECT_EQ(last.step, NextStep::kStop);
+  EXPECT_EQ(last.detail, "(retries used up)");
+  EXPECT_EQ(DecideNextStep(c, {false, 0, 1, 0}).detail, "");  // no retries were asked for
+  EXPECT_EQ(DecideNextStep(c, {true, 2, 1, 0}).step, NextStep::kFailover);
+}
+
+TEST(Classifier, AStopTheLauncherWasAskedForIsStoppedUnlessAtWalltime) {
+  Excerpt e(std::string(kRanks) + "0: step=5 loss=9.0\n" +
+            "0: stopped step=5 signal=SIGUSR1 checkpoint=/r/ckpt/step-5 exit=143\n");
+  Classification c = e.Classify(143, 7200.0, true, 15);
+  EXPECT_EQ(c.verdict, Verdict::kStopped);
+  EXPECT_EQ(c.evidence,
+            "exit 143 after signal 15 to the launcher: stopped step=5 signal=SIGUSR1 "
+            "checkpoint=/r/ckpt/step-5 exit=143");
+  EXPECT_EQ(e.Classify(75, 7200.0, true, 10).verdict, Verdict::kStopped);
+  EXPECT_EQ(e.Classify(75, 60.0, true, 10).verdict, Verdict::kWalltime);
+  EXPECT_EQ(e.Classify(143, 7200.0).verdict, Verdict::kUnknown);  // nobody asked the launcher
+}
+
+TEST(NextStep, AStopTheLauncherWasAskedForIsNotRetried) {
+  Excerpt e(std::string(kRanks) + "0: step=5 loss=9.0\n");
+  for (int code : {143, 75}) {
+    Decision d = DecideNextStep(e.Classify(code, 7200.0, true, 15), {true, 10, 1, 15});
+    EXPECT_EQ(d.step, NextStep::kStopAndResubmit) << code;
+    EXPECT_EQ(d.detail, "(signalled)");
+    // A signal that came after the attempt ended (during the backoff) stops the launch too.
+    EXPECT_EQ(DecideNextStep(e.Classify(code, 7200.0), {true, 10, 1, 15}).step,
+              NextStep::kStopAndResubmit);
+  }
+  EXPECT_EQ(DecideNextStep(e.Classify(0), {true, 10, 1, 15}).step, NextStep::kDone);
 }
 
 }  // namespace
