@@ -5,11 +5,28 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
 
 namespace crucible {
 namespace {
+
+// An attempt that lost work to a failure of the job or the machine: not a success, not a stop
+// (143, 75), and not an error that a retry cannot cure (usage 2, diverged 3, bad data 65).
+bool IsInterruption(int exit_code) {
+  switch (exit_code) {
+    case kExitOk:
+    case kExitUsage:
+    case kExitDiverged:
+    case kExitBadData:
+    case kExitStoppedNoCheckpoint:
+    case kExitSignalled:
+      return false;
+    default:
+      return true;
+  }
+}
 
 bool NumberField(const nlohmann::json& line, std::initializer_list<const char*> keys, double* out) {
   for (const char* key : keys) {
@@ -46,8 +63,8 @@ MtbfEstimate EstimateMtbf(const std::string& attempts_path, double mtbf_hours,
       seconds = end - start;
     if (seconds > 0) estimate.observed_seconds += seconds;
     double exit_code = 0;
-    if (NumberField(line, {"exit_code", "rc", "returncode"}, &exit_code) && exit_code != 0 &&
-        exit_code != 143)
+    if (NumberField(line, {"exit_code", "rc", "returncode"}, &exit_code) &&
+        IsInterruption(static_cast<int>(exit_code)))
       ++estimate.failures;
   }
   if (estimate.failures > 0 && estimate.observed_seconds > 0) {

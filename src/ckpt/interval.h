@@ -17,8 +17,8 @@ struct MtbfEstimate {
 
 // Reads launch/attempts.jsonl (one JSON object per attempt; a missing file is no evidence).
 // An attempt's length is its "wall_s" / "duration_s" / "elapsed_s", or "end" - "start" (numbers,
-// seconds); it failed when its "exit_code" (or "rc", "returncode") is neither 0 nor 143 (a clean
-// stop on SIGTERM). With at least one failure, MTBF = observed time / failures; otherwise
+// seconds); it failed when its "exit_code" (or "rc", "returncode") is none of 0, the stops 143
+// and 75, and the errors a retry cannot cure (2, 3, 65). With at least one failure, MTBF = observed time / failures; otherwise
 // `mtbf_hours` when positive, else `default_hours`.
 MtbfEstimate EstimateMtbf(const std::string& attempts_path, double mtbf_hours,
                           double default_hours = 24.0);

@@ -38,6 +38,8 @@ const char* VerdictName(Verdict verdict) {
       return "success";
     case Verdict::kConfigError:
       return "config_error";
+    case Verdict::kDiverged:
+      return "diverged";
     case Verdict::kDiskIo:
       return "disk_io";
     case Verdict::kWalltime:
@@ -71,6 +73,11 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
     c.evidence =
         StrFormat("exit %d (%s): %s", code,
                   code == kExitUsage ? "usage or config error" : "bad data", Evidence(log).c_str());
+    return c;
+  }
+  if (code == kExitDiverged) {
+    c.verdict = Verdict::kDiverged;
+    c.evidence = "exit 3 (the run diverged): " + Evidence(log);
     return c;
   }
   if (!reached_step && !facts.previous_reached_step) {
@@ -138,7 +145,8 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
 
 Decision DecideNextStep(const Classification& c, const NextStepFacts& facts) {
   if (c.verdict == Verdict::kSuccess) return {NextStep::kDone, ""};
-  if (c.verdict == Verdict::kConfigError) return {NextStep::kStop, ""};
+  if (c.verdict == Verdict::kConfigError || c.verdict == Verdict::kDiverged)
+    return {NextStep::kStop, ""};
   if (c.verdict == Verdict::kWalltime) return {NextStep::kStopAndResubmit, "(walltime)"};
   if (c.verdict == Verdict::kStopped) return {NextStep::kStopAndResubmit, "(signalled)"};
   if (facts.signal_received != 0) return {NextStep::kStopAndResubmit, "(signalled)"};

@@ -2,6 +2,8 @@
 // fixed order (docs/launch.md, "Failover"):
 //   success      exit 0
 //   config_error exit 2 or 65, or a second attempt in a row that reached no `step=` line
+//   diverged     exit 3: the loss or the weights went non-finite; a resume would replay the same
+//                bits on any node, so it is never retried and no node is blamed
 //   disk_io      exit 74: retry in place, no node to blame
 //   walltime     exit 143, 75, 271 or -29 while the scheduler says little time is left (or its
 //                log says the job hit its time limit); a 143 with hours left is not walltime
@@ -27,6 +29,7 @@ namespace crucible {
 enum class Verdict {
   kSuccess,
   kConfigError,
+  kDiverged,
   kDiskIo,
   kWalltime,
   kBadNode,
@@ -60,8 +63,9 @@ Classification ClassifyAttempt(const AttemptFacts& facts);
 
 // What the launcher does after an attempt, decided from its verdict (docs/launch.md, "Retries"
 // and "Failover"). A verdict and its action never disagree: success is done, a config error
-// always stops (with or without --auto-retry), walltime and a stop the launcher was asked for
-// stop (and may resubmit); with plain --retries every other failure is retried in place, with
+// and a divergence always stop (with or without --auto-retry), walltime and a stop the launcher was
+// asked for stop (and may resubmit); with plain --retries every other failure is retried in place,
+// with
 // --auto-retry disk_io and no_progress are, and the rest fail over to a spare.
 enum class NextStep { kDone, kStop, kStopAndResubmit, kRetry, kFailover };
 struct NextStepFacts {

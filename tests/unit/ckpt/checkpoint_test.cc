@@ -338,12 +338,21 @@ TEST(IntervalTest, YoungDalyAndMtbfFromAttempts) {
         << R"({"attempt":2,"start":100,"end":7300,"exit_code":143})"
         << "\n"
         << R"({"attempt":3,"duration_s":1800,"rc":1})"
+        << "\n"
+        // Stops and errors that a retry cannot cure are not failures of the machine.
+        << R"({"attempt":4,"wall_s":60,"exit_code":75})"
+        << "\n"
+        << R"({"attempt":5,"wall_s":60,"exit_code":2})"
+        << "\n"
+        << R"({"attempt":6,"wall_s":60,"exit_code":3})"
+        << "\n"
+        << R"({"attempt":7,"wall_s":60,"exit_code":65})"
         << "\n";
   }
   MtbfEstimate estimate = EstimateMtbf(path, 0);
   EXPECT_EQ(estimate.source, "attempts.jsonl");
   EXPECT_EQ(estimate.failures, 2);
-  EXPECT_DOUBLE_EQ(estimate.seconds, (3600.0 + 7200.0 + 1800.0) / 2);
+  EXPECT_DOUBLE_EQ(estimate.seconds, (3600.0 + 7200.0 + 1800.0 + 4 * 60.0) / 2);
   fs::remove(path);
   EXPECT_EQ(EstimateMtbf(path, 5.0).source, "checkpoint.mtbf_hours");
   EXPECT_DOUBLE_EQ(EstimateMtbf(path, 5.0).seconds, 18000.0);
