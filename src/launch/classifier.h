@@ -62,11 +62,10 @@ struct Classification {
 Classification ClassifyAttempt(const AttemptFacts& facts);
 
 // What the launcher does after an attempt, decided from its verdict (docs/launch.md, "Retries"
-// and "Failover"). A verdict and its action never disagree: success is done, a config error
-// and a divergence always stop (with or without --auto-retry), walltime and a stop the launcher was
-// asked for stop (and may resubmit); with plain --retries every other failure is retried in place,
-// with
-// --auto-retry disk_io and no_progress are, and the rest fail over to a spare.
+// and "Failover"). A verdict and its action never disagree: success is done, a config error and
+// a divergence always stop (with or without --auto-retry), walltime and a stop the launcher was
+// asked for stop (and may resubmit); with plain --retries every other failure is retried in
+// place, with --auto-retry disk_io and no_progress are, and the rest fail over to a spare.
 enum class NextStep { kDone, kStop, kStopAndResubmit, kRetry, kFailover };
 struct NextStepFacts {
   bool auto_retry = false;
