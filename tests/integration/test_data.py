@@ -407,7 +407,9 @@ def test_an_index_too_large_for_memory_is_refused_saying_how_large(tmp_path, tok
 
 @pytest.mark.parametrize("steps,needle", [
     ("100000000000", "training.steps x global batch (100000000000 x 4 = 400000000000 samples) needs "),
-    ("4611686018427387904", "training.steps 4611686018427387904 x global batch 4 overflows"),
+    # The trainer's own count of steps x batch x seq_len tokens overflows first.
+    ("4611686018427387904", "training.steps x training.global_batch_size x training.seq_len = "
+                            "4611686018427387904 x 4 x 32 = 5.9e+20 tokens: more than a 64-bit"),
 ])
 def test_training_on_a_blend_too_large_for_memory_is_refused(tmp_path, tokenizer_json, steps, needle):
     lst = blend_setup(tmp_path, tokenizer_json)

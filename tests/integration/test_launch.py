@@ -179,11 +179,22 @@ def test_disk_full_retries_in_place_without_blaming_a_node(tmp_path):
     assert not (run_dir / "launch" / "bad_nodes.txt").exists()
 
 
-def test_unknown_failure_with_one_node_and_no_spare_stops_with_a_summary(tmp_path):
+def test_a_diverged_run_is_stopped_not_retried_and_blames_no_node(tmp_path):
     run_dir = tmp_path / "run"
     proc = launch(["--run-dir", str(run_dir), "--auto-retry", "--backoff-base", "0"],
                   [sys.executable, FAKE, "--steps", "5", "--fail-at-step", "2", "--fail-code", "3"])
     assert proc.returncode == 3
+    records = attempts(run_dir)
+    assert len(records) == 1 and records[0]["verdict"] == "diverged", records
+    assert records[0]["action"] == "stop" and records[0]["blamed_node"] == ""
+    assert not (run_dir / "launch" / "bad_nodes.txt").exists()
+
+
+def test_unknown_failure_with_one_node_and_no_spare_stops_with_a_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["--run-dir", str(run_dir), "--auto-retry", "--backoff-base", "0"],
+                  [sys.executable, FAKE, "--steps", "5", "--fail-at-step", "2", "--fail-code", "7"])
+    assert proc.returncode == 7
     records = attempts(run_dir)
     assert len(records) == 1 and records[0]["verdict"] == "unknown"
     assert "no spares left" in records[0]["detail"]
