@@ -14,7 +14,7 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "crucible_version.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace crucible {
 namespace {

@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 #include "model/llama.h"
 
 namespace crucible {

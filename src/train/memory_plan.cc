@@ -9,8 +9,8 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "dist/data_parallel.h"
-#include "dist/param_access.h"
+#include "distributed/data_parallel.h"
+#include "distributed/param_access.h"
 
 namespace crucible {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "model/llama.h"
 
 namespace crucible {

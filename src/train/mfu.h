@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace crucible {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/config.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace crucible {
 

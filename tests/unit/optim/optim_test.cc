@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "common/error.h"
-#include "dist/exact_sum.h"
+#include "distributed/exact_sum.h"
 
 namespace crucible {
 namespace {

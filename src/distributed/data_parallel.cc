@@ -1,4 +1,4 @@
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <algorithm>
 #include <map>

@@ -9,7 +9,7 @@
 // ZeRO stage 1 shards the optimizer state: the gradient is reduce-scattered, each rank updates
 // its shard of the parameters, and the shards are all-gathered. Stage 3 shards the parameters
 // too: a rank stores only its shard, and the model gathers each unit (a decoder layer, the
-// embedding, the tail) when it needs it (dist/param_access.h). Shards are whole multiples of
+// embedding, the tail) when it needs it (distributed/param_access.h). Shards are whole multiples of
 // kNormChunk, so buffers are padded to padded_size(). Stage 0 keeps everything replicated.
 //
 // Overlap: gradients can be reduced unit by unit, each reduction started (non-blocking) as soon
@@ -22,8 +22,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/communicator.h"
-#include "dist/exact_sum.h"
+#include "distributed/communicator.h"
+#include "distributed/exact_sum.h"
 
 namespace crucible {
 

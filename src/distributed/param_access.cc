@@ -1,4 +1,4 @@
-#include "dist/param_access.h"
+#include "distributed/param_access.h"
 
 #include <algorithm>
 #include <cmath>

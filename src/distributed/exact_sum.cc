@@ -1,4 +1,4 @@
-#include "dist/exact_sum.h"
+#include "distributed/exact_sum.h"
 
 #include <cmath>
 #include <cstdint>

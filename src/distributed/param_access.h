@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
-#include "dist/data_parallel.h"
-#include "dist/exact_sum.h"
+#include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
+#include "distributed/exact_sum.h"
 #include "model/llama.h"
 
 namespace crucible {

@@ -1,4 +1,4 @@
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 #include <mpi.h>
 #include <unistd.h>
