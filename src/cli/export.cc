@@ -55,7 +55,7 @@ CommandRun SetupExport(CLI::App& app) {
     ExportSource source = ResolveSource(o->source);
     Config config = Config::Parse(ReadFile(source.config_path), source.config_path);
     LlamaConfig model = BuildLlamaConfig(config);
-    ParameterTable table(model);
+    const ParameterTable table = LlamaParameterTable(model);
     std::vector<float> weights(table.total());
     LoadModelWeights(source.weights_path, table, weights.data());
     const std::string& tokenizer = config.String("model.tokenizer_path");

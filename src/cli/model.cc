@@ -58,7 +58,7 @@ CommandRun SetupModel(CLI::App& app) {
     config.Validate();
     LlamaConfig m = BuildLlamaConfig(config);
     if (info->parsed()) {
-      ParameterTable table(m);
+      const ParameterTable table = LlamaParameterTable(m);
       for (const auto& p : table.params())
         std::printf("%-48s %-14s offset=%zu\n", p.name.c_str(), ShapeString(p.shape).c_str(),
                     p.offset);
@@ -68,7 +68,7 @@ CommandRun SetupModel(CLI::App& app) {
       return 0;
     }
     if (init->parsed()) {
-      ParameterTable table(m);
+      const ParameterTable table = LlamaParameterTable(m);
       std::vector<float> weights(table.total());
       InitWeights(m, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
       SaveModelWeights(o->out, table, m, weights.data());

@@ -24,7 +24,7 @@
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
 #include "distributed/exact_sum.h"
-#include "model/llama.h"
+#include "model/parameters.h"
 
 namespace crucible {
 

@@ -112,7 +112,7 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     model.kind = "hf";
     int64_t max_positions = 0;
     model.config = ReadHfLlamaConfig(path, &max_positions);
-    ParameterTable table(model.config);
+    const ParameterTable table = LlamaParameterTable(model.config);
     model.weights.resize(table.total());
     ImportHfModel(path, model.config, table, model.weights.data());
     model.weights_path = JoinPath(path, "model.safetensors");
@@ -144,7 +144,7 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
   }
   Config config = Config::Parse(ReadFile(config_path), config_path);
   model.config = BuildLlamaConfig(config);
-  ParameterTable table(model.config);
+  const ParameterTable table = LlamaParameterTable(model.config);
   model.weights.resize(table.total());
   LoadModelWeights(weights_path, table, model.weights.data());
   model.weights_path = weights_path;

@@ -36,7 +36,11 @@ struct LlamaModel::Buffers {
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len)
-    : config_(config), table_(config), B_(batch_size), T_(seq_len), buffers_(new Buffers) {
+    : config_(config),
+      table_(LlamaParameterTable(config)),
+      B_(batch_size),
+      T_(seq_len),
+      buffers_(new Buffers) {
   const int64_t N = B_ * T_, C = config.dim, H = config.n_heads, KV = config.n_kv_heads;
   const int64_t D = config.head_dim(), F = config.ffn_hidden_dim, V = config.vocab_size;
   Buffers& b = *buffers_;

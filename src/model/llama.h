@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "model/parameters.h"
 
 namespace crucible {
 
@@ -36,48 +37,13 @@ struct LlamaConfig {
 LlamaConfig BuildLlamaConfig(Config& config);
 std::vector<std::string> LlamaFlavors();
 
-enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
-
-struct ParamInfo {
-  std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
-  std::vector<int64_t> shape;  // e.g. {out_features, in_features}
-  size_t offset = 0;           // into the flat buffer, in floats
-  size_t numel = 0;
-  ParamKind kind = ParamKind::kLinear;
-  int layer = -1;  // decoder layer, -1 for embedding / final norm / head
-};
-
-// A contiguous range [begin, end) of the flat buffer that the model uses as a whole: unit 0 is
-// the embedding, unit 1 + l decoder layer l, the last unit the tail (final norm and untied head).
-// ZeRO-3 gathers parameters and data parallelism reduces gradients unit by unit.
-struct ParamUnit {
-  size_t begin = 0, end = 0;
-  size_t size() const { return end - begin; }
-};
-
-class ParameterTable {
- public:
-  explicit ParameterTable(const LlamaConfig& config);
-  const std::vector<ParamInfo>& params() const { return params_; }
-  const std::vector<ParamUnit>& units() const { return units_; }
-  int tail_unit() const { return static_cast<int>(units_.size()) - 1; }
-  size_t max_unit_size() const;
-  size_t total() const { return total_; }
-  const ParamInfo& Find(const std::string& name) const;  // throws if absent
-  const ParamInfo* TryFind(const std::string& name) const;
-  // Parameters counted for FLOPs: all but the input embedding lookup (the tied head counts).
-  size_t FlopParams() const { return flop_params_; }
-
- private:
-  std::vector<ParamInfo> params_;
-  std::vector<ParamUnit> units_;
-  size_t total_ = 0;
-  size_t flop_params_ = 0;
-};
+// The parameter table of a Llama: unit 0 is the embedding, unit 1 + l decoder layer l, the last
+// unit the tail (final norm and untied head); Hugging Face tensor names.
+ParameterTable LlamaParameterTable(const LlamaConfig& config);
 
 // What a config asks for, computed in double so that no config can overflow it (the memory
 // check runs on it before anything is allocated): the parameters of each unit (the embedding,
-// one decoder layer, the tail), exactly as ParameterTable lays them out, and the activation
+// one decoder layer, the tail), exactly as LlamaParameterTable lays them out, and the activation
 // bytes of LlamaModel(config, batch_size, seq_len), exactly its activation_bytes().
 struct LlamaSizes {
   double embedding = 0, layer = 0, tail = 0;        // parameters per unit
@@ -101,25 +67,6 @@ void InitWeightsRange(const LlamaConfig& config, const ParameterTable& table, ui
 // Floating-point operations per trained token: 6 N + 6 L d T (forward + backward; N from
 // FlopParams(), causal attention counted at half of the dense 12 L d T).
 double TrainFlopsPerToken(const LlamaConfig& config, const ParameterTable& table, int64_t seq_len);
-
-// How the model reaches its parameters and hands back gradients, one unit at a time. Within
-// unit u, flat element i (u.begin <= i < u.end) is at Weights(u)[i - u.begin], and its gradient
-// at Gradients(u)[i - u.begin]. The flat-buffer overloads of Forward/Backward use one replicated
-// buffer; ZeRO-3 gathers each unit from the ranks' shards when it is acquired, and data
-// parallelism starts reducing a unit's gradient as soon as it is ready, while the backward pass
-// goes on with the units below it.
-class ParameterAccess {
- public:
-  virtual ~ParameterAccess() = default;
-  virtual const float* AcquireWeights(int unit) = 0;
-  virtual void ReleaseWeights(int /*unit*/) {}
-  // A hint that `unit` is needed next (ZeRO-3 starts its gather).
-  virtual void Prefetch(int /*unit*/) {}
-  // Where the unit's gradient goes; the model writes every element of the unit before it calls
-  // GradientsReady(unit) for this micro-batch.
-  virtual float* Gradients(int unit) = 0;
-  virtual void GradientsReady(int /*unit*/) {}
-};
 
 class LlamaModel {
  public:

@@ -100,57 +100,30 @@ LlamaSizes PlannedSizes(const LlamaConfig& c) {
   return s;
 }
 
-ParameterTable::ParameterTable(const LlamaConfig& c) {
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind, int layer) {
-    ParamInfo info;
-    info.name = name;
-    info.shape = std::move(shape);
-    info.numel = 1;
-    for (int64_t s : info.shape) info.numel *= static_cast<size_t>(s);
-    info.offset = total_;
-    info.kind = kind;
-    info.layer = layer;
-    total_ += info.numel;
-    if (kind != ParamKind::kEmbedding || c.tie_embeddings) flop_params_ += info.numel;
-    params_.push_back(std::move(info));
-  };
+ParameterTable LlamaParameterTable(const LlamaConfig& c) {
+  ParameterTable table;
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1);
-  units_.push_back({0, total_});
+  // The input embedding is a lookup; it counts in FLOPs only as the tied output head.
+  table.Add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1,
+            c.tie_embeddings);
+  table.EndUnit();
   for (int l = 0; l < c.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {C}, ParamKind::kNorm, l);
-    add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, ParamKind::kLinear, l);
-    add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
-    add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
-    add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, ParamKind::kOutputProjection, l);
-    add(p + "post_attention_layernorm.weight", {C}, ParamKind::kNorm, l);
-    add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l);
-    add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l);
-    add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l);
-    units_.push_back({units_.back().end, total_});
+    table.Add(p + "input_layernorm.weight", {C}, ParamKind::kNorm, l);
+    table.Add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, ParamKind::kLinear, l);
+    table.Add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
+    table.Add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
+    table.Add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, ParamKind::kOutputProjection, l);
+    table.Add(p + "post_attention_layernorm.weight", {C}, ParamKind::kNorm, l);
+    table.Add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l);
+    table.Add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l);
+    table.Add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l);
+    table.EndUnit();
   }
-  add("model.norm.weight", {C}, ParamKind::kNorm, -1);
-  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
-  units_.push_back({units_.back().end, total_});
-}
-
-size_t ParameterTable::max_unit_size() const {
-  size_t largest = 0;
-  for (const ParamUnit& u : units_) largest = std::max(largest, u.size());
-  return largest;
-}
-
-const ParamInfo* ParameterTable::TryFind(const std::string& name) const {
-  for (const auto& p : params_)
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
-const ParamInfo& ParameterTable::Find(const std::string& name) const {
-  const ParamInfo* p = TryFind(name);
-  if (!p) throw Error(kExitFailure, "internal: no parameter named " + name);
-  return *p;
+  table.Add("model.norm.weight", {C}, ParamKind::kNorm, -1);
+  if (!c.tie_embeddings) table.Add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
+  table.EndUnit();
+  return table;
 }
 
 void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed, float* weights) {

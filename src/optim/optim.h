@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/config.h"
-#include "model/llama.h"
+#include "model/parameters.h"
 
 namespace crucible {
 

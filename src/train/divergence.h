@@ -12,7 +12,7 @@
 #include <string>
 
 #include "distributed/data_parallel.h"
-#include "model/llama.h"
+#include "model/parameters.h"
 
 namespace crucible {
 

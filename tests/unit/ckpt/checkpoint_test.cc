@@ -32,7 +32,7 @@ class CheckpointTest : public ::testing::Test {
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config_.ApplyOverride(o);
     model_ = BuildLlamaConfig(config_);
-    table_ = std::make_unique<ParameterTable>(model_);
+    table_ = std::make_unique<ParameterTable>(LlamaParameterTable(model_));
   }
   void TearDown() override { fs::remove_all(root_); }
 

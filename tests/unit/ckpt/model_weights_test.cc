@@ -28,7 +28,7 @@ class ModelWeightsTest : public ::testing::Test {
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config.ApplyOverride(o);
     model_ = BuildLlamaConfig(config);
-    table_ = std::make_unique<ParameterTable>(model_);
+    table_ = std::make_unique<ParameterTable>(LlamaParameterTable(model_));
     weights_.assign(table_->total(), 0.25f);
   }
   void TearDown() override { fs::remove(path_); }

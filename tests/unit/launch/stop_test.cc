@@ -96,7 +96,7 @@ class JudgeStopTest : public ::testing::Test {
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config.ApplyOverride(o);
     LlamaConfig model = BuildLlamaConfig(config);
-    ParameterTable table(model);
+    const ParameterTable table = LlamaParameterTable(model);
     CheckpointSnapshot snapshot;
     snapshot.step = step;
     snapshot.weights.assign(table.total(), 0.5f);

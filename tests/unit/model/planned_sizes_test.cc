@@ -22,7 +22,7 @@ std::vector<LlamaConfig> Models() {
 
 TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
   for (const LlamaConfig& c : Models()) {
-    const ParameterTable table(c);
+    const ParameterTable table = LlamaParameterTable(c);
     const LlamaSizes sizes = PlannedSizes(c);
     EXPECT_EQ(sizes.parameters, static_cast<double>(table.total())) << c.flavor;
     EXPECT_EQ(sizes.embedding, static_cast<double>(table.units()[0].size())) << c.flavor;

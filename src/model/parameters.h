@@ -1,0 +1,84 @@
+// The parameters of a model, as every module outside the model sees them: a table of named
+// tensors laid out in one flat float buffer, grouped into units, and the interface through which
+// the model reaches a unit's weights and hands back its gradient. Weights, gradients and
+// optimizer state all mirror this layout, so checkpointing, reduction, sharding and hashing work
+// on one span. Nothing here knows which model built the table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+// What a tensor is to the optimizer and the initialiser: the input embedding, a norm's scale, a
+// hidden matrix (attention and MLP projections; kOutputProjection are those that write into the
+// residual stream), or the output head.
+enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
+
+struct ParamInfo {
+  std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::vector<int64_t> shape;  // e.g. {out_features, in_features}
+  size_t offset = 0;           // into the flat buffer, in floats
+  size_t numel = 0;
+  ParamKind kind = ParamKind::kLinear;
+  int layer = -1;  // decoder layer, -1 for tensors outside the layers
+};
+
+// A contiguous range [begin, end) of the flat buffer that the model uses as a whole (for a
+// decoder: the embedding, each layer, the tail). ZeRO-3 gathers parameters and data parallelism
+// reduces gradients unit by unit. Units may differ in layout.
+struct ParamUnit {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
+class ParameterTable {
+ public:
+  // Appends a tensor to the unit being built, right after the previous tensor. `in_flops`: the
+  // tensor's parameters count in FlopParams() (false for a lookup table such as an untied input
+  // embedding).
+  const ParamInfo& Add(const std::string& name, std::vector<int64_t> shape, ParamKind kind,
+                       int layer, bool in_flops = true);
+  // Closes the unit being built: every tensor added since the previous EndUnit().
+  void EndUnit();
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int tail_unit() const { return static_cast<int>(units_.size()) - 1; }
+  size_t max_unit_size() const;
+  size_t total() const { return total_; }
+  const ParamInfo& Find(const std::string& name) const;  // throws if absent
+  const ParamInfo* TryFind(const std::string& name) const;
+  // Parameters counted for FLOPs (6 N per token for forward and backward).
+  size_t FlopParams() const { return flop_params_; }
+
+ private:
+  std::vector<ParamInfo> params_;
+  std::vector<ParamUnit> units_;
+  size_t total_ = 0;
+  size_t unit_begin_ = 0;
+  size_t flop_params_ = 0;
+};
+
+// How the model reaches its parameters and hands back gradients, one unit at a time. Within
+// unit u, flat element i (u.begin <= i < u.end) is at AcquireWeights(u)[i - u.begin], and its
+// gradient at Gradients(u)[i - u.begin]. One replicated buffer serves a single process; ZeRO-3
+// gathers each unit from the ranks' shards when it is acquired, and data parallelism starts
+// reducing a unit's gradient as soon as it is ready, while the backward pass goes on with the
+// units below it.
+class ParameterAccess {
+ public:
+  virtual ~ParameterAccess() = default;
+  virtual const float* AcquireWeights(int unit) = 0;
+  virtual void ReleaseWeights(int /*unit*/) {}
+  // A hint that `unit` is needed next (ZeRO-3 starts its gather).
+  virtual void Prefetch(int /*unit*/) {}
+  // Where the unit's gradient goes; the model writes every element of the unit before it calls
+  // GradientsReady(unit) for this micro-batch.
+  virtual float* Gradients(int unit) = 0;
+  virtual void GradientsReady(int /*unit*/) {}
+};
+
+}  // namespace crucible
