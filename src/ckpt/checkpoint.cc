@@ -116,6 +116,16 @@ bool CoversWholeTable(const ParameterTable& table, size_t begin, size_t size) {
   return begin == 0 && size == table.total();
 }
 
+// A per-tensor optimizer state holds per_tensor floats for every tensor of the table.
+void CheckPerTensorSize(const ParameterTable& table, const std::string& name, size_t per_tensor,
+                        size_t size) {
+  if (size != per_tensor * table.params().size())
+    throw Error(kExitFailure,
+                StrFormat("internal: optimizer state %s has %zu floats, not %zu per tensor x %zu "
+                          "tensors",
+                          name.c_str(), size, per_tensor, table.params().size()));
+}
+
 std::string ReadSmallFile(const std::string& path) {
   try {
     return ReadFile(path);
@@ -288,8 +298,14 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
     views.clear();
     std::map<std::string, std::string> optimizer_metadata = {
         {"format", "pt"}, {"crucible.optimizer_begin", std::to_string(snapshot.optimizer_begin)}};
-    for (const auto& [state_name, buffer] : snapshot.optimizer_state) {
-      if (CoversWholeTable(table, snapshot.optimizer_begin, buffer.size())) {
+    for (const auto& [state_name, buffer, per_tensor] : snapshot.optimizer_state) {
+      if (per_tensor > 0) {
+        CheckPerTensorSize(table, state_name, per_tensor, buffer.size());
+        for (size_t t = 0; t < table.params().size(); ++t)
+          views.push_back({state_name + "." + table.params()[t].name,
+                           {static_cast<int64_t>(per_tensor)},
+                           buffer.data() + t * per_tensor});
+      } else if (CoversWholeTable(table, snapshot.optimizer_begin, buffer.size())) {
         for (const auto& p : table.params())
           views.push_back({state_name + "." + p.name, p.shape, buffer.data() + p.offset});
       } else {
@@ -498,10 +514,9 @@ RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
       skipped.front().second.c_str()));
 }
 
-nlohmann::json LoadCheckpoint(
-    const std::string& dir, const ParameterTable& table, float* weights,
-    const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
-    size_t optimizer_begin) {
+nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& table, float* weights,
+                              const std::vector<OptimizerStateTarget>& optimizer_state,
+                              size_t optimizer_begin) {
   const std::string state_path = JoinPath(dir, "state.json");
   nlohmann::json state;
   try {
@@ -522,8 +537,14 @@ nlohmann::json LoadCheckpoint(
   }
 
   SafetensorsReader optimizer(JoinPath(dir, "optimizer.safetensors"));
-  for (const auto& [state_name, buffer] : optimizer_state) {
-    if (CoversWholeTable(table, optimizer_begin, buffer->size()) && !optimizer.Find(state_name)) {
+  for (const auto& [state_name, buffer, per_tensor] : optimizer_state) {
+    if (per_tensor > 0) {
+      CheckPerTensorSize(table, state_name, per_tensor, buffer->size());
+      for (size_t t = 0; t < table.params().size(); ++t)
+        optimizer.ReadFloat32(state_name + "." + table.params()[t].name,
+                              {static_cast<int64_t>(per_tensor)}, buffer->data() + t * per_tensor);
+    } else if (CoversWholeTable(table, optimizer_begin, buffer->size()) &&
+               !optimizer.Find(state_name)) {
       for (const auto& p : table.params())
         optimizer.ReadFloat32(state_name + "." + p.name, p.shape, buffer->data() + p.offset);
     } else {

@@ -31,14 +31,30 @@
 
 namespace crucible {
 
+// An optimizer state buffer by name ("exp_avg", "exp_avg_sq", "momentum"; the optimizer's
+// StateSpec). per_tensor 0: one float per parameter element, covering the slice
+// [optimizer_begin, optimizer_begin + size) of the parameter buffer; stored as
+// "<name>.<parameter name>" tensors of the parameters' shapes when that slice is the whole
+// buffer, else as one flat "<name>" tensor. per_tensor n > 0: n floats per tensor of the table,
+// in table order, stored as "<name>.<parameter name>" tensors of shape {n}.
+struct OptimizerStateValues {
+  std::string name;
+  std::vector<float> values;
+  size_t per_tensor = 0;
+};
+// The same, naming the buffer a load fills.
+struct OptimizerStateTarget {
+  std::string name;
+  std::vector<float>* values;
+  size_t per_tensor = 0;
+};
+
 // Everything one checkpoint holds, copied out of the training state into host memory, so a
 // background thread can write it while training goes on.
 struct CheckpointSnapshot {
   int64_t step = 0;
   std::vector<float> weights;  // the flat parameter buffer (ParameterTable layout)
-  // Optimizer state buffers by name ("exp_avg", "exp_avg_sq", "momentum"), each covering the
-  // optimizer's slice [optimizer_begin, optimizer_begin + size) of the parameter buffer.
-  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;
+  std::vector<OptimizerStateValues> optimizer_state;
   size_t optimizer_begin = 0;
   nlohmann::json state;     // becomes state.json
   std::string config_toml;  // becomes config.toml
@@ -110,12 +126,11 @@ RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
                           const std::function<void(const std::string&)>& report);
 
 // Reads a checkpoint that VerifyCheckpoint accepted: weights (table layout), the optimizer
-// state buffers named in `optimizer_state` (each filled over the slice starting at
+// state buffers named in `optimizer_state` (per-element ones filled over the slice starting at
 // `optimizer_begin`), and returns state.json. Throws DataError naming the file on a mismatch.
-nlohmann::json LoadCheckpoint(
-    const std::string& dir, const ParameterTable& table, float* weights,
-    const std::vector<std::pair<std::string, std::vector<float>*>>& optimizer_state,
-    size_t optimizer_begin);
+nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& table, float* weights,
+                              const std::vector<OptimizerStateTarget>& optimizer_state,
+                              size_t optimizer_begin);
 
 // Deletes complete checkpoints that the retention policy no longer keeps: the newest
 // `keep_latest_k` (0 keeps all) and every one whose step is a multiple of `keep_every_n` (0: none)

@@ -38,6 +38,11 @@ void AllocateSnapshotBuffer(std::vector<float>* buffer, size_t count) {
   buffer->assign(count, 0.0f);
 }
 
+// The size of an optimizer state buffer that covers every parameter, as checkpoints hold it.
+size_t FullStateSize(const StateSpec& spec, const ParameterTable& table) {
+  return spec.per_tensor > 0 ? spec.per_tensor * table.params().size() : table.total();
+}
+
 std::string ReadLatest(const std::string& root) {
   std::string path = JoinPath(root, "latest");
   if (!FileExists(path)) return "none";
@@ -52,7 +57,7 @@ std::string ReadLatest(const std::string& root) {
 
 Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
                              const LlamaConfig& model, const ParameterTable& table,
-                             Optimizer* optimizer, int world_size)
+                             OptimizerShard* optimizer, int world_size)
     : config_(config),
       run_dir_(run_dir),
       root_(JoinPath(run_dir, config.String("checkpoint.folder"))),
@@ -97,14 +102,14 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
     // thread while the run starts, so a save's stall is a warm memory copy and the start is not
     // delayed by the page faults.
     std::vector<size_t> sizes;
-    for (const auto& [name, buffer] : optimizer_->State()) {
-      snapshot_.optimizer_state.push_back({name, {}});
-      sizes.push_back(table_.total());  // the checkpoint's optimizer state covers every parameter
+    for (const ShardState& state : optimizer_->State()) {
+      snapshot_.optimizer_state.push_back({state.spec.name, {}, state.spec.per_tensor});
+      sizes.push_back(FullStateSize(state.spec, table_));
     }
     writer_.Start([this, sizes]() {
       AllocateSnapshotBuffer(&snapshot_.weights, table_.total());
       for (size_t i = 0; i < sizes.size(); ++i)
-        AllocateSnapshotBuffer(&snapshot_.optimizer_state[i].second, sizes[i]);
+        AllocateSnapshotBuffer(&snapshot_.optimizer_state[i].values, sizes[i]);
     });
   }
 }
@@ -119,7 +124,7 @@ Checkpointing::~Checkpointing() {
 
 uint64_t Checkpointing::StateBytes() const {
   uint64_t bytes = table_.total() * sizeof(float);
-  for (const auto& [name, buffer] : optimizer_->State()) bytes += buffer->size() * sizeof(float);
+  for (const ShardState& state : optimizer_->State()) bytes += state.values.size() * sizeof(float);
   return bytes;
 }
 
@@ -166,8 +171,11 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   }
   PrintLine("phase=resume status=loading from=" + dir);
   // Under ZeRO the full optimizer state exists only while a resume or a save needs it.
-  for (const auto& [name, buffer] : optimizer_->State())
-    if (buffer->empty()) buffer->resize(table_.total());
+  std::vector<OptimizerStateTarget> targets;
+  for (const ShardState& state : optimizer_->State()) {
+    if (state.values.empty()) state.values.resize(FullStateSize(state.spec, table_));
+    targets.push_back({state.spec.name, &state.values, state.spec.per_tensor});
+  }
   Timer timer;
   const std::string saved_config_path = JoinPath(dir, "config.toml");
   Config saved = Config::Parse(ReadFile(saved_config_path), saved_config_path);
@@ -184,7 +192,7 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   }
   for (const auto& line : changes.harmless) LogInfo("resume: config changed (allowed): " + line);
 
-  nlohmann::json state = LoadCheckpoint(dir, table_, weights, optimizer_->State(), 0);
+  nlohmann::json state = LoadCheckpoint(dir, table_, weights, targets, 0);
   auto number = [&](const char* key) -> int64_t {
     if (!state.contains(key) || !state[key].is_number_integer())
       throw DataError(JoinPath(dir, "state.json") + ": missing integer '" + key + "'");
@@ -259,13 +267,14 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
   snapshot_.step = progress.step;
   snapshot_.weights.resize(table_.total());
   CopyBuffer(snapshot_.weights.data(), weights, table_.total());
-  auto state = optimizer_->State();
+  std::vector<ShardState> state = optimizer_->State();
   snapshot_.optimizer_state.resize(state.size());
   for (size_t i = 0; i < state.size(); ++i) {
-    snapshot_.optimizer_state[i].first = state[i].first;
-    snapshot_.optimizer_state[i].second.resize(state[i].second->size());
-    CopyBuffer(snapshot_.optimizer_state[i].second.data(), state[i].second->data(),
-               state[i].second->size());
+    OptimizerStateValues& copy = snapshot_.optimizer_state[i];
+    copy.name = state[i].spec.name;
+    copy.per_tensor = state[i].spec.per_tensor;
+    copy.values.resize(state[i].values.size());
+    CopyBuffer(copy.values.data(), state[i].values.data(), state[i].values.size());
   }
   snapshot_.optimizer_begin = 0;
   snapshot_.config_toml = config_.ToToml();

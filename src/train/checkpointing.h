@@ -14,7 +14,7 @@
 #include "ckpt/checkpoint.h"
 #include "common/config.h"
 #include "model/llama.h"
-#include "optim/optim.h"
+#include "optim/optimizer_shard.h"
 
 namespace crucible {
 
@@ -37,7 +37,7 @@ class Checkpointing {
  public:
   // `config` is the fully resolved config of this run (model keys and global batch resolved).
   Checkpointing(const Config& config, const std::string& run_dir, const LlamaConfig& model,
-                const ParameterTable& table, Optimizer* optimizer, int world_size);
+                const ParameterTable& table, OptimizerShard* optimizer, int world_size);
   ~Checkpointing();
 
   bool enabled() const { return enabled_; }
@@ -72,7 +72,7 @@ class Checkpointing {
   std::string run_dir_, root_;
   LlamaConfig model_;
   const ParameterTable& table_;
-  Optimizer* optimizer_;
+  OptimizerShard* optimizer_;  // covers every parameter
   int world_size_;
   bool enabled_ = true, async_ = true, auto_interval_ = false;
   int64_t interval_steps_ = 0, keep_latest_k_ = 0, keep_every_n_ = 0;

@@ -11,6 +11,7 @@
 #include "common/strings.h"
 #include "distributed/data_parallel.h"
 #include "distributed/param_access.h"
+#include "optim/optimizer.h"
 
 namespace crucible {
 namespace {
@@ -56,7 +57,9 @@ MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const Trai
       shape.zero_stage == 0
           ? P
           : std::max(0.0, std::min(P, (rank + 1) * shard) - std::min(P, rank * shard));
-  const double state_buffers = config.String("optimizer.name") == "AdamW" ? 2 : 1;
+  double state_buffers = 0;  // per-element optimizer state buffers, as the optimizer declares
+  for (const StateSpec& spec : MakeOptimizer(config.String("optimizer.name"), config)->state())
+    if (spec.per_tensor == 0) ++state_buffers;
 
   MemoryPlan plan;
   plan.activations = PlannedActivationBytes(model, B, T) + 4 * T * model.head_dim() + 8 * B * T;

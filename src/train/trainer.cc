@@ -28,7 +28,9 @@
 #include "distributed/param_access.h"
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
-#include "optim/optim.h"
+#include "optim/clipping.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer_shard.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
@@ -163,6 +165,13 @@ int RunTraining(Config config, const std::string& resume_mode) {
         (long long)global_batch, (long long)micro_batch, world));
   config.Set("training.global_batch_size", global_batch);
   CheckRanksAgree(config, resume_mode, comm);  // on the resolved config, before anything else
+  // An optimizer that needs whole matrices runs where every rank updates all parameters; under
+  // ZeRO-1/3 across ranks each matrix needs an owner rank (optim/matrix_owners.h), not built yet.
+  if (optimizer_config.optimizer->shard_mode() == ShardMode::kWholeMatrix && world > 1 &&
+      config.Int("parallelism.zero_stage") >= 1)
+    throw UsageError("optimizer.name = " + optimizer_config.name +
+                     " updates whole matrices, which ZeRO-1/3 across ranks does not support yet: "
+                     "set parallelism.zero_stage = 0 or train on one rank");
   const int64_t accumulation = global_batch / (micro_batch * world);
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(
@@ -196,19 +205,19 @@ int RunTraining(Config config, const std::string& resume_mode) {
   std::vector<float> weights(sharded ? shard : padded), grads(sharded ? shard : padded);
   ExactAccumulator accumulator(sharded ? 0 : padded);
   const size_t update_begin = data_parallel.update_begin(), update_end = data_parallel.update_end();
-  Optimizer optimizer(optimizer_config, table, update_begin, update_end);
+  OptimizerShard optimizer(optimizer_config, table, update_begin, update_end);
   // Checkpoints hold the optimizer state of every parameter. Under ZeRO each rank updates only
   // its shard; a resume loads the full state and keeps the shard, so a checkpoint resumes on any
   // number of ranks, and before a save rank 0 gathers the full state into `full_state`. Its
   // buffers exist only while a resume or a save needs them.
-  std::unique_ptr<Optimizer> full_state;
+  std::unique_ptr<OptimizerShard> full_state;
   if (zero_stage >= 1 && world > 1)
-    full_state = std::make_unique<Optimizer>(optimizer_config, table, 0, n_params);
+    full_state = std::make_unique<OptimizerShard>(optimizer_config, table, 0, n_params);
   auto release_full_state = [&]() {
     if (full_state)
-      for (auto& named : full_state->State()) std::vector<float>().swap(*named.second);
+      for (const ShardState& state : full_state->State()) std::vector<float>().swap(state.values);
   };
-  Optimizer* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
+  OptimizerShard* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
   Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, world);
   release_full_state();  // Resume allocates it again if it loads a checkpoint
   // Loading a checkpoint or a model file fills a full buffer; under ZeRO-3 each rank then keeps
@@ -224,8 +233,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
     auto shard_parts = optimizer.State();
     auto full = full_state->State();
     for (size_t i = 0; i < shard_parts.size(); ++i) {
-      std::vector<float>& part = *shard_parts[i].second;
-      std::vector<float>& whole = *full[i].second;
+      std::vector<float>& part = shard_parts[i].values;  // per element: kWholeMatrix is refused
+      std::vector<float>& whole = full[i].values;
       if (gather) {
         // Rank 0 receives every rank's shard (padded to the shard size) in rank order.
         std::vector<float> mine(shard, 0.0f), all(leader ? padded : 0);
@@ -334,7 +343,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
     // optimizer state of this rank's part, the gather/gradient/reduction buffers of ZeRO-3 or of
     // overlapped ZeRO-1 reductions.
     double state_floats = 0;
-    for (const auto& named : optimizer.State()) state_floats += named.second->size();
+    for (const ShardState& state : optimizer.State()) state_floats += state.values.size();
     const double buffers =
         sharded_access ? sharded_access->buffer_bytes()
                        : (overlap ? static_cast<double>(data_parallel.OverlapBufferBytes()) : 0.0);
@@ -455,6 +464,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                         fake_loss_divisor;  // the divisor is a test-only fault
     divergence.CheckLoss(loss, step);
     if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
+    const double lr = LearningRate(schedule, step);
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data(), base));
     if (!finite) grad_norm = std::nan("");
     if (!std::isfinite(grad_norm)) {
@@ -470,7 +480,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
           grads[i - base] *= clip;
       }
       detectors.BeforeUpdate(weights.data(), base);
-      optimizer.Step(weights.data(), grads.data(), LearningRate(schedule, step), step, base);
+      optimizer.Step(weights.data(), grads.data(), lr, step, base);
       detectors.AfterUpdate(weights.data(), step, base);
       divergence.CheckWeights(weights.data(), base, update_begin, update_end, step);
       data_parallel.GatherParams(weights.data());
@@ -482,7 +492,6 @@ int RunTraining(Config config, const std::string& resume_mode) {
       bits ^= 1u << 3;
       std::memcpy(&weights[n_params / 2], &bits, 4);
     }
-    const double lr = LearningRate(schedule, step);
     tokens_seen += global_batch * seq_len;
     last_loss = loss;
     const double step_seconds = step_timer.Seconds();

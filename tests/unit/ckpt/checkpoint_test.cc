@@ -11,6 +11,7 @@
 
 #include "ckpt/async_writer.h"
 #include "ckpt/interval.h"
+#include "ckpt/safetensors.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
@@ -70,6 +71,30 @@ TEST_F(CheckpointTest, WrittenCheckpointVerifiesAndLoadsBack) {
   // No temporary folder is left behind.
   for (const auto& entry : fs::directory_iterator(root_))
     EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+}
+
+// A per-tensor state (n floats for each parameter tensor, e.g. a per-matrix scalar) is stored as
+// "<state>.<parameter name>" of shape {n}, beside the per-element ones, and loads back.
+TEST_F(CheckpointTest, PerTensorOptimizerStateIsStoredUnderEachParameterName) {
+  CheckpointSnapshot snapshot = Snapshot(4);
+  const size_t tensors = table_->params().size();
+  std::vector<float> pairs(2 * tensors);
+  for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = 0.25f * static_cast<float>(i);
+  snapshot.optimizer_state.push_back({"scale", pairs, 2});
+  WriteCheckpoint(root_.string(), snapshot, *table_, model_);
+  SafetensorsReader file(Dir(4) + "/optimizer.safetensors");
+  const ParamInfo& last = table_->params().back();
+  float stored[2];
+  file.ReadFloat32("scale." + last.name, {2}, stored);
+  EXPECT_EQ(stored[0], pairs[2 * (tensors - 1)]);
+  EXPECT_EQ(stored[1], pairs[2 * (tensors - 1) + 1]);
+  ASSERT_NE(file.Find("exp_avg." + last.name), nullptr);  // the per-element ones as before
+  std::vector<float> weights(table_->total()), m(table_->total()), v(table_->total()),
+      loaded(2 * tensors);
+  LoadCheckpoint(Dir(4), *table_, weights.data(),
+                 {{"exp_avg", &m}, {"exp_avg_sq", &v}, {"scale", &loaded, 2}}, 0);
+  EXPECT_EQ(loaded, pairs);
+  EXPECT_EQ(m[3], 4.0f);
 }
 
 TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {

@@ -1,5 +1,3 @@
-#include "optim/optim.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +5,9 @@
 
 #include "common/error.h"
 #include "distributed/exact_sum.h"
+#include "optim/clipping.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer_shard.h"
 
 namespace crucible {
 namespace {

@@ -1,0 +1,25 @@
+// The learning-rate schedule: linear warmup, then constant, linear, cosine or wsd (warmup,
+// stable, decay). It holds the run's one copy of the peak learning rate (optimizer.lr); the
+// trainer computes LearningRate once per step and hands it to the optimizer and the logs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config.h"
+
+namespace crucible {
+
+struct LrScheduleConfig {
+  double lr = 3e-4;  // the peak, optimizer.lr
+  int64_t warmup_steps = 0;
+  std::string decay_type = "cosine";  // constant, linear, cosine, wsd
+  double decay_ratio = 0.2;
+  double min_lr_factor = 0.1;
+  int64_t total_steps = 1;
+};
+LrScheduleConfig BuildLrScheduleConfig(const Config& config);
+// Learning rate of optimizer step `step` (from 1).
+double LearningRate(const LrScheduleConfig& schedule, int64_t step);
+
+}  // namespace crucible

@@ -1,0 +1,119 @@
+#include "optim/optimizer_shard.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/profile.h"
+#include "common/strings.h"
+
+namespace crucible {
+
+OptimizerConfig BuildOptimizerConfig(const Config& config) {
+  OptimizerConfig o;
+  o.name = config.String("optimizer.name");
+  o.optimizer = MakeOptimizer(o.name, config);
+  o.groups = BuildParamGroups(config);
+  // Single keys are range-checked by Config::Validate; this is what they mean together.
+  // The decoupled decay multiplies the weights by 1 - lr * weight_decay every step.
+  const double lr = config.Float("optimizer.lr");
+  for (const ParamGroup& group : o.groups.groups()) {
+    const double group_lr = lr * group.settings.lr_scale, decay = group.settings.weight_decay;
+    if (group_lr * decay >= 1)
+      throw UsageError(StrFormat(
+          "optimizer.lr x optimizer.weight_decay = %g x %g = %g: must be below 1 (the decoupled "
+          "weight decay multiplies the weights by 1 - lr x weight_decay every step)",
+          group_lr, decay, group_lr * decay));
+  }
+  return o;
+}
+
+OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
+                               size_t begin, size_t end)
+    : config_(config), table_(table), specs_(config.optimizer->state()) {
+  const bool whole = config.optimizer->shard_mode() == ShardMode::kWholeMatrix;
+  for (size_t t = 0; t < table.params().size(); ++t) {
+    const ParamInfo& p = table.params()[t];
+    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
+    if (b >= e) continue;
+    if (whole && e - b != p.numel)
+      throw Error(kExitFailure,
+                  StrFormat("internal: optimizer %s updates whole tensors, but the range [%zu, "
+                            "%zu) holds only part of %s",
+                            config.name.c_str(), begin, end, p.name.c_str()));
+    slots_.push_back({t, b - p.offset, e - b, b - begin});
+  }
+  Allocate(end - begin);
+}
+
+OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
+                               const std::vector<size_t>& tensors)
+    : config_(config), table_(table), specs_(config.optimizer->state()) {
+  size_t offset = 0;
+  for (size_t t : tensors) {
+    if (t >= table.params().size() || (!slots_.empty() && t <= slots_.back().tensor))
+      throw Error(kExitFailure,
+                  "internal: optimizer shard tensors must be ascending table indices");
+    slots_.push_back({t, 0, table.params()[t].numel, offset});
+    offset += table.params()[t].numel;
+  }
+  Allocate(offset);
+}
+
+void OptimizerShard::Allocate(size_t elements) {
+  const bool whole = config_.optimizer->shard_mode() == ShardMode::kWholeMatrix;
+  for (const StateSpec& spec : specs_) {
+    if (spec.per_tensor > 0 && !whole)
+      throw Error(kExitFailure, "internal: optimizer " + config_.name +
+                                    " declares per-tensor state '" + spec.name +
+                                    "' but updates elementwise");
+    state_.emplace_back(spec.per_tensor > 0 ? spec.per_tensor * slots_.size() : elements, 0.0f);
+  }
+  views_.resize(specs_.size());
+}
+
+void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads, double lr,
+                                int64_t step) {
+  const Slot& slot = slots_[index];
+  const ParamInfo& param = table_.params()[slot.tensor];
+  const ParamGroup& group = config_.groups.Of(param.kind);
+  for (size_t s = 0; s < specs_.size(); ++s) {
+    const size_t per_tensor = specs_[s].per_tensor;
+    views_[s] = per_tensor > 0 ? std::span<float>(state_[s].data() + index * per_tensor, per_tensor)
+                               : std::span<float>(state_[s].data() + slot.state_offset, slot.count);
+  }
+  config_.optimizer->Update({param, group.settings, lr * group.settings.lr_scale, step, slot.first,
+                             std::span<float>(weights, slot.count),
+                             std::span<const float>(grads, slot.count), views_});
+}
+
+void OptimizerShard::Step(float* weights, const float* grads, double lr, int64_t step,
+                          size_t base) {
+  ScopedKernelTimer profile_timer("optimizer");
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;
+    UpdateSlot(i, weights + (element - base), grads + (element - base), lr, step);
+  }
+}
+
+void OptimizerShard::StepMatrix(size_t tensor, std::span<float> weights,
+                                std::span<const float> grads, double lr, int64_t step) {
+  ScopedKernelTimer profile_timer("optimizer");
+  auto slot =
+      std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.tensor == tensor; });
+  const ParamInfo* param = tensor < table_.params().size() ? &table_.params()[tensor] : nullptr;
+  if (slot == slots_.end() || !param || slot->count != param->numel ||
+      weights.size() != param->numel || grads.size() != param->numel)
+    throw Error(kExitFailure,
+                StrFormat("internal: StepMatrix(%zu) on a shard that does not hold that tensor "
+                          "whole, or with spans of another size",
+                          tensor));
+  UpdateSlot(static_cast<size_t>(slot - slots_.begin()), weights.data(), grads.data(), lr, step);
+}
+
+std::vector<ShardState> OptimizerShard::State() {
+  std::vector<ShardState> state;
+  for (size_t s = 0; s < specs_.size(); ++s) state.push_back({specs_[s], state_[s]});
+  return state;
+}
+
+}  // namespace crucible

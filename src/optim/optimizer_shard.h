@@ -1,0 +1,87 @@
+// What the trainer holds of the optimizer: the configured optimizer with its parameter groups
+// (OptimizerConfig), and the state and update of the part of the parameters one rank updates
+// (OptimizerShard). Nothing here knows of MPI: a shard updates what it is given.
+//
+// Two ways to cut the parameters, by the optimizer's shard mode (optim/optimizer.h):
+//  - a flat range [begin, end) of the parameter buffer (the whole buffer on one rank, a ZeRO
+//    shard): kElementwise optimizers in any range; kWholeMatrix ones only in a range that cuts no
+//    tensor (one rank, or ZeRO stage 0 where every rank updates everything);
+//  - a set of whole tensors (kWholeMatrix across ZeRO ranks, each rank the tensors that
+//    AssignMatrixOwners gives it), each updated by StepMatrix from its full gradient. Moving a
+//    tensor's reduced gradient to its owner and the updated tensor back is the data-parallel
+//    side's part (docs/training.md, "Optimizers").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "model/parameters.h"
+#include "optim/optimizer.h"
+#include "optim/param_groups.h"
+
+namespace crucible {
+
+struct OptimizerConfig {
+  std::string name;                            // optimizer.name, a registered optimizer
+  std::shared_ptr<const Optimizer> optimizer;  // stateless, shared by every shard
+  ParamGroups groups;
+};
+// Reads and checks the [optimizer] keys (UsageError, exit 2, on an unknown name or settings that
+// cannot train). The peak learning rate is the schedule's (optim/lr_schedule.h).
+OptimizerConfig BuildOptimizerConfig(const Config& config);
+
+// A state buffer of a shard, for checkpoints: per-element buffers hold element i of every
+// tensor slot in slot order (for a range [begin, end), element i at values[i - begin]);
+// per-tensor ones hold spec.per_tensor floats per tensor slot.
+struct ShardState {
+  const StateSpec& spec;
+  std::vector<float>& values;
+};
+
+class OptimizerShard {
+ public:
+  // The elements [begin, end) of the flat parameter buffer.
+  OptimizerShard(const OptimizerConfig& config, const ParameterTable& table, size_t begin,
+                 size_t end);
+  // The whole tensors `tensors` (indices into table.params(), ascending).
+  OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
+                 const std::vector<size_t>& tensors);
+  OptimizerShard(const OptimizerShard&) = delete;
+  OptimizerShard& operator=(const OptimizerShard&) = delete;
+
+  // One update of every element of the shard; `lr` is the schedule's learning rate of this step,
+  // `step` counts from 1. weights[i - base] and grads[i - base] hold flat element i (base > 0
+  // when they are a ZeRO-3 shard).
+  void Step(float* weights, const float* grads, double lr, int64_t step, size_t base = 0);
+  // One update of tensor `tensor` (an index into table.params()), which this shard holds whole:
+  // `weights` and `grads` are its param.numel elements.
+  void StepMatrix(size_t tensor, std::span<float> weights, std::span<const float> grads, double lr,
+                  int64_t step);
+
+  // The state buffers, in the optimizer's declaration order.
+  std::vector<ShardState> State();
+  const OptimizerConfig& config() const { return config_; }
+
+ private:
+  // A tensor, or the part of it inside the range: elements [first, first + count) of the tensor,
+  // its per-element state at state_offset.
+  struct Slot {
+    size_t tensor, first, count, state_offset;
+  };
+  void Allocate(size_t elements);  // `elements`: the size of each per-element buffer
+  void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step);
+
+  OptimizerConfig config_;
+  const ParameterTable& table_;
+  std::vector<StateSpec> specs_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<float>> state_;  // one per spec
+  std::vector<std::span<float>> views_;    // one per spec, reused by each update
+};
+
+}  // namespace crucible

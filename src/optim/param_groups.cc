@@ -1,0 +1,43 @@
+#include "optim/param_groups.h"
+
+#include "common/error.h"
+
+namespace crucible {
+
+ParamGroups::ParamGroups(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  for (size_t a = 0; a < groups_.size(); ++a)
+    for (size_t b = a + 1; b < groups_.size(); ++b)
+      for (ParamKind kind : groups_[a].kinds)
+        for (ParamKind other : groups_[b].kinds)
+          if (kind == other)
+            throw Error(kExitFailure, "internal: parameter groups " + groups_[a].name + " and " +
+                                          groups_[b].name + " share a parameter kind");
+}
+
+const ParamGroup& ParamGroups::Of(ParamKind kind) const {
+  for (const ParamGroup& group : groups_)
+    for (ParamKind k : group.kinds)
+      if (k == kind) return group;
+  throw Error(kExitFailure, "internal: no parameter group holds parameter kind " +
+                                std::to_string(static_cast<int>(kind)));
+}
+
+ParamGroups BuildParamGroups(const Config& config) {
+  GroupSettings decayed;
+  decayed.beta1 = config.Float("optimizer.beta1");
+  decayed.beta2 = config.Float("optimizer.beta2");
+  decayed.eps = config.Float("optimizer.eps");
+  decayed.weight_decay = config.Float("optimizer.weight_decay");
+  GroupSettings undecayed = decayed;
+  undecayed.weight_decay = 0.0;
+  return ParamGroups({
+      {"matrices", {ParamKind::kLinear, ParamKind::kOutputProjection}, decayed},
+      {"embeddings",
+       {ParamKind::kEmbedding},
+       config.Bool("optimizer.decay_embeddings") ? decayed : undecayed},
+      {"head", {ParamKind::kHead}, decayed},
+      {"norms", {ParamKind::kNorm}, config.Bool("optimizer.decay_norms") ? decayed : undecayed},
+  });
+}
+
+}  // namespace crucible
