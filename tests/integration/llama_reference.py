@@ -5,7 +5,7 @@ attention, SwiGLU), not from Crucible's kernels. Parameters use the Hugging Face
 same safetensors file initialises both.
 
 The tests run it in a subprocess under each package set (tests/integration/conftest.py, STACKS):
-`python -c 'import llama_reference, sys; llama_reference.main(sys.argv[1:])' grads|adamw ...`.
+`python -c 'import llama_reference, sys; llama_reference.main(sys.argv[1:])' grads|train ...`.
 """
 import json
 import math
@@ -127,20 +127,53 @@ def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads):
     np.savez(out_path, **out)
 
 
-def adamw_losses(weights_path, stream_path, settings_path, out_path):
-    """The per-step losses of torch.optim.AdamW training the reference on consecutive windows of
-    the token stream (.npy), with warmup and clipping as Crucible's trainer does; settings (JSON):
-    n_heads, n_kv_heads, seq_len, global_batch, steps, lr, warmup, weight_decay, max_norm."""
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2), as
+    published; PyTorch has none: c = b1 m + (1 - b1) g; w = w (1 - lr wd) - lr sign(c);
+    m = b2 m + (1 - b2) g."""
+
+    def __init__(self, params, lr, betas, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                c = beta1 * m + (1 - beta1) * p.grad
+                p.mul_(1 - group["lr"] * group["weight_decay"]).add_(torch.sign(c), alpha=-group["lr"])
+                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+
+
+def make_optimizer(name, groups, lr, beta1, beta2):
+    """torch's AdamW; SGD with momentum (decoupled decay applied by train_losses); Lion."""
+    if name == "AdamW":
+        return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=1e-8)
+    if name == "SGD":
+        return torch.optim.SGD([dict(g, weight_decay=0.0, decoupled=g["weight_decay"]) for g in groups],
+                               lr=lr, momentum=beta1, dampening=0.0)
+    if name == "Lion":
+        return Lion(groups, lr=lr, betas=(beta1, beta2))
+    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion)")
+
+
+def train_losses(weights_path, stream_path, settings_path, out_path):
+    """The per-step losses of an optimizer training the reference on consecutive windows of the
+    token stream (.npy), with warmup and clipping as Crucible's trainer does; settings (JSON):
+    n_heads, n_kv_heads, seq_len, global_batch, steps, lr, warmup, weight_decay, max_norm, and
+    optionally optimizer (AdamW, SGD, Lion; default AdamW), beta1, beta2 (0.9, 0.95),
+    decay_norms, decay_embeddings (false: norms and the embedding are not decayed)."""
     s = json.loads(open(settings_path).read())
     weights, _ = read_safetensors(weights_path)
     stream = np.load(stream_path)
     ref = LlamaReference(weights, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
     named = ref.named()
-    exempt = [n for n in named if n.endswith("norm.weight") or n == "model.embed_tokens.weight"]
-    opt = torch.optim.AdamW([{"params": [p for n, p in named.items() if n not in exempt],
-                              "weight_decay": s["weight_decay"]},
-                             {"params": [named[n] for n in exempt], "weight_decay": 0.0}],
-                            lr=s["lr"], betas=(0.9, 0.95), eps=1e-8)
+    exempt = [n for n in named if (n.endswith("norm.weight") and not s.get("decay_norms", False))
+              or (n == "model.embed_tokens.weight" and not s.get("decay_embeddings", False))]
+    groups = [{"params": [p for n, p in named.items() if n not in exempt], "weight_decay": s["weight_decay"]},
+              {"params": [named[n] for n in exempt], "weight_decay": 0.0}]
+    opt = make_optimizer(s.get("optimizer", "AdamW"), groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95))
     seq_len, batch = s["seq_len"], s["global_batch"]
     windows = (len(stream) - 1) // seq_len
     losses = []
@@ -153,6 +186,10 @@ def adamw_losses(weights_path, stream_path, settings_path, out_path):
         loss, _ = ref.loss(torch.tensor(samples[:, :-1]), torch.tensor(samples[:, 1:]))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(named.values()), s["max_norm"])
+        with torch.no_grad():  # SGD's decoupled decay: w (1 - lr wd) before the momentum step
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.mul_(1 - group["lr"] * group.get("decoupled", 0.0))
         opt.step()
         losses.append(loss.item())
     with open(out_path, "w") as f:
@@ -163,8 +200,8 @@ def main(argv):
     command, *args = argv
     if command == "grads":
         gradients(args[0], args[1], args[2], int(args[3]), int(args[4]))
-    elif command == "adamw":
-        adamw_losses(*args)
+    elif command == "train":
+        train_losses(*args)
     else:
-        sys.exit(f"llama_reference: unknown command {command!r} (grads, adamw)")
+        sys.exit(f"llama_reference: unknown command {command!r} (grads, train)")
     print(f"torch {torch.__version__} numpy {np.__version__}")

@@ -73,7 +73,10 @@ def test_logits_loss_and_every_gradient_match_pytorch(tmp_path, tie, torch_env):
         assert error < 2e-5, f"{name}: relative max error {error:.3g}"
 
 
-def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
+def ten_steps_against_pytorch(tmp_path, torch_env, optimizer, lr, extra=()):
+    """Trains 10 steps of `optimizer` with Crucible and with the reference (float64) from the same
+    weights on the same learnable data; returns (Crucible's losses, the reference's, its version).
+    `extra`: (key, value) pairs set in both, of optimizer.beta1, beta2, decay_norms, decay_embeddings."""
     weights_path = tmp_path / "init.safetensors"
     run_crucible("model", "init", *sets(MODEL), "--out", weights_path)
     seq_len, micro, global_batch, steps = 32, 2, 4, 10
@@ -83,28 +86,51 @@ def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
     stream = np.tile(pattern, 200)
     token_file = tmp_path / "tokens.bin"
     stream.astype(np.uint32).tofile(token_file)
-    lr, warmup, wd, max_norm = 3e-3, 3, 0.1, 1.0
+    warmup, wd, max_norm = 3, 0.1, 1.0
     run_dir = tmp_path / "run"
+    settings = dict(extra)
     config = MODEL + [
         f"job.dump_folder={run_dir}", "training.dataset=tokens", f"training.dataset_path={token_file}",
         "training.token_dtype=uint32", f"training.seq_len={seq_len}", f"training.local_batch_size={micro}",
         f"training.global_batch_size={global_batch}", f"training.steps={steps}", f"training.max_norm={max_norm}",
-        f"optimizer.lr={lr}", f"optimizer.weight_decay={wd}", "optimizer.beta1=0.9", "optimizer.beta2=0.95",
+        f"optimizer.name={optimizer}", f"optimizer.lr={lr}", f"optimizer.weight_decay={wd}",
+        f"optimizer.beta1={settings.get('beta1', 0.9)}", f"optimizer.beta2={settings.get('beta2', 0.95)}",
         "optimizer.eps=1e-8", f"lr_scheduler.warmup_steps={warmup}", "lr_scheduler.decay_type=constant",
         f"model.init_weights={weights_path}", "metrics.peak_gflops=100",
-    ]
+    ] + [f"optimizer.{key}={str(value).lower()}" for key, value in extra if key.startswith("decay_")]
     run_crucible("train", *sets(config))
     ours = [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
     assert len(ours) == steps
 
     np.save(tmp_path / "stream.npy", stream)
-    settings = dict(n_heads=4, n_kv_heads=2, seq_len=seq_len, global_batch=global_batch, steps=steps, lr=lr,
-                    warmup=warmup, weight_decay=wd, max_norm=max_norm)
+    settings.update(n_heads=4, n_kv_heads=2, seq_len=seq_len, global_batch=global_batch, steps=steps, lr=lr,
+                    warmup=warmup, weight_decay=wd, max_norm=max_norm, optimizer=optimizer)
     (tmp_path / "settings.json").write_text(json.dumps(settings))
-    version = torch_env.run(REFERENCE, "adamw", weights_path, tmp_path / "stream.npy", tmp_path / "settings.json",
+    version = torch_env.run(REFERENCE, "train", weights_path, tmp_path / "stream.npy", tmp_path / "settings.json",
                             tmp_path / "losses.json").strip()
     expected = json.loads((tmp_path / "losses.json").read_text())
+    return ours, expected, version
+
+
+def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
+    ours, expected, version = ten_steps_against_pytorch(tmp_path, torch_env, "AdamW", 3e-3)
     assert expected[-1] < expected[0] - 0.1, "reference did not learn; the test data is wrong"
     diffs = [abs(a - b) for a, b in zip(ours, expected)]
     print(f"{torch_env.stack} ({version}): max |loss difference| over 10 AdamW steps:", max(diffs))
+    assert max(diffs) < 1e-5, list(zip(ours, expected))
+
+
+# SGD with momentum against torch.optim.SGD (the decoupled decay applied beside it), Lion against
+# its published rule in float64 (PyTorch has no Lion), AdamW with norms and the embedding decayed
+# too (its parameter groups). Same tolerance as AdamW.
+@pytest.mark.parametrize("optimizer,lr,extra", [
+    ("SGD", 0.3, (("beta1", 0.8),)),
+    ("Lion", 3e-4, (("beta1", 0.9), ("beta2", 0.99))),
+    ("AdamW", 3e-3, (("decay_norms", True), ("decay_embeddings", True))),
+], ids=["sgd", "lion", "adamw-decay-all"])
+def test_ten_steps_of_each_optimizer_match_pytorch(tmp_path, torch_env, optimizer, lr, extra):
+    ours, expected, version = ten_steps_against_pytorch(tmp_path, torch_env, optimizer, lr, extra)
+    assert expected[-1] < expected[0] - 0.1, f"reference {optimizer} did not learn; the settings are wrong"
+    diffs = [abs(a - b) for a, b in zip(ours, expected)]
+    print(f"{torch_env.stack} ({version}): max |loss difference| over 10 {optimizer} steps {extra}:", max(diffs))
     assert max(diffs) < 1e-5, list(zip(ours, expected))
