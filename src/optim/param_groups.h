@@ -1,7 +1,10 @@
 // Parameter groups: the tensors of the parameter table grouped by what they are (ParamKind),
 // each group with its own optimizer settings. Today's keys give every group the same settings
 // except weight decay (norms and embeddings are not decayed unless optimizer.decay_norms /
-// decay_embeddings); a key per group, or an optimizer per group, is added here.
+// decay_embeddings). A key per group is read in BuildParamGroups. An optimizer per group (say
+// Muon for the matrices, AdamW for the rest) adds the optimizer to ParamGroup; OptimizerShard
+// then keeps one state list per optimizer over its groups' tensors (its slots are per tensor
+// already), and checkpoints store each state for the tensors that have it.
 #pragma once
 
 #include <string>
