@@ -1,7 +1,7 @@
 // The kernels of the `small` flavor at seq_len 512, batch 8 (N = 4096 tokens). The linear layers:
 // Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded
 // OpenBLAS sgemm of the same product (the peer, not thread-count deterministic); counters:
-// GFLOP/s. The row kernels built on the fixed-order 16-lane reductions, and
+// GFLOP/s. The row kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and
 // RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention, forward and backward.
 //
 //   build/kernels_bench [--benchmark_filter=...]     (OMP_NUM_THREADS sets the threads)

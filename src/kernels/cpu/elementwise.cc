@@ -5,6 +5,7 @@
 
 #include "common/profile.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace crucible::kernels {
@@ -14,18 +15,6 @@ bool g_perturb_rmsnorm_for_tests = false;
 namespace {
 // Rows per chunk of a row reduction; fixed so results do not depend on the thread count.
 constexpr int64_t kRowChunk = 64;
-
-// Sum of a[i]*b[i] in 16 fixed lanes combined in a fixed order (vectorisable, reproducible).
-inline float dot_lanes(const float* a, const float* b, int64_t n) {
-  float lanes[16] = {0};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lanes[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
-  for (int width = 8; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return lanes[0];
-}
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
@@ -59,7 +48,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
-    float mean_square = dot_lanes(x, x, C) / static_cast<float>(C);
+    float mean_square = lane_dot(x, x, C) / static_cast<float>(C);
     float r = 1.0f / std::sqrt(mean_square + eps);
     rstd[i] = r;
     float* y = out + i * C;
@@ -87,7 +76,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
         gw[c] = dy[c] * weight[c];
       }
       // dx = r * (g - xhat * mean(g * xhat)), with g = dy * w and xhat = x * r
-      float mean_gx = dot_lanes(gw.data(), x, C) * r / static_cast<float>(C);
+      float mean_gx = lane_dot(gw.data(), x, C) * r / static_cast<float>(C);
       float* dx = dinp + i * C;
       for (int64_t c = 0; c < C; ++c) dx[c] += r * (gw[c] - (x[c] * r) * mean_gx);
     }

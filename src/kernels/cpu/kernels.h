@@ -3,8 +3,9 @@
 // F SwiGLU hidden, V vocabulary, N = B*T rows).
 //
 // Determinism: every kernel gives bit-identical results for any OpenMP thread count. Work is
-// split so that each output element is produced by one thread in a fixed order; reductions over
-// rows (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
+// split so that each output element is produced by one thread in a fixed order; reductions along
+// a row (RMSNorm, softmax, log-sum-exp) take the 16-lane order of lanes.h; reductions over rows
+// (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
 // Matrix products are cut into output tiles of shape-determined size, each one single-threaded
 // OpenBLAS sgemm (see matmul.cc); tests/unit/kernels checks thread independence on every build.
 #pragma once

@@ -2,7 +2,7 @@
 // OpenMP thread count; SwiGLU's backward pass agrees with central finite differences of its
 // forward; cross-entropy skips ignored targets and rejects out-of-range ones; exp_fast is
 // accurate. The other backward passes are checked against PyTorch autograd in float64
-// (tests/integration/test_reference_torch.py).
+// (tests/integration/test_reference_torch.py); the lane reductions in lanes_test.cc.
 #include "kernels/cpu/kernels.h"
 
 #include <gtest/gtest.h>
