@@ -99,9 +99,12 @@ void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, doubl
   }
 }
 
-void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
-                  int64_t heads, int64_t D) {
-  ScopedKernelTimer profile_timer("rope");
+namespace {
+// Rotates each pair (v[i], v[i + D/2]) of every head at position t by its angle, or by minus its
+// angle when sine_sign is -1 (the inverse rotation, which is also the transpose). Negating the
+// sine is exact, so the inverse gives the bits of the rotation written out with the signs swapped.
+void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                 int64_t heads, int64_t D, float sine_sign) {
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -111,32 +114,25 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (bt * heads + h) * D;
       for (int64_t i = 0; i < half; ++i) {
-        float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * c[i] - x2 * s[i];
-        v[i + half] = x2 * c[i] + x1 * s[i];
+        float x1 = v[i], x2 = v[i + half], sine = sine_sign * s[i];
+        v[i] = x1 * c[i] - x2 * sine;
+        v[i + half] = x2 * c[i] + x1 * sine;
       }
     }
   }
+}
+}  // namespace
+
+void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                  int64_t heads, int64_t D) {
+  ScopedKernelTimer profile_timer("rope");
+  rope_rotate(x, cos_table, sin_table, B, T, heads, D, 1.0f);
 }
 
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D) {
   ScopedKernelTimer profile_timer("rope_backward");
-  int64_t half = D / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    int64_t t = bt % T;
-    const float* c = cos_table + t * half;
-    const float* s = sin_table + t * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = dx + (bt * heads + h) * D;
-      for (int64_t i = 0; i < half; ++i) {
-        float d1 = v[i], d2 = v[i + half];
-        v[i] = d1 * c[i] + d2 * s[i];
-        v[i + half] = d2 * c[i] - d1 * s[i];
-      }
-    }
-  }
+  rope_rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {

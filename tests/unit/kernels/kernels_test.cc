@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -117,6 +118,30 @@ TEST(Kernels, SwigluBackwardMatchesFiniteDifferences) {
     upm[i] -= h;
     EXPECT_NEAR((objective(gate, upp) - objective(gate, upm)) / (2 * h), dup[i], 2e-3);
   }
+}
+
+TEST(Kernels, RopeBackwardIsTheTransposeAndInverseOfTheForward) {
+  const int64_t B = 2, T = 9, H = 3, D = 8;
+  std::vector<float> cos_table(T * D / 2), sin_table(T * D / 2);
+  rope_tables(cos_table.data(), sin_table.data(), T, D, 10000.0);
+  const auto x = Random(B * T * H * D, 30), y = Random(B * T * H * D, 31);
+  auto rotated_x = x, rotated_back_y = y;
+  rope_forward(rotated_x.data(), cos_table.data(), sin_table.data(), B, T, H, D);
+  rope_backward(rotated_back_y.data(), cos_table.data(), sin_table.data(), B, T, H, D);
+  double forward_dot = 0, backward_dot = 0;  // <R x, y> = <x, R^T y>
+  for (size_t i = 0; i < x.size(); ++i) {
+    forward_dot += static_cast<double>(rotated_x[i]) * y[i];
+    backward_dot += static_cast<double>(x[i]) * rotated_back_y[i];
+  }
+  EXPECT_NEAR(forward_dot, backward_dot, 1e-4);
+  auto round_trip = rotated_x;
+  rope_backward(round_trip.data(), cos_table.data(), sin_table.data(), B, T, H, D);
+  float moved = 0;  // the forward really rotates (the angles reach 8 radians)
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(round_trip[i], x[i], 1e-6) << i;
+    moved = std::max(moved, std::fabs(rotated_x[i] - x[i]));
+  }
+  EXPECT_GT(moved, 0.5f);
 }
 
 TEST(Kernels, CrossEntropyIgnoresMaskedTargetsAndRejectsOutOfRange) {
