@@ -1,6 +1,7 @@
 // Causal grouped-query attention with the probabilities kept for the backward pass. Products
-// run per (batch, head) through single-threaded sgemm calls inside one OpenMP loop, in row
-// blocks that skip the masked upper triangle.
+// run per (batch, head) in the forward pass and per (batch, kv head) in the backward pass,
+// through single-threaded sgemm calls inside one OpenMP loop, in row blocks that skip the masked
+// upper triangle.
 #include <cblas.h>
 
 #include <algorithm>

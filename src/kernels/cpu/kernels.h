@@ -55,11 +55,14 @@ void rope_backward(float* dx, const float* cos_table, const float* sin_table, in
                    int64_t heads, int64_t D);
 
 // ---- causal grouped-query attention ----
-// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T) (upper triangle zero)
+// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T): row i holds the softmax in
+// columns [0, i] and zeros in (i, r1), where [r0, r1) is the causal block of 128 rows that holds
+// i; columns from r1 on are not written (neither pass reads them).
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 // dout (B,T,H,D) -> dq (B,T,H,D), dk, dv (B,T,KV,D), all overwritten.
-// scratch: (B*KV) * 2*T*T floats.
+// scratch: attention_backward_scratch_floats(B, T, KV) = B*KV*T*T floats, one (T,T) dS per
+// (batch, kv head).
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* probs, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
