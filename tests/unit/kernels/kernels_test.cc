@@ -172,7 +172,7 @@ TEST(Kernels, ExpFastIsAccurate) {
     double exact = std::exp(static_cast<double>(x));
     worst = std::max(worst, std::fabs(exp_fast(x) - exact) / exact);
   }
-  EXPECT_LT(worst, 3e-7);
+  EXPECT_LT(worst, 2e-7);  // what vec_math.h promises
   EXPECT_EQ(exp_fast(-1000.0f), 0.0f);
   EXPECT_EQ(exp_fast(-INFINITY), 0.0f);
 }
