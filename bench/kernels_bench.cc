@@ -1,6 +1,8 @@
-// The linear layers of the `small` flavor at seq_len 512, batch 8 (N = 4096 tokens): Crucible's
-// deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded OpenBLAS
-// sgemm of the same product (the peer, not thread-count deterministic). Counters: GFLOP/s.
+// The kernels of the `small` flavor at seq_len 512, batch 8 (N = 4096 tokens). The linear layers:
+// Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded
+// OpenBLAS sgemm of the same product (the peer, not thread-count deterministic); counters:
+// GFLOP/s. The row kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and
+// RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention, forward and backward.
 //
 //   build/kernels_bench [--benchmark_filter=...]     (OMP_NUM_THREADS sets the threads)
 #include <benchmark/benchmark.h>
@@ -12,7 +14,8 @@
 
 namespace {
 
-constexpr int64_t kTokens = 4096;
+constexpr int64_t kBatch = 8, kSeqLen = 512, kTokens = kBatch * kSeqLen;
+constexpr int64_t kDim = 512, kHeads = 8, kKvHeads = 4, kHeadDim = kDim / kHeads, kVocab = 8192;
 
 struct Shape {
   const char* name;
@@ -84,8 +87,96 @@ void OpenblasBackward(benchmark::State& state) {
   Backward(state, true);
 }
 
+void RmsnormForward(benchmark::State& state) {
+  std::vector<float> x = Filled(kTokens * kDim, 0.5f), w = Filled(kDim, 0.4f);
+  std::vector<float> y(kTokens * kDim), rstd(kTokens);
+  for (auto _ : state) {
+    crucible::kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), kTokens, kDim,
+                                       1e-5f);
+    benchmark::DoNotOptimize(y.data());
+  }
+}
+
+void RmsnormBackward(benchmark::State& state) {
+  std::vector<float> x = Filled(kTokens * kDim, 0.5f), w = Filled(kDim, 0.4f);
+  std::vector<float> dy = Filled(kTokens * kDim, 0.3f), y(kTokens * kDim), rstd(kTokens);
+  std::vector<float> dx(kTokens * kDim), dw(kDim);
+  crucible::kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), kTokens, kDim,
+                                     1e-5f);
+  for (auto _ : state) {
+    crucible::kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                        rstd.data(), kTokens, kDim);
+    benchmark::DoNotOptimize(dx.data());
+  }
+}
+
+void CrossEntropyForward(benchmark::State& state) {
+  std::vector<float> logits = Filled(kTokens * kVocab, 0.5f), losses(kTokens), lse(kTokens);
+  std::vector<int32_t> targets(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) targets[i] = static_cast<int32_t>((i * 7919) % kVocab);
+  for (auto _ : state) {
+    crucible::kernels::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                             targets.data(), kTokens, kVocab);
+    benchmark::DoNotOptimize(lse.data());
+  }
+}
+
+void RopeForwardBackward(benchmark::State& state) {
+  std::vector<float> cos_table(kSeqLen * kHeadDim / 2), sin_table(kSeqLen * kHeadDim / 2);
+  crucible::kernels::rope_tables(cos_table.data(), sin_table.data(), kSeqLen, kHeadDim, 10000.0);
+  std::vector<float> q = Filled(kTokens * kDim, 0.5f);
+  for (auto _ : state) {
+    crucible::kernels::rope_forward(q.data(), cos_table.data(), sin_table.data(), kBatch, kSeqLen,
+                                    kHeads, kHeadDim);
+    crucible::kernels::rope_backward(q.data(), cos_table.data(), sin_table.data(), kBatch, kSeqLen,
+                                     kHeads, kHeadDim);
+    benchmark::DoNotOptimize(q.data());
+  }
+}
+
+struct AttentionInputs {
+  std::vector<float> q = Filled(kTokens * kDim, 0.5f);
+  std::vector<float> k = Filled(kTokens * kKvHeads * kHeadDim, 0.4f);
+  std::vector<float> v = Filled(kTokens * kKvHeads * kHeadDim, 0.3f);
+  std::vector<float> out = std::vector<float>(kTokens * kDim);
+  std::vector<float> probs = std::vector<float>(kBatch * kHeads * kSeqLen * kSeqLen);
+  void Forward() {
+    crucible::kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(),
+                                         kBatch, kSeqLen, kHeads, kKvHeads, kHeadDim);
+  }
+};
+
+void AttentionForward(benchmark::State& state) {
+  AttentionInputs in;
+  for (auto _ : state) {
+    in.Forward();
+    benchmark::DoNotOptimize(in.out.data());
+  }
+}
+
+void AttentionBackward(benchmark::State& state) {
+  AttentionInputs in;
+  in.Forward();
+  std::vector<float> dout = Filled(kTokens * kDim, 0.2f), dq(in.q.size()), dk(in.k.size()),
+                     dv(in.v.size());
+  std::vector<float> scratch(
+      crucible::kernels::attention_backward_scratch_floats(kBatch, kSeqLen, kKvHeads));
+  for (auto _ : state) {
+    crucible::kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(),
+                                          dout.data(), in.probs.data(), in.q.data(), in.k.data(),
+                                          in.v.data(), kBatch, kSeqLen, kHeads, kKvHeads, kHeadDim);
+    benchmark::DoNotOptimize(dq.data());
+  }
+}
+
 }  // namespace
 
+BENCHMARK(RmsnormForward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(RmsnormBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(CrossEntropyForward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(RopeForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(AttentionForward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(AttentionBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -1,5 +1,5 @@
-// The schema of every config key: section.name, type, default, help. One table for the whole
-// program, so `crucible train --help-config`, validation and the resolved config agree.
+// The schema of every config key: section.name, type, default, help, valid range. One table for
+// the whole program, so `crucible config keys`, validation and the resolved config agree.
 #include "common/config.h"
 
 namespace crucible {

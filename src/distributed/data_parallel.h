@@ -89,10 +89,10 @@ class DataParallel {
   size_t n_params_, padded_, shard_;
   int zero_stage_;
   size_t update_begin_, update_end_;
-  // Overlapped ZeRO-1 reductions: where each piece's sums land (in place, at the start of the
-  // piece in the accumulator) and which parameters they belong to.
-  // ZeRO-1 overlapped reductions: each piece in flight receives this rank's sums in one of
-  // kMaxInFlight buffers, converted to fp32 into the gradient when the piece completes.
+  // Overlapped reductions, one Piece per piece in flight. Stage 0 all-reduces the piece in place
+  // in the accumulator (converted to fp32 all at once by FinishReductions); stage 1
+  // reduce-scatters it into one of kMaxInFlight receive buffers of this rank's sums (receive_),
+  // converted to fp32 into the gradient when the piece completes.
   struct Piece {
     Communicator::Handle handle;
     int buffer;           // into receive_, or -1 (stage 0: reduced in place)

@@ -28,7 +28,8 @@
 
 namespace crucible {
 
-// Called with a unit whose gradient holds a non-finite value: (unit, its gradient, unit begin).
+// Called with a unit whose gradient in this micro-batch holds a non-finite value: (unit, that
+// gradient), where grads[i - units()[unit].begin] is the gradient of flat parameter i.
 using NonFiniteHandler = std::function<void(int unit, const float* grads)>;
 
 class ReplicatedAccess : public ParameterAccess {

@@ -1,6 +1,7 @@
 // Causal grouped-query attention with the probabilities kept for the backward pass. Products
-// run per (batch, head) through single-threaded sgemm calls inside one OpenMP loop, in row
-// blocks that skip the masked upper triangle.
+// run per (batch, head) in the forward pass and per (batch, kv head) in the backward pass,
+// through single-threaded sgemm calls inside one OpenMP loop, in row blocks that skip the masked
+// upper triangle.
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,50 +9,12 @@
 
 #include "common/profile.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace crucible::kernels {
 namespace {
 constexpr int64_t kBlock = 128;  // rows per causal block
-constexpr int kLanes = 16;
-
-// Max and sum of x[0, n) over kLanes interleaved lanes combined in a fixed order: the same bits
-// for any thread count, and the compiler vectorises them (a single running sum cannot be).
-inline float lane_max(const float* x, int64_t n) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = x[0];
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] > x[j + l] ? acc[l] : x[j + l];
-  for (int l = 0; j + l < n; ++l) acc[l] = acc[l] > x[j + l] ? acc[l] : x[j + l];
-  float m = acc[0];
-  for (int l = 1; l < kLanes; ++l) m = m > acc[l] ? m : acc[l];
-  return m;
-}
-
-inline float combine_lanes(float* acc) {
-  for (int width = kLanes / 2; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
-  return acc[0];
-}
-
-inline float lane_sum(const float* x, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l];
-  for (int l = 0; j + l < n; ++l) acc[l] += x[j + l];
-  return combine_lanes(acc);
-}
-
-inline float lane_dot(const float* x, const float* y, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l] * y[j + l];
-  for (int l = 0; j + l < n; ++l) acc[l] += x[j + l] * y[j + l];
-  return combine_lanes(acc);
-}
 }  // namespace
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,

@@ -7,6 +7,7 @@
 #include "common/profile.h"
 #include "common/strings.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace crucible::kernels {
@@ -14,14 +15,7 @@ namespace {
 inline float row_logsumexp(const float* row, int64_t V) {
   float max = row[0];
   for (int64_t j = 1; j < V; ++j) max = std::max(max, row[j]);
-  float lanes[16] = {0};
-  int64_t j = 0;
-  for (; j + 16 <= V; j += 16)
-    for (int l = 0; l < 16; ++l) lanes[l] += exp_fast(row[j + l] - max);
-  for (int l = 0; j < V; ++j, ++l) lanes[l] += exp_fast(row[j] - max);
-  for (int width = 8; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return max + std::log(lanes[0]);
+  return max + std::log(lane_sum(V, [row, max](int64_t j) { return exp_fast(row[j] - max); }));
 }
 }  // namespace
 

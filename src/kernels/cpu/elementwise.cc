@@ -5,6 +5,7 @@
 
 #include "common/profile.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace crucible::kernels {
@@ -14,18 +15,6 @@ bool g_perturb_rmsnorm_for_tests = false;
 namespace {
 // Rows per chunk of a row reduction; fixed so results do not depend on the thread count.
 constexpr int64_t kRowChunk = 64;
-
-// Sum of a[i]*b[i] in 16 fixed lanes combined in a fixed order (vectorisable, reproducible).
-inline float dot_lanes(const float* a, const float* b, int64_t n) {
-  float lanes[16] = {0};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lanes[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
-  for (int width = 8; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return lanes[0];
-}
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
@@ -59,7 +48,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
-    float mean_square = dot_lanes(x, x, C) / static_cast<float>(C);
+    float mean_square = lane_dot(x, x, C) / static_cast<float>(C);
     float r = 1.0f / std::sqrt(mean_square + eps);
     rstd[i] = r;
     float* y = out + i * C;
@@ -87,7 +76,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
         gw[c] = dy[c] * weight[c];
       }
       // dx = r * (g - xhat * mean(g * xhat)), with g = dy * w and xhat = x * r
-      float mean_gx = dot_lanes(gw.data(), x, C) * r / static_cast<float>(C);
+      float mean_gx = lane_dot(gw.data(), x, C) * r / static_cast<float>(C);
       float* dx = dinp + i * C;
       for (int64_t c = 0; c < C; ++c) dx[c] += r * (gw[c] - (x[c] * r) * mean_gx);
     }
@@ -110,9 +99,12 @@ void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, doubl
   }
 }
 
-void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
-                  int64_t heads, int64_t D) {
-  ScopedKernelTimer profile_timer("rope");
+namespace {
+// Rotates each pair (v[i], v[i + D/2]) of every head at position t by its angle, or by minus its
+// angle when sine_sign is -1 (the inverse rotation, which is also the transpose). Negating the
+// sine is exact, so the inverse gives the bits of the rotation written out with the signs swapped.
+void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                 int64_t heads, int64_t D, float sine_sign) {
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -122,32 +114,25 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (bt * heads + h) * D;
       for (int64_t i = 0; i < half; ++i) {
-        float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * c[i] - x2 * s[i];
-        v[i + half] = x2 * c[i] + x1 * s[i];
+        float x1 = v[i], x2 = v[i + half], sine = sine_sign * s[i];
+        v[i] = x1 * c[i] - x2 * sine;
+        v[i + half] = x2 * c[i] + x1 * sine;
       }
     }
   }
+}
+}  // namespace
+
+void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                  int64_t heads, int64_t D) {
+  ScopedKernelTimer profile_timer("rope");
+  rope_rotate(x, cos_table, sin_table, B, T, heads, D, 1.0f);
 }
 
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D) {
   ScopedKernelTimer profile_timer("rope_backward");
-  int64_t half = D / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    int64_t t = bt % T;
-    const float* c = cos_table + t * half;
-    const float* s = sin_table + t * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = dx + (bt * heads + h) * D;
-      for (int64_t i = 0; i < half; ++i) {
-        float d1 = v[i], d2 = v[i + half];
-        v[i] = d1 * c[i] + d2 * s[i];
-        v[i + half] = d2 * c[i] - d1 * s[i];
-      }
-    }
-  }
+  rope_rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {

@@ -3,8 +3,9 @@
 // F SwiGLU hidden, V vocabulary, N = B*T rows).
 //
 // Determinism: every kernel gives bit-identical results for any OpenMP thread count. Work is
-// split so that each output element is produced by one thread in a fixed order; reductions over
-// rows (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
+// split so that each output element is produced by one thread in a fixed order; reductions along
+// a row (RMSNorm, softmax, log-sum-exp) take the 16-lane order of lanes.h; reductions over rows
+// (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
 // Matrix products are cut into output tiles of shape-determined size, each one single-threaded
 // OpenBLAS sgemm (see matmul.cc); tests/unit/kernels checks thread independence on every build.
 #pragma once
@@ -54,11 +55,14 @@ void rope_backward(float* dx, const float* cos_table, const float* sin_table, in
                    int64_t heads, int64_t D);
 
 // ---- causal grouped-query attention ----
-// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T) (upper triangle zero)
+// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T): row i holds the softmax in
+// columns [0, i] and zeros in (i, r1), where [r0, r1) is the causal block of 128 rows that holds
+// i; columns from r1 on are not written (neither pass reads them).
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 // dout (B,T,H,D) -> dq (B,T,H,D), dk, dv (B,T,KV,D), all overwritten.
-// scratch: (B*KV) * 2*T*T floats.
+// scratch: attention_backward_scratch_floats(B, T, KV) = B*KV*T*T floats, one (T,T) dS per
+// (batch, kv head).
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* probs, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);

@@ -4,8 +4,11 @@
 // the threaded driver blocks the inner dimension differently from the single-threaded one
 // (tests/unit/kernels shows a 200x96x1000 case). So every product here is cut into output
 // tiles whose sizes depend only on the matrix shape; each tile is one single-threaded sgemm
-// (OpenBLAS's OpenMP build runs single-threaded inside a parallel region), and the OpenMP loop
-// over tiles decides only who computes a tile, never how.
+// (OpenBLAS's OpenMP build runs single-threaded inside an active parallel region, one of two or
+// more threads), and the OpenMP loop over tiles decides only who computes a tile, never how.
+// A region of one thread while more are asked for (OMP_THREAD_LIMIT=1 while
+// omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own threads and waits for
+// them forever.
 #include <cblas.h>
 
 #include <algorithm>

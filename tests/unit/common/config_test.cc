@@ -1,10 +1,17 @@
 #include "common/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <variant>
+#include <vector>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace crucible {
 namespace {
@@ -19,11 +26,56 @@ int ExitCodeOf(const std::function<void()>& f, std::string* message = nullptr) {
   return 0;
 }
 
-TEST(Config, DefaultsCoverEverySchemaKey) {
+TEST(Config, DefaultsAreNotMarkedSet) {
   Config config = Config::Defaults();
-  for (const auto& spec : Config::Schema()) EXPECT_NO_THROW(config.Value(spec.key)) << spec.key;
   EXPECT_EQ(config.Int("training.steps"), 100);
   EXPECT_FALSE(config.IsSet("training.steps"));
+}
+
+// Defaults() copies each schema default as it is; a default of another type than its key's
+// would only fail when the key is read.
+TEST(Config, EveryDefaultHasTheTypeOfItsKey) {
+  for (const auto& spec : Config::Schema()) {
+    const ConfigValue& value = spec.default_value;
+    bool matches = false;
+    switch (spec.type) {
+      case ConfigType::kBool:
+        matches = std::holds_alternative<bool>(value);
+        break;
+      case ConfigType::kInt:
+        matches = std::holds_alternative<int64_t>(value);
+        break;
+      case ConfigType::kFloat:
+        matches = std::holds_alternative<double>(value);
+        break;
+      case ConfigType::kString:
+        matches = std::holds_alternative<std::string>(value);
+        break;
+      case ConfigType::kStringList:
+        matches = std::holds_alternative<std::vector<std::string>>(value);
+        break;
+      case ConfigType::kIntOrString:
+        matches =
+            std::holds_alternative<int64_t>(value) || std::holds_alternative<std::string>(value);
+        break;
+    }
+    EXPECT_TRUE(matches) << spec.key << " defaults to " << FormatConfigValue(value) << ", not "
+                         << ConfigTypeName(spec.type);
+  }
+}
+
+// `crucible config keys`, the list users read, is TOML: read back as a config it gives every key
+// of the schema (each one comes out set), each at its default (nothing differs from Defaults()).
+TEST(Config, ConfigKeysListsEveryKeyAtItsDefault) {
+  const std::string path =
+      ::testing::TempDir() + "/config_keys-" + std::to_string(getpid()) + ".toml";
+  ASSERT_EQ(std::system((std::string(CRUCIBLE_BINARY) + " config keys > " + path).c_str()), 0);
+  Config listed = Config::Parse(ReadFile(path), "crucible config keys");
+  std::remove(path.c_str());
+  for (const auto& spec : Config::Schema()) EXPECT_TRUE(listed.IsSet(spec.key)) << spec.key;
+  for (const auto& key : listed.Diff(Config::Defaults()))
+    ADD_FAILURE() << key << " is listed as " << FormatConfigValue(listed.Value(key))
+                  << ", its default is " << FormatConfigValue(Config::Defaults().Value(key));
 }
 
 TEST(Config, ParsesSectionsAndMarksKeysSet) {
