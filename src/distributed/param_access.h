@@ -1,5 +1,6 @@
 // How a data-parallel rank gives the model its parameters and takes back its gradients, unit by
-// unit (model/llama.h ParameterAccess; a unit is the embedding, a decoder layer or the tail).
+// unit (model/parameters.h ParameterAccess; for a decoder a unit is the embedding, a layer or the
+// tail). Both work over the data-parallel group of the DataParallel they are given.
 //
 // ReplicatedAccess (ZeRO stages 0 and 1): every rank holds all parameters. As the backward pass
 // finishes a unit, its gradient is added to the exact accumulator; in the step's last
