@@ -66,6 +66,17 @@ std::vector<int> ToMpi(const std::vector<size_t>& values, const char* what) {
   return out;
 }
 
+template <typename T>
+MPI_Datatype ElementType(MPI_Datatype int128) {
+  static_assert(kCommunicable<T>, "not a type Communicator moves (see kCommunicable)");
+  if constexpr (std::is_same_v<T, std::byte>) return MPI_BYTE;
+  if constexpr (std::is_same_v<T, int32_t>) return MPI_INT32_T;
+  if constexpr (std::is_same_v<T, int64_t>) return MPI_INT64_T;
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  if constexpr (std::is_same_v<T, __int128>) return int128;
+}
+
 }  // namespace
 
 Communicator::Blocks Communicator::Blocks::Packed(std::vector<size_t> counts) {
@@ -271,6 +282,65 @@ Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t c
                  mpi_->handle.comm, &NewOperation(what, &handle).request);
   return handle;
 }
+
+template <typename T>
+Communicator::Handle Communicator::StartAllToAll(const T* send, T* receive, size_t count,
+                                                 const char* what) {
+  if (!communicates()) {
+    std::memcpy(receive, send, count * sizeof(T));
+    return -1;
+  }
+  if (count > kMaxCount) throw Error(kExitFailure, StrFormat("%s: block too large for MPI", what));
+  const MPI_Datatype type = ElementType<T>(mpi_->int128);
+  const int n = static_cast<int>(count);
+  Handle handle = -1;
+  MPI_Ialltoall(send, n, type, receive, n, type, mpi_->handle.comm,
+                &NewOperation(what, &handle).request);
+  return handle;
+}
+
+template <typename T>
+Communicator::Handle Communicator::StartAllToAllV(const T* send, const Blocks& send_blocks,
+                                                  T* receive, const Blocks& receive_blocks,
+                                                  const char* what) {
+  const size_t ranks = static_cast<size_t>(size_);
+  for (const Blocks* blocks : {&send_blocks, &receive_blocks})
+    if (blocks->counts.size() != ranks || blocks->offsets.size() != ranks)
+      throw Error(kExitFailure,
+                  StrFormat("internal: %s: %zu counts and %zu offsets for %d ranks", what,
+                            blocks->counts.size(), blocks->offsets.size(), size_));
+  if (!communicates()) {
+    if (send_blocks.counts[0] != receive_blocks.counts[0])
+      throw Error(kExitFailure,
+                  StrFormat("internal: %s: one rank sends itself %zu elements into a block of %zu",
+                            what, send_blocks.counts[0], receive_blocks.counts[0]));
+    std::memcpy(receive + receive_blocks.offsets[0], send + send_blocks.offsets[0],
+                send_blocks.counts[0] * sizeof(T));
+    return -1;
+  }
+  const MPI_Datatype type = ElementType<T>(mpi_->int128);
+  Handle handle = -1;
+  Pending& op = NewOperation(what, &handle);
+  op.arrays[0] = ToMpi(send_blocks.counts, what);
+  op.arrays[1] = ToMpi(send_blocks.offsets, what);
+  op.arrays[2] = ToMpi(receive_blocks.counts, what);
+  op.arrays[3] = ToMpi(receive_blocks.offsets, what);
+  MPI_Ialltoallv(send, op.arrays[0].data(), op.arrays[1].data(), type, receive, op.arrays[2].data(),
+                 op.arrays[3].data(), type, mpi_->handle.comm, &op.request);
+  return handle;
+}
+
+#define CRUCIBLE_ALL_TO_ALL(T)                                                                     \
+  template Communicator::Handle Communicator::StartAllToAll<T>(const T*, T*, size_t, const char*); \
+  template Communicator::Handle Communicator::StartAllToAllV<T>(const T*, const Blocks&, T*,       \
+                                                                const Blocks&, const char*);
+CRUCIBLE_ALL_TO_ALL(std::byte)
+CRUCIBLE_ALL_TO_ALL(int32_t)
+CRUCIBLE_ALL_TO_ALL(int64_t)
+CRUCIBLE_ALL_TO_ALL(float)
+CRUCIBLE_ALL_TO_ALL(double)
+CRUCIBLE_ALL_TO_ALL(__int128)
+#undef CRUCIBLE_ALL_TO_ALL
 
 bool Communicator::Test(Handle handle) {
   if (!mpi_) return true;

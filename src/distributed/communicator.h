@@ -20,11 +20,20 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace crucible {
 
 struct MpiHandle;  // the MPI communicator a Communicator wraps (distributed/mpi_handle.h)
+
+// The element types the typed collectives (all-to-all) move; communicator.cc instantiates each.
+// Fixed-point exact sums travel as __int128, activations and their gradients as float, anything
+// else (bf16, packed records) as bytes.
+template <typename T>
+inline constexpr bool kCommunicable =
+    std::is_same_v<T, std::byte> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t> ||
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __int128>;
 
 class Communicator {
  public:
@@ -82,8 +91,29 @@ class Communicator {
   Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
                                   const std::vector<size_t>& counts, const char* what);
   Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
+  // All-to-all: `send` holds size() blocks of `count` elements, block q for rank q; on completion
+  // block q of `receive` holds what rank q sent to this rank. The buffers must not overlap.
+  template <typename T>
+  Handle StartAllToAll(const T* send, T* receive, size_t count, const char* what);
+  // All-to-all with a size per pair of ranks: rank q receives block q of `send` (send_blocks),
+  // and what rank q sent to this rank lands in block q of `receive` (receive_blocks), whose size
+  // must be what q sends (exchange the counts first with an all-to-all of one int64 each).
+  template <typename T>
+  Handle StartAllToAllV(const T* send, const Blocks& send_blocks, T* receive,
+                        const Blocks& receive_blocks, const char* what);
   bool Test(Handle handle);
   void WaitFor(Handle handle);
+  // Blocking forms: Start, then WaitFor.
+  template <typename T>
+  void AllToAll(const T* send, T* receive, size_t count, const char* what) {
+    WaitFor(StartAllToAll(send, receive, count, what));
+  }
+  template <typename T>
+  void AllToAllV(const T* send, const Blocks& send_blocks, T* receive, const Blocks& receive_blocks,
+                 const char* what) {
+    WaitFor(StartAllToAllV(send, send_blocks, receive, receive_blocks, what));
+  }
+
   // Gathers variable-length strings (host names) to every rank.
   std::vector<std::string> AllGatherString(const std::string& value, const char* what);
   // Rank `root`'s *value, of any length, to every rank.

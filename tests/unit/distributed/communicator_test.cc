@@ -62,5 +62,34 @@ TEST(Communicator, PackedBlocksAreConsecutive) {
   EXPECT_EQ((Communicator::Blocks{{2, 3}, {5, 0}}).total(), 7u);
 }
 
+TEST(Communicator, OneRankAllToAllSendsItsOnlyBlockToItself) {
+  const std::unique_ptr<Communicator> comm = Communicator::OneRank();
+  const float send[2] = {0.25f, -1.0f};
+  float receive[2] = {};
+  comm->AllToAll(send, receive, 2, "test all-to-all");
+  EXPECT_EQ(receive[0], 0.25f);
+  EXPECT_EQ(receive[1], -1.0f);
+  // All-to-allv: from offset 1 of send to offset 2 of receive.
+  const __int128 values[4] = {1, __int128{1} << 90, 3, 4};
+  __int128 landed[5] = {};
+  comm->AllToAllV(values, Communicator::Blocks{{2}, {1}}, landed, Communicator::Blocks{{2}, {2}},
+                  "test all-to-allv");
+  EXPECT_TRUE(landed[1] == 0 && landed[2] == (__int128{1} << 90) && landed[3] == 3 &&
+              landed[4] == 0);
+}
+
+TEST(Communicator, AllToAllVRefusesBlocksThatDoNotFit) {
+  const std::unique_ptr<Communicator> comm = Communicator::OneRank();
+  const std::byte send[2] = {};
+  std::byte receive[2] = {};
+  // A block per rank, and what a rank sends itself must be what it expects from itself.
+  EXPECT_THROW(comm->AllToAllV(send, Communicator::Blocks::Packed({1, 1}), receive,
+                               Communicator::Blocks::Packed({2}), "test"),
+               Error);
+  EXPECT_THROW(comm->AllToAllV(send, Communicator::Blocks::Packed({1}), receive,
+                               Communicator::Blocks::Packed({2}), "test"),
+               Error);
+}
+
 }  // namespace
 }  // namespace crucible
