@@ -119,6 +119,7 @@ void ShardedAccess::StartGather(GatherBuffer& buffer, int unit) {
   buffer.pending = true;
   buffer.handle = comm_.StartAllGatherV(buffer.data.data(), layout.Parts(u.begin, u.end),
                                         "parameter all-gather");
+  ++gathers_started_;
 }
 
 void ShardedAccess::Complete(GatherBuffer& buffer) {

@@ -86,6 +86,8 @@ class ShardedAccess : public ParameterAccess {
 
   // Bytes of the gather, gradient and reduction buffers (besides the shards).
   size_t buffer_bytes() const;
+  // Unit gathers started since construction (each one all-gather of the unit's parameters).
+  int64_t gathers_started() const { return gathers_started_; }
 
   const float* AcquireWeights(int unit) override;
   void ReleaseWeights(int unit) override;
@@ -128,6 +130,7 @@ class ShardedAccess : public ParameterAccess {
   std::vector<Reduction> reductions_;
   std::vector<__int128> shard_sum_;
   uint64_t clock_ = 0;
+  int64_t gathers_started_ = 0;
   bool hashing_ = false, corrupt_next_ = false;
   int64_t test_nan_ = -1;
   std::string non_finite_;  // set when a piece of the current unit held a non-finite value
