@@ -96,12 +96,11 @@ size_t Communicator::Blocks::total() const {
   return end;
 }
 
-std::unique_ptr<Communicator> Communicator::OneRank(double timeout_seconds) {
-  return std::unique_ptr<Communicator>(new Communicator(timeout_seconds));
+std::unique_ptr<Communicator> Communicator::OneRank() {
+  return std::unique_ptr<Communicator>(new Communicator());
 }
 
-Communicator::Communicator(double timeout_seconds)
-    : host_(Hostname()), timeout_seconds_(timeout_seconds) {}
+Communicator::Communicator() : host_(Hostname()) {}
 
 Communicator::Communicator(const MpiHandle& handle, int job_rank, double timeout_seconds)
     : mpi_(std::make_unique<Mpi>()),

@@ -37,10 +37,8 @@ inline constexpr bool kCommunicable =
 
 class Communicator {
  public:
-  static constexpr double kDefaultTimeoutSeconds = 600;
-
-  // One rank, no MPI: every collective is a local copy.
-  static std::unique_ptr<Communicator> OneRank(double timeout_seconds = kDefaultTimeoutSeconds);
+  // One rank, no MPI: every collective is a local copy (and nothing ever waits).
+  static std::unique_ptr<Communicator> OneRank();
   // Over an MPI communicator (ProcessMesh creates these). `job_rank`: this process's rank in the
   // whole job, which the timeout and abort messages name.
   Communicator(const MpiHandle& handle, int job_rank, double timeout_seconds);
@@ -127,7 +125,7 @@ class Communicator {
   friend class ProcessMesh;
   struct Mpi;      // the MPI communicator, datatypes and operations in flight (communicator.cc)
   struct Pending;  // one operation in flight
-  explicit Communicator(double timeout_seconds);
+  Communicator();
   // Frees the MPI objects (before MPI_Finalize); the communicator is one rank without MPI after.
   void ReleaseMpi();
   // More than one rank and MPI running: the collectives communicate.
@@ -138,7 +136,7 @@ class Communicator {
   std::unique_ptr<Mpi> mpi_;  // null: one rank without MPI
   int rank_ = 0, size_ = 1, job_rank_ = 0;
   std::string host_;
-  double timeout_seconds_;
+  double timeout_seconds_ = 0;
   int64_t step_ = 0;
 };
 

@@ -120,7 +120,7 @@ std::unique_ptr<ProcessMesh> ProcessMesh::Create(const std::vector<MeshDimension
                                                  double timeout_seconds) {
   if (!LaunchedByMpi()) {
     std::unique_ptr<ProcessMesh> mesh(
-        new ProcessMesh(MeshLayout(dimensions, 1), Communicator::OneRank(timeout_seconds)));
+        new ProcessMesh(MeshLayout(dimensions, 1), Communicator::OneRank()));
     mesh->CreateGroups(timeout_seconds);
     return mesh;
   }
