@@ -32,13 +32,14 @@ $(BUILD)/build.ninja: CMakeLists.txt
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The crucible binary built against MPICH instead of Open MPI (tests/integration/test_mpich.py).
+# The crucible binary built against MPICH instead of Open MPI, and the communicator tests of
+# tests/mpi/ (tests/integration/test_mpich.py).
 MPICH_BUILD ?= build-mpich
 $(MPICH_BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(MPICH_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUCIBLE_MPI=mpich
 
 build-mpich: deps $(MPICH_BUILD)/build.ninja
-	cmake --build $(MPICH_BUILD) -j $(JOBS) --target crucible
+	cmake --build $(MPICH_BUILD) -j $(JOBS) --target crucible test_mpi
 
 unit-test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,12 +15,29 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "distributed/mpi_handle.h"
 
 namespace crucible {
-namespace {
 
-MPI_Datatype g_int128_type = MPI_DATATYPE_NULL;
-MPI_Op g_int128_sum = MPI_OP_NULL;
+// One operation in flight. A v-collective's counts and displacements live here: MPI may read
+// them until the operation completes.
+struct Communicator::Pending {
+  MPI_Request request = MPI_REQUEST_NULL;
+  const char* what = "";
+  std::vector<int> arrays[4];
+};
+
+struct Communicator::Mpi {
+  MpiHandle handle;
+  MPI_Datatype int128 = MPI_DATATYPE_NULL;  // 16 contiguous bytes
+  MPI_Op int128_sum = MPI_OP_NULL;
+  // By handle. Handles are never reused: a completed operation is erased, and testing or waiting
+  // for a handle that is gone reports it complete. Element addresses are stable.
+  std::unordered_map<Handle, Pending> pending;
+  Handle next_handle = 0;
+};
+
+namespace {
 
 void SumInt128(void* in, void* inout, int* count, MPI_Datatype*) {
   const __int128* a = static_cast<const __int128*>(in);
@@ -36,58 +54,88 @@ std::string Hostname() {
 // MPI counts are int: large buffers go in pieces of at most this many elements.
 constexpr size_t kMaxCount = size_t{1} << 28;
 
-// Non-blocking operations in flight, by handle (the communicator is a process-wide singleton).
-// Handles are never reused: a completed operation is erased, and testing or waiting for a handle
-// that is gone reports it complete.
-struct Pending {
-  MPI_Request request = MPI_REQUEST_NULL;
-  const char* what = "";
-};
-std::unordered_map<int64_t, Pending> g_pending;  // element addresses are stable
-int64_t g_next_handle = 0;
+// Counts or displacements as MPI takes them.
+std::vector<int> ToMpi(const std::vector<size_t>& values, const char* what) {
+  std::vector<int> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] > static_cast<size_t>(INT_MAX))
+      throw Error(kExitFailure,
+                  StrFormat("%s: %zu elements is beyond what one MPI call takes", what, values[i]));
+    out[i] = static_cast<int>(values[i]);
+  }
+  return out;
+}
 
-// Registers a new operation: sets *handle, returns where MPI puts its request.
-MPI_Request* NewRequest(const char* what, int64_t* handle) {
-  *handle = g_next_handle++;
-  return &g_pending.emplace(*handle, Pending{MPI_REQUEST_NULL, what}).first->second.request;
+template <typename T>
+MPI_Datatype ElementType(MPI_Datatype int128) {
+  static_assert(kCommunicable<T>, "not a type Communicator moves (see kCommunicable)");
+  if constexpr (std::is_same_v<T, std::byte>) return MPI_BYTE;
+  if constexpr (std::is_same_v<T, int32_t>) return MPI_INT32_T;
+  if constexpr (std::is_same_v<T, int64_t>) return MPI_INT64_T;
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  if constexpr (std::is_same_v<T, __int128>) return int128;
 }
 
 }  // namespace
 
-bool Communicator::LaunchedByMpi() {
-  for (const char* name :
-       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})
-    if (std::getenv(name)) return true;
-  return false;
-}
-
-Communicator& Communicator::Get() {
-  static Communicator communicator;
-  return communicator;
-}
-
-Communicator::Communicator() : host_(Hostname()) {
-  if (!LaunchedByMpi()) return;
-  int provided = 0;
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-    throw Error(kExitFailure, "MPI_Init_thread failed on host " + host_);
-  mpi_ = true;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_);
-  // A binary built against one MPI and started by another's launcher runs as N unconnected
-  // single-rank jobs that would all write the same run directory.
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    const char* value = std::getenv(name);
-    if (value && std::atoi(value) > 1 && world_ == 1)
-      throw UsageError(StrFormat(
-          "the launcher started %s ranks (%s) but MPI sees a world of 1: this crucible was built "
-          "against another MPI (use the launcher of the MPI it links, e.g. mpiexec.mpich for "
-          "build-mpich/crucible)",
-          value, name));
+Communicator::Blocks Communicator::Blocks::Packed(std::vector<size_t> counts) {
+  Blocks blocks{std::move(counts), {}};
+  size_t offset = 0;
+  for (size_t count : blocks.counts) {
+    blocks.offsets.push_back(offset);
+    offset += count;
   }
-  MPI_Type_contiguous(16, MPI_BYTE, &g_int128_type);
-  MPI_Type_commit(&g_int128_type);
-  MPI_Op_create(&SumInt128, /*commute=*/1, &g_int128_sum);
+  return blocks;
+}
+
+size_t Communicator::Blocks::total() const {
+  size_t end = 0;
+  for (size_t r = 0; r < counts.size(); ++r)
+    if (counts[r] > 0) end = std::max(end, offsets[r] + counts[r]);
+  return end;
+}
+
+std::unique_ptr<Communicator> Communicator::OneRank() {
+  return std::unique_ptr<Communicator>(new Communicator());
+}
+
+Communicator::Communicator() : host_(Hostname()) {}
+
+Communicator::Communicator(const MpiHandle& handle, int job_rank, double timeout_seconds)
+    : mpi_(std::make_unique<Mpi>()),
+      job_rank_(job_rank),
+      host_(Hostname()),
+      timeout_seconds_(timeout_seconds) {
+  mpi_->handle = handle;
+  MPI_Comm_rank(handle.comm, &rank_);
+  MPI_Comm_size(handle.comm, &size_);
+  MPI_Type_contiguous(16, MPI_BYTE, &mpi_->int128);
+  MPI_Type_commit(&mpi_->int128);
+  MPI_Op_create(&SumInt128, /*commute=*/1, &mpi_->int128_sum);
+}
+
+Communicator::~Communicator() {
+  ReleaseMpi();
+}
+
+void Communicator::ReleaseMpi() {
+  if (!mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Op_free(&mpi_->int128_sum);
+    MPI_Type_free(&mpi_->int128);
+    if (mpi_->handle.owned) MPI_Comm_free(&mpi_->handle.comm);
+  }
+  mpi_.reset();
+}
+
+Communicator::Pending& Communicator::NewOperation(const char* what, Handle* handle) {
+  *handle = mpi_->next_handle++;
+  Pending& pending = mpi_->pending[*handle];
+  pending.what = what;
+  return pending;
 }
 
 void Communicator::Wait(void* request_ptr, const char* what) {
@@ -102,7 +150,7 @@ void Communicator::Wait(void* request_ptr, const char* what) {
     if (waited > timeout_seconds_) {
       Abort(StrFormat("collective timeout: rank %d on host %s waited %.0f s in %s at step %lld "
                       "(comm.train_timeout_seconds = %.0f); another rank is dead or hung",
-                      rank_, host_.c_str(), waited, what, (long long)step_, timeout_seconds_),
+                      job_rank_, host_.c_str(), waited, what, (long long)step_, timeout_seconds_),
             kExitFailure);
     }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -110,47 +158,48 @@ void Communicator::Wait(void* request_ptr, const char* what) {
 }
 
 void Communicator::AllReduceInt128(__int128* data, size_t count, const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   for (size_t done = 0; done < count; done += kMaxCount) {
     MPI_Request request;
     MPI_Iallreduce(MPI_IN_PLACE, data + done, static_cast<int>(std::min(kMaxCount, count - done)),
-                   g_int128_type, g_int128_sum, MPI_COMM_WORLD, &request);
+                   mpi_->int128, mpi_->int128_sum, mpi_->handle.comm, &request);
     Wait(&request, what);
   }
 }
 
 void Communicator::ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   if (count > kMaxCount) throw Error(kExitFailure, "reduce-scatter block too large for MPI");
   MPI_Request request;
-  MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, static_cast<int>(count), g_int128_type,
-                            g_int128_sum, MPI_COMM_WORLD, &request);
+  MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, static_cast<int>(count), mpi_->int128,
+                            mpi_->int128_sum, mpi_->handle.comm, &request);
   Wait(&request, what);
 }
 
 void Communicator::AllReduceInt64(int64_t* data, size_t count, const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   MPI_Request request;
-  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD,
-                 &request);
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_INT64_T, MPI_SUM,
+                 mpi_->handle.comm, &request);
   Wait(&request, what);
 }
 
 void Communicator::AllReduceOr(bool* flag, const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   int value = *flag ? 1 : 0;
   MPI_Request request;
-  MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD, &request);
+  MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, mpi_->handle.comm, &request);
   Wait(&request, what);
   *flag = value != 0;
 }
 
 namespace {
 // Every rank's `count` elements, in rank order, to every rank (root < 0) or to `root` only.
+// `comm` is MPI_COMM_NULL when the collective does not communicate.
 template <typename T>
-void GatherImpl(bool mpi, int world, const T* send, T* receive, size_t count, MPI_Datatype type,
+void GatherImpl(MPI_Comm comm, const T* send, T* receive, size_t count, MPI_Datatype type,
                 const std::function<void(MPI_Request*)>& wait, int root = -1) {
-  if (!mpi || world == 1) {
+  if (comm == MPI_COMM_NULL) {
     if (send != receive) std::memcpy(receive, send, count * sizeof(T));
     return;
   }
@@ -158,126 +207,193 @@ void GatherImpl(bool mpi, int world, const T* send, T* receive, size_t count, MP
   MPI_Request request;
   const int n = static_cast<int>(count);
   if (root < 0)
-    MPI_Iallgather(send, n, type, receive, n, type, MPI_COMM_WORLD, &request);
+    MPI_Iallgather(send, n, type, receive, n, type, comm, &request);
   else
-    MPI_Igather(send, n, type, receive, n, type, root, MPI_COMM_WORLD, &request);
+    MPI_Igather(send, n, type, receive, n, type, root, comm, &request);
   wait(&request);
 }
 }  // namespace
 
 void Communicator::AllGatherFloat(const float* send, float* receive, size_t count,
                                   const char* what) {
-  if (mpi_ && world_ > 1 && send == receive + rank_ * count) {  // this rank's block is in place
+  if (communicates() && send == receive + rank_ * count) {  // this rank's block is in place
     if (count > kMaxCount) throw Error(kExitFailure, "all-gather block too large for MPI");
     MPI_Request request;
     MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, receive, static_cast<int>(count), MPI_FLOAT,
-                   MPI_COMM_WORLD, &request);
+                   mpi_->handle.comm, &request);
     Wait(&request, what);
     return;
   }
-  GatherImpl(mpi_, world_, send, receive, count, MPI_FLOAT, [&](MPI_Request* r) { Wait(r, what); });
+  GatherImpl(communicates() ? mpi_->handle.comm : MPI_COMM_NULL, send, receive, count, MPI_FLOAT,
+             [&](MPI_Request* r) { Wait(r, what); });
 }
 void Communicator::AllGatherDouble(const double* send, double* receive, size_t count,
                                    const char* what) {
-  GatherImpl(mpi_, world_, send, receive, count, MPI_DOUBLE,
+  GatherImpl(communicates() ? mpi_->handle.comm : MPI_COMM_NULL, send, receive, count, MPI_DOUBLE,
              [&](MPI_Request* r) { Wait(r, what); });
 }
 void Communicator::AllGatherU64(const uint64_t* send, uint64_t* receive, size_t count,
                                 const char* what) {
-  GatherImpl(mpi_, world_, send, receive, count, MPI_UINT64_T,
+  GatherImpl(communicates() ? mpi_->handle.comm : MPI_COMM_NULL, send, receive, count, MPI_UINT64_T,
              [&](MPI_Request* r) { Wait(r, what); });
 }
 
 void Communicator::GatherFloatToRoot(const float* send, float* receive, size_t count,
                                      const char* what) {
   GatherImpl(
-      mpi_, world_, send, receive, count, MPI_FLOAT, [&](MPI_Request* r) { Wait(r, what); },
-      /*root=*/0);
+      communicates() ? mpi_->handle.comm : MPI_COMM_NULL, send, receive, count, MPI_FLOAT,
+      [&](MPI_Request* r) { Wait(r, what); }, /*root=*/0);
 }
 
-Communicator::Handle Communicator::StartAllGatherV(float* buffer, const std::vector<int>& counts,
-                                                   const std::vector<int>& displs,
+Communicator::Handle Communicator::StartAllGatherV(float* buffer, const Blocks& blocks,
                                                    const char* what) {
+  if (!communicates()) return -1;  // one rank: its block is the whole buffer, already in place
   Handle handle = -1;
-  if (mpi_ && world_ > 1)
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, counts.data(), displs.data(),
-                    MPI_FLOAT, MPI_COMM_WORLD, NewRequest(what, &handle));
-  return handle;  // one rank: its block is the whole buffer, already in place
+  Pending& op = NewOperation(what, &handle);
+  op.arrays[0] = ToMpi(blocks.counts, what);
+  op.arrays[1] = ToMpi(blocks.offsets, what);
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, op.arrays[0].data(),
+                  op.arrays[1].data(), MPI_FLOAT, mpi_->handle.comm, &op.request);
+  return handle;
 }
 
 Communicator::Handle Communicator::StartReduceScatterInt128(const __int128* send, __int128* receive,
-                                                            const std::vector<int>& counts,
+                                                            const std::vector<size_t>& counts,
                                                             const char* what) {
+  if (!communicates()) {
+    std::memcpy(receive, send, counts[0] * sizeof(__int128));
+    return -1;
+  }
   Handle handle = -1;
-  if (mpi_ && world_ > 1)
-    MPI_Ireduce_scatter(send, receive, counts.data(), g_int128_type, g_int128_sum, MPI_COMM_WORLD,
-                        NewRequest(what, &handle));
-  else
-    std::memcpy(receive, send, static_cast<size_t>(counts[0]) * sizeof(__int128));
+  Pending& op = NewOperation(what, &handle);
+  op.arrays[0] = ToMpi(counts, what);
+  MPI_Ireduce_scatter(send, receive, op.arrays[0].data(), mpi_->int128, mpi_->int128_sum,
+                      mpi_->handle.comm, &op.request);
   return handle;
 }
 
 Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t count,
                                                         const char* what) {
   if (count > kMaxCount) throw Error(kExitFailure, "all-reduce block too large for MPI");
+  if (!communicates()) return -1;
   Handle handle = -1;
-  if (mpi_ && world_ > 1)
-    MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), g_int128_type, g_int128_sum,
-                   MPI_COMM_WORLD, NewRequest(what, &handle));
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_->int128, mpi_->int128_sum,
+                 mpi_->handle.comm, &NewOperation(what, &handle).request);
   return handle;
 }
 
+template <typename T>
+Communicator::Handle Communicator::StartAllToAll(const T* send, T* receive, size_t count,
+                                                 const char* what) {
+  if (!communicates()) {
+    std::memcpy(receive, send, count * sizeof(T));
+    return -1;
+  }
+  if (count > kMaxCount) throw Error(kExitFailure, StrFormat("%s: block too large for MPI", what));
+  const MPI_Datatype type = ElementType<T>(mpi_->int128);
+  const int n = static_cast<int>(count);
+  Handle handle = -1;
+  MPI_Ialltoall(send, n, type, receive, n, type, mpi_->handle.comm,
+                &NewOperation(what, &handle).request);
+  return handle;
+}
+
+template <typename T>
+Communicator::Handle Communicator::StartAllToAllV(const T* send, const Blocks& send_blocks,
+                                                  T* receive, const Blocks& receive_blocks,
+                                                  const char* what) {
+  const size_t ranks = static_cast<size_t>(size_);
+  for (const Blocks* blocks : {&send_blocks, &receive_blocks})
+    if (blocks->counts.size() != ranks || blocks->offsets.size() != ranks)
+      throw Error(kExitFailure,
+                  StrFormat("internal: %s: %zu counts and %zu offsets for %d ranks", what,
+                            blocks->counts.size(), blocks->offsets.size(), size_));
+  if (!communicates()) {
+    if (send_blocks.counts[0] != receive_blocks.counts[0])
+      throw Error(kExitFailure,
+                  StrFormat("internal: %s: one rank sends itself %zu elements into a block of %zu",
+                            what, send_blocks.counts[0], receive_blocks.counts[0]));
+    std::memcpy(receive + receive_blocks.offsets[0], send + send_blocks.offsets[0],
+                send_blocks.counts[0] * sizeof(T));
+    return -1;
+  }
+  const MPI_Datatype type = ElementType<T>(mpi_->int128);
+  Handle handle = -1;
+  Pending& op = NewOperation(what, &handle);
+  op.arrays[0] = ToMpi(send_blocks.counts, what);
+  op.arrays[1] = ToMpi(send_blocks.offsets, what);
+  op.arrays[2] = ToMpi(receive_blocks.counts, what);
+  op.arrays[3] = ToMpi(receive_blocks.offsets, what);
+  MPI_Ialltoallv(send, op.arrays[0].data(), op.arrays[1].data(), type, receive, op.arrays[2].data(),
+                 op.arrays[3].data(), type, mpi_->handle.comm, &op.request);
+  return handle;
+}
+
+#define CRUCIBLE_ALL_TO_ALL(T)                                                                     \
+  template Communicator::Handle Communicator::StartAllToAll<T>(const T*, T*, size_t, const char*); \
+  template Communicator::Handle Communicator::StartAllToAllV<T>(const T*, const Blocks&, T*,       \
+                                                                const Blocks&, const char*);
+CRUCIBLE_ALL_TO_ALL(std::byte)
+CRUCIBLE_ALL_TO_ALL(int32_t)
+CRUCIBLE_ALL_TO_ALL(int64_t)
+CRUCIBLE_ALL_TO_ALL(float)
+CRUCIBLE_ALL_TO_ALL(double)
+CRUCIBLE_ALL_TO_ALL(__int128)
+#undef CRUCIBLE_ALL_TO_ALL
+
 bool Communicator::Test(Handle handle) {
-  auto it = g_pending.find(handle);
-  if (it == g_pending.end()) return true;
+  if (!mpi_) return true;
+  auto it = mpi_->pending.find(handle);
+  if (it == mpi_->pending.end()) return true;
   int done = 0;
   MPI_Test(&it->second.request, &done, MPI_STATUS_IGNORE);
-  if (done) g_pending.erase(it);
+  if (done) mpi_->pending.erase(it);
   return done != 0;
 }
 
 void Communicator::WaitFor(Handle handle) {
-  auto it = g_pending.find(handle);
-  if (it == g_pending.end()) return;
+  if (!mpi_) return;
+  auto it = mpi_->pending.find(handle);
+  if (it == mpi_->pending.end()) return;
   Wait(&it->second.request, it->second.what);
-  g_pending.erase(it);
+  mpi_->pending.erase(it);
 }
 
 std::vector<std::string> Communicator::AllGatherString(const std::string& value, const char* what) {
   constexpr size_t kWidth = 256;
-  std::vector<char> send(kWidth, 0), receive(kWidth * world_, 0);
+  std::vector<char> send(kWidth, 0), receive(kWidth * size_, 0);
   std::memcpy(send.data(), value.data(), std::min(value.size(), kWidth - 1));
-  if (mpi_ && world_ > 1) {
+  if (communicates()) {
     MPI_Request request;
-    MPI_Iallgather(send.data(), kWidth, MPI_CHAR, receive.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD,
-                   &request);
+    MPI_Iallgather(send.data(), kWidth, MPI_CHAR, receive.data(), kWidth, MPI_CHAR,
+                   mpi_->handle.comm, &request);
     Wait(&request, what);
   } else {
     receive = send;
   }
   std::vector<std::string> out;
-  for (int r = 0; r < world_; ++r) out.emplace_back(receive.data() + r * kWidth);
+  for (int r = 0; r < size_; ++r) out.emplace_back(receive.data() + r * kWidth);
   return out;
 }
 
 void Communicator::BroadcastString(std::string* value, int root, const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   uint64_t length = value->size();
   MPI_Request request;
-  MPI_Ibcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &request);
+  MPI_Ibcast(&length, 1, MPI_UINT64_T, root, mpi_->handle.comm, &request);
   Wait(&request, what);
   value->resize(length);
   for (size_t done = 0; done < length; done += kMaxCount) {
     MPI_Ibcast(value->data() + done, static_cast<int>(std::min<size_t>(kMaxCount, length - done)),
-               MPI_CHAR, root, MPI_COMM_WORLD, &request);
+               MPI_CHAR, root, mpi_->handle.comm, &request);
     Wait(&request, what);
   }
 }
 
 void Communicator::Barrier(const char* what) {
-  if (!mpi_ || world_ == 1) return;
+  if (!communicates()) return;
   MPI_Request request;
-  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  MPI_Ibarrier(mpi_->handle.comm, &request);
   Wait(&request, what);
 }
 
@@ -290,18 +406,6 @@ void Communicator::Abort(const std::string& message, int exit_code) {
   if (mpi_) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (mpi_) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
-}
-
-void Communicator::Finalize() {
-  if (!mpi_) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) {
-    MPI_Op_free(&g_int128_sum);
-    MPI_Type_free(&g_int128_type);
-    MPI_Finalize();
-  }
-  mpi_ = false;
 }
 
 }  // namespace crucible

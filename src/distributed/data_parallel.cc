@@ -13,22 +13,13 @@
 namespace crucible {
 
 DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
-    : comm_(comm), n_params_(n_params), zero_stage_(zero_stage) {
+    : comm_(comm),
+      layout_(n_params, comm.size(), comm.rank(), kNormChunk),
+      zero_stage_(zero_stage),
+      update_(zero_stage == 0 ? Range{0, n_params} : layout_.Owned()) {
   if (zero_stage != 0 && zero_stage != 1 && zero_stage != 3)
     throw UsageError("parallelism.zero_stage: " + std::to_string(zero_stage) +
                      " is not supported (choose 0, 1 or 3)");
-  const size_t world = static_cast<size_t>(comm.world());
-  const size_t chunks = (n_params + kNormChunk - 1) / kNormChunk;
-  shard_ = ((chunks + world - 1) / world) * kNormChunk;
-  padded_ = shard_ * world;
-  if (zero_stage == 0) {
-    update_begin_ = 0;
-    update_end_ = n_params;
-  } else {
-    const size_t rank = static_cast<size_t>(comm.rank());
-    update_begin_ = std::min(n_params, rank * shard_);
-    update_end_ = std::min(n_params, (rank + 1) * shard_);
-  }
 }
 
 void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_begin, size_t unit_end,
@@ -51,20 +42,15 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
       continue;
     }
     // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
-    const size_t world = static_cast<size_t>(comm_.world());
-    std::vector<int> counts(world);
-    for (size_t r = 0; r < world; ++r) {
-      const size_t b = std::max(begin, r * shard_), e = std::min(end, (r + 1) * shard_);
-      counts[r] = b < e ? static_cast<int>(e - b) : 0;
-    }
-    const size_t b = std::max(begin, update_begin_), e = std::min(end, update_end_);
+    const Range mine = layout_.PartIn(static_cast<size_t>(comm_.rank()), begin, end);
     const int buffer = free_buffers_.back();
     free_buffers_.pop_back();
     std::vector<__int128>& receive = receive_[buffer];
-    receive.resize(std::max<size_t>(1, std::min(kReducePiece, shard_)));
+    receive.resize(std::max<size_t>(1, std::min(kReducePiece, shard_size())));
     in_flight_.push_back({comm_.StartReduceScatterInt128(accumulator.data() + begin, receive.data(),
-                                                         counts, "gradient reduce-scatter"),
-                          buffer, b, b < e ? e - b : 0});
+                                                         layout_.Parts(begin, end).counts,
+                                                         "gradient reduce-scatter"),
+                          buffer, mine.begin, mine.size()});
   }
 }
 
@@ -86,38 +72,38 @@ double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grad
   in_flight_.clear();
   completed_ = 0;
   const double seconds = waited.Seconds();
-  if (zero_stage_ == 0) Int128ToFloat(accumulator.data(), grads, n_params_);
+  if (zero_stage_ == 0) Int128ToFloat(accumulator.data(), grads, n_params());
   return seconds;
 }
 
 void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) {
   ScopedKernelTimer profile_timer("gradient_reduce");
-  if (accumulator.size() != padded_) throw Error(kExitFailure, "internal: accumulator not padded");
+  if (accumulator.size() != padded_size())
+    throw Error(kExitFailure, "internal: accumulator not padded");
   if (zero_stage_ == 0) {
-    comm_.AllReduceInt128(accumulator.data(), padded_, "gradient all-reduce");
-    Int128ToFloat(accumulator.data(), grads, n_params_);
+    comm_.AllReduceInt128(accumulator.data(), padded_size(), "gradient all-reduce");
+    Int128ToFloat(accumulator.data(), grads, n_params());
     return;
   }
   // In place: this rank's sums land at the start of the accumulator (one rank: where they are).
-  comm_.ReduceScatterInt128InPlace(accumulator.data(), shard_, "gradient reduce-scatter");
-  const __int128* mine =
-      comm_.world() > 1 ? accumulator.data() : accumulator.data() + update_begin_;
-  Int128ToFloat(mine, grads + update_begin_, update_end_ - update_begin_);
+  comm_.ReduceScatterInt128InPlace(accumulator.data(), shard_size(), "gradient reduce-scatter");
+  const __int128* mine = comm_.size() > 1 ? accumulator.data() : accumulator.data() + update_.begin;
+  Int128ToFloat(mine, grads + update_.begin, update_.size());
 }
 
 double DataParallel::GradNormSquared(const float* grads_at_base, size_t base) {
   // Partial sums of the chunks this rank owns, then every rank's partials in chunk order.
-  const size_t chunks_per_rank = shard_ / kNormChunk;
+  const size_t chunks_per_rank = shard_size() / kNormChunk;
   // Rank r owns chunks [r * chunks_per_rank, (r + 1) * chunks_per_rank) of the padded buffer
-  // (not update_begin_ / kNormChunk: that is clipped to the parameter count, and a rank whose
+  // (not update_begin() / kNormChunk: that is clipped to the parameter count, and a rank whose
   // shard lies wholly in the padding would then sum another rank's chunk).
   const size_t first_chunk =
       zero_stage_ == 0 ? 0 : static_cast<size_t>(comm_.rank()) * chunks_per_rank;
-  const size_t local_chunks = zero_stage_ == 0 ? padded_ / kNormChunk : chunks_per_rank;
+  const size_t local_chunks = zero_stage_ == 0 ? padded_size() / kNormChunk : chunks_per_rank;
   std::vector<double> local(local_chunks, 0.0);
   for (size_t c = 0; c < local_chunks; ++c) {
     size_t begin = (first_chunk + c) * kNormChunk;
-    size_t end = std::min(n_params_, begin + kNormChunk);
+    size_t end = std::min(n_params(), begin + kNormChunk);
     if (begin < end)
       local[c] = kernels::sum_of_squares(grads_at_base + (begin - base), end - begin);
   }
@@ -125,7 +111,7 @@ double DataParallel::GradNormSquared(const float* grads_at_base, size_t base) {
   if (zero_stage_ == 0) {
     all = local;
   } else {
-    all.resize(chunks_per_rank * comm_.world());
+    all.resize(chunks_per_rank * comm_.size());
     comm_.AllGatherDouble(local.data(), all.data(), chunks_per_rank, "gradient-norm all-gather");
   }
   double total = 0.0;
@@ -136,11 +122,11 @@ double DataParallel::GradNormSquared(const float* grads_at_base, size_t base) {
 void DataParallel::GatherParams(float* weights) {
   if (zero_stage_ != 1) return;
   ScopedKernelTimer profile_timer("parameter_gather");
-  comm_.AllGatherFloat(weights + comm_.rank() * shard_, weights, shard_, "parameter all-gather");
+  comm_.AllGatherFloat(weights + shard_begin(), weights, shard_size(), "parameter all-gather");
 }
 
 double DataParallel::OrderedSum(const std::vector<double>& local_values) {
-  std::vector<double> all(local_values.size() * comm_.world());
+  std::vector<double> all(local_values.size() * comm_.size());
   comm_.AllGatherDouble(local_values.data(), all.data(), local_values.size(), "loss all-gather");
   double total = 0.0;
   for (double v : all) total += v;
@@ -162,7 +148,7 @@ void DataParallel::CheckConsistency(const float* weights, size_t n_params, int64
 }
 
 void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* what) {
-  std::vector<uint64_t> hashes(comm_.world());
+  std::vector<uint64_t> hashes(comm_.size());
   comm_.AllGatherU64(&mine, hashes.data(), 1, "consistency-check all-gather");
   std::map<uint64_t, int> votes;
   for (uint64_t h : hashes) ++votes[h];
@@ -173,13 +159,13 @@ void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* 
     if (votes[h] > votes[majority]) majority = h;
   std::vector<std::string> hosts = comm_.AllGatherString(comm_.host(), "host-name all-gather");
   std::string culprits;
-  for (int r = 0; r < comm_.world(); ++r) {
+  for (int r = 0; r < comm_.size(); ++r) {
     if (hashes[r] == majority) continue;
     culprits += StrFormat("%srank %d on host %s (hash %s)", culprits.empty() ? "" : ", ", r,
                           hosts[r].c_str(), HexU64(hashes[r]).c_str());
   }
   // Every rank reports; the launcher's bad-node pattern `crucible-sdc` blames the named host.
-  for (int r = 0; r < comm_.world(); ++r) {
+  for (int r = 0; r < comm_.size(); ++r) {
     if (hashes[r] == majority || r != comm_.rank()) continue;
     comm_.Abort(StrFormat("silent data corruption: rank %d on host %s holds %s that differ "
                           "from the majority (hash %s vs %s) at step %lld",
@@ -193,17 +179,17 @@ void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* 
 }
 
 size_t DataParallel::CommunicatedBytesPerStep(int64_t micro_batches) const {
-  const size_t world = static_cast<size_t>(comm_.world());
+  const size_t world = static_cast<size_t>(comm_.size());
   if (world == 1) return 0;
   // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer.
-  const size_t gradient = 16 * padded_;
+  const size_t padded = padded_size(), gradient = 16 * padded;
   if (zero_stage_ == 0) return 2 * gradient * (world - 1) / world;
-  if (zero_stage_ == 1) return gradient * (world - 1) / world + 4 * padded_ * (world - 1) / world;
+  if (zero_stage_ == 1) return gradient * (world - 1) / world + 4 * padded * (world - 1) / world;
   // Stage 3, per micro-batch: the gradient reduce-scatter, and each unit's parameters gathered
   // for the forward and again for the backward pass (an upper bound: units still cached from
   // the forward pass, the tail and the last layer, are not gathered again).
   return static_cast<size_t>(micro_batches) *
-         (gradient * (world - 1) / world + 2 * 4 * padded_ * (world - 1) / world);
+         (gradient * (world - 1) / world + 2 * 4 * padded * (world - 1) / world);
 }
 
 }  // namespace crucible

@@ -24,6 +24,7 @@
 
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
+#include "distributed/shard_layout.h"
 
 namespace crucible {
 
@@ -34,18 +35,21 @@ class DataParallel {
   static constexpr size_t kReducePiece = size_t{1} << 19;
   static constexpr size_t kMaxInFlight = 8;
 
+  // Over the data-parallel group `comm` (ProcessMesh::data_parallel()), which must outlive it.
   DataParallel(Communicator& comm, size_t n_params, int zero_stage);
 
   int zero_stage() const { return zero_stage_; }
+  // How the flat buffers are sharded over the group (also for stage 0, which does not shard).
+  const ShardLayout& layout() const { return layout_; }
   // Length every flat buffer (weights, gradients, accumulator) must have.
-  size_t padded_size() const { return padded_; }
+  size_t padded_size() const { return layout_.padded_size(); }
   // The part of the parameters this rank updates ([0, n_params) for stage 0).
-  size_t update_begin() const { return update_begin_; }
-  size_t update_end() const { return update_end_; }
+  size_t update_begin() const { return update_.begin; }
+  size_t update_end() const { return update_.end; }
   // Rank r's shard is [r * shard_size(), (r + 1) * shard_size()) of the padded buffer.
-  size_t shard_size() const { return shard_; }
-  size_t shard_begin() const { return static_cast<size_t>(comm_.rank()) * shard_; }
-  size_t n_params() const { return n_params_; }
+  size_t shard_size() const { return layout_.shard_size(); }
+  size_t shard_begin() const { return layout_.shard_begin(); }
+  size_t n_params() const { return layout_.n_params(); }
   Communicator& comm() { return comm_; }
 
   // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end).
@@ -59,7 +63,7 @@ class DataParallel {
   // Bytes of the receive buffers of overlapped ZeRO-1 reductions (allocated on first use).
   size_t OverlapBufferBytes() const {
     return zero_stage_ == 1
-               ? kMaxInFlight * std::max<size_t>(1, std::min(kReducePiece, shard_)) * 16
+               ? kMaxInFlight * std::max<size_t>(1, std::min(kReducePiece, shard_size())) * 16
                : 0;
   }
   // Squared global norm of the gradient, identical for any number of ranks. grads[i - base]
@@ -86,9 +90,9 @@ class DataParallel {
 
  private:
   Communicator& comm_;
-  size_t n_params_, padded_, shard_;
+  ShardLayout layout_;
   int zero_stage_;
-  size_t update_begin_, update_end_;
+  Range update_;
   // Overlapped reductions, one Piece per piece in flight. Stage 0 all-reduces the piece in place
   // in the accumulator (converted to fp32 all at once by FinishReductions); stage 1
   // reduce-scatters it into one of kMaxInFlight receive buffers of this rank's sums (receive_),

@@ -110,22 +110,16 @@ ShardedAccess::GatherBuffer* ShardedAccess::Victim() {
 
 void ShardedAccess::StartGather(GatherBuffer& buffer, int unit) {
   const ParamUnit& u = table_.units()[unit];
-  const size_t world = static_cast<size_t>(comm_.world()), S = shard_size_;
-  std::vector<int> counts(world, 0), displs(world, 0);
-  for (size_t r = 0; r < world; ++r) {
-    const size_t b = std::max(u.begin, r * S), e = std::min(u.end, (r + 1) * S);
-    if (b < e) {
-      counts[r] = static_cast<int>(e - b);
-      displs[r] = static_cast<int>(b - u.begin);
-    }
-  }
-  const size_t b = std::max(u.begin, shard_begin_), e = std::min(u.end, shard_begin_ + S);
-  if (b < e)
-    std::memcpy(buffer.data.data() + (b - u.begin), weight_shard_ + (b - shard_begin_),
-                (e - b) * sizeof(float));
+  const ShardLayout& layout = dp_.layout();
+  const Range mine = layout.PartIn(static_cast<size_t>(comm_.rank()), u.begin, u.end);
+  if (mine.size() > 0)
+    std::memcpy(buffer.data.data() + (mine.begin - u.begin),
+                weight_shard_ + (mine.begin - shard_begin_), mine.size() * sizeof(float));
   buffer.unit = unit;
   buffer.pending = true;
-  buffer.handle = comm_.StartAllGatherV(buffer.data.data(), counts, displs, "parameter all-gather");
+  buffer.handle = comm_.StartAllGatherV(buffer.data.data(), layout.Parts(u.begin, u.end),
+                                        "parameter all-gather");
+  ++gathers_started_;
 }
 
 void ShardedAccess::Complete(GatherBuffer& buffer) {
@@ -233,19 +227,15 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
     Complete(*reduction);
   }
   if (!FloatToInt128(grads, reduction->send.data(), end - begin)) non_finite_ = "yes";
-  const size_t world = static_cast<size_t>(comm_.world()), S = shard_size_;
-  std::vector<int> counts(world, 0);
-  for (size_t r = 0; r < world; ++r) {
-    const size_t b = std::max(begin, r * S), e = std::min(end, (r + 1) * S);
-    counts[r] = b < e ? static_cast<int>(e - b) : 0;
-  }
-  const size_t b = std::max(begin, shard_begin_), e = std::min(end, shard_begin_ + S);
-  reduction->receive_offset = b < e ? b - shard_begin_ : 0;
-  reduction->receive_count = b < e ? e - b : 0;
+  const ShardLayout& layout = dp_.layout();
+  const Range mine = layout.PartIn(static_cast<size_t>(comm_.rank()), begin, end);
+  reduction->receive_offset = mine.size() > 0 ? mine.begin - shard_begin_ : 0;
+  reduction->receive_count = mine.size();
   reduction->started = ++clock_;
   reduction->pending = true;
-  reduction->handle = comm_.StartReduceScatterInt128(
-      reduction->send.data(), reduction->receive.data(), counts, "gradient reduce-scatter");
+  reduction->handle =
+      comm_.StartReduceScatterInt128(reduction->send.data(), reduction->receive.data(),
+                                     layout.Parts(begin, end).counts, "gradient reduce-scatter");
   if (!overlap_) Complete(*reduction);
   Progress();
 }

@@ -1,5 +1,6 @@
 // How a data-parallel rank gives the model its parameters and takes back its gradients, unit by
-// unit (model/llama.h ParameterAccess; a unit is the embedding, a decoder layer or the tail).
+// unit (model/parameters.h ParameterAccess; for a decoder a unit is the embedding, a layer or the
+// tail). Both work over the data-parallel group of the DataParallel they are given.
 //
 // ReplicatedAccess (ZeRO stages 0 and 1): every rank holds all parameters. As the backward pass
 // finishes a unit, its gradient is added to the exact accumulator; in the step's last
@@ -86,6 +87,8 @@ class ShardedAccess : public ParameterAccess {
 
   // Bytes of the gather, gradient and reduction buffers (besides the shards).
   size_t buffer_bytes() const;
+  // Unit gathers started since construction (each one all-gather of the unit's parameters).
+  int64_t gathers_started() const { return gathers_started_; }
 
   const float* AcquireWeights(int unit) override;
   void ReleaseWeights(int unit) override;
@@ -128,6 +131,7 @@ class ShardedAccess : public ParameterAccess {
   std::vector<Reduction> reductions_;
   std::vector<__int128> shard_sum_;
   uint64_t clock_ = 0;
+  int64_t gathers_started_ = 0;
   bool hashing_ = false, corrupt_next_ = false;
   int64_t test_nan_ = -1;
   std::string non_finite_;  // set when a piece of the current unit held a non-finite value

@@ -14,7 +14,6 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "crucible_version.h"
-#include "distributed/communicator.h"
 
 namespace crucible {
 namespace {
@@ -57,13 +56,14 @@ std::string ReadLatest(const std::string& root) {
 
 Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
                              const LlamaConfig& model, const ParameterTable& table,
-                             OptimizerShard* optimizer, int world_size)
+                             OptimizerShard* optimizer, int rank, int world_size)
     : config_(config),
       run_dir_(run_dir),
       root_(JoinPath(run_dir, config.String("checkpoint.folder"))),
       model_(model),
       table_(table),
       optimizer_(optimizer),
+      rank_(rank),
       world_size_(world_size) {
   enabled_ = config.Bool("checkpoint.enable");
   async_ = config.Bool("checkpoint.async");
@@ -97,7 +97,7 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
   }
   config_hash_ = HexU64(Hash64(config.ToToml().data(), config.ToToml().size()));
   last_saved_step_ = 0;
-  if (enabled_ && async_ && Communicator::Get().rank() == 0) {
+  if (enabled_ && async_ && rank_ == 0) {
     // Only rank 0 writes checkpoints. Allocate and touch the host snapshot now, on the writer
     // thread while the run starts, so a save's stall is a warm memory copy and the start is not
     // delayed by the page faults.

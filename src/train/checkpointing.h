@@ -36,8 +36,9 @@ struct ResumePoint {
 class Checkpointing {
  public:
   // `config` is the fully resolved config of this run (model keys and global batch resolved).
+  // `rank` of `world_size` ranks: only rank 0 writes checkpoints.
   Checkpointing(const Config& config, const std::string& run_dir, const LlamaConfig& model,
-                const ParameterTable& table, OptimizerShard* optimizer, int world_size);
+                const ParameterTable& table, OptimizerShard* optimizer, int rank, int world_size);
   ~Checkpointing();
 
   bool enabled() const { return enabled_; }
@@ -73,6 +74,7 @@ class Checkpointing {
   LlamaConfig model_;
   const ParameterTable& table_;
   OptimizerShard* optimizer_;  // covers every parameter
+  int rank_;
   int world_size_;
   bool enabled_ = true, async_ = true, auto_interval_ = false;
   int64_t interval_steps_ = 0, keep_latest_k_ = 0, keep_every_n_ = 0;

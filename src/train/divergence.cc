@@ -68,8 +68,8 @@ void DivergenceGuard::CheckWeights(const float* weights, size_t base, size_t beg
   Communicator& comm = data_parallel_.comm();
   const uint64_t mine = bad ? first : std::numeric_limits<uint64_t>::max();
   const double value = bad ? weights[first - base] : 0.0;
-  std::vector<uint64_t> indices(comm.world());
-  std::vector<double> values(comm.world());
+  std::vector<uint64_t> indices(comm.size());
+  std::vector<double> values(comm.size());
   comm.AllGatherU64(&mine, indices.data(), 1, "non-finite weight all-gather");
   comm.AllGatherDouble(&value, values.data(), 1, "non-finite weight all-gather");
   const size_t rank = std::min_element(indices.begin(), indices.end()) - indices.begin();

@@ -135,16 +135,16 @@ void CheckTrainingFits(const Config& config, const LlamaConfig& model, const Tra
         steps, global_batch, T, steps * global_batch * T));
 
   // Ranks on one host share its memory.
-  const MemoryPlan plan = PlanMemory(config, model, shape, comm.rank(), comm.world());
+  const MemoryPlan plan = PlanMemory(config, model, shape, comm.rank(), comm.size());
   const AvailableMemory available = MachineAvailableMemory();
   const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "memory check");
   const double mine[2] = {plan.total(), available.bytes};
-  std::vector<double> all(2 * comm.world());
+  std::vector<double> all(2 * comm.size());
   comm.AllGatherDouble(mine, all.data(), 2, "memory check");
   std::map<std::string, int> first_rank;  // of each host
   std::map<std::string, double> asked;
   std::map<std::string, int> ranks;
-  for (int r = 0; r < comm.world(); ++r) {
+  for (int r = 0; r < comm.size(); ++r) {
     first_rank.emplace(hosts[r], r);
     asked[hosts[r]] += all[2 * r];
     ++ranks[hosts[r]];
@@ -156,13 +156,13 @@ void CheckTrainingFits(const Config& config, const LlamaConfig& model, const Tra
         "checkpoint_bytes=%.0f",
         hosts[0].c_str(), ranks[hosts[0]], asked[hosts[0]], available.bytes,
         available.source.c_str(), plan.activations, plan.batch, plan.model_state, plan.checkpoint));
-  for (int r = 0; r < comm.world(); ++r) {
+  for (int r = 0; r < comm.size(); ++r) {
     const std::string& host = hosts[r];
     const double host_available = all[2 * first_rank[host] + 1];
     if (first_rank[host] != r || asked[host] <= host_available) continue;
     // The parts of the first rank of that host (its ranks differ only in their shard, and rank
     // 0 in its checkpoint buffers); every rank computes the same message.
-    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.world());
+    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.size());
     const double largest = std::max({p.activations, p.batch, p.model_state, p.checkpoint});
     const char* advice =
         largest == p.activations ? "lower training.local_batch_size or training.seq_len"

@@ -31,10 +31,10 @@ double MeasurePeakGflops() {
 
 PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm) {
   const double configured = config.Float("metrics.peak_gflops");
-  if (configured > 0) return {configured * comm.world(), "config"};
+  if (configured > 0) return {configured * comm.size(), "config"};
   if (comm.rank() == 0) PrintLine("phase=peak_flops status=measuring");
   const double mine = MeasurePeakGflops();
-  std::vector<double> all(comm.world());
+  std::vector<double> all(comm.size());
   comm.AllGatherDouble(&mine, all.data(), 1, "peak-flops all-gather");
   double total = 0;
   for (double p : all) total += p;

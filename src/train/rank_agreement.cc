@@ -49,9 +49,9 @@ std::string DescribeConfigDifference(const std::string& mine, const std::string&
 }
 
 void CheckRanksAgree(const Config& config, const std::string& resume_mode, Communicator& comm) {
-  if (comm.world() == 1) return;
+  if (comm.size() == 1) return;
   const std::vector<std::string> binaries = comm.AllGatherString(ThisBinary(), "binary check");
-  for (int r = 1; r < comm.world(); ++r)
+  for (int r = 1; r < comm.size(); ++r)
     if (binaries[r] != binaries[0])
       Stop(comm,
            StrFormat("rank %d runs %s but rank 0 runs %s: start every rank with the same crucible "
@@ -62,9 +62,9 @@ void CheckRanksAgree(const Config& config, const std::string& resume_mode, Commu
   std::string toml = config.ToToml();
   const uint64_t mine[2] = {Hash64(toml.data(), toml.size()),
                             Hash64(resume_mode.data(), resume_mode.size())};
-  std::vector<uint64_t> all(2 * comm.world());
+  std::vector<uint64_t> all(2 * comm.size());
   comm.AllGatherU64(mine, all.data(), 2, "config check");
-  for (int r = 1; r < comm.world(); ++r) {
+  for (int r = 1; r < comm.size(); ++r) {
     if (all[2 * r] != all[0]) {
       std::string theirs = toml;
       comm.BroadcastString(&theirs, r, "config check");  // rank r's config to everyone

@@ -25,6 +25,7 @@
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
 #include "distributed/exact_sum.h"
+#include "distributed/mesh.h"
 #include "distributed/param_access.h"
 #include "kernels/cpu/kernels.h"
 #include "model/llama.h"
@@ -150,9 +151,11 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int64_t steps = config.Int("training.steps");
   const int64_t seq_len = config.Int("training.seq_len");
   const int64_t micro_batch = config.Int("training.local_batch_size");
-  Communicator& comm = Communicator::Get();
-  comm.SetTimeout(config.Float("comm.train_timeout_seconds"));
-  const int world = comm.world();
+  // Data parallelism spans every rank of the job: mesh.data_parallel() is mesh.world().
+  const std::unique_ptr<ProcessMesh> mesh =
+      ProcessMesh::Create(MeshShape{}, config.Float("comm.train_timeout_seconds"));
+  Communicator& comm = mesh->world();
+  const int world = comm.size();
   const int rank = comm.rank();
   const bool leader = rank == 0;
   if (comm.distributed()) SetLogRank(rank);
@@ -194,7 +197,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const ParameterTable& table = model.table();
   const size_t n_params = table.total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
-  DataParallel data_parallel(comm, n_params,
+  DataParallel data_parallel(mesh->data_parallel(), n_params,
                              static_cast<int>(config.Int("parallelism.zero_stage")));
   const int zero_stage = data_parallel.zero_stage();
   // ZeRO-3: a rank stores only its shard of the weights and gradients; weights[i - base] and
@@ -218,7 +221,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
       for (const ShardState& state : full_state->State()) std::vector<float>().swap(state.values);
   };
   OptimizerShard* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
-  Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, world);
+  Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, rank,
+                              world);
   release_full_state();  // Resume allocates it again if it loads a checkpoint
   // Loading a checkpoint or a model file fills a full buffer; under ZeRO-3 each rank then keeps
   // its shard (a fresh init writes the shard directly).
@@ -399,7 +403,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       inject_nan_step > 0 ? &table.Find(config.String("debug.inject_nan_tensor")) : nullptr;
   for (int64_t step = resume.progress.step + 1; step <= steps; ++step) {
     Timer step_timer;
-    comm.SetStep(step);
+    mesh->SetStep(step);
     // Replicas must agree before they are used. Checked before the step's forward pass, because
     // under ZeRO-1 the next parameter all-gather would overwrite a corrupted replica (after it
     // had already produced wrong gradients).
@@ -587,7 +591,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       comm.Barrier("stop");
       metrics.Close();
       rank_metrics.Close();
-      comm.Finalize();
+      mesh->Finalize();
       return exit_code;
     }
     if (save_now) {  // rank 0's full copies exist only while a save needs them
@@ -621,7 +625,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   }
   if (leader && KernelProfileEnabled()) PrintKernelProfile();
   comm.Barrier("end of training");
-  comm.Finalize();
+  mesh->Finalize();
   if (leader)
     PrintLine(StrFormat(
         "done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "

@@ -1,8 +1,9 @@
 """MPICH: crucible built against MPICH (`make build-mpich`, -DCRUCIBLE_MPI=mpich) and run by
 MPICH's own launcher (mpiexec.mpich, Hydra) trains bit-identically to a single process of the
 Open MPI build, for 1, 2 and 4 ranks and ZeRO stages 0, 1 and 3; a stopped rank ends the job with
-the collective timeout; `crucible launch` with CRUCIBLE_MPI=mpich runs MPICH's launcher even
-where mpirun/mpiexec are Open MPI's (Debian with both installed)."""
+the collective timeout; the communicator tests of tests/mpi/ pass; `crucible launch` with
+CRUCIBLE_MPI=mpich runs MPICH's launcher even where mpirun/mpiexec are Open MPI's (Debian with
+both installed)."""
 import json
 import os
 import re
@@ -98,6 +99,17 @@ def test_mpich_ranks_match_the_openmpi_single_process_bit_for_bit(mpich_crucible
             for rank in range(np):
                 assert (run_dir / f"metrics-rank{rank}.jsonl").exists(), sorted(os.listdir(run_dir))
         assert result(proc.stdout, run_dir) == reference, f"{np} MPICH rank(s), ZeRO {zero_stage}"
+
+
+def test_mpich_all_to_all_and_a_split_mesh(mpich_crucible):
+    """The communicator tests of tests/mpi/ (test_collectives.py runs them under Open MPI)."""
+    program = Path(mpich_crucible).parent / "test_mpi"
+    assert program.exists(), f"{program} not found: make build-mpich"
+    for np, mesh in [(3, ""), (4, "data_parallel=2,tensor_parallel=2")]:
+        proc = subprocess.run([MPIEXEC, "-n", str(np), str(program), "--gtest_color=no"], capture_output=True,
+                              text=True, env=clean_env(CRUCIBLE_TEST_MESH=mesh), timeout=120)
+        assert proc.returncode == 0, f"{np} ranks, mesh '{mesh}': exit {proc.returncode}\n{proc.stdout[-6000:]}"
+        assert len(re.findall(r"^\[  PASSED  \] 5 tests\.$", proc.stdout, re.M)) == np, proc.stdout
 
 
 def running(pid):

@@ -1,0 +1,86 @@
+// The precision contract of the 128-bit fixed-point sums (distributed/exact_sum.h): exact from
+// 2^-40 up, truncated toward zero at 2^-64, refused from 2^62; one rounding back to float.
+// (Order independence and the int64 fast paths: tests/unit/optim/optim_test.cc.)
+#include "distributed/exact_sum.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace crucible {
+namespace {
+
+constexpr __int128 kOne = __int128{1} << 64;  // 1.0 in fixed point
+
+__int128 Fixed(float value) {
+  __int128 out = -1;
+  EXPECT_TRUE(FloatToInt128(&value, &out, 1)) << value;
+  return out;
+}
+
+TEST(ExactSum, ValuesFrom2ToTheMinus40ConvertExactlyAndSmallerOnesTruncateAt2ToTheMinus64) {
+  EXPECT_TRUE(Fixed(1.0f) == kOne);
+  EXPECT_TRUE(Fixed(-0.75f) == -(kOne / 4) * 3);
+  EXPECT_TRUE(Fixed(std::ldexp(1.0f, -40)) == (__int128{1} << 24));
+  // A float of magnitude >= 2^-40 has no bit below 2^-64: 1.5 * 2^-40 is still exact.
+  EXPECT_TRUE(Fixed(std::ldexp(1.5f, -40)) == (__int128{3} << 23));
+  EXPECT_TRUE(Fixed(std::ldexp(1.0f, -64)) == 1);
+  EXPECT_TRUE(Fixed(std::ldexp(1.75f, -64)) == 1);  // truncated
+  EXPECT_TRUE(Fixed(std::ldexp(1.0f, -65)) == 0);
+  EXPECT_TRUE(Fixed(-std::ldexp(1.75f, -64)) == -1);  // toward zero
+  EXPECT_TRUE(Fixed(std::numeric_limits<float>::denorm_min()) == 0);
+}
+
+TEST(ExactSum, MagnitudesFrom2ToThe62AreRefusedAndZeroed) {
+  const float below = std::nextafter(std::ldexp(1.0f, 62), 0.0f);
+  const std::vector<float> values = {below,
+                                     std::ldexp(1.0f, 62),
+                                     -std::ldexp(1.0f, 62),
+                                     2.0f,
+                                     std::numeric_limits<float>::infinity(),
+                                     std::nanf("")};
+  std::vector<__int128> out(values.size(), 77);
+  EXPECT_FALSE(FloatToInt128(values.data(), out.data(), values.size()));
+  EXPECT_TRUE(out[0] == static_cast<__int128>(static_cast<double>(below) * 0x1p64));
+  EXPECT_TRUE(out[1] == 0 && out[2] == 0 && out[4] == 0 && out[5] == 0);
+  EXPECT_TRUE(out[3] == 2 * kOne);  // the other elements still convert
+  EXPECT_TRUE(FloatToInt128(values.data(), out.data(), 1));
+}
+
+TEST(ExactSum, AddRangeTouchesOnlyItsRangeAndSkipsWhatItRefuses) {
+  ExactAccumulator accumulator(4);
+  accumulator.Zero();
+  const float values[2] = {0.5f, -2.0f};
+  EXPECT_TRUE(accumulator.AddRange(1, 3, values));
+  EXPECT_TRUE(accumulator.AddRange(1, 3, values));
+  EXPECT_TRUE(accumulator.data()[0] == 0 && accumulator.data()[3] == 0);
+  EXPECT_TRUE(accumulator.data()[1] == kOne && accumulator.data()[2] == -4 * kOne);
+  const float bad[2] = {1.0f, std::numeric_limits<float>::infinity()};
+  EXPECT_FALSE(accumulator.AddRange(0, 2, bad));
+  EXPECT_TRUE(accumulator.data()[0] == kOne);  // the finite element was added
+  EXPECT_TRUE(accumulator.data()[1] == kOne);  // the refused one was not
+}
+
+TEST(ExactSum, AddInt128AddsElementwise) {
+  const __int128 in[3] = {kOne << 40, -5, 0};
+  __int128 sum[3] = {kOne << 40, 7, -1};
+  AddInt128(in, sum, 3);
+  EXPECT_TRUE(sum[0] == (kOne << 41) && sum[1] == 2 && sum[2] == -1);
+}
+
+TEST(ExactSum, TheSumConvertsToTheNearestFloat) {
+  // 1 + 2^-24 lies halfway between 1 and the next float: to even. 1 + 3 * 2^-25 rounds up.
+  const __int128 sums[4] = {kOne + (kOne >> 24), kOne + 3 * (kOne >> 25), -(kOne >> 2) - 1,
+                            kOne << 62};
+  float out[4];
+  Int128ToFloat(sums, out, 4);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], std::nextafter(1.0f, 2.0f));
+  EXPECT_EQ(out[2], -0.25f);
+  EXPECT_EQ(out[3], std::ldexp(1.0f, 62));  // sums beyond what one value may be
+}
+
+}  // namespace
+}  // namespace crucible
