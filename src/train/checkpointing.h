@@ -13,7 +13,8 @@
 #include "ckpt/async_writer.h"
 #include "ckpt/checkpoint.h"
 #include "common/config.h"
-#include "model/llama.h"
+#include "model/model.h"
+#include "model/parameters.h"
 #include "optim/optim.h"
 
 namespace crucible {
@@ -36,7 +37,8 @@ struct ResumePoint {
 class Checkpointing {
  public:
   // `config` is the fully resolved config of this run (model keys and global batch resolved).
-  Checkpointing(const Config& config, const std::string& run_dir, const LlamaConfig& model,
+  // `model` and `table` must outlive it.
+  Checkpointing(const Config& config, const std::string& run_dir, const ModelSpec& model,
                 const ParameterTable& table, Optimizer* optimizer, int world_size);
   ~Checkpointing();
 
@@ -70,7 +72,7 @@ class Checkpointing {
 
   const Config& config_;
   std::string run_dir_, root_;
-  LlamaConfig model_;
+  const ModelSpec& model_;
   const ParameterTable& table_;
   Optimizer* optimizer_;
   int world_size_;
