@@ -272,7 +272,7 @@ void RemoveTree(const std::string& path) {
 }
 
 SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& snapshot,
-                          const ParameterTable& table, const LlamaConfig& model,
+                          const ParameterTable& table, const ModelSpec& model,
                           const ProgressFn& progress) {
   Timer timer;
   MakeDirectories(root);

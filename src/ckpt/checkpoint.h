@@ -1,6 +1,6 @@
 // Training checkpoints on disk: one folder per step under the checkpoint root,
 //
-//   <root>/step-<n>/model.safetensors      fp32 master weights, Hugging Face Llama names
+//   <root>/step-<n>/model.safetensors      fp32 master weights, the table's names (Llama: HF)
 //   <root>/step-<n>/optimizer.safetensors  optimizer state, "<state>.<parameter name>" tensors
 //   <root>/step-<n>/state.json             step, consumed samples, data cursor, RNG, LR position,
 //                                          config hash, world size, crucible version
@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "common/config.h"
-#include "model/llama.h"
+#include "model/model.h"
+#include "model/parameters.h"
 
 namespace crucible {
 
@@ -80,7 +81,7 @@ struct SaveStats {
 // deleted. On any failure the temporary folder is removed, `latest` and the older checkpoints
 // are untouched, and IoError (exit 74) is thrown naming the file and the OS error.
 SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& snapshot,
-                          const ParameterTable& table, const LlamaConfig& model,
+                          const ParameterTable& table, const ModelSpec& model,
                           const ProgressFn& progress = nullptr);
 
 std::string CheckpointDirName(int64_t step);  // "step-<n>"

@@ -3,12 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_weights.h"
@@ -48,94 +46,26 @@ nlohmann::json ReadJson(const std::string& path) {
   }
 }
 
-// The value of `key` in `object`, or `fallback` when it is absent or null; DataError naming the
-// file when it is not a boolean.
-bool Boolean(const nlohmann::json& object, const char* key, bool fallback,
-             const std::string& path) {
-  if (!object.contains(key) || object[key].is_null()) return fallback;
-  if (!object[key].is_boolean()) throw DataError(path + ": '" + key + "' is not true/false");
-  return object[key].get<bool>();
-}
-
-// The value of `key` in `object`, or nullopt when it is absent or null; DataError naming the file
-// and `where` (the key's path in the file) when it is not a number.
-std::optional<double> Number(const nlohmann::json& object, const char* key,
-                             const std::string& where, const std::string& path) {
-  if (!object.contains(key) || object[key].is_null()) return std::nullopt;
-  if (!object[key].is_number()) throw DataError(path + ": '" + where + "' is not a number");
-  return object[key].get<double>();
-}
-
-// The RoPE base of a config.json, in either spelling: transformers < 5 writes a top-level
-// `rope_theta` (and `rope_scaling` {type or rope_type, factor, ...} for the other RoPE types),
-// transformers >= 5 `rope_parameters` {rope_type, rope_theta}; the base is taken as transformers
-// takes it (rope_parameters' first, then the top-level one, then 10000). Only the default RoPE is
-// implemented: another rope_type in either object (llama3, yarn, linear, dynamic, ...) is refused,
-// as are two spellings of the base that disagree.
-double ReadRopeTheta(const nlohmann::json& c, const std::string& path) {
-  const std::optional<double> top = Number(c, "rope_theta", "rope_theta", path);
-  std::optional<double> nested;
-  std::string nested_key;
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!c.contains(key) || c[key].is_null()) continue;
-    const nlohmann::json& rope = c[key];
-    if (!rope.is_object()) throw DataError(path + ": '" + key + "' is not an object");
-    std::string type = "default";
-    for (const char* type_key : {"rope_type", "type"}) {
-      if (!rope.contains(type_key)) continue;
-      if (!rope[type_key].is_string())
-        throw DataError(path + ": '" + key + "." + type_key + "' is not a string");
-      type = rope[type_key].get<std::string>();
-      break;
-    }
-    if (type != "default")
-      throw DataError(path + ": rope_type '" + type + "' (" + key +
-                      ") is not supported: crucible implements only the default RoPE "
-                      "(rope_type 'default', base rope_theta); use a model trained with it");
-    const std::string where = std::string(key) + ".rope_theta";
-    if (std::optional<double> theta = Number(rope, "rope_theta", where, path)) {
-      if (nested && *nested != *theta)
-        throw DataError(StrFormat("%s: %s=%g and %s=%g disagree; keep one", path.c_str(),
-                                  nested_key.c_str(), *nested, where.c_str(), *theta));
-      nested = theta;
-      nested_key = where;
-    }
-  }
-  if (top && nested && *top != *nested)
-    throw DataError(StrFormat("%s: rope_theta=%g and %s=%g disagree; keep one", path.c_str(), *top,
-                              nested_key.c_str(), *nested));
-  const double theta = nested ? *nested : top ? *top : 10000.0;
-  if (!(theta > 0)) throw DataError(path + ": rope_theta must be positive");
-  return theta;
-}
-
-// config.json of a Hugging Face folder, after refusing what crucible's Llama cannot reproduce
-// exactly (DataError naming the file and key): another model_type, activation, biases or RoPE.
-nlohmann::json ReadLlamaConfigJson(const std::string& path) {
+// config.json of a Hugging Face folder: DataError naming the file when it is not a JSON object.
+nlohmann::json ReadConfigJson(const std::string& path) {
   nlohmann::json c = ReadJson(path);
   if (!c.is_object()) throw DataError(path + ": not a JSON object");
-  // A string value as 'text', anything else as JSON.
-  auto quoted = [](const nlohmann::json& value) {
-    return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
-  };
-  if (c.contains("model_type") && c["model_type"] != "llama")
-    throw DataError(path + ": model_type " + quoted(c["model_type"]) +
-                    " is not supported: crucible reads only model_type 'llama' (LlamaForCausalLM)");
-  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
-    throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
-                    " is not supported: crucible's Llama uses silu (SwiGLU)");
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (Boolean(c, key, false, path))
-      throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
-  ReadRopeTheta(c, path);
   return c;
+}
+
+// The model's Hugging Face form; UsageError naming `what` when it has none.
+const HfMapping& RequireHf(const ModelSpec& model, const std::string& what) {
+  if (!model.hf())
+    throw UsageError(what + ": model '" + model.name() + "' has no Hugging Face form");
+  return *model.hf();
 }
 
 }  // namespace
 
-void ExportHfModel(const std::string& out, const LlamaConfig& m, const ParameterTable& table,
+void ExportHfModel(const std::string& out, const ModelSpec& model, const ParameterTable& table,
                    const float* weights, int64_t max_position_embeddings,
                    const std::string& tokenizer_path) {
+  const HfMapping& hf = RequireHf(model, "export hf");
   if (IsDirectory(out)) {
     std::error_code error;
     if (!std::filesystem::is_empty(out, error))
@@ -158,40 +88,13 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
       FindBosEos(tokenizer, &bos, &eos, &bos_token, &eos_token);
     }
-    // The RoPE base and the dtype in the spellings of transformers < 5 (rope_theta, torch_dtype)
-    // and >= 5 (rope_parameters, dtype), each read natively by its own version.
-    const nlohmann::ordered_json rope_parameters = {{"rope_theta", m.rope_theta},
-                                                    {"rope_type", "default"}};
-    nlohmann::ordered_json config = {{"architectures", {"LlamaForCausalLM"}},
-                                     {"model_type", "llama"},
-                                     {"vocab_size", m.vocab_size},
-                                     {"hidden_size", m.dim},
-                                     {"intermediate_size", m.ffn_hidden_dim},
-                                     {"num_hidden_layers", m.n_layers},
-                                     {"num_attention_heads", m.n_heads},
-                                     {"num_key_value_heads", m.n_kv_heads},
-                                     {"head_dim", m.head_dim()},
-                                     {"hidden_act", "silu"},
-                                     {"max_position_embeddings", max_position_embeddings},
-                                     {"rms_norm_eps", m.norm_eps},
-                                     {"rope_theta", m.rope_theta},
-                                     {"rope_parameters", rope_parameters},
-                                     {"attention_bias", false},
-                                     {"attention_dropout", 0.0},
-                                     {"mlp_bias", false},
-                                     {"initializer_range", m.init_std},
-                                     {"pretraining_tp", 1},
-                                     {"tie_word_embeddings", m.tie_embeddings},
-                                     {"torch_dtype", "float32"},
-                                     {"dtype", "float32"},
-                                     {"use_cache", true},
-                                     {"bos_token_id", bos},
-                                     {"eos_token_id", eos}};
+    const nlohmann::ordered_json config = hf.ConfigJson(max_position_embeddings, bos, eos);
     AtomicWriteFile(JoinPath(temporary, "config.json"), config.dump(2) + "\n");
     nlohmann::ordered_json generation = {
         {"_from_model_config", true}, {"bos_token_id", bos}, {"eos_token_id", eos}};
     AtomicWriteFile(JoinPath(temporary, "generation_config.json"), generation.dump(2) + "\n");
-    SaveModelWeights(JoinPath(temporary, "model.safetensors"), table, m, weights);
+    SaveModelWeights(JoinPath(temporary, "model.safetensors"), table, model, weights,
+                     [&](const ParamInfo& p) { return hf.TensorName(p); });
     if (!tokenizer_path.empty()) {
       AtomicWriteFile(JoinPath(temporary, "tokenizer.json"), tokenizer_text);
       // bos_token/eos_token make AutoTokenizer report them (lm-eval needs the EOS).
@@ -211,88 +114,37 @@ void ExportHfModel(const std::string& out, const LlamaConfig& m, const Parameter
   }
 }
 
-LlamaConfig ReadHfLlamaConfig(const std::string& dir, int64_t* max_position_embeddings) {
+std::shared_ptr<const ModelSpec> ReadHfModelSpec(const std::string& dir,
+                                                 int64_t* max_position_embeddings) {
   const std::string config_path = JoinPath(dir, "config.json");
   if (!FileExists(config_path))
     throw UsageError(config_path + ": missing (not a Hugging Face model folder)");
-  const nlohmann::json c = ReadLlamaConfigJson(config_path);
-  auto integer = [&](const char* key, int64_t fallback) -> int64_t {
-    if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
-    if (fallback >= 0) return fallback;
-    throw DataError(config_path + ": no integer '" + key + "'");
-  };
-  LlamaConfig m;
-  m.flavor = "hf";
-  m.vocab_size = integer("vocab_size", -1);
-  m.dim = integer("hidden_size", -1);
-  m.ffn_hidden_dim = integer("intermediate_size", -1);
-  m.n_layers = integer("num_hidden_layers", -1);
-  m.n_heads = integer("num_attention_heads", -1);
-  m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
-  m.norm_eps = Number(c, "rms_norm_eps", "rms_norm_eps", config_path).value_or(1e-6);
-  m.rope_theta = ReadRopeTheta(c, config_path);
-  m.tie_embeddings = Boolean(c, "tie_word_embeddings", false, config_path);
-  if (c.contains("initializer_range") && c["initializer_range"].is_number())
-    m.init_std = c["initializer_range"].get<double>();
-  if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 ||
-      m.n_heads % m.n_kv_heads != 0)
-    throw DataError(config_path +
-                    ": hidden_size / num_attention_heads / num_key_value_heads do not divide");
-  if (max_position_embeddings) *max_position_embeddings = integer("max_position_embeddings", 0);
-  return m;
+  const nlohmann::json c = ReadConfigJson(config_path);
+  std::shared_ptr<const ModelSpec> model = ModelSpecFromHfConfig(c, config_path);
+  if (max_position_embeddings) {
+    const char* key = "max_position_embeddings";
+    *max_position_embeddings =
+        c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : 0;
+  }
+  return model;
 }
 
-void ImportHfModel(const std::string& dir, const LlamaConfig& m, const ParameterTable& table,
+void ImportHfModel(const std::string& dir, const ModelSpec& model, const ParameterTable& table,
                    float* weights) {
+  const HfMapping& hf = RequireHf(model, "checkpoint.initial_load_hf");
   if (!IsDirectory(dir))
     throw UsageError("checkpoint.initial_load_hf: " + dir + ": no such folder");
   const std::string config_path = JoinPath(dir, "config.json");
   if (!FileExists(config_path))
     throw UsageError("checkpoint.initial_load_hf: " + config_path +
                      ": missing (not a Hugging Face model folder)");
-  const nlohmann::json c = ReadLlamaConfigJson(config_path);
+  const nlohmann::json c = ReadConfigJson(config_path);
+  const std::string theirs = ModelNameForHfConfig(c, config_path);
   std::vector<std::string> differences;
-  auto integer = [&](const char* key, int64_t ours, const char* our_key, int64_t fallback) {
-    int64_t theirs = fallback;
-    if (c.contains(key) && c[key].is_number_integer())
-      theirs = c[key].get<int64_t>();
-    else if (fallback < 0)
-      differences.push_back(std::string(key) + " missing");
-    if (fallback >= 0 || c.contains(key))
-      if (theirs != ours)
-        differences.push_back(
-            StrFormat("%s=%lld vs %s=%lld", key, (long long)theirs, our_key, (long long)ours));
-  };
-  auto real = [&](const char* key, double theirs, double ours, const char* our_key) {
-    if (std::fabs(theirs - ours) > 1e-12 * std::max(1.0, std::fabs(ours)))
-      differences.push_back(StrFormat("%s=%g vs %s=%g", key, theirs, our_key, ours));
-  };
-  integer("vocab_size", m.vocab_size, "model.vocab_size", -1);
-  integer("hidden_size", m.dim, "model.dim", -1);
-  integer("intermediate_size", m.ffn_hidden_dim, "model.ffn_hidden_dim", -1);
-  integer("num_hidden_layers", m.n_layers, "model.n_layers", -1);
-  integer("num_attention_heads", m.n_heads, "model.n_heads", -1);
-  int64_t kv =
-      c.contains("num_key_value_heads") && c["num_key_value_heads"].is_number_integer()
-          ? c["num_key_value_heads"].get<int64_t>()
-          : (c.contains("num_attention_heads") && c["num_attention_heads"].is_number_integer()
-                 ? c["num_attention_heads"].get<int64_t>()
-                 : -1);
-  if (kv != m.n_kv_heads)
-    differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld",
-                                    (long long)kv, (long long)m.n_kv_heads));
-  if (c.contains("head_dim") && c["head_dim"].is_number_integer() &&
-      c["head_dim"].get<int64_t>() != m.head_dim())
-    differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld",
-                                    (long long)c["head_dim"].get<int64_t>(),
-                                    (long long)m.head_dim()));
-  real("rms_norm_eps", Number(c, "rms_norm_eps", "rms_norm_eps", config_path).value_or(1e-6),
-       m.norm_eps, "model.norm_eps");
-  real("rope_theta", ReadRopeTheta(c, config_path), m.rope_theta, "model.rope_theta");
-  const bool tied = Boolean(c, "tie_word_embeddings", false, config_path);
-  if (tied != m.tie_embeddings)
-    differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s",
-                                    tied ? "true" : "false", m.tie_embeddings ? "true" : "false"));
+  if (theirs != model.name())
+    differences.push_back("model=" + theirs + " vs model.name=" + model.name());
+  else
+    differences = hf.Differences(c, config_path);
   if (!differences.empty()) {
     std::string all;
     for (const auto& d : differences) all += (all.empty() ? "" : "; ") + d;
@@ -309,9 +161,10 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
     if (!index.contains("weight_map") || !index["weight_map"].is_object())
       throw DataError(index_path + ": no weight_map object");
     for (const auto& p : table.params()) {
-      if (!index["weight_map"].contains(p.name) || !index["weight_map"][p.name].is_string())
-        throw DataError(index_path + ": weight_map has no tensor '" + p.name + "'");
-      std::string shard = index["weight_map"][p.name].get<std::string>();
+      const std::string name = hf.TensorName(p);
+      if (!index["weight_map"].contains(name) || !index["weight_map"][name].is_string())
+        throw DataError(index_path + ": weight_map has no tensor '" + name + "'");
+      std::string shard = index["weight_map"][name].get<std::string>();
       if (shard.find('/') != std::string::npos)
         throw DataError(index_path + ": bad shard name '" + shard + "'");
       file_of[p.name] = shard;
@@ -325,7 +178,7 @@ void ImportHfModel(const std::string& dir, const LlamaConfig& m, const Parameter
   for (const auto& p : table.params()) {
     auto& reader = readers[file_of[p.name]];
     if (!reader) reader = std::make_unique<SafetensorsReader>(JoinPath(dir, file_of[p.name]));
-    reader->ReadFloat32(p.name, p.shape, weights + p.offset);
+    reader->ReadFloat32(hf.TensorName(p), p.shape, weights + p.offset);
   }
   RequireFiniteWeights(table, weights,
                        [&](const std::string& name) { return JoinPath(dir, file_of[name]); });

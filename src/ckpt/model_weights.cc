@@ -9,23 +9,19 @@
 
 namespace crucible {
 
-std::map<std::string, std::string> ModelWeightsMetadata(const LlamaConfig& m) {
-  return {{"format", "pt"},
-          {"crucible.flavor", m.flavor},
-          {"crucible.vocab_size", std::to_string(m.vocab_size)},
-          {"crucible.dim", std::to_string(m.dim)},
-          {"crucible.n_layers", std::to_string(m.n_layers)},
-          {"crucible.n_heads", std::to_string(m.n_heads)},
-          {"crucible.n_kv_heads", std::to_string(m.n_kv_heads)},
-          {"crucible.ffn_hidden_dim", std::to_string(m.ffn_hidden_dim)},
-          {"crucible.tie_embeddings", m.tie_embeddings ? "true" : "false"}};
+std::map<std::string, std::string> ModelWeightsMetadata(const ModelSpec& model) {
+  std::map<std::string, std::string> metadata = model.WeightsMetadata();
+  metadata["format"] = "pt";
+  return metadata;
 }
 
-void SaveModelWeights(const std::string& path, const ParameterTable& table, const LlamaConfig& m,
-                      const float* weights) {
+void SaveModelWeights(const std::string& path, const ParameterTable& table, const ModelSpec& model,
+                      const float* weights,
+                      const std::function<std::string(const ParamInfo&)>& name_of) {
   std::vector<TensorView> views;
-  for (const auto& p : table.params()) views.push_back({p.name, p.shape, weights + p.offset});
-  WriteSafetensors(path, views, ModelWeightsMetadata(m));
+  for (const auto& p : table.params())
+    views.push_back({name_of ? name_of(p) : p.name, p.shape, weights + p.offset});
+  WriteSafetensors(path, views, ModelWeightsMetadata(model));
 }
 
 void LoadModelWeights(const std::string& path, const ParameterTable& table, float* weights) {

@@ -1,18 +1,23 @@
-// The model's flat weight buffer as a safetensors file with Hugging Face Llama tensor names.
+// The model's flat weight buffer as a safetensors file with the table's tensor names (Hugging
+// Face names for Llama).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <string>
 
-#include "model/llama.h"
+#include "model/model.h"
+#include "model/parameters.h"
 
 namespace crucible {
 
-// The __metadata__ of a weights file: format=pt (what transformers expects) and the model shape.
-std::map<std::string, std::string> ModelWeightsMetadata(const LlamaConfig& model);
-void SaveModelWeights(const std::string& path, const ParameterTable& table,
-                      const LlamaConfig& model, const float* weights);
+// The __metadata__ of a weights file: format=pt (what transformers expects) and the model shape
+// (ModelSpec::WeightsMetadata).
+std::map<std::string, std::string> ModelWeightsMetadata(const ModelSpec& model);
+// One tensor per table entry, named by `name_of` (nullptr: the table's names).
+void SaveModelWeights(const std::string& path, const ParameterTable& table, const ModelSpec& model,
+                      const float* weights,
+                      const std::function<std::string(const ParamInfo&)>& name_of = nullptr);
 // Fills `weights` from a safetensors file; every tensor of the table must be present with its
 // shape (F32, BF16, F16 or F64) and every value finite once converted to float32. Throws
 // DataError naming the file and tensor otherwise.

@@ -93,7 +93,7 @@ CommandRun SetupEval(CLI::App& app) {
     EvalModel model = LoadEvalModel(o->model, o->tokenizer, o->max_length);
     PrintLine(StrFormat("phase=eval model=%s kind=%s params=%zu max_length=%lld vocab=%lld",
                         model.weights_path.c_str(), model.kind.c_str(), model.weights.size(),
-                        (long long)model.max_length, (long long)model.config.vocab_size));
+                        (long long)model.max_length, (long long)model.spec->vocab_size()));
     EvalOptions options;
     options.batch_size = o->batch_size;
     options.limit = o->limit;

@@ -12,7 +12,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace crucible {
 namespace {
@@ -54,17 +54,17 @@ CommandRun SetupExport(CLI::App& app) {
     if (!hf->parsed()) return kExitUsage;
     ExportSource source = ResolveSource(o->source);
     Config config = Config::Parse(ReadFile(source.config_path), source.config_path);
-    LlamaConfig model = BuildLlamaConfig(config);
-    const ParameterTable table = LlamaParameterTable(model);
+    const std::shared_ptr<const ModelSpec> model = BuildModelSpec(config);
+    const ParameterTable table = model->BuildTable();
     std::vector<float> weights(table.total());
     LoadModelWeights(source.weights_path, table, weights.data());
     const std::string& tokenizer = config.String("model.tokenizer_path");
     if (!tokenizer.empty() && !FileExists(tokenizer))
       throw UsageError(source.config_path + ": model.tokenizer_path " + tokenizer +
                        ": no such file (run from the folder the run started in)");
-    ExportHfModel(o->out, model, table, weights.data(), config.Int("training.seq_len"), tokenizer);
-    PrintLine(StrFormat("exported %s -> %s (LlamaForCausalLM, %zu parameters%s)",
-                        source.weights_path.c_str(), o->out.c_str(), table.total(),
+    ExportHfModel(o->out, *model, table, weights.data(), config.Int("training.seq_len"), tokenizer);
+    PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s)", source.weights_path.c_str(),
+                        o->out.c_str(), model->hf()->architecture().c_str(), table.total(),
                         tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json"));
     return kExitOk;
   };

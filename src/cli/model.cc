@@ -1,5 +1,7 @@
 // crucible model info|init|grads: inspect a model config, write initial weights, and run one
 // forward/backward on a given batch (the hook the PyTorch reference tests use).
+#include "model/model.h"
+
 #include <memory>
 
 #include "ckpt/model_weights.h"
@@ -8,7 +10,6 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
-#include "model/llama.h"
 
 namespace crucible {
 namespace {
@@ -56,22 +57,23 @@ CommandRun SetupModel(CLI::App& app) {
   return [o, info, init, grads]() {
     Config config = LoadModelConfig(*o);
     config.Validate();
-    LlamaConfig m = BuildLlamaConfig(config);
+    const std::shared_ptr<const ModelSpec> spec = BuildModelSpec(config);
     if (info->parsed()) {
-      const ParameterTable table = LlamaParameterTable(m);
+      const ParameterTable table = spec->BuildTable();
       for (const auto& p : table.params())
         std::printf("%-48s %-14s offset=%zu\n", p.name.c_str(), ShapeString(p.shape).c_str(),
                     p.offset);
       std::printf("total_params=%zu flop_params=%zu flops_per_token(seq_len=%lld)=%.4g\n",
                   table.total(), table.FlopParams(), (long long)config.Int("training.seq_len"),
-                  TrainFlopsPerToken(m, table, config.Int("training.seq_len")));
+                  spec->TrainFlopsPerToken(table, config.Int("training.seq_len")));
       return 0;
     }
     if (init->parsed()) {
-      const ParameterTable table = LlamaParameterTable(m);
+      const ParameterTable table = spec->BuildTable();
       std::vector<float> weights(table.total());
-      InitWeights(m, table, static_cast<uint64_t>(config.Int("debug.seed")), weights.data());
-      SaveModelWeights(o->out, table, m, weights.data());
+      spec->InitWeights(table, static_cast<uint64_t>(config.Int("debug.seed")), 0, table.total(),
+                        weights.data());
+      SaveModelWeights(o->out, table, *spec, weights.data());
       return 0;
     }
     // grads
@@ -83,27 +85,30 @@ CommandRun SetupModel(CLI::App& app) {
       throw DataError(o->batch +
                       ": expected I32 tensors 'tokens' and 'targets' of the same shape [B, T]");
     const int64_t B = tokens->shape[0], T = tokens->shape[1];
-    LlamaModel model(m, B, T);
-    std::vector<float> weights(model.table().total()), gradients(model.table().total());
-    LoadModelWeights(o->weights, model.table(), weights.data());
+    const std::unique_ptr<Model> model = spec->Build(B, T);
+    const ParameterTable& table = model->table();
+    const int64_t V = spec->vocab_size();
+    std::vector<float> weights(table.total()), gradients(table.total());
+    LoadModelWeights(o->weights, table, weights.data());
     std::vector<int32_t> token_ids(B * T), target_ids(B * T);
     batch.ReadInt32("tokens", token_ids.data());
     batch.ReadInt32("targets", target_ids.data());
     for (int32_t t : token_ids)
-      if (t < 0 || t >= m.vocab_size)
+      if (t < 0 || t >= V)
         throw DataError(o->batch + ": token id " + std::to_string(t) +
                         " is outside the vocabulary");
-    int64_t valid = 0;
-    double loss_sum = model.Forward(weights.data(), token_ids.data(), target_ids.data(), &valid);
-    std::vector<float> logits(model.logits(), model.logits() + B * T * m.vocab_size);
-    std::vector<float> losses(model.losses(), model.losses() + B * T);
+    FlatParameterAccess access(table, weights.data(), gradients.data());
+    const LossSum sum = model->Forward(access, token_ids.data(), target_ids.data(), nullptr);
+    const int64_t valid = static_cast<int64_t>(sum.weight);  // the count: no loss weights
+    std::vector<float> logits(model->logits(), model->logits() + B * T * V);
+    std::vector<float> losses(model->losses(), model->losses() + B * T);
     float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
-    model.Backward(weights.data(), gradients.data(), scale);
-    float loss = valid > 0 ? static_cast<float>(loss_sum / valid) : 0.0f;
+    model->Backward(access, scale);
+    float loss = valid > 0 ? static_cast<float>(sum.loss / valid) : 0.0f;
     std::vector<TensorView> views = {{"loss", {}, &loss},
-                                     {"logits", {B, T, m.vocab_size}, logits.data()},
+                                     {"logits", {B, T, V}, logits.data()},
                                      {"losses", {B, T}, losses.data()}};
-    for (const auto& p : model.table().params())
+    for (const auto& p : table.params())
       views.push_back({"grad." + p.name, p.shape, gradients.data() + p.offset});
     WriteSafetensors(o->out, views, {{"valid_tokens", std::to_string(valid)}});
     std::printf("loss=%.9g valid_tokens=%lld\n", loss, (long long)valid);

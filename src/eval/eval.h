@@ -19,17 +19,19 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
 
-// A model ready to score: shape, fp32 weights, tokenizer and context length.
+// A model ready to score: its spec, fp32 weights (its table's layout), tokenizer and context
+// length.
 struct EvalModel {
-  LlamaConfig config;
+  std::shared_ptr<const ModelSpec> spec;
   std::vector<float> weights;
   Tokenizer tokenizer;
   int64_t max_length = 0;        // tokens the model reads at once (lm-eval's max_length)

@@ -31,10 +31,10 @@ Tokenizer LoadTokenizerFor(const std::string& path, const std::string& origin) {
 void FinishModel(EvalModel& model, int64_t max_length) {
   if (max_length > 0) model.max_length = max_length;
   if (model.max_length <= 0) throw UsageError("--max-length must be positive");
-  if (model.tokenizer.vocab_size() > model.config.vocab_size)
+  if (model.tokenizer.vocab_size() > model.spec->vocab_size())
     throw DataError(StrFormat(
         "the tokenizer has %lld ids but the model only %lld (vocab_size); wrong tokenizer?",
-        (long long)model.tokenizer.vocab_size(), (long long)model.config.vocab_size));
+        (long long)model.tokenizer.vocab_size(), (long long)model.spec->vocab_size()));
   // lm-eval's HFLM.prefix_token_id: BOS, else EOS.
   model.prefix_token_id = model.tokenizer.bos_id() >= 0   ? model.tokenizer.bos_id()
                           : model.tokenizer.eos_id() >= 0 ? model.tokenizer.eos_id()
@@ -111,10 +111,10 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
   if (!is_checkpoint && !has_toml && FileExists(JoinPath(path, "config.json"))) {
     model.kind = "hf";
     int64_t max_positions = 0;
-    model.config = ReadHfLlamaConfig(path, &max_positions);
-    const ParameterTable table = LlamaParameterTable(model.config);
+    model.spec = ReadHfModelSpec(path, &max_positions);
+    const ParameterTable table = model.spec->BuildTable();
     model.weights.resize(table.total());
-    ImportHfModel(path, model.config, table, model.weights.data());
+    ImportHfModel(path, *model.spec, table, model.weights.data());
     model.weights_path = JoinPath(path, "model.safetensors");
     const std::string tokenizer =
         tokenizer_path.empty() ? JoinPath(path, "tokenizer.json") : tokenizer_path;
@@ -143,8 +143,8 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
         "folder (config.json)");
   }
   Config config = Config::Parse(ReadFile(config_path), config_path);
-  model.config = BuildLlamaConfig(config);
-  const ParameterTable table = LlamaParameterTable(model.config);
+  model.spec = BuildModelSpec(config);
+  const ParameterTable table = model.spec->BuildTable();
   model.weights.resize(table.total());
   LoadModelWeights(weights_path, table, model.weights.data());
   model.weights_path = weights_path;

@@ -23,7 +23,7 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
   std::vector<TokenScore> scores(n);
   if (n == 0) return scores;
   const int64_t max_length = model.max_length;
-  const int64_t vocab = model.config.vocab_size;
+  const int64_t vocab = model.spec->vocab_size();
   // The window each request reads: the last max_length + 1 tokens of context + continuation.
   std::vector<std::vector<int32_t>> windows(n);
   std::vector<int64_t> continuation_length(n);
@@ -48,7 +48,7 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
                    [&](int64_t a, int64_t b) { return windows[a].size() > windows[b].size(); });
 
   const int64_t batch = std::max<int64_t>(1, options.batch_size);
-  std::unique_ptr<LlamaModel> llama;
+  std::unique_ptr<Model> built;  // for the current sequence length
   std::vector<int32_t> tokens, targets;
   Timer timer;
   double last_report = 0;
@@ -57,9 +57,9 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
     const int64_t longest = static_cast<int64_t>(windows[order[begin]].size()) - 1;
     const int64_t T =
         std::min(max_length, (longest + kLengthBucket - 1) / kLengthBucket * kLengthBucket);
-    if (!llama || llama->seq_len() != T) {
-      llama.reset();
-      llama = std::make_unique<LlamaModel>(model.config, batch, T);
+    if (!built || built->seq_len() != T) {
+      built.reset();
+      built = model.spec->Build(batch, T);
     }
     tokens.assign(batch * T, 0);
     targets.assign(batch * T, -1);
@@ -72,10 +72,10 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
         if (i >= first) targets[row * T + i] = window[i + 1];
       }
     }
-    int64_t valid = 0;
-    llama->Forward(model.weights.data(), tokens.data(), targets.data(), &valid);
-    const float* losses = llama->losses();
-    const float* logits = llama->logits();
+    FlatParameterAccess access(built->table(), model.weights.data(), nullptr);
+    built->Forward(access, tokens.data(), targets.data(), nullptr);
+    const float* losses = built->losses();
+    const float* logits = built->logits();
     for (int64_t row = 0; row < end - begin; ++row) {
       TokenScore& score = scores[order[begin + row]];
       double sum = 0;

@@ -84,23 +84,29 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.att_scratch.resize(k::attention_backward_scratch_floats(B_, T_, KV));
 
   const auto& units = table_.units();
-  const ParamUnit& tail = units[table_.tail_unit()];
-  params_.embed = table_.Find("model.embed_tokens.weight").offset - units[0].begin;
-  params_.final_norm = table_.Find("model.norm.weight").offset - tail.begin;
-  if (!config.tie_embeddings) params_.head = table_.Find("lm_head.weight").offset - tail.begin;
+  // Unit-relative offset of a tensor, which must lie inside unit `unit`.
+  auto in_unit = [&](const std::string& name, size_t unit) {
+    const ParamInfo& p = table_.Find(name);
+    const ParamUnit& u = units[unit];
+    if (p.offset < u.begin || p.offset + p.numel > u.end)
+      throw Error(kExitFailure,
+                  "internal: tensor " + name + " is not in unit " + std::to_string(unit));
+    return p.offset - u.begin;
+  };
+  const size_t tail = static_cast<size_t>(table_.tail_unit());
+  embed_ = in_unit("model.embed_tokens.weight", 0);
+  final_norm_ = in_unit("model.norm.weight", tail);
+  if (!config.tie_embeddings) head_ = in_unit("lm_head.weight", tail);
+  layers_.resize(config.n_layers);
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const size_t base = units[1 + l].begin;
-    auto at = [&](const char* name) { return table_.Find(p + name).offset - base; };
-    LayerOffsets o{at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
-                   at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
-                   at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
-                   at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
-                   at("mlp.down_proj.weight")};
-    if (l == 0) params_.layer = o;
-    // Layers are laid out alike, so one set of unit-relative offsets serves them all.
-    if (std::memcmp(&o, &params_.layer, sizeof(o)) != 0)
-      throw Error(kExitFailure, "internal: decoder layers are laid out differently");
+    const size_t unit = static_cast<size_t>(1 + l);
+    auto at = [&](const char* name) { return in_unit(p + name, unit); };
+    layers_[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
+                  at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+                  at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+                  at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+                  at("mlp.down_proj.weight")};
   }
 }
 
@@ -122,7 +128,7 @@ size_t LlamaModel::activation_bytes() const {
   return floats * sizeof(float);
 }
 
-double PlannedActivationBytes(const LlamaConfig& c, double B, double T) {
+double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
   const double N = B * T, C = static_cast<double>(c.dim), V = static_cast<double>(c.vocab_size);
   const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
   const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
@@ -141,37 +147,8 @@ const float* LlamaModel::losses() const {
   return buffers_->losses.data();
 }
 
-namespace {
-
-// The replicated flat buffers of a single-process step: every unit is a view into them.
-class FlatAccess : public ParameterAccess {
- public:
-  FlatAccess(const ParameterTable& table, const float* weights, float* grads)
-      : table_(table), weights_(weights), grads_(grads) {}
-  const float* AcquireWeights(int unit) override { return weights_ + table_.units()[unit].begin; }
-  float* Gradients(int unit) override { return grads_ + table_.units()[unit].begin; }
-
- private:
-  const ParameterTable& table_;
-  const float* weights_;
-  float* grads_;
-};
-
-}  // namespace
-
-double LlamaModel::Forward(const float* weights, const int32_t* tokens, const int32_t* targets,
-                           int64_t* valid_tokens) {
-  FlatAccess access(table_, weights, nullptr);
-  return Forward(access, tokens, targets, valid_tokens);
-}
-
-void LlamaModel::Backward(const float* weights, float* grads, float loss_scale) {
-  FlatAccess access(table_, weights, grads);
-  Backward(access, loss_scale);
-}
-
-double LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                           int64_t* valid_tokens) {
+LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
+                            const float* loss_weights) {
   Buffers& b = *buffers_;
   const LlamaConfig& c = config_;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
@@ -181,19 +158,19 @@ double LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const
   const float eps = static_cast<float>(c.norm_eps);
   std::memcpy(b.tokens.data(), tokens, N * sizeof(int32_t));
   std::memcpy(b.targets.data(), targets, N * sizeof(int32_t));
-  const P& p = params_;
+  loss_weights_ = loss_weights;
 
   const float* unit0 = access.AcquireWeights(0);
   access.Prefetch(L > 0 ? 1 : tail);
   k::embedding_forward(b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data(), tokens,
-                       unit0 + p.embed, N, C);
+                       unit0 + embed_, N, C);
   if (!c.tie_embeddings) access.ReleaseWeights(0);
   for (int64_t l = 0; l < L; ++l) {
     auto& Lb = b.layers[l];
     const int unit = static_cast<int>(1 + l);
     const float* w = access.AcquireWeights(unit);
     access.Prefetch(l + 1 < L ? unit + 1 : tail);
-    const LayerOffsets& o = p.layer;  // unit-relative, the same for every layer
+    const LayerOffsets& o = layers_[l];  // unit-relative
     float* x_out = l + 1 < L ? b.layers[l + 1].x_in.data() : b.x_final.data();
     k::rmsnorm_forward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
     k::matmul_forward(Lb.q.data(), Lb.ln1.data(), w + o.q, N, C, H * D);
@@ -216,17 +193,21 @@ double LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const
     access.ReleaseWeights(unit);
   }
   const float* wt = access.AcquireWeights(tail);
-  k::rmsnorm_forward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + p.final_norm, N, C,
+  k::rmsnorm_forward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C,
                      eps);
-  const float* head = c.tie_embeddings ? unit0 + p.embed : wt + p.head;
+  const float* head = c.tie_embeddings ? unit0 + embed_ : wt + head_;
   k::matmul_forward(b.logits.data(), b.lnf.data(), head, N, C, V);
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  int64_t valid =
-      k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
-  if (valid_tokens) *valid_tokens = valid;
-  double sum = 0.0;
-  for (int64_t i = 0; i < N; ++i) sum += b.losses[i];
+  k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
+  // In position order; without weights each w_i is 1 and w_i * l_i is l_i exactly.
+  LossSum sum;
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] < 0) continue;
+    const double w = loss_weights ? static_cast<double>(loss_weights[i]) : 1.0;
+    sum.loss += w * b.losses[i];
+    sum.weight += w;
+  }
   return sum;
 }
 
@@ -237,7 +218,6 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
   const int64_t L = c.n_layers;
   const int tail = table_.tail_unit();
-  const P& p = params_;
 
   // Head and final norm (the tied head's weight and gradient live in the embedding unit).
   const float* wt = access.AcquireWeights(tail);
@@ -245,18 +225,19 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   if (L > 0) access.Prefetch(static_cast<int>(L));
   float* gt = access.Gradients(tail);
   float* g0 = c.tie_embeddings ? access.Gradients(0) : nullptr;
-  k::cross_entropy_backward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale);
+  k::cross_entropy_backward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale,
+                            loss_weights_);
   const float* dlogits = b.logits.data();
   std::fill(b.dln.begin(), b.dln.end(), 0.0f);
   if (c.tie_embeddings)
-    k::matmul_backward(b.dln.data(), g0 + p.embed, dlogits, b.lnf.data(), unit0 + p.embed, N, C, V,
+    k::matmul_backward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
                        false, false);
   else
-    k::matmul_backward(b.dln.data(), gt + p.head, dlogits, b.lnf.data(), wt + p.head, N, C, V,
-                       false, false);
+    k::matmul_backward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
+                       false);
   std::fill(b.dx.begin(), b.dx.end(), 0.0f);
-  k::rmsnorm_backward(b.dx.data(), gt + p.final_norm, b.dln.data(), b.x_final.data(),
-                      wt + p.final_norm, b.lnf_rstd.data(), N, C);
+  k::rmsnorm_backward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(),
+                      wt + final_norm_, b.lnf_rstd.data(), N, C);
   access.ReleaseWeights(tail);
   access.GradientsReady(tail);
 
@@ -266,7 +247,7 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     const float* w = access.AcquireWeights(unit);
     if (l > 0) access.Prefetch(unit - 1);  // the embedding's backward needs no weights
     float* g = access.Gradients(unit);
-    const LayerOffsets& o = p.layer;
+    const LayerOffsets& o = layers_[l];
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
     k::matmul_backward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N,
                        F, C, false, false);
@@ -301,7 +282,7 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   }
   // Embedding: overwrite (untied) or add to the head's gradient (tied).
   if (!g0) g0 = access.Gradients(0);
-  float* dembed = g0 + p.embed;
+  float* dembed = g0 + embed_;
   if (!c.tie_embeddings) std::fill(dembed, dembed + table_.params()[0].numel, 0.0f);
   k::embedding_backward(dembed, b.dx.data(), b.tokens.data(), N, C);
   if (c.tie_embeddings) access.ReleaseWeights(0);

@@ -1,5 +1,8 @@
-// A Llama-3-style decoder written as plain single-process code: token embedding, RMSNorm,
-// rotary embeddings, grouped-query attention, SwiGLU MLP, final norm, output head (tied or not).
+// The Llama family, registered as [model] name "llama": a Llama-3-style decoder written as plain
+// single-process code: token embedding, RMSNorm, rotary embeddings, grouped-query attention,
+// SwiGLU MLP, final norm, output head (tied or not). Code outside src/model/ reaches it only
+// through model/model.h (LlamaSpec is its ModelSpec, LlamaModel its Model); this header is for
+// the family's own files and its tests.
 //
 // The model owns no parameters. Weights, gradients and optimizer state are flat float buffers
 // laid out by the ParameterTable (Hugging Face Llama tensor names, shapes, offsets), so
@@ -9,10 +12,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/config.h"
+#include "model/model.h"
 #include "model/parameters.h"
 
 namespace crucible {
@@ -50,66 +55,92 @@ struct LlamaSizes {
   double parameters = 0;                            // embedding + n_layers x layer + tail
   double largest_unit = 0, largest_other_unit = 0;  // of all units; of all but the embedding
 };
-LlamaSizes PlannedSizes(const LlamaConfig& config);
-double PlannedActivationBytes(const LlamaConfig& config, double batch_size, double seq_len);
+LlamaSizes PlannedLlamaSizes(const LlamaConfig& config);
+double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len);
 
-// Llama-reference init: normal(0, init_std) truncated at 3 sigma for embeddings and input
-// projections; output projections (o_proj, down_proj) depth-scaled by 1/sqrt(2 n_layers); the
-// untied output head at std dim^-0.5 / 4, so initial logits have std ~0.25 and the first loss is
-// within ~0.05 of ln(vocab); norms at 1. A pure function of (seed, tensor, element).
-void InitWeights(const LlamaConfig& config, const ParameterTable& table, uint64_t seed,
-                 float* weights);
-// The same values for flat elements [begin, end) only, written to out[0, end - begin) (a
-// ZeRO-3 rank initialises its shard without materialising the whole model).
-void InitWeightsRange(const LlamaConfig& config, const ParameterTable& table, uint64_t seed,
-                      size_t begin, size_t end, float* out);
+// The Llama ModelSpec, and its Hugging Face mapping (LlamaForCausalLM; tensor names are the
+// table's, and rotary embeddings use the same rotate-half layout, so no tensor is permuted).
+class LlamaSpec final : public ModelSpec, public HfMapping {
+ public:
+  explicit LlamaSpec(const LlamaConfig& config) : config_(config) {}
+  const LlamaConfig& config() const { return config_; }
 
-// Floating-point operations per trained token: 6 N + 6 L d T (forward + backward; N from
-// FlopParams(), causal attention counted at half of the dense 12 L d T).
-double TrainFlopsPerToken(const LlamaConfig& config, const ParameterTable& table, int64_t seq_len);
+  std::string name() const override { return "llama"; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  std::string Summary() const override;
+  std::string SizeKeys() const override;
+  std::map<std::string, std::string> WeightsMetadata() const override;
+  ParameterSizes PlannedSizes() const override;
+  BufferSizes PlannedBuffers(double batch_size, double seq_len) const override;
+  ParameterTable BuildTable() const override { return LlamaParameterTable(config_); }
+  // Llama-reference init: normal(0, init_std) truncated at 3 sigma for embeddings and input
+  // projections; output projections (o_proj, down_proj) depth-scaled by 1/sqrt(2 n_layers); the
+  // untied output head at std dim^-0.5 / 4, so initial logits have std ~0.25 and the first loss
+  // is within ~0.05 of ln(vocab); norms at 1.
+  void InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
+                   float* out) const override;
+  // 6 N + 6 L d T (N from FlopParams(), causal attention counted at half of the dense 12 L d T).
+  double TrainFlopsPerToken(const ParameterTable& table, int64_t seq_len) const override;
+  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const override;
+  const HfMapping* hf() const override { return this; }
 
-class LlamaModel {
+  // HfMapping (llama_hf.cc). A config.json is read as transformers 4 or 5 writes it (the RoPE
+  // base is `rope_theta` or `rope_parameters.rope_theta`); refused (DataError) when it describes
+  // what this code cannot reproduce exactly: an activation other than silu, biases, a rope_type
+  // other than default (llama3, yarn, linear, dynamic, ...), or two RoPE bases that disagree.
+  std::string architecture() const override;
+  nlohmann::ordered_json ConfigJson(int64_t max_position_embeddings,
+                                    const nlohmann::json& bos_token_id,
+                                    const nlohmann::json& eos_token_id) const override;
+  std::vector<std::string> Differences(const nlohmann::json& config,
+                                       const std::string& path) const override;
+  std::string TensorName(const ParamInfo& tensor) const override { return tensor.name; }
+
+ private:
+  LlamaConfig config_;
+};
+
+// The Llama a Hugging Face config.json describes (flavor "hf"): the family's HfConfigReader.
+std::shared_ptr<const ModelSpec> ReadLlamaHfConfig(const nlohmann::json& config,
+                                                   const std::string& path);
+
+class LlamaModel final : public Model {
  public:
   LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len);
-  ~LlamaModel();
+  ~LlamaModel() override;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const LlamaConfig& config() const { return config_; }
-  const ParameterTable& table() const { return table_; }
-  int64_t batch_size() const { return B_; }
-  int64_t seq_len() const { return T_; }
-  size_t activation_bytes() const;
+  const ParameterTable& table() const override { return table_; }
+  int64_t batch_size() const override { return B_; }
+  int64_t seq_len() const override { return T_; }
+  size_t activation_bytes() const override;
 
-  // tokens, targets (B,T); targets -1 are ignored. Keeps what the backward pass needs.
-  // Returns the sum of the per-token losses (double, fixed order) and sets *valid_tokens.
-  double Forward(const float* weights, const int32_t* tokens, const int32_t* targets,
-                 int64_t* valid_tokens);
-  // Logits (B*T, V) of the last Forward (valid until Backward, which overwrites them).
-  const float* logits() const;
-  // Per-token losses (B*T) of the last Forward.
-  const float* losses() const;
-  // Gradient of loss_scale * (sum of losses of the last Forward), written over `grads`.
-  void Backward(const float* weights, float* grads, float loss_scale);
-  // The same, reaching parameters and gradients unit by unit through `access`.
-  double Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                 int64_t* valid_tokens);
-  void Backward(ParameterAccess& access, float loss_scale);
+  LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
+                  const float* loss_weights) override;
+  const float* logits() const override;
+  const float* losses() const override;
+  void Backward(ParameterAccess& access, float loss_scale) override;
+
+  // Where decoder layer l's tensors are, relative to the first element of its unit (1 + l).
+  // Looked up per unit in the table, so layers need not be laid out alike (a family whose first
+  // layers are dense and later ones MoE keeps one such record per unit in the same way).
+  struct LayerOffsets {
+    size_t ln1 = 0, q = 0, k = 0, v = 0, o = 0, ln2 = 0, gate = 0, up = 0, down = 0;
+  };
+  const LayerOffsets& layer_offsets(int64_t layer) const { return layers_[layer]; }
 
  private:
   struct Buffers;
   LlamaConfig config_;
   ParameterTable table_;
-  // Unit-relative offsets of the tensors (every decoder layer has the same layout).
-  struct LayerOffsets {
-    size_t ln1 = 0, q = 0, k = 0, v = 0, o = 0, ln2 = 0, gate = 0, up = 0, down = 0;
-  };
-  struct P {
-    size_t embed = 0, final_norm = 0, head = 0;
-    LayerOffsets layer;
-  };
-  P params_;
+  // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
+  // untied head in the tail unit), and of each layer's.
+  size_t embed_ = 0, final_norm_ = 0, head_ = 0;
+  std::vector<LayerOffsets> layers_;
   int64_t B_, T_;
+  const float* loss_weights_ = nullptr;  // of the last Forward, read by Backward
   Buffers* buffers_;
 };
 

@@ -1,9 +1,7 @@
-// Flavors, config validation, the parameter table, weight init and the FLOP count.
+// Flavors, config validation, the parameter table and the planned sizes.
 #include <algorithm>
-#include <cmath>
 
 #include "common/error.h"
-#include "common/philox.h"
 #include "common/strings.h"
 #include "model/llama.h"
 
@@ -42,9 +40,6 @@ LlamaConfig BuildLlamaConfig(Config& config) {
     for (const auto& f : kFlavors) all += std::string(all.empty() ? "" : ", ") + f.name;
     throw UsageError("model.flavor: unknown flavor '" + name + "' (choose one of " + all + ")");
   }
-  if (config.String("model.name") != "llama")
-    throw UsageError("model.name: unknown model '" + config.String("model.name") +
-                     "' (only 'llama' is implemented)");
   LlamaConfig m;
   m.flavor = name;
   auto pick = [&](const char* key, int64_t preset) {
@@ -86,7 +81,7 @@ LlamaConfig BuildLlamaConfig(Config& config) {
   return m;
 }
 
-LlamaSizes PlannedSizes(const LlamaConfig& c) {
+LlamaSizes PlannedLlamaSizes(const LlamaConfig& c) {
   const double V = static_cast<double>(c.vocab_size), C = static_cast<double>(c.dim);
   const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
   const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
@@ -124,44 +119,6 @@ ParameterTable LlamaParameterTable(const LlamaConfig& c) {
   if (!c.tie_embeddings) table.Add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
   table.EndUnit();
   return table;
-}
-
-void InitWeights(const LlamaConfig& c, const ParameterTable& table, uint64_t seed, float* weights) {
-  InitWeightsRange(c, table, seed, 0, table.total(), weights);
-}
-
-void InitWeightsRange(const LlamaConfig& c, const ParameterTable& table, uint64_t seed,
-                      size_t begin, size_t end, float* out) {
-  for (size_t index = 0; index < table.params().size(); ++index) {
-    const ParamInfo& p = table.params()[index];
-    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
-    if (b >= e) continue;
-    float* w = out + (b - begin);
-    const size_t first = b - p.offset, count = e - b;  // elements [first, first + count) of p
-    if (p.kind == ParamKind::kNorm) {
-      std::fill(w, w + count, 1.0f);
-      continue;
-    }
-    double std = c.init_std;
-    if (p.kind == ParamKind::kOutputProjection) std = c.init_std / std::sqrt(2.0 * c.n_layers);
-    if (p.kind == ParamKind::kHead) std = 0.25 / std::sqrt(static_cast<double>(c.dim));
-#pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < count; ++j) {
-      // Each element has its own Philox stream position: thread-count independent.
-      const size_t i = first + j;
-      Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
-      double z = rng.NextNormal();
-      for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();
-      if (std::fabs(z) > 3.0) z = 0.0;
-      w[j] = static_cast<float>(z * std);
-    }
-  }
-}
-
-double TrainFlopsPerToken(const LlamaConfig& c, const ParameterTable& table, int64_t seq_len) {
-  return 6.0 * static_cast<double>(table.FlopParams()) + 6.0 * static_cast<double>(c.n_layers) *
-                                                             static_cast<double>(c.dim) *
-                                                             static_cast<double>(seq_len);
 }
 
 }  // namespace crucible

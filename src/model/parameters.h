@@ -18,7 +18,7 @@ namespace crucible {
 enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
 
 struct ParamInfo {
-  std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::string name;            // e.g. model.layers.0.self_attn.q_proj.weight (Llama: HF names)
   std::vector<int64_t> shape;  // e.g. {out_features, in_features}
   size_t offset = 0;           // into the flat buffer, in floats
   size_t numel = 0;
@@ -67,7 +67,9 @@ class ParameterTable {
 // gradient at Gradients(u)[i - u.begin]. One replicated buffer serves a single process; ZeRO-3
 // gathers each unit from the ranks' shards when it is acquired, and data parallelism starts
 // reducing a unit's gradient as soon as it is ready, while the backward pass goes on with the
-// units below it.
+// units below it. What ZeRO-3 can hold at once: three acquired units (its gather buffers), and
+// two open gradients, unit 0's (a decoder's embedding, written again by a tied head) and one
+// other unit's.
 class ParameterAccess {
  public:
   virtual ~ParameterAccess() = default;
@@ -79,6 +81,21 @@ class ParameterAccess {
   // GradientsReady(unit) for this micro-batch.
   virtual float* Gradients(int unit) = 0;
   virtual void GradientsReady(int /*unit*/) {}
+};
+
+// A single process's access: every unit is a view into one flat buffer of weights and one of
+// gradients (both in table layout; `grads` may be nullptr when only Forward is called).
+class FlatParameterAccess : public ParameterAccess {
+ public:
+  FlatParameterAccess(const ParameterTable& table, const float* weights, float* grads)
+      : table_(table), weights_(weights), grads_(grads) {}
+  const float* AcquireWeights(int unit) override { return weights_ + table_.units()[unit].begin; }
+  float* Gradients(int unit) override { return grads_ + table_.units()[unit].begin; }
+
+ private:
+  const ParameterTable& table_;
+  const float* weights_;
+  float* grads_;
 };
 
 }  // namespace crucible

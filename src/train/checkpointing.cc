@@ -55,7 +55,7 @@ std::string ReadLatest(const std::string& root) {
 }  // namespace
 
 Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
-                             const LlamaConfig& model, const ParameterTable& table,
+                             const ModelSpec& model, const ParameterTable& table,
                              OptimizerShard* optimizer, int rank, int world_size)
     : config_(config),
       run_dir_(run_dir),

@@ -13,7 +13,8 @@
 #include "ckpt/async_writer.h"
 #include "ckpt/checkpoint.h"
 #include "common/config.h"
-#include "model/llama.h"
+#include "model/model.h"
+#include "model/parameters.h"
 #include "optim/optimizer_shard.h"
 
 namespace crucible {
@@ -36,8 +37,9 @@ struct ResumePoint {
 class Checkpointing {
  public:
   // `config` is the fully resolved config of this run (model keys and global batch resolved).
-  // `rank` of `world_size` ranks: only rank 0 writes checkpoints.
-  Checkpointing(const Config& config, const std::string& run_dir, const LlamaConfig& model,
+  // `rank` of `world_size` ranks: only rank 0 writes checkpoints. `model` and `table` must
+  // outlive it.
+  Checkpointing(const Config& config, const std::string& run_dir, const ModelSpec& model,
                 const ParameterTable& table, OptimizerShard* optimizer, int rank, int world_size);
   ~Checkpointing();
 
@@ -71,7 +73,7 @@ class Checkpointing {
 
   const Config& config_;
   std::string run_dir_, root_;
-  LlamaConfig model_;
+  const ModelSpec& model_;
   const ParameterTable& table_;
   OptimizerShard* optimizer_;  // covers every parameter
   int rank_;

@@ -44,9 +44,9 @@ double ReadNumber(const std::string& path) {
 
 }  // namespace
 
-MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
                       int rank, int world) {
-  const LlamaSizes sizes = PlannedSizes(model);
+  const ParameterSizes sizes = model.PlannedSizes();
   const double P = sizes.parameters, U = sizes.largest_unit;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
   // The layout of DataParallel: shards of whole norm chunks, buffers padded to ranks x shard.
@@ -62,13 +62,13 @@ MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const Trai
     if (spec.per_tensor == 0) ++state_buffers;
 
   MemoryPlan plan;
-  plan.activations = PlannedActivationBytes(model, B, T) + 4 * T * model.head_dim() + 8 * B * T;
+  plan.activations = model.PlannedBuffers(B, T).total_bytes;
   plan.batch = 8 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
   if (shape.zero_stage == 3) {
     const double piece = std::min(static_cast<double>(DataParallel::kReducePiece), U);
     plan.model_state =
         (4 + 4 + 16) * shard + 4 * state_buffers * update + 4 * ShardedAccess::kGatherBuffers * U +
-        4 * (sizes.embedding + sizes.largest_other_unit) +
+        4 * (sizes.first_unit + sizes.largest_other_unit) +
         16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard)));
   } else {
     const double receive =
@@ -123,7 +123,7 @@ AvailableMemory MachineAvailableMemory() {
   return available;
 }
 
-void CheckTrainingFits(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingShape& shape,
                        Communicator& comm) {
   const double steps = static_cast<double>(config.Int("training.steps"));
   const double global_batch = static_cast<double>(config.Int("training.global_batch_size"));
@@ -172,16 +172,13 @@ void CheckTrainingFits(const Config& config, const LlamaConfig& model, const Tra
     throw UsageError(StrFormat(
         "the config asks for %s of memory on host %s (%d rank%s; rank %d: activations %s for "
         "training.local_batch_size = %.0f x training.seq_len = %.0f, step batch %s for "
-        "training.global_batch_size = %.0f, model state %s for %s parameters of "
-        "model.vocab_size = %lld, model.dim = %lld, model.n_layers = %lld, model.ffn_hidden_dim "
-        "= %lld with parallelism.zero_stage = %d, checkpoint buffers %s) but %s has %s available "
-        "(%s): %s",
+        "training.global_batch_size = %.0f, model state %s for %s parameters of %s with "
+        "parallelism.zero_stage = %d, checkpoint buffers %s) but %s has %s available (%s): %s",
         Bytes(asked[host]).c_str(), host.c_str(), ranks[host], ranks[host] > 1 ? "s" : "", r,
         Bytes(p.activations).c_str(), B, T, Bytes(p.batch).c_str(), global_batch,
-        Bytes(p.model_state).c_str(), Count(PlannedSizes(model).parameters).c_str(),
-        (long long)model.vocab_size, (long long)model.dim, (long long)model.n_layers,
-        (long long)model.ffn_hidden_dim, shape.zero_stage, Bytes(p.checkpoint).c_str(),
-        host.c_str(), Bytes(host_available).c_str(), available.source.c_str(), advice));
+        Bytes(p.model_state).c_str(), Count(model.PlannedSizes().parameters).c_str(),
+        model.SizeKeys().c_str(), shape.zero_stage, Bytes(p.checkpoint).c_str(), host.c_str(),
+        Bytes(host_available).c_str(), available.source.c_str(), advice));
   }
   if (B * T > kIntLimit)
     throw UsageError(StrFormat(

@@ -11,7 +11,7 @@
 
 #include "common/config.h"
 #include "distributed/communicator.h"
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace crucible {
 
@@ -31,7 +31,7 @@ struct TrainingShape {
 };
 
 // The plan of rank `rank` of `world` for the resolved `config`.
-MemoryPlan PlanMemory(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
                       int rank, int world);
 
 // What this machine can still give: MemAvailable of /proc/meminfo, or less where a cgroup limit
@@ -46,7 +46,7 @@ AvailableMemory MachineAvailableMemory();
 // than that host has available, or when a product the trainer keeps in an integer exceeds its
 // type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
 // prints the plan (phase=memory_check).
-void CheckTrainingFits(const Config& config, const LlamaConfig& model, const TrainingShape& shape,
+void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingShape& shape,
                        Communicator& comm);
 
 }  // namespace crucible

@@ -28,7 +28,7 @@
 #include "distributed/mesh.h"
 #include "distributed/param_access.h"
 #include "kernels/cpu/kernels.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "optim/clipping.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer_shard.h"
@@ -145,7 +145,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   StopSignals stop_signals;
   // ---- resolve the config ----
   config.Validate();
-  LlamaConfig model_config = BuildLlamaConfig(config);
+  const std::shared_ptr<const ModelSpec> model_spec = BuildModelSpec(config);
   OptimizerConfig optimizer_config = BuildOptimizerConfig(config);
   LrScheduleConfig schedule = BuildLrScheduleConfig(config);
   const int64_t steps = config.Int("training.steps");
@@ -178,14 +178,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const int64_t accumulation = global_batch / (micro_batch * world);
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(
-      config, model_config,
+      config, *model_spec,
       {micro_batch, seq_len, accumulation, static_cast<int>(config.Int("parallelism.zero_stage")),
        config.Bool("parallelism.overlap_grad_reduce") && world > 1},
       comm);
   const int64_t log_freq = config.Int("metrics.log_freq");
   const double max_norm = config.Float("training.max_norm");
 
-  std::unique_ptr<TokenSource> source = MakeTokenSource(config, model_config.vocab_size);
+  std::unique_ptr<TokenSource> source = MakeTokenSource(config, model_spec->vocab_size());
 
   // ---- run directory ----
   const std::string run_dir = RunDirectory(config);
@@ -193,8 +193,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
   const std::unique_ptr<RunLock> run_lock = TakeRunDirectory(run_dir, comm);
 
   // ---- model, buffers, optimizer ----
-  LlamaModel model(model_config, micro_batch, seq_len);
-  const ParameterTable& table = model.table();
+  const std::unique_ptr<Model> model = model_spec->Build(micro_batch, seq_len);
+  const ParameterTable& table = model->table();
   const size_t n_params = table.total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   DataParallel data_parallel(mesh->data_parallel(), n_params,
@@ -221,7 +221,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       for (const ShardState& state : full_state->State()) std::vector<float>().swap(state.values);
   };
   OptimizerShard* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
-  Checkpointing checkpointing(config, run_dir, model_config, table, checkpoint_optimizer, rank,
+  Checkpointing checkpointing(config, run_dir, *model_spec, table, checkpoint_optimizer, rank,
                               world);
   release_full_state();  // Resume allocates it again if it loads a checkpoint
   // Loading a checkpoint or a model file fills a full buffer; under ZeRO-3 each rank then keeps
@@ -279,16 +279,16 @@ int RunTraining(Config config, const std::string& resume_mode) {
       throw UsageError(
           "model.init_weights and checkpoint.initial_load_hf are both set; choose one");
     if (!hf_path.empty()) {
-      ImportHfModel(hf_path, model_config, table, load_target);
+      ImportHfModel(hf_path, *model_spec, table, load_target);
       PrintLine("phase=initial_load_hf from=" + hf_path);
     } else if (!init_path.empty()) {
       LoadModelWeights(init_path, table, load_target);
     } else if (sharded) {  // a non-empty shard starts at update_begin == base
-      InitWeightsRange(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
-                       update_begin, update_end, weights.data());
+      model_spec->InitWeights(table, static_cast<uint64_t>(config.Int("debug.seed")), update_begin,
+                              update_end, weights.data());
     } else {
-      InitWeights(model_config, table, static_cast<uint64_t>(config.Int("debug.seed")),
-                  load_target);
+      model_spec->InitWeights(table, static_cast<uint64_t>(config.Int("debug.seed")), 0, n_params,
+                              load_target);
     }
   }
   if (sharded && !full_load.empty()) {
@@ -303,19 +303,18 @@ int RunTraining(Config config, const std::string& resume_mode) {
       weights[i - base] = RoundToBfloat16(weights[i - base]);
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
   const PeakFlops peak = ResolvePeakFlops(config, comm);
-  const double flops_per_token = TrainFlopsPerToken(model_config, table, seq_len);
+  const double flops_per_token = model_spec->TrainFlopsPerToken(table, seq_len);
   MfuMeter mfu_meter(peak, flops_per_token);
   const int threads = omp_get_max_threads();
   if (leader) {
     PrintLine(StrFormat(
-        "phase=start run_dir=%s params=%zu flavor=%s layers=%lld dim=%lld vocab=%lld seq_len=%lld "
-        "global_batch=%lld micro_batch=%lld accumulation=%lld ranks=%d zero_stage=%d threads=%d "
-        "activations=%s peak_gflops=%.4g peak_source=%s data=%s",
-        run_dir.c_str(), n_params, model_config.flavor.c_str(), (long long)model_config.n_layers,
-        (long long)model_config.dim, (long long)model_config.vocab_size, (long long)seq_len,
+        "phase=start run_dir=%s params=%zu %s seq_len=%lld global_batch=%lld micro_batch=%lld "
+        "accumulation=%lld ranks=%d zero_stage=%d threads=%d activations=%s peak_gflops=%.4g "
+        "peak_source=%s data=%s",
+        run_dir.c_str(), n_params, model_spec->Summary().c_str(), (long long)seq_len,
         (long long)global_batch, (long long)micro_batch, (long long)accumulation, world,
         data_parallel.zero_stage(), threads,
-        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(), peak.gflops,
+        HumanBytes(static_cast<double>(model->activation_bytes())).c_str(), peak.gflops,
         peak.source.c_str(), source->Describe().c_str()));
   }
 
@@ -361,7 +360,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
         zero_stage, HumanBytes(weight_bytes).c_str(), HumanBytes(grad_bytes).c_str(),
         HumanBytes(accumulator_bytes).c_str(), HumanBytes(4 * state_floats).c_str(),
         HumanBytes(buffers).c_str(), total,
-        HumanBytes(static_cast<double>(model.activation_bytes())).c_str(),
+        HumanBytes(static_cast<double>(model->activation_bytes())).c_str(),
         HumanBytes(static_cast<double>(data_parallel.CommunicatedBytesPerStep(accumulation)))
             .c_str(),
         overlap ? "on" : "off"));
@@ -375,7 +374,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   }
 
   std::unique_ptr<Validation> validation;
-  if (leader) validation = std::make_unique<Validation>(config, model_config, run_dir);
+  if (leader) validation = std::make_unique<Validation>(config, model_spec, run_dir);
   const bool validate = data_parallel.Any(leader && validation->enabled());
   if (config.Bool("metrics.per_rank") && world > 1)
     rank_metrics.Open(JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank)), resume.resumed);
@@ -432,15 +431,15 @@ int RunTraining(Config config, const std::string& resume_mode) {
     else
       accumulator.Zero();
     for (int64_t m = 0; m < accumulation; ++m) {
-      int64_t valid = 0;
       if (replicated) replicated->BeginMicroBatch(m + 1 == accumulation);
       const bool inject = inject_nan_tensor && step == inject_nan_step && leader && m == 0;
       const int64_t nan_at = inject ? static_cast<int64_t>(inject_nan_tensor->offset) : -1;
       if (replicated) replicated->SetTestNan(nan_at);
       if (sharded_access) sharded_access->SetTestNan(nan_at);
+      // Pre-training weighs every target token 1 (no loss weights).
       micro_losses[m] =
-          model.Forward(access, inputs.data() + m * N, targets.data() + m * N, &valid);
-      model.Backward(access, loss_scale);
+          model->Forward(access, inputs.data() + m * N, targets.data() + m * N, nullptr).loss;
+      model->Backward(access, loss_scale);
       if (!non_finite_where.empty()) {
         finite = false;
         LogWarn(StrFormat(
@@ -467,7 +466,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
     const double loss = data_parallel.OrderedSum(micro_losses) / static_cast<double>(valid_total) /
                         fake_loss_divisor;  // the divisor is a test-only fault
     divergence.CheckLoss(loss, step);
-    if (leader && fresh_model && step == 1) detectors.CheckFirstLoss(loss, model_config.vocab_size);
+    if (leader && fresh_model && step == 1)
+      detectors.CheckFirstLoss(loss, model_spec->vocab_size());
     const double lr = LearningRate(schedule, step);
     double grad_norm = std::sqrt(data_parallel.GradNormSquared(grads.data(), base));
     if (!finite) grad_norm = std::nan("");
@@ -608,7 +608,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
   if (leader && config.Bool("checkpoint.enable")) {
     divergence.CheckFinalWeights(final_weights);
     PrintLine("phase=save path=" + JoinPath(run_dir, "model.safetensors"));
-    SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, model_config, final_weights);
+    SaveModelWeights(JoinPath(run_dir, "model.safetensors"), table, *model_spec, final_weights);
   }
   const double train_seconds = train_timer.Seconds();
   // Peak resident memory of every rank (VmHWM), to hold the memory report against reality.

@@ -17,7 +17,8 @@ struct Validation::State {
   std::unique_ptr<TextDocuments> held_out;
 };
 
-Validation::Validation(const Config& config, const LlamaConfig& model, const std::string& run_dir)
+Validation::Validation(const Config& config, std::shared_ptr<const ModelSpec> model,
+                       const std::string& run_dir)
     : enabled_(config.Bool("validation.enable")),
       freq_(config.Int("validation.freq")),
       limit_(config.Int("validation.steps")),
@@ -38,7 +39,7 @@ Validation::Validation(const Config& config, const LlamaConfig& model, const std
     throw UsageError(
         "validation needs model.tokenizer_path (the tokenizer.json the data was made with)");
   state_ = std::make_unique<State>();
-  state_->model.config = model;
+  state_->model.spec = std::move(model);
   state_->model.tokenizer = Tokenizer::Load(tokenizer);
   state_->model.max_length = config.Int("training.seq_len");
   const int64_t bos = state_->model.tokenizer.bos_id(), eos = state_->model.tokenizer.eos_id();

@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "common/config.h"
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace crucible {
 
 class Validation {
  public:
-  Validation(const Config& config, const LlamaConfig& model, const std::string& run_dir);
+  Validation(const Config& config, std::shared_ptr<const ModelSpec> model,
+             const std::string& run_dir);
   ~Validation();
   bool enabled() const { return enabled_; }
   // Evaluates `weights` after `step`; returns false when the gate says stop.

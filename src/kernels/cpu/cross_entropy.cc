@@ -44,7 +44,7 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
 }
 
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
-                            int64_t N, int64_t V, float scale) {
+                            int64_t N, int64_t V, float scale, const float* weights) {
   ScopedKernelTimer profile_timer("cross_entropy_backward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
@@ -54,8 +54,9 @@ void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const in
       continue;
     }
     float m = lse[i];
-    for (int64_t j = 0; j < V; ++j) row[j] = exp_fast(row[j] - m) * scale;
-    row[targets[i]] -= scale;
+    const float row_scale = weights ? scale * weights[i] : scale;  // scale * 1.0f is scale
+    for (int64_t j = 0; j < V; ++j) row[j] = exp_fast(row[j] - m) * row_scale;
+    row[targets[i]] -= row_scale;
   }
 }
 

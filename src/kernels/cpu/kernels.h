@@ -80,9 +80,10 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // Returns the number of valid targets. Throws DataError for a target outside [0,V).
 int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
                               const int32_t* targets, int64_t N, int64_t V);
-// In place: logits (N,V) -> dlogits = (softmax - onehot(target)) * scale; ignored rows zero.
+// In place: logits (N,V) -> dlogits = (softmax - onehot(target)) * scale * weights[row]
+// (weights nullptr: every row's is 1); ignored rows zero.
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
-                            int64_t N, int64_t V, float scale);
+                            int64_t N, int64_t V, float scale, const float* weights = nullptr);
 
 // ---- reductions ----
 // Sum of squares of x[0..n) in double, fixed chunk order (thread-count independent).

@@ -32,8 +32,8 @@ class CheckpointTest : public ::testing::Test {
     for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=1",
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config_.ApplyOverride(o);
-    model_ = BuildLlamaConfig(config_);
-    table_ = std::make_unique<ParameterTable>(LlamaParameterTable(model_));
+    model_ = BuildModelSpec(config_);
+    table_ = std::make_unique<ParameterTable>(model_->BuildTable());
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -53,12 +53,12 @@ class CheckpointTest : public ::testing::Test {
 
   fs::path root_;
   Config config_;
-  LlamaConfig model_;
+  std::shared_ptr<const ModelSpec> model_;
   std::unique_ptr<ParameterTable> table_;
 };
 
 TEST_F(CheckpointTest, WrittenCheckpointVerifiesAndLoadsBack) {
-  WriteCheckpoint(root_.string(), Snapshot(7), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(7), *table_, *model_);
   EXPECT_EQ(VerifyCheckpoint(Dir(7)), "");
   EXPECT_EQ(ReadFile((root_ / "latest").string()), "step-7\n");
   std::vector<float> weights(table_->total()), m(table_->total()), v(table_->total());
@@ -81,7 +81,7 @@ TEST_F(CheckpointTest, PerTensorOptimizerStateIsStoredUnderEachParameterName) {
   std::vector<float> pairs(2 * tensors);
   for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = 0.25f * static_cast<float>(i);
   snapshot.optimizer_state.push_back({"scale", pairs, 2});
-  WriteCheckpoint(root_.string(), snapshot, *table_, model_);
+  WriteCheckpoint(root_.string(), snapshot, *table_, *model_);
   SafetensorsReader file(Dir(4) + "/optimizer.safetensors");
   const ParamInfo& last = table_->params().back();
   float stored[2];
@@ -98,12 +98,12 @@ TEST_F(CheckpointTest, PerTensorOptimizerStateIsStoredUnderEachParameterName) {
 }
 
 TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
-  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, *model_);
   const std::string model = Dir(1) + "/model.safetensors";
   fs::resize_file(model, fs::file_size(model) - 4);
   EXPECT_NE(VerifyCheckpoint(Dir(1)).find("model.safetensors: "), std::string::npos);
 
-  WriteCheckpoint(root_.string(), Snapshot(2), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(2), *table_, *model_);
   {
     std::fstream f(Dir(2) + "/optimizer.safetensors",
                    std::ios::in | std::ios::out | std::ios::binary);
@@ -112,17 +112,17 @@ TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
   }
   EXPECT_NE(VerifyCheckpoint(Dir(2)).find("optimizer.safetensors: checksum"), std::string::npos);
 
-  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, *model_);
   { std::ofstream(Dir(3) + "/MANIFEST", std::ios::app) << "# edited\n"; }
   EXPECT_NE(VerifyCheckpoint(Dir(3)).find("MANIFEST: checksum"), std::string::npos);
 
-  WriteCheckpoint(root_.string(), Snapshot(4), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(4), *table_, *model_);
   fs::remove(Dir(4) + "/COMPLETE");
   EXPECT_NE(VerifyCheckpoint(Dir(4)).find("COMPLETE is missing"), std::string::npos);
 }
 
 TEST_F(CheckpointTest, SizesOnlyVerificationChecksEverythingButTheContent) {
-  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, *model_);
   EXPECT_EQ(VerifyCheckpoint(Dir(1), VerifyDepth::kSizes), "");
   {  // a flipped byte: same size, only a checksum sees it
     std::fstream f(Dir(1) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -135,7 +135,7 @@ TEST_F(CheckpointTest, SizesOnlyVerificationChecksEverythingButTheContent) {
   fs::resize_file(model, fs::file_size(model) - 4);
   EXPECT_NE(VerifyCheckpoint(Dir(1), VerifyDepth::kSizes).find("model.safetensors: "),
             std::string::npos);
-  WriteCheckpoint(root_.string(), Snapshot(2), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(2), *table_, *model_);
   { std::ofstream(Dir(2) + "/MANIFEST", std::ios::app) << "# edited\n"; }
   EXPECT_NE(VerifyCheckpoint(Dir(2), VerifyDepth::kSizes).find("MANIFEST: checksum"),
             std::string::npos);
@@ -146,7 +146,7 @@ TEST_F(CheckpointTest, SizesOnlyVerificationChecksEverythingButTheContent) {
 
 TEST_F(CheckpointTest, ResumeFallsBackToTheNewestGoodOneAndReportsWhy) {
   for (int64_t step : {10, 20, 30})
-    WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+    WriteCheckpoint(root_.string(), Snapshot(step), *table_, *model_);
   fs::remove(Dir(30) + "/state.json");
   fs::remove(root_ / "latest");
   std::vector<std::string> reports;
@@ -175,7 +175,7 @@ TEST_F(CheckpointTest, RunWeightsFallBackToTheFinalModelNamingEachCheckpointSkip
   // A run directory: config.toml, ckpt/ with two damaged checkpoints, the final model.
   const fs::path run = root_ / "run";
   const std::string ckpt = (run / "ckpt").string();
-  for (int64_t step : {10, 20}) WriteCheckpoint(ckpt, Snapshot(step), *table_, model_);
+  for (int64_t step : {10, 20}) WriteCheckpoint(ckpt, Snapshot(step), *table_, *model_);
   AtomicWriteFile((run / "config.toml").string(), config_.ToToml());
   fs::remove(ckpt + "/step-20/COMPLETE");
   fs::resize_file(ckpt + "/step-10/state.json", 3);
@@ -212,7 +212,7 @@ TEST_F(CheckpointTest, RunWeightsFallBackToTheFinalModelNamingEachCheckpointSkip
   EXPECT_TRUE(fs::exists(ckpt + "/step-20") && fs::exists(ckpt + "/step-10"));
 
   // A good checkpoint is preferred, with nothing to report when `latest` names it.
-  WriteCheckpoint(ckpt, Snapshot(30), *table_, model_);
+  WriteCheckpoint(ckpt, Snapshot(30), *table_, *model_);
   reports.clear();
   found =
       FindRunWeights(run.string(), "export", [&](const std::string& r) { reports.push_back(r); });
@@ -270,7 +270,7 @@ TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterIsGoneIsRemovedAtTheNextSave) 
   const std::string reused_record = WithField(CheckpointWriterRecord(reused), "start_time", "1");
   const std::string stale = MakeTemporary(root_, ".tmp-step-30.77", reused_record);
 
-  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, *model_);
   EXPECT_FALSE(fs::exists(gone));
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_EQ(VerifyCheckpoint(Dir(50)), "");
@@ -291,19 +291,19 @@ TEST_F(CheckpointTest, ATemporaryFolderWhoseWriterMayBeAliveIsKept) {
   // No record at all: a save from before records existed, or one that has just begun.
   const std::string unrecorded = MakeTemporary(root_, ".tmp-step-43.7", "");
 
-  WriteCheckpoint(root_.string(), Snapshot(50), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(50), *table_, *model_);
   for (const auto& dir : {live, elsewhere, other_namespace, unrecorded})
     EXPECT_TRUE(fs::exists(dir + "/model.safetensors")) << dir;
   Reap(alive);
   // Now that writer is gone too.
-  WriteCheckpoint(root_.string(), Snapshot(60), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(60), *table_, *model_);
   EXPECT_FALSE(fs::exists(live));
   EXPECT_TRUE(fs::exists(elsewhere) && fs::exists(other_namespace) && fs::exists(unrecorded));
 }
 
 TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
   for (int64_t step = 5; step <= 40; step += 5)
-    WriteCheckpoint(root_.string(), Snapshot(step), *table_, model_);
+    WriteCheckpoint(root_.string(), Snapshot(step), *table_, *model_);
   fs::remove(Dir(5) + "/COMPLETE");  // incomplete: never deleted
   auto removed = PruneCheckpoints(root_.string(), 2, 20);
   EXPECT_EQ(removed.size(), 4u);  // 10, 15, 25, 30
@@ -314,20 +314,20 @@ TEST_F(CheckpointTest, PruneKeepsLatestKEveryNAndIncompleteFolders) {
 }
 
 TEST_F(CheckpointTest, SavingAStepAgainMovesTheOldFolderAside) {
-  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, *model_);
   fs::remove(Dir(3) + "/COMPLETE");
-  WriteCheckpoint(root_.string(), Snapshot(3), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(3), *table_, *model_);
   EXPECT_EQ(VerifyCheckpoint(Dir(3)), "");
   EXPECT_TRUE(fs::exists(root_ / "step-3.replaced-1" / "model.safetensors"));
 }
 
 TEST_F(CheckpointTest, WriteFailureIsAnIoErrorAndLeavesNoFolder) {
-  WriteCheckpoint(root_.string(), Snapshot(1), *table_, model_);
+  WriteCheckpoint(root_.string(), Snapshot(1), *table_, *model_);
   // A plain file where the temporary folder's parent should be.
   const std::string blocked = (root_ / "blocked").string();
   { std::ofstream(blocked) << "x"; }
   try {
-    WriteCheckpoint(blocked + "/ckpt", Snapshot(2), *table_, model_);
+    WriteCheckpoint(blocked + "/ckpt", Snapshot(2), *table_, *model_);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), kExitIo);

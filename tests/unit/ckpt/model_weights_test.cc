@@ -27,13 +27,13 @@ class ModelWeightsTest : public ::testing::Test {
     for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=2",
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config.ApplyOverride(o);
-    model_ = BuildLlamaConfig(config);
-    table_ = std::make_unique<ParameterTable>(LlamaParameterTable(model_));
+    model_ = BuildModelSpec(config);
+    table_ = std::make_unique<ParameterTable>(model_->BuildTable());
     weights_.assign(table_->total(), 0.25f);
   }
   void TearDown() override { fs::remove(path_); }
   std::pair<int, std::string> LoadError() {
-    SaveModelWeights(path_, *table_, model_, weights_.data());
+    SaveModelWeights(path_, *table_, *model_, weights_.data());
     std::vector<float> loaded(table_->total());
     try {
       LoadModelWeights(path_, *table_, loaded.data());
@@ -44,7 +44,7 @@ class ModelWeightsTest : public ::testing::Test {
     return {0, ""};
   }
   std::string path_;
-  LlamaConfig model_;
+  std::shared_ptr<const ModelSpec> model_;
   std::unique_ptr<ParameterTable> table_;
   std::vector<float> weights_;
 };

@@ -95,15 +95,15 @@ class JudgeStopTest : public ::testing::Test {
     for (const char* o : {"model.vocab_size=64", "model.dim=16", "model.n_layers=1",
                           "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_hidden_dim=32"})
       config.ApplyOverride(o);
-    LlamaConfig model = BuildLlamaConfig(config);
-    const ParameterTable table = LlamaParameterTable(model);
+    const std::shared_ptr<const ModelSpec> model = BuildModelSpec(config);
+    const ParameterTable table = model->BuildTable();
     CheckpointSnapshot snapshot;
     snapshot.step = step;
     snapshot.weights.assign(table.total(), 0.5f);
     snapshot.optimizer_state = {{"exp_avg", std::vector<float>(table.total(), 1.0f)}};
     snapshot.state = {{"step", step}};
     snapshot.config_toml = config.ToToml();
-    return WriteCheckpoint(root_.string(), snapshot, table, model).path;
+    return WriteCheckpoint(root_.string(), snapshot, table, *model).path;
   }
   std::string Stopped(const std::string& checkpoint, int exit_code) {
     return StrFormat("0: step=5 loss=1\n0: stopped step=5 signal=SIGUSR1 checkpoint=%s exit=%d\n",

@@ -23,7 +23,7 @@ std::vector<LlamaConfig> Models() {
 TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
   for (const LlamaConfig& c : Models()) {
     const ParameterTable table = LlamaParameterTable(c);
-    const LlamaSizes sizes = PlannedSizes(c);
+    const LlamaSizes sizes = PlannedLlamaSizes(c);
     EXPECT_EQ(sizes.parameters, static_cast<double>(table.total())) << c.flavor;
     EXPECT_EQ(sizes.embedding, static_cast<double>(table.units()[0].size())) << c.flavor;
     EXPECT_EQ(sizes.layer, static_cast<double>(table.units()[1].size())) << c.flavor;
@@ -36,7 +36,7 @@ TEST(PlannedSizes, ActivationBytesAreWhatTheModelAllocates) {
   for (const LlamaConfig& c : Models()) {
     for (auto [batch, seq_len] : {std::pair<int64_t, int64_t>{1, 8}, {3, 16}}) {
       const LlamaModel model(c, batch, seq_len);
-      EXPECT_EQ(PlannedActivationBytes(c, batch, seq_len),
+      EXPECT_EQ(PlannedLlamaActivationBytes(c, batch, seq_len),
                 static_cast<double>(model.activation_bytes()))
           << c.flavor << " " << batch << "x" << seq_len;
     }
@@ -47,9 +47,9 @@ TEST(PlannedSizes, AbsurdConfigsDoNotOverflow) {
   const LlamaConfig c = Model({"model.dim=2147483644", "model.n_heads=2", "model.n_kv_heads=2",
                                "model.vocab_size=2147483647", "model.n_layers=2147483647",
                                "model.ffn_hidden_dim=2147483647"});
-  const double parameters = PlannedSizes(c).parameters;  // about 2^31 x 2^31 x 2^31 x 6
+  const double parameters = PlannedLlamaSizes(c).parameters;  // about 2^31 x 2^31 x 2^31 x 6
   EXPECT_GT(parameters, 5e28);
-  const double activations = PlannedActivationBytes(c, 2147483647.0, 2147483647.0);
+  const double activations = PlannedLlamaActivationBytes(c, 2147483647.0, 2147483647.0);
   EXPECT_TRUE(std::isfinite(activations) && activations > 1e38) << activations;
 }
 

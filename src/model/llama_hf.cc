@@ -1,0 +1,206 @@
+// The Llama's Hugging Face mapping: config.json written from a LlamaConfig, read back into one,
+// and compared with one. ckpt/hf.cc reads and writes the files.
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "model/llama.h"
+
+namespace crucible {
+namespace {
+
+// The value of `key` in `object`, or `fallback` when it is absent or null; DataError naming the
+// file when it is not a boolean.
+bool Boolean(const nlohmann::json& object, const char* key, bool fallback,
+             const std::string& path) {
+  if (!object.contains(key) || object[key].is_null()) return fallback;
+  if (!object[key].is_boolean()) throw DataError(path + ": '" + key + "' is not true/false");
+  return object[key].get<bool>();
+}
+
+// The value of `key` in `object`, or nullopt when it is absent or null; DataError naming the file
+// and `where` (the key's path in the file) when it is not a number.
+std::optional<double> Number(const nlohmann::json& object, const char* key,
+                             const std::string& where, const std::string& path) {
+  if (!object.contains(key) || object[key].is_null()) return std::nullopt;
+  if (!object[key].is_number()) throw DataError(path + ": '" + where + "' is not a number");
+  return object[key].get<double>();
+}
+
+// The RoPE base of a config.json, in either spelling: transformers < 5 writes a top-level
+// `rope_theta` (and `rope_scaling` {type or rope_type, factor, ...} for the other RoPE types),
+// transformers >= 5 `rope_parameters` {rope_type, rope_theta}; the base is taken as transformers
+// takes it (rope_parameters' first, then the top-level one, then 10000). Only the default RoPE is
+// implemented: another rope_type in either object (llama3, yarn, linear, dynamic, ...) is refused,
+// as are two spellings of the base that disagree.
+double ReadRopeTheta(const nlohmann::json& c, const std::string& path) {
+  const std::optional<double> top = Number(c, "rope_theta", "rope_theta", path);
+  std::optional<double> nested;
+  std::string nested_key;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!c.contains(key) || c[key].is_null()) continue;
+    const nlohmann::json& rope = c[key];
+    if (!rope.is_object()) throw DataError(path + ": '" + key + "' is not an object");
+    std::string type = "default";
+    for (const char* type_key : {"rope_type", "type"}) {
+      if (!rope.contains(type_key)) continue;
+      if (!rope[type_key].is_string())
+        throw DataError(path + ": '" + key + "." + type_key + "' is not a string");
+      type = rope[type_key].get<std::string>();
+      break;
+    }
+    if (type != "default")
+      throw DataError(path + ": rope_type '" + type + "' (" + key +
+                      ") is not supported: crucible implements only the default RoPE "
+                      "(rope_type 'default', base rope_theta); use a model trained with it");
+    const std::string where = std::string(key) + ".rope_theta";
+    if (std::optional<double> theta = Number(rope, "rope_theta", where, path)) {
+      if (nested && *nested != *theta)
+        throw DataError(StrFormat("%s: %s=%g and %s=%g disagree; keep one", path.c_str(),
+                                  nested_key.c_str(), *nested, where.c_str(), *theta));
+      nested = theta;
+      nested_key = where;
+    }
+  }
+  if (top && nested && *top != *nested)
+    throw DataError(StrFormat("%s: rope_theta=%g and %s=%g disagree; keep one", path.c_str(), *top,
+                              nested_key.c_str(), *nested));
+  const double theta = nested ? *nested : top ? *top : 10000.0;
+  if (!(theta > 0)) throw DataError(path + ": rope_theta must be positive");
+  return theta;
+}
+
+// Refuses (DataError naming the file and key) a config.json whose model crucible's Llama cannot
+// reproduce exactly: another activation, biases or RoPE. (The model_type chose this family.)
+void RequireReproducible(const nlohmann::json& c, const std::string& path) {
+  // A string value as 'text', anything else as JSON.
+  auto quoted = [](const nlohmann::json& value) {
+    return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
+  };
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
+    throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
+                    " is not supported: crucible's Llama uses silu (SwiGLU)");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (Boolean(c, key, false, path))
+      throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
+  ReadRopeTheta(c, path);
+}
+
+}  // namespace
+
+nlohmann::ordered_json LlamaSpec::ConfigJson(int64_t max_position_embeddings,
+                                             const nlohmann::json& bos_token_id,
+                                             const nlohmann::json& eos_token_id) const {
+  const LlamaConfig& m = config_;
+  // The RoPE base and the dtype in the spellings of transformers < 5 (rope_theta, torch_dtype)
+  // and >= 5 (rope_parameters, dtype), each read natively by its own version.
+  const nlohmann::ordered_json rope_parameters = {{"rope_theta", m.rope_theta},
+                                                  {"rope_type", "default"}};
+  return {{"architectures", {architecture()}},
+          {"model_type", "llama"},
+          {"vocab_size", m.vocab_size},
+          {"hidden_size", m.dim},
+          {"intermediate_size", m.ffn_hidden_dim},
+          {"num_hidden_layers", m.n_layers},
+          {"num_attention_heads", m.n_heads},
+          {"num_key_value_heads", m.n_kv_heads},
+          {"head_dim", m.head_dim()},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", max_position_embeddings},
+          {"rms_norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_parameters", rope_parameters},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"initializer_range", m.init_std},
+          {"pretraining_tp", 1},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"torch_dtype", "float32"},
+          {"dtype", "float32"},
+          {"use_cache", true},
+          {"bos_token_id", bos_token_id},
+          {"eos_token_id", eos_token_id}};
+}
+
+std::vector<std::string> LlamaSpec::Differences(const nlohmann::json& c,
+                                                const std::string& path) const {
+  RequireReproducible(c, path);
+  const LlamaConfig& m = config_;
+  std::vector<std::string> differences;
+  auto integer = [&](const char* key, int64_t ours, const char* our_key, int64_t fallback) {
+    int64_t theirs = fallback;
+    if (c.contains(key) && c[key].is_number_integer())
+      theirs = c[key].get<int64_t>();
+    else if (fallback < 0)
+      differences.push_back(std::string(key) + " missing");
+    if (fallback >= 0 || c.contains(key))
+      if (theirs != ours)
+        differences.push_back(
+            StrFormat("%s=%lld vs %s=%lld", key, (long long)theirs, our_key, (long long)ours));
+  };
+  auto real = [&](const char* key, double theirs, double ours, const char* our_key) {
+    if (std::fabs(theirs - ours) > 1e-12 * std::max(1.0, std::fabs(ours)))
+      differences.push_back(StrFormat("%s=%g vs %s=%g", key, theirs, our_key, ours));
+  };
+  integer("vocab_size", m.vocab_size, "model.vocab_size", -1);
+  integer("hidden_size", m.dim, "model.dim", -1);
+  integer("intermediate_size", m.ffn_hidden_dim, "model.ffn_hidden_dim", -1);
+  integer("num_hidden_layers", m.n_layers, "model.n_layers", -1);
+  integer("num_attention_heads", m.n_heads, "model.n_heads", -1);
+  int64_t kv =
+      c.contains("num_key_value_heads") && c["num_key_value_heads"].is_number_integer()
+          ? c["num_key_value_heads"].get<int64_t>()
+          : (c.contains("num_attention_heads") && c["num_attention_heads"].is_number_integer()
+                 ? c["num_attention_heads"].get<int64_t>()
+                 : -1);
+  if (kv != m.n_kv_heads)
+    differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld",
+                                    (long long)kv, (long long)m.n_kv_heads));
+  if (c.contains("head_dim") && c["head_dim"].is_number_integer() &&
+      c["head_dim"].get<int64_t>() != m.head_dim())
+    differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld",
+                                    (long long)c["head_dim"].get<int64_t>(),
+                                    (long long)m.head_dim()));
+  real("rms_norm_eps", Number(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6), m.norm_eps,
+       "model.norm_eps");
+  real("rope_theta", ReadRopeTheta(c, path), m.rope_theta, "model.rope_theta");
+  const bool tied = Boolean(c, "tie_word_embeddings", false, path);
+  if (tied != m.tie_embeddings)
+    differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s",
+                                    tied ? "true" : "false", m.tie_embeddings ? "true" : "false"));
+  return differences;
+}
+
+std::shared_ptr<const ModelSpec> ReadLlamaHfConfig(const nlohmann::json& c,
+                                                   const std::string& path) {
+  RequireReproducible(c, path);
+  auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+    if (c.contains(key) && c[key].is_number_integer()) return c[key].get<int64_t>();
+    if (fallback >= 0) return fallback;
+    throw DataError(path + ": no integer '" + key + "'");
+  };
+  LlamaConfig m;
+  m.flavor = "hf";
+  m.vocab_size = integer("vocab_size", -1);
+  m.dim = integer("hidden_size", -1);
+  m.ffn_hidden_dim = integer("intermediate_size", -1);
+  m.n_layers = integer("num_hidden_layers", -1);
+  m.n_heads = integer("num_attention_heads", -1);
+  m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
+  m.norm_eps = Number(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6);
+  m.rope_theta = ReadRopeTheta(c, path);
+  m.tie_embeddings = Boolean(c, "tie_word_embeddings", false, path);
+  if (c.contains("initializer_range") && c["initializer_range"].is_number())
+    m.init_std = c["initializer_range"].get<double>();
+  if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 ||
+      m.n_heads % m.n_kv_heads != 0)
+    throw DataError(path +
+                    ": hidden_size / num_attention_heads / num_key_value_heads do not divide");
+  return std::make_shared<LlamaSpec>(m);
+}
+
+}  // namespace crucible

@@ -1,0 +1,84 @@
+// The model registry: [model] name -> the family that builds it, and Hugging Face model_type ->
+// the family that reads it.
+#include "model/model.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace crucible {
+namespace {
+
+struct Entry {
+  ModelSpecBuilder build;
+  HfFamily hf;
+};
+
+std::map<std::string, Entry>& Registry() {
+  static std::map<std::string, Entry> registry;
+  return registry;
+}
+
+const Entry& Find(const std::string& name) {
+  const auto it = Registry().find(name);
+  if (it == Registry().end()) {
+    std::string all;
+    for (const std::string& registered : RegisteredModels())
+      all += (all.empty() ? "" : ", ") + registered;
+    throw UsageError("model.name: unknown model '" + name + "' (choose one of " + all + ")");
+  }
+  return it->second;
+}
+
+}  // namespace
+
+ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf) {
+  if (!Registry().emplace(name, Entry{build, hf}).second) {
+    std::fprintf(stderr, "crucible: internal error: two models registered as '%s'\n", name);
+    std::abort();
+  }
+}
+
+std::vector<std::string> RegisteredModels() {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : Registry()) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config) {
+  const std::string name = config.String("model.name");
+  std::shared_ptr<const ModelSpec> spec = Find(name).build(config);
+  if (spec->name() != name)
+    throw Error(kExitFailure, "internal: model '" + name + "' built a spec named " + spec->name());
+  return spec;
+}
+
+std::string ModelNameForHfConfig(const nlohmann::json& config, const std::string& path) {
+  if (!config.contains("model_type")) return Config::Defaults().String("model.name");
+  const nlohmann::json& type = config["model_type"];
+  std::string supported;
+  for (const auto& [name, entry] : Registry()) {
+    if (!entry.hf.model_type) continue;
+    if (type.is_string() && type.get<std::string>() == entry.hf.model_type) return name;
+    supported += StrFormat("%s'%s' (%s)", supported.empty() ? "" : " or ", entry.hf.model_type,
+                           entry.hf.architecture);
+  }
+  const std::string quoted =
+      type.is_string() ? StrFormat("'%s'", type.get<std::string>().c_str()) : type.dump();
+  throw DataError(path + ": model_type " + quoted +
+                  " is not supported: crucible reads only model_type " + supported);
+}
+
+std::shared_ptr<const ModelSpec> ModelSpecFromHfConfig(const nlohmann::json& config,
+                                                       const std::string& path) {
+  const std::string name = ModelNameForHfConfig(config, path);
+  const Entry& entry = Find(name);
+  if (!entry.hf.read)
+    throw DataError(path + ": model '" + name + "' cannot be read from a Hugging Face folder");
+  return entry.hf.read(config, path);
+}
+
+}  // namespace crucible

@@ -1,0 +1,173 @@
+// The model interface: everything the trainer, eval, checkpoints, export and the CLI know of a
+// model. A model family implements two classes and registers itself under its [model] name:
+//
+//   ModelSpec  the model a run config describes, resolved but not built: its sizes, FLOPs,
+//              initial weights, weights-file metadata and Hugging Face mapping. Building one
+//              allocates nothing proportional to the model, so the memory plan can ask an absurd
+//              config what it would need before anything is allocated.
+//   Model      the model built for micro-batches of (batch_size, seq_len): its parameter table
+//              and activation buffers (planned once; a step allocates nothing), forward and
+//              backward through a ParameterAccess.
+//
+// A family's .cc file registers it with one line, as the CLI commands are registered:
+//
+//   ModelRegistrar llama_registrar("llama", BuildLlamaSpec, {"llama", "LlamaForCausalLM", ...});
+//
+// and `[model] name = "llama"` selects it (docs/architecture.md, "How to add a model").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "model/parameters.h"
+
+namespace crucible {
+
+// What a forward pass adds up over its micro-batch, over the positions i whose target is not
+// ignored (target >= 0), in double and in position order: the loss sum of w_i * l_i (l_i the
+// cross-entropy of position i, w_i its loss weight) and the weight sum of w_i (their count when
+// the weights are omitted).
+struct LossSum {
+  double loss = 0;
+  double weight = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ParameterTable& table() const = 0;
+  virtual int64_t batch_size() const = 0;
+  virtual int64_t seq_len() const = 0;
+  // The activation buffers of one micro-batch (ModelSpec::PlannedBuffers().activation_bytes).
+  virtual size_t activation_bytes() const = 0;
+
+  // tokens, targets, loss_weights (B,T); a target -1 is ignored. loss_weights nullptr weighs
+  // every position 1 (pre-training); SFT masks and RL objectives pass their own (any finite
+  // value). Keeps what Backward needs; `loss_weights` is read again by Backward, so it must stay
+  // valid and unchanged until then.
+  virtual LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
+                          const float* loss_weights) = 0;
+  // Logits (B*T, vocab) of the last Forward, valid until Backward (which overwrites them).
+  virtual const float* logits() const = 0;
+  // Per-position cross-entropies l_i (B*T) of the last Forward, unweighted; 0 where ignored.
+  virtual const float* losses() const = 0;
+  // The gradient of loss_scale * (the loss sum of the last Forward), written over every unit's
+  // gradient through `access`.
+  virtual void Backward(ParameterAccess& access, float loss_scale) = 0;
+};
+
+// Parameter counts a config asks for, in double so that no config can overflow them: exactly
+// the unit sizes of the table ModelSpec::BuildTable() lays out.
+struct ParameterSizes {
+  double parameters = 0;          // the whole table
+  double first_unit = 0;          // unit 0 (a decoder's embedding)
+  double largest_unit = 0;        // of all units
+  double largest_other_unit = 0;  // of all units but the first
+};
+
+// Bytes Build(batch_size, seq_len) allocates, in double.
+struct BufferSizes {
+  double activation_bytes = 0;  // exactly Model::activation_bytes()
+  double total_bytes = 0;       // everything: activations, scratch, tables, copies of the inputs
+};
+
+// How a model is written as a Hugging Face transformers folder and read back from one. Data
+// only: ckpt/hf.cc reads and writes the files (src/model does no file I/O).
+class HfMapping {
+ public:
+  virtual ~HfMapping() = default;
+  // The transformers class, e.g. "LlamaForCausalLM".
+  virtual std::string architecture() const = 0;
+  // config.json of this model: its own keys, with max_position_embeddings and the tokenizer's
+  // BOS and EOS ids (null when it has none) where transformers expects them.
+  virtual nlohmann::ordered_json ConfigJson(int64_t max_position_embeddings,
+                                            const nlohmann::json& bos_token_id,
+                                            const nlohmann::json& eos_token_id) const = 0;
+  // How `config` (the config.json at `path`, whose model_type names this model) differs from
+  // this model: one "theirs vs ours" entry per key ("hidden_size=256 vs model.dim=128"), empty
+  // when it describes this model. DataError naming `path` and the key when it describes what
+  // the model cannot reproduce exactly.
+  virtual std::vector<std::string> Differences(const nlohmann::json& config,
+                                               const std::string& path) const = 0;
+  // The transformers name of a tensor of the table.
+  virtual std::string TensorName(const ParamInfo& tensor) const = 0;
+};
+
+class ModelSpec {
+ public:
+  virtual ~ModelSpec() = default;
+
+  // ---- what it is ----
+  virtual std::string name() const = 0;  // the [model] name it is registered under
+  virtual int64_t vocab_size() const = 0;
+  // key=value pairs for the phase=start line, e.g. "flavor=debug layers=2 dim=128 vocab=2048".
+  virtual std::string Summary() const = 0;
+  // The [model] keys that set its size, for messages, e.g. "model.vocab_size = 2048, ...".
+  virtual std::string SizeKeys() const = 0;
+  // The shape recorded in a weights file's __metadata__ ("crucible.<key>" -> value).
+  virtual std::map<std::string, std::string> WeightsMetadata() const = 0;
+
+  // ---- planned before anything is allocated ----
+  virtual ParameterSizes PlannedSizes() const = 0;
+  virtual BufferSizes PlannedBuffers(double batch_size, double seq_len) const = 0;
+
+  // ---- the parameters ----
+  virtual ParameterTable BuildTable() const = 0;
+  // The initial values of flat elements [begin, end) of `table` (BuildTable()'s), written to
+  // out[0, end - begin): a pure function of (seed, tensor, element), so a ZeRO-3 rank
+  // initialises its shard alone and gets the bits of a full initialisation.
+  virtual void InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
+                           float* out) const = 0;
+  // Floating-point operations per trained token, forward and backward (what MFU divides by).
+  virtual double TrainFlopsPerToken(const ParameterTable& table, int64_t seq_len) const = 0;
+
+  // ---- the model ----
+  virtual std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const = 0;
+
+  // Its Hugging Face form; nullptr when it has none (export and initial_load_hf refuse it).
+  virtual const HfMapping* hf() const { return nullptr; }
+};
+
+// ---- the registry ----
+
+// Resolves [model] (presets, then explicit keys), validates it (UsageError naming the key) and
+// writes the resolved values back into `config`, so the run directory records them.
+using ModelSpecBuilder = std::shared_ptr<const ModelSpec> (*)(Config& config);
+// The spec a Hugging Face config.json describes (`path` for messages); DataError naming the
+// file and key when it is malformed or describes what the model cannot reproduce exactly.
+using HfConfigReader = std::shared_ptr<const ModelSpec> (*)(const nlohmann::json& config,
+                                                            const std::string& path);
+// A family's Hugging Face identity; all null when it has none.
+struct HfFamily {
+  const char* model_type = nullptr;    // config.json "model_type", e.g. "llama"
+  const char* architecture = nullptr;  // e.g. "LlamaForCausalLM"
+  HfConfigReader read = nullptr;
+};
+
+// A static instance in a model family's .cc file registers it. Two registrations of one name
+// end the program at start-up.
+struct ModelRegistrar {
+  ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf = {});
+};
+
+// The names registered, sorted.
+std::vector<std::string> RegisteredModels();
+// The model `config`'s [model] name selects, built by its family (UsageError listing the
+// registered names when none has that name).
+std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config);
+// The [model] name of the family whose model_type the Hugging Face `config` (at `path`) names;
+// without a model_type, the default [model] name's. DataError naming the file and the model
+// types crucible reads otherwise.
+std::string ModelNameForHfConfig(const nlohmann::json& config, const std::string& path);
+// The spec that family reads from `config`.
+std::shared_ptr<const ModelSpec> ModelSpecFromHfConfig(const nlohmann::json& config,
+                                                       const std::string& path);
+
+}  // namespace crucible

@@ -1,0 +1,186 @@
+// Llama behind the model interface: its per-unit layout, loss weights, the spec's plans and
+// initialisation, and its Hugging Face mapping.
+#include "model/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/error.h"
+#include "common/philox.h"
+
+namespace crucible {
+namespace {
+
+std::shared_ptr<const ModelSpec> Spec(const std::vector<std::string>& overrides) {
+  Config config = Config::Defaults();
+  for (const auto& o : overrides) config.ApplyOverride(o);
+  return BuildModelSpec(config);
+}
+
+const std::vector<std::string> kSmall = {"model.vocab_size=64", "model.dim=32",
+                                         "model.n_heads=4",     "model.n_kv_heads=2",
+                                         "model.n_layers=2",    "model.ffn_hidden_dim=48"};
+
+// One forward and backward of a Llama on fixed tokens: the loss sum and the gradient.
+struct Pass {
+  LossSum sum;
+  std::vector<float> grads;
+};
+
+class LlamaPasses : public ::testing::Test {
+ protected:
+  static constexpr int64_t B = 2, T = 8;
+  void SetUp() override {
+    spec_ = Spec(kSmall);
+    model_ = spec_->Build(B, T);
+    weights_.resize(model_->table().total());
+    spec_->InitWeights(model_->table(), 3, 0, weights_.size(), weights_.data());
+    Philox rng(11, 0);
+    tokens_.resize(B * T);
+    targets_.resize(B * T);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens_[i] = static_cast<int32_t>(rng.NextU32() % 64);
+      targets_[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
+    }
+  }
+  Pass Run(const std::vector<int32_t>& targets, const float* loss_weights, float loss_scale) {
+    Pass pass;
+    pass.grads.assign(weights_.size(), 0.0f);
+    FlatParameterAccess access(model_->table(), weights_.data(), pass.grads.data());
+    pass.sum = model_->Forward(access, tokens_.data(), targets.data(), loss_weights);
+    model_->Backward(access, loss_scale);
+    return pass;
+  }
+  static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+  }
+
+  std::shared_ptr<const ModelSpec> spec_;
+  std::unique_ptr<Model> model_;
+  std::vector<float> weights_;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+TEST_F(LlamaPasses, AllOnesLossWeightsGiveTheBitsOfNoWeights) {
+  const std::vector<float> ones(B * T, 1.0f);
+  const Pass none = Run(targets_, nullptr, 0.1f), weighted = Run(targets_, ones.data(), 0.1f);
+  EXPECT_EQ(none.sum.weight, 13.0);  // 16 positions, 3 ignored
+  EXPECT_EQ(weighted.sum.weight, none.sum.weight);
+  EXPECT_EQ(std::memcmp(&weighted.sum.loss, &none.sum.loss, sizeof(double)), 0);
+  EXPECT_TRUE(SameBits(weighted.grads, none.grads));
+}
+
+TEST_F(LlamaPasses, AZeroWeightIsAnIgnoredTarget) {
+  std::vector<float> weights(B * T, 1.0f);
+  std::vector<int32_t> fewer = targets_;
+  for (int64_t i : {1, 6, 10}) weights[i] = 0.0f, fewer[i] = -1;
+  const Pass zero = Run(targets_, weights.data(), 0.1f), ignored = Run(fewer, nullptr, 0.1f);
+  EXPECT_EQ(zero.sum.weight, 10.0);
+  EXPECT_EQ(zero.sum.weight, ignored.sum.weight);
+  EXPECT_EQ(std::memcmp(&zero.sum.loss, &ignored.sum.loss, sizeof(double)), 0);
+  EXPECT_TRUE(SameBits(zero.grads, ignored.grads));
+}
+
+TEST_F(LlamaPasses, AWeightScalesItsTokensLossAndGradient) {
+  const std::vector<float> twos(B * T, 2.0f);
+  const Pass doubled = Run(targets_, twos.data(), 0.1f), plain = Run(targets_, nullptr, 0.2f);
+  EXPECT_EQ(doubled.sum.loss, 2 * plain.sum.loss);
+  EXPECT_EQ(doubled.sum.weight, 26.0);
+  EXPECT_TRUE(SameBits(doubled.grads, plain.grads));
+  // One token's weight moves the gradient: not every weight is ignored.
+  std::vector<float> one(B * T, 1.0f);
+  one[0] = 3.0f;
+  EXPECT_FALSE(SameBits(Run(targets_, one.data(), 0.1f).grads, Run(targets_, nullptr, 0.1f).grads));
+}
+
+TEST(LlamaLayout, EveryLayerReadsItsTensorsWhereTheTableLaysThemOutInItsUnit) {
+  for (const char* flavor : {"debug", "tiny", "small"}) {
+    Config config = Config::Defaults();
+    config.ApplyOverride(std::string("model.flavor=") + flavor);
+    const LlamaModel model(BuildLlamaConfig(config), 1, 4);
+    const ParameterTable& table = model.table();
+    for (int64_t l = 0; l < model.config().n_layers; ++l) {
+      const LlamaModel::LayerOffsets& o = model.layer_offsets(l);
+      const size_t base = table.units()[1 + l].begin;
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::pair<const char*, size_t> expected[] = {
+          {"input_layernorm.weight", o.ln1}, {"self_attn.q_proj.weight", o.q},
+          {"self_attn.k_proj.weight", o.k},  {"self_attn.v_proj.weight", o.v},
+          {"self_attn.o_proj.weight", o.o},  {"post_attention_layernorm.weight", o.ln2},
+          {"mlp.gate_proj.weight", o.gate},  {"mlp.up_proj.weight", o.up},
+          {"mlp.down_proj.weight", o.down}};
+      for (const auto& [name, offset] : expected) {
+        const ParamInfo& tensor = table.Find(p + name);
+        EXPECT_EQ(base + offset, tensor.offset) << flavor << " " << p << name;
+        EXPECT_LE(tensor.offset + tensor.numel, table.units()[1 + l].end) << p << name;
+      }
+    }
+  }
+}
+
+TEST(LlamaSpec, PlansWhatItBuildsAndInitialisesAShardAsTheWhole) {
+  std::vector<std::string> tied = kSmall;
+  tied.push_back("model.tie_embeddings=true");
+  for (const auto& overrides : {kSmall, tied}) {
+    const std::shared_ptr<const ModelSpec> spec = Spec(overrides);
+    EXPECT_EQ(spec->name(), "llama");
+    const std::unique_ptr<Model> model = spec->Build(3, 16);
+    const ParameterTable& table = model->table();
+    const ParameterSizes sizes = spec->PlannedSizes();
+    EXPECT_EQ(sizes.parameters, static_cast<double>(table.total()));
+    EXPECT_EQ(sizes.first_unit, static_cast<double>(table.units()[0].size()));
+    EXPECT_EQ(sizes.largest_unit, static_cast<double>(table.max_unit_size()));
+    size_t largest_other = 0;
+    for (size_t u = 1; u < table.units().size(); ++u)
+      largest_other = std::max(largest_other, table.units()[u].size());
+    EXPECT_EQ(sizes.largest_other_unit, static_cast<double>(largest_other));
+    const BufferSizes buffers = spec->PlannedBuffers(3, 16);
+    EXPECT_EQ(buffers.activation_bytes, static_cast<double>(model->activation_bytes()));
+    EXPECT_GT(buffers.total_bytes, buffers.activation_bytes);
+    // Two shards, cut inside a tensor, hold the bits of one full initialisation.
+    std::vector<float> whole(table.total()), shards(table.total());
+    spec->InitWeights(table, 9, 0, table.total(), whole.data());
+    const size_t cut = table.total() / 2 + 7;
+    spec->InitWeights(table, 9, 0, cut, shards.data());
+    spec->InitWeights(table, 9, cut, table.total(), shards.data() + cut);
+    EXPECT_EQ(std::memcmp(whole.data(), shards.data(), 4 * whole.size()), 0);
+  }
+}
+
+TEST(LlamaHf, ConfigJsonReadsBackAsTheSameModel) {
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSmall);
+  ASSERT_NE(spec->hf(), nullptr);
+  EXPECT_EQ(spec->hf()->architecture(), "LlamaForCausalLM");
+  const nlohmann::json config =
+      nlohmann::json::parse(spec->hf()->ConfigJson(64, 1, nullptr).dump());
+  EXPECT_EQ(ModelNameForHfConfig(config, "config.json"), "llama");
+  const std::shared_ptr<const ModelSpec> read = ModelSpecFromHfConfig(config, "config.json");
+  EXPECT_TRUE(spec->hf()->Differences(config, "config.json").empty());
+  EXPECT_TRUE(read->hf()->Differences(config, "config.json").empty());
+  EXPECT_EQ(read->BuildTable().total(), spec->BuildTable().total());
+  nlohmann::json wider = config;
+  wider["hidden_size"] = 64;
+  EXPECT_EQ(spec->hf()->Differences(wider, "config.json"),
+            std::vector<std::string>{"hidden_size=64 vs model.dim=32"});
+}
+
+TEST(LlamaHf, AModelTypeNoFamilyReadsIsRefusedNamingTheOnesThatAre) {
+  nlohmann::json config = {{"model_type", "qwen2"}};
+  try {
+    ModelNameForHfConfig(config, "x/config.json");
+    FAIL() << "qwen2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitBadData);
+    EXPECT_STREQ(e.what(),
+                 "x/config.json: model_type 'qwen2' is not supported: crucible reads only "
+                 "model_type 'llama' (LlamaForCausalLM)");
+  }
+  config.erase("model_type");  // no model_type: the default [model] name
+  EXPECT_EQ(ModelNameForHfConfig(config, "x/config.json"), "llama");
+}
+
+}  // namespace
+}  // namespace crucible
