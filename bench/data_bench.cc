@@ -69,7 +69,7 @@ int LoaderBench(const std::string& list, int64_t seq_len, int64_t global_batch, 
   DataLoader loader(*blend, seq_len, global_batch, 0, 1, 0);
   Timer timer;
   int64_t checksum = 0;
-  for (int64_t k = 0; k < batches; ++k) checksum += loader.Next()[k % (seq_len + 1)];
+  for (int64_t k = 0; k < batches; ++k) checksum += loader.Next().inputs[k % seq_len];
   const double seconds = timer.Seconds();
   const int64_t samples = global_batch * batches;
   std::printf("loader samples=%lld tokens=%lld seconds=%.4f tokens_per_s=%.0f checksum=%lld\n",

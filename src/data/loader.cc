@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <stdexcept>
+
 #include "common/error.h"
 #include "common/strings.h"
 
@@ -15,37 +17,59 @@ RankSlice SliceOfBatch(int64_t batch_start, int64_t global_batch, int rank, int 
   return {batch_start + rank * per_rank, per_rank};
 }
 
+Batch ReadBatch(const TokenSource& source, int64_t seq_len, int64_t first_sample, int64_t count) {
+  Batch batch;
+  batch.first_sample = first_sample;
+  batch.samples = count;
+  batch.seq_len = seq_len;
+  const size_t positions = static_cast<size_t>(count * seq_len);
+  batch.inputs.resize(positions);
+  batch.targets.resize(positions);
+  if (source.weighted()) batch.loss_weights.resize(positions);
+  std::vector<int32_t> sample(seq_len + 1);
+  for (int64_t s = 0; s < count; ++s) {
+    source.Sample(first_sample + s, sample.data());
+    std::copy(sample.begin(), sample.begin() + seq_len, batch.inputs.begin() + s * seq_len);
+    std::copy(sample.begin() + 1, sample.end(), batch.targets.begin() + s * seq_len);
+    if (source.weighted())
+      source.SampleWeights(first_sample + s, batch.loss_weights.data() + s * seq_len);
+  }
+  return batch;
+}
+
 DataLoader::DataLoader(const TokenSource& source, int64_t seq_len, int64_t global_batch, int rank,
-                       int world, int64_t consumed_samples)
+                       int world, int64_t consumed_samples, int64_t end_samples)
     : source_(source),
       seq_len_(seq_len),
       global_batch_(global_batch),
       rank_(rank),
       world_(world),
-      consumed_(consumed_samples) {
+      consumed_(consumed_samples),
+      end_(end_samples) {
   SliceOfBatch(0, global_batch, rank, world);  // validates
   if (consumed_samples < 0) throw UsageError("loader: consumed samples must not be negative");
-  next_ = Fetch(consumed_);
+  FetchNext();
 }
 
 DataLoader::~DataLoader() {
   if (next_.valid()) next_.wait();
 }
 
-std::future<std::vector<int32_t>> DataLoader::Fetch(int64_t batch_start) const {
-  return std::async(std::launch::async, [this, batch_start] {
-    const RankSlice slice = SliceOfBatch(batch_start, global_batch_, rank_, world_);
-    std::vector<int32_t> tokens(static_cast<size_t>(slice.count * (seq_len_ + 1)));
-    for (int64_t s = 0; s < slice.count; ++s)
-      source_.Sample(slice.first_sample + s, tokens.data() + s * (seq_len_ + 1));
-    return tokens;
+void DataLoader::FetchNext() {
+  if (consumed_ >= end_) return;
+  const RankSlice slice = SliceOfBatch(consumed_, global_batch_, rank_, world_);
+  next_ = std::async(std::launch::async, [this, slice] {
+    return ReadBatch(source_, seq_len_, slice.first_sample, slice.count);
   });
 }
 
-const std::vector<int32_t>& DataLoader::Next() {
+const Batch& DataLoader::Next() {
+  if (!next_.valid())
+    throw std::logic_error(StrFormat("loader: no batch at sample %lld, the end is %lld",
+                                     (long long)consumed_, (long long)end_));
   current_ = next_.get();  // rethrows a failure of the fetch
   consumed_ += global_batch_;
-  next_ = Fetch(consumed_);
+  FetchNext();
   return current_;
 }
 

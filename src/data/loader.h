@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <future>
+#include <limits>
 #include <vector>
 
 #include "data/token_source.h"
@@ -22,29 +23,51 @@ struct RankSlice {
 // Throws UsageError unless 0 <= rank < world and world divides global_batch.
 RankSlice SliceOfBatch(int64_t batch_start, int64_t global_batch, int rank, int world);
 
+// One rank's slice of a global batch, as the model takes it: `samples` rows of seq_len
+// positions, sample-major. Row s holds global sample first_sample + s: inputs are its first
+// seq_len tokens, targets the last seq_len. loss_weights is empty when every target weighs 1
+// (pre-training; the model then gets nullptr), else one weight per target.
+struct Batch {
+  int64_t first_sample = 0, samples = 0, seq_len = 0;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> loss_weights;
+
+  // Rows [row, row + n) as the model reads them (a micro-batch starting at `row`).
+  const int32_t* inputs_at(int64_t row) const { return inputs.data() + row * seq_len; }
+  const int32_t* targets_at(int64_t row) const { return targets.data() + row * seq_len; }
+  const float* loss_weights_at(int64_t row) const {
+    return loss_weights.empty() ? nullptr : loss_weights.data() + row * seq_len;
+  }
+};
+
+// Reads `count` samples from `first_sample` on into a Batch.
+Batch ReadBatch(const TokenSource& source, int64_t seq_len, int64_t first_sample, int64_t count);
+
 class DataLoader {
  public:
+  // `end_samples`: the loader never reads a batch that starts at or after it (the run's last
+  // step ends there), so it does not prefetch past the end of a dataset sized for the run.
   DataLoader(const TokenSource& source, int64_t seq_len, int64_t global_batch, int rank, int world,
-             int64_t consumed_samples);
+             int64_t consumed_samples, int64_t end_samples = std::numeric_limits<int64_t>::max());
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // This rank's slice of the next global batch: count x (seq_len + 1) tokens, sample-major.
-  // Advances consumed_samples by global_batch.
-  const std::vector<int32_t>& Next();
+  // This rank's slice of the next global batch. Advances consumed_samples by global_batch.
+  // Rethrows what reading it threw; std::logic_error past end_samples.
+  const Batch& Next();
   // Global samples consumed so far by all ranks together (the resume point to save).
   int64_t consumed_samples() const { return consumed_; }
   int64_t samples_per_rank() const { return global_batch_ / world_; }
 
  private:
-  std::future<std::vector<int32_t>> Fetch(int64_t batch_start) const;
+  void FetchNext();  // starts reading the batch at consumed_, unless that is at the end
   const TokenSource& source_;
   int64_t seq_len_, global_batch_;
   int rank_, world_;
-  int64_t consumed_;
-  std::vector<int32_t> current_;
-  std::future<std::vector<int32_t>> next_;
+  int64_t consumed_, end_;
+  Batch current_;
+  std::future<Batch> next_;
 };
 
 }  // namespace crucible

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -122,6 +123,10 @@ class TokenFileSource : public TokenSource {
 std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_size,
                                                  int64_t seq_len) {
   return std::make_unique<SyntheticSource>(seed, vocab_size, seq_len);
+}
+
+void TokenSource::SampleWeights(int64_t, float*) const {
+  throw std::logic_error(Describe() + " has no loss weights");
 }
 
 std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,

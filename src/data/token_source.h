@@ -1,6 +1,6 @@
 // Where the trainer's token sequences come from. A source defines sample i for every global
 // sample index i as a pure function of (its content, seed, i): the rank layout, the thread count
-// and where a run resumed never change which tokens sample i holds.
+// and where a run resumed never change which tokens sample i holds, nor their loss weights.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,12 @@ class TokenSource {
   // Writes seq_len + 1 tokens of global sample `index` (inputs are the first seq_len, targets
   // the last seq_len).
   virtual void Sample(int64_t index, int32_t* tokens) const = 0;
+  // Whether the source weighs its targets (SFT masks, RL objectives); a pre-training source
+  // weighs every target 1 and says false.
+  virtual bool weighted() const { return false; }
+  // The seq_len loss weights of sample `index`'s targets (any finite value; 0 drops a target
+  // from the loss). Called only when weighted().
+  virtual void SampleWeights(int64_t index, float* weights) const;
   virtual std::string Describe() const = 0;
 };
 

@@ -12,6 +12,7 @@
 #include "common/config.h"
 #include "distributed/communicator.h"
 #include "model/model.h"
+#include "train/training_config.h"
 
 namespace crucible {
 
@@ -22,12 +23,6 @@ struct MemoryPlan {
   double model_state = 0;  // weights, gradients, exact sums, optimizer state, comm buffers
   double checkpoint = 0;   // rank 0: the host snapshot and the full state gathered for a save
   double total() const { return activations + batch + model_state + checkpoint; }
-};
-
-struct TrainingShape {
-  int64_t micro_batch = 0, seq_len = 0, accumulation = 0;
-  int zero_stage = 1;
-  bool overlap = false;  // overlapped gradient reduction (with more than one rank)
 };
 
 // The plan of rank `rank` of `world` for the resolved `config`.

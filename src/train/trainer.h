@@ -1,18 +1,157 @@
-// The training loop: wires the token source, the model, exact gradient accumulation, clipping,
-// the optimizer and the LR schedule; prints the progress-line contract; writes the run
-// directory (config.toml, metrics.jsonl, model.safetensors) and checkpoints
-// (train/checkpointing.h).
+// The training loop. A Trainer is built once per run (Setup: the config checked, the run
+// directory locked, the model and its buffers allocated, a checkpoint or initial weights
+// loaded) and then runs its steps; each step reads as what it does:
+//
+//   NextBatch        this rank's slice of the global batch (data/loader.h, prefetched)
+//   ForwardBackward  every micro-batch through the model, gradients into the exact accumulator
+//                    (or, under ZeRO-3, reduce-scattered as the backward pass goes)
+//   ReduceGradients  what is still in flight, into fp32 gradients of this rank's part
+//   ClipAndStep      the global gradient norm, the clip, the optimizer update, the gather
+//   hooks            metrics, validation, checkpoints and stop signals (train/hooks.h)
+//
+// It prints the progress-line contract (phase=start, phase=memory, step=..., done ...), writes
+// the run directory (config.toml, metrics.jsonl, model.safetensors) and checkpoints
+// (train/checkpointing.h). Test-only faults come from one FaultInjector (train/fault_injector.h).
+// Everything that communicates does so on every rank in the same order, so a step is the same
+// sequence of collectives everywhere.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
+#include "common/timer.h"
+#include "data/loader.h"
+#include "data/token_source.h"
+#include "distributed/data_parallel.h"
+#include "distributed/exact_sum.h"
+#include "distributed/mesh.h"
+#include "distributed/param_access.h"
+#include "model/model.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer_shard.h"
+#include "train/checkpointing.h"
+#include "train/detectors.h"
+#include "train/divergence.h"
+#include "train/fault_injector.h"
+#include "train/hooks.h"
+#include "train/mfu.h"
+#include "train/run_lock.h"
+#include "train/stop_signals.h"
+#include "train/training_config.h"
 
 namespace crucible {
 
-// Runs `crucible train` to completion; returns the process exit code (0, or 143 when stopped by
-// SIGTERM/SIGUSR1 after a checkpoint). Throws crucible::Error. `resume_mode`: "auto" (the newest
-// checkpoint that verifies, if the run directory has any), "none", or a checkpoint folder.
+class Trainer {
+ public:
+  // Sets the run up: everything up to the first step. `resume_mode`: "auto" (the newest
+  // checkpoint that verifies, if the run directory has any), "none", or a checkpoint folder.
+  // `source`: where the samples come from (nullptr: the config's [training] dataset). Throws
+  // crucible::Error with the documented exit code.
+  Trainer(Config config, const std::string& resume_mode,
+          std::unique_ptr<TokenSource> source = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains to training.steps, or until a hook stops the run; returns the process exit code (0,
+  // or the stop's: 143 after a checkpoint of the step, 75 without one).
+  int Run();
+
+  // A hook sees every step after the built-in ones (metrics, validation, checkpoints).
+  void AddHook(std::unique_ptr<TrainerHook> hook) { hooks_.push_back(std::move(hook)); }
+
+  // ---- for the hooks ----
+  const Config& config() const { return config_; }
+  const TrainingConfig& training() const { return training_; }
+  const std::string& run_dir() const { return run_dir_; }
+  bool leader() const { return rank_ == 0; }
+  Communicator& comm() { return mesh_->world(); }
+  DataParallel& data_parallel() { return *data_parallel_; }
+  const ParameterTable& table() const { return model_->table(); }
+  // Collective. The full weights on rank 0 (nullptr on the others): the buffer itself, or under
+  // ZeRO-3 a gathered copy kept until ReleaseFullCopies().
+  const float* FullWeights();
+  // Collective. Rank 0's checkpoint optimizer then holds the state of every parameter (a no-op
+  // where this rank's optimizer already covers every parameter).
+  void GatherOptimizerState();
+  // Frees the full copies FullWeights() and GatherOptimizerState() made.
+  void ReleaseFullCopies();
+  Checkpointing& checkpointing() { return *checkpointing_; }
+
+ private:
+  // ---- setup ----
+  void ResolveConfig(const std::string& resume_mode);
+  void AllocateState();
+  void LoadOrInitWeights(const std::string& resume_mode);
+  void InitWeights(float* load_target);
+  void ConnectModel();
+  void Announce();
+  // ---- the step ----
+  StepReport Step(int64_t step);
+  const Batch& NextBatch() { return loader_->Next(); }
+  // Returns whether every gradient came out finite on every rank.
+  bool ForwardBackward(const Batch& batch, int64_t step);
+  double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
+  // Clips and updates, unless the gradient norm is not finite; returns the norm (NaN: skipped).
+  double ClipAndStep(int64_t step, double lr, bool finite);
+  // ---- the end ----
+  int Finish(const Timer& train_timer);
+
+  Timer wall_;
+  StopSignals stop_signals_;
+  Config config_;
+  std::shared_ptr<const ModelSpec> model_spec_;
+  OptimizerConfig optimizer_config_;
+  LrScheduleConfig schedule_;
+  std::unique_ptr<ProcessMesh> mesh_;
+  int world_ = 1, rank_ = 0;
+  TrainingConfig training_;
+  std::unique_ptr<TokenSource> source_;
+  std::string run_dir_;
+  std::unique_ptr<RunLock> run_lock_;  // held until everything that writes in run_dir is gone
+
+  // ---- model state ----
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataParallel> data_parallel_;
+  bool sharded_ = false;  // ZeRO-3: weights_ and grads_ are this rank's shard
+  size_t base_ = 0;       // weights_[i - base_] holds flat parameter i
+  size_t update_begin_ = 0, update_end_ = 0;
+  std::vector<float> weights_, grads_, gathered_;
+  std::unique_ptr<ExactAccumulator> accumulator_;
+  std::unique_ptr<OptimizerShard> optimizer_;
+  // Under ZeRO-1/3 on more than one rank: the state of every parameter, allocated only while a
+  // resume or a save needs it (rank 0 gathers into it before a save).
+  std::unique_ptr<OptimizerShard> full_state_;
+  std::unique_ptr<Checkpointing> checkpointing_;
+  ResumePoint resume_;
+  bool fresh_model_ = false;
+  std::unique_ptr<Detectors> detectors_;
+  std::unique_ptr<DivergenceGuard> divergence_;
+  std::unique_ptr<MfuMeter> mfu_meter_;
+
+  // ---- how the model reaches parameters and gradients ----
+  std::unique_ptr<ReplicatedAccess> replicated_;
+  std::unique_ptr<ShardedAccess> sharded_access_;
+  ParameterAccess* access_ = nullptr;
+  std::string non_finite_where_;  // first tensor with a non-finite gradient in a micro-batch
+
+  // ---- the loop ----
+  std::unique_ptr<FaultInjector> faults_;
+  std::unique_ptr<DataLoader> loader_;
+  std::vector<double> micro_losses_, micro_weights_;
+  int64_t valid_local_ = 0;
+  float loss_scale_ = 0;
+  double normalizer_ = 0;
+  int64_t tokens_seen_ = 0;
+  double last_loss_ = 0;
+  std::vector<std::unique_ptr<TrainerHook>> hooks_;
+};
+
+// Runs `crucible train` to completion: Trainer(config, resume_mode).Run().
 int RunTraining(Config config, const std::string& resume_mode = "auto");
 
 // The run directory of a config: [job] dump_folder, or runs/<job.name>.

@@ -18,7 +18,7 @@ struct Validation::State {
 };
 
 Validation::Validation(const Config& config, std::shared_ptr<const ModelSpec> model,
-                       const std::string& run_dir)
+                       const std::string& run_dir, int64_t seq_len)
     : enabled_(config.Bool("validation.enable")),
       freq_(config.Int("validation.freq")),
       limit_(config.Int("validation.steps")),
@@ -41,7 +41,7 @@ Validation::Validation(const Config& config, std::shared_ptr<const ModelSpec> mo
   state_ = std::make_unique<State>();
   state_->model.spec = std::move(model);
   state_->model.tokenizer = Tokenizer::Load(tokenizer);
-  state_->model.max_length = config.Int("training.seq_len");
+  state_->model.max_length = seq_len;
   const int64_t bos = state_->model.tokenizer.bos_id(), eos = state_->model.tokenizer.eos_id();
   state_->model.prefix_token_id = bos >= 0 ? bos : (eos >= 0 ? eos : 0);
   state_->model.kind = "training";

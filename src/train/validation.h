@@ -16,8 +16,9 @@ namespace crucible {
 
 class Validation {
  public:
+  // `seq_len`: the longest sequence the model is evaluated on (the training length).
   Validation(const Config& config, std::shared_ptr<const ModelSpec> model,
-             const std::string& run_dir);
+             const std::string& run_dir, int64_t seq_len);
   ~Validation();
   bool enabled() const { return enabled_; }
   // Evaluates `weights` after `step`; returns false when the gate says stop.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,19 @@ class BlendTest : public ::testing::Test {
   std::vector<int32_t> Stream(const BlendedDataset& blend, int64_t first, int64_t count) {
     std::vector<int32_t> out(count * (kSeqLen + 1));
     for (int64_t i = 0; i < count; ++i) blend.Sample(first + i, out.data() + i * (kSeqLen + 1));
+    return out;
+  }
+  // A loader's batch as the samples it was read from: each row's inputs, then its last target.
+  static std::vector<int32_t> Samples(const Batch& batch) {
+    std::vector<int32_t> out;
+    for (int64_t s = 0; s < batch.samples; ++s) {
+      out.insert(out.end(), batch.inputs_at(s), batch.inputs_at(s) + batch.seq_len);
+      out.push_back(batch.targets_at(s)[batch.seq_len - 1]);
+      EXPECT_TRUE(std::equal(batch.inputs_at(s) + 1, batch.inputs_at(s) + batch.seq_len,
+                             batch.targets_at(s)))
+          << "targets are the inputs shifted by one";
+    }
+    EXPECT_TRUE(batch.loss_weights.empty()) << "a blend weighs every target 1";
     return out;
   }
   // Error (exit code, message) of opening the blend.
@@ -120,7 +134,7 @@ TEST_F(BlendTest, EveryWorldSizeSeesTheSameGlobalStream) {
     for (int rank = 0; rank < world; ++rank) {
       DataLoader loader(*blend, kSeqLen, global_batch, rank, world, 0);
       for (int64_t k = 0; k < batches; ++k) {
-        const std::vector<int32_t>& part = loader.Next();
+        const std::vector<int32_t> part = Samples(loader.Next());
         const RankSlice slice = SliceOfBatch(k * global_batch, global_batch, rank, world);
         std::copy(part.begin(), part.end(), stitched.begin() + slice.first_sample * (kSeqLen + 1));
       }
@@ -136,7 +150,7 @@ TEST_F(BlendTest, ResumesFromAnyConsumedCount) {
   for (int64_t consumed : {0, 8, 16, 40, 13, 1}) {
     DataLoader loader(*blend, kSeqLen, global_batch, 0, 1, consumed);
     for (int k = 0; k < 3; ++k) {
-      EXPECT_EQ(loader.Next(), Stream(*blend, consumed + k * global_batch, global_batch))
+      EXPECT_EQ(Samples(loader.Next()), Stream(*blend, consumed + k * global_batch, global_batch))
           << "resumed at " << consumed;
     }
   }

@@ -1,0 +1,48 @@
+// The faults tests inject into a training run, all behind one object: the [debug] keys marked
+// "test only" in `crucible config keys`, and CRUCIBLE_TEST_PERTURB_KERNEL. A run that sets none
+// of them (every real run) gets an injector that does nothing; the trainer asks it at fixed
+// points of the step and needs no test-only branch of its own.
+//   debug.corrupt_rank / corrupt_step   that rank flips one bit of its parameters at that step:
+//                                       its replica (ZeRO 0/1), or the next unit it gathers
+//                                       (ZeRO-3), as a faulty node would
+//   debug.inject_nan_step / _tensor     rank 0's first micro-batch of that step gets a NaN
+//                                       gradient in the first element of that tensor
+//   debug.fake_loss_divisor             the logged loss is divided by it (a wrong logging fix)
+//   CRUCIBLE_TEST_PERTURB_KERNEL=rmsnorm  every RMSNorm output moves by one ULP (the smoke gate
+//                                       must notice)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/config.h"
+#include "model/parameters.h"
+
+namespace crucible {
+
+class ShardedAccess;
+
+class FaultInjector {
+ public:
+  // For rank `rank` of the run; `table` names the tensor of debug.inject_nan_tensor (UsageError
+  // when it has none of that name). Applies CRUCIBLE_TEST_PERTURB_KERNEL.
+  FaultInjector(const Config& config, const ParameterTable& table, int rank);
+
+  // Before step `step`'s forward pass, under ZeRO-3 (`sharded`): the next gather is corrupted.
+  void BeforeStep(int64_t step, ShardedAccess* sharded) const;
+  // The flat element whose gradient becomes NaN in micro-batch `micro_batch` of `step` on this
+  // rank, or -1.
+  int64_t NanElement(int64_t step, int64_t micro_batch) const;
+  // The step's loss as it is logged.
+  double LoggedLoss(double loss) const { return loss / loss_divisor_; }
+  // After the update of `step`: a replicated run (weights holds all n_params) gets the bit flip.
+  void AfterUpdate(int64_t step, float* weights, size_t n_params, bool sharded) const;
+
+ private:
+  int rank_;
+  int64_t corrupt_rank_, corrupt_step_, nan_step_;
+  int64_t nan_element_ = -1;
+  double loss_divisor_;
+};
+
+}  // namespace crucible

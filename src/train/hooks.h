@@ -1,0 +1,38 @@
+// What the training loop tells the parts that watch it: after every step a StepReport goes to
+// each hook in turn (metrics, then validation, then checkpoints and stop signals; see
+// train/trainer.h), and each may stop the run. A new consumer of the step (a report, an eval of
+// its own, an RL rollout trigger) is one more hook, not a branch in the step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace crucible {
+
+// One step, as every rank saw it (the local_* values are this rank's own).
+struct StepReport {
+  int64_t step = 0;
+  bool last = false;  // the run's last step
+  double loss = 0;    // the global batch's mean loss, as logged
+  double lr = 0;
+  double grad_norm = 0;  // NaN when the update was skipped (a non-finite gradient)
+  int64_t tokens_seen = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;  // percent; rank 0 only, NaN when not known
+  double step_seconds = 0;
+  double reduce_wait_seconds = 0;  // waited for the gradient reductions the backward did not hide
+  double local_loss_sum = 0;       // this rank's micro-batches' loss sum
+  int64_t local_valid_tokens = 0;  // and its targets that count
+};
+
+class TrainerHook {
+ public:
+  virtual ~TrainerHook() = default;
+  // After each step, on every rank (a hook that communicates does it on every rank alike).
+  // An exit code stops the run with it, once the hook has done what stopping needs.
+  virtual std::optional<int> AfterStep(const StepReport&) { return std::nullopt; }
+  // Once, when the loop ends: after the last step, or after a hook stopped it (`stopped`).
+  virtual void End(bool /*stopped*/) {}
+};
+
+}  // namespace crucible

@@ -1,0 +1,98 @@
+#include "train/metrics_log.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace crucible {
+
+void JsonLinesFile::Open(const std::string& path, bool append) {
+  path_ = path;
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!file_) ThrowErrno("cannot open " + path);
+}
+
+void JsonLinesFile::Append(const nlohmann::json& record) {
+  const std::string text = record.dump() + "\n";
+  if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0)
+    ThrowErrno("cannot write " + path_);
+}
+
+void JsonLinesFile::Close() {
+  if (file_) std::fclose(file_);
+  file_ = nullptr;
+}
+
+int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
+  if (!FileExists(path)) return 0;
+  std::string kept;
+  int64_t lines = 0;
+  for (const std::string& line : Split(ReadFile(path), '\n')) {
+    if (line.empty()) continue;
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer())
+      continue;  // a line cut by a kill
+    if (record["step"].get<int64_t>() > last_step) continue;
+    kept += line + "\n";
+    ++lines;
+  }
+  AtomicWriteFile(path, kept);
+  return lines;
+}
+
+namespace {
+
+nlohmann::json FiniteOrNull(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const TrainingConfig& training, const std::string& run_dir, int rank,
+                       const std::string& host, int64_t resumed_step)
+    : training_(training), rank_(rank), host_(host) {
+  const bool resumed = resumed_step >= 0;
+  if (rank == 0 && training.metrics_jsonl) {
+    const std::string path = JoinPath(run_dir, "metrics.jsonl");
+    if (resumed) TruncateMetrics(path, resumed_step);
+    metrics_.Open(path, resumed);
+  }
+  if (training.metrics_per_rank && training.world > 1)
+    rank_metrics_.Open(JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank)), resumed);
+}
+
+std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
+  if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last))
+    PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
+                        (long long)r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_second, r.mfu));
+  if (metrics_.is_open())
+    metrics_.Append({{"step", r.step},
+                     {"loss", r.loss},
+                     {"lr", r.lr},
+                     {"grad_norm", FiniteOrNull(r.grad_norm)},
+                     {"tokens", r.tokens_seen},
+                     {"tok_per_s", r.tokens_per_second},
+                     {"mfu", FiniteOrNull(r.mfu)},
+                     {"step_seconds", r.step_seconds},
+                     {"reduce_wait_s", r.reduce_wait_seconds}});
+  if (rank_metrics_.is_open())
+    rank_metrics_.Append({{"step", r.step},
+                          {"rank", rank_},
+                          {"host", host_},
+                          {"local_loss_sum", r.local_loss_sum},
+                          {"local_valid_tokens", r.local_valid_tokens},
+                          {"step_seconds", r.step_seconds},
+                          {"reduce_wait_s", r.reduce_wait_seconds}});
+  return std::nullopt;
+}
+
+void MetricsLog::End(bool) {
+  metrics_.Close();
+  rank_metrics_.Close();
+}
+
+}  // namespace crucible

@@ -1,0 +1,138 @@
+#include "train/step_hooks.h"
+
+#include <vector>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "train/stop_signals.h"
+#include "train/trainer.h"
+#include "train/validation.h"
+
+namespace crucible {
+namespace {
+
+class ValidationHook : public TrainerHook {
+ public:
+  ValidationHook(Trainer& trainer, std::shared_ptr<const ModelSpec> model) : trainer_(trainer) {
+    if (trainer.leader())
+      validation_ = std::make_unique<Validation>(
+          trainer.config(), std::move(model), trainer.run_dir(), trainer.training().shape.seq_len);
+    enabled_ = trainer.data_parallel().Any(trainer.leader() && validation_->enabled());
+  }
+
+  std::optional<int> AfterStep(const StepReport& report) override {
+    if (!enabled_ || (report.step % trainer_.training().validation_freq != 0 && !report.last))
+      return std::nullopt;
+    bool keep_going = true;
+    const float* weights = trainer_.FullWeights();
+    if (trainer_.leader())
+      keep_going = validation_->Run(report.step, weights, trainer_.table().total());
+    trainer_.ReleaseFullCopies();
+    trainer_.comm().Barrier("validation");
+    if (trainer_.data_parallel().Any(!keep_going))
+      throw UsageError(
+          StrFormat("stopped by the eval gate at step %lld (validation.gate_action = stop); the "
+                    "last checkpoint is kept",
+                    (long long)report.step));
+    return std::nullopt;
+  }
+
+ private:
+  Trainer& trainer_;
+  std::unique_ptr<Validation> validation_;  // rank 0
+  bool enabled_ = false;
+};
+
+class CheckpointHook : public TrainerHook {
+ public:
+  explicit CheckpointHook(Trainer& trainer) : trainer_(trainer) {}
+
+  std::optional<int> AfterStep(const StepReport& report) override {
+    Checkpointing& checkpointing = trainer_.checkpointing();
+    DataParallel& data_parallel = trainer_.data_parallel();
+    const bool leader = trainer_.leader();
+    const int64_t step = report.step;
+    checkpointing.NoteStepTime(report.step_seconds);
+    checkpointing.Poll();
+    const TrainingProgress progress{step, step * trainer_.training().global_batch,
+                                    report.tokens_seen, report.loss, report.lr};
+    const int signal_number = AgreedSignal();
+    // The leader decides (the "auto" interval depends on its measured save stalls).
+    const bool due =
+        data_parallel.Any(leader && checkpointing.Due(step, trainer_.training().steps));
+    const bool save_now =
+        due || (signal_number != 0 && checkpointing.enabled() &&
+                data_parallel.Any(leader && checkpointing.last_saved_step() != step));
+    const float* weights = nullptr;
+    if (save_now) {
+      trainer_.GatherOptimizerState();
+      weights = trainer_.FullWeights();
+    }
+    if (leader && due)
+      checkpointing.Save(progress, weights, false, report.last ? "final" : "interval");
+    if (signal_number != 0) return Stop(progress, weights, signal_number);
+    if (save_now) trainer_.ReleaseFullCopies();  // rank 0's full copies exist only for a save
+    return std::nullopt;
+  }
+
+  void End(bool stopped) override {
+    if (!stopped && trainer_.leader()) trainer_.checkpointing().Finish();
+  }
+
+ private:
+  // Every rank must agree to stop at the same step, or the others would wait in a collective,
+  // and name the same signal: the one the lowest rank that got one received.
+  int AgreedSignal() {
+    int signal_number = StopSignals::Requested();
+    if (!trainer_.data_parallel().Any(signal_number != 0)) return 0;
+    const uint64_t mine = static_cast<uint64_t>(signal_number);
+    std::vector<uint64_t> received(trainer_.comm().size());
+    trainer_.comm().AllGatherU64(&mine, received.data(), 1, "stop-signal all-gather");
+    for (auto it = received.rbegin(); it != received.rend(); ++it)
+      if (*it != 0) signal_number = static_cast<int>(*it);
+    return signal_number;
+  }
+
+  // 143 only with a complete checkpoint of this step; without one, 75.
+  int Stop(const TrainingProgress& progress, const float* weights, int signal_number) {
+    Checkpointing& checkpointing = trainer_.checkpointing();
+    const bool leader = trainer_.leader();
+    std::string saved = "none";
+    int exit_code = kExitStoppedNoCheckpoint;
+    if (checkpointing.enabled()) {
+      if (leader && checkpointing.last_saved_step() != progress.step)
+        checkpointing.Save(progress, weights, true, SignalName(signal_number));
+      if (leader) checkpointing.Finish();
+      saved = JoinPath(checkpointing.root(), "step-" + std::to_string(progress.step));
+      exit_code = kExitSignalled;
+    } else if (leader) {
+      LogWarn("stopped without a checkpoint (checkpoint.enable = false): exit 75");
+    }
+    // Printed before the barrier, so no rank can exit (and make srun or mpirun end the job)
+    // before the line is out; the save is complete by now.
+    if (leader)
+      PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d",
+                          (long long)progress.step, SignalName(signal_number), saved.c_str(),
+                          exit_code));
+    trainer_.ReleaseFullCopies();
+    trainer_.comm().Barrier("stop");
+    return exit_code;
+  }
+
+  Trainer& trainer_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainerHook> MakeValidationHook(Trainer& trainer,
+                                                std::shared_ptr<const ModelSpec> model) {
+  return std::make_unique<ValidationHook>(trainer, std::move(model));
+}
+
+std::unique_ptr<TrainerHook> MakeCheckpointHook(Trainer& trainer) {
+  return std::make_unique<CheckpointHook>(trainer);
+}
+
+}  // namespace crucible
