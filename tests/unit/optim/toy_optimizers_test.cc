@@ -16,6 +16,7 @@
 #include "common/files.h"
 #include "model/llama.h"
 #include "optim/optimizer.h"
+#include "support/tiny_training.h"
 #include "train/trainer.h"
 
 namespace crucible {
@@ -82,11 +83,7 @@ namespace fs = std::filesystem;
 class ToyTraining : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("toy_optimizers_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    root_ = test_support::FreshTestFolder("toy_optimizers");
     // Learnable data: one random sequence of 29 tokens, repeated.
     std::vector<uint32_t> tokens;
     for (int r = 0; r < 60; ++r)
@@ -98,33 +95,20 @@ class ToyTraining : public ::testing::Test {
 
   // A tiny Llama trained by `optimizer` for 12 steps with checkpoints every 6, in `folder`.
   Config TrainConfig(const std::string& optimizer, const std::string& folder) const {
-    Config config = Config::Defaults();
+    Config config = test_support::TinyTrainingConfig(root_ / folder, 12);
     for (const char* o :
-         {"model.vocab_size=64", "model.dim=16", "model.n_layers=2", "model.n_heads=2",
-          "model.n_kv_heads=1", "model.ffn_hidden_dim=32", "training.seq_len=16",
-          "training.local_batch_size=2", "training.global_batch_size=4", "training.steps=12",
-          "training.dataset=tokens", "training.token_dtype=uint32", "checkpoint.interval=6",
-          "checkpoint.keep_latest_k=0", "lr_scheduler.warmup_steps=1",
-          "lr_scheduler.decay_type=constant", "optimizer.lr=0.02", "metrics.peak_gflops=100"})
+         {"training.dataset=tokens", "training.token_dtype=uint32", "checkpoint.interval=6",
+          "checkpoint.keep_latest_k=0", "lr_scheduler.decay_type=constant", "optimizer.lr=0.02"})
       config.ApplyOverride(o);
     config.ApplyOverride("optimizer.name=" + optimizer);
     config.ApplyOverride("training.dataset_path=\"" + (root_ / "tokens.bin").string() + "\"");
-    config.ApplyOverride("job.dump_folder=\"" + (root_ / folder).string() + "\"");
     return config;
   }
   std::vector<double> Losses(const std::string& folder) const {
-    std::vector<double> losses;
-    std::ifstream in(root_ / folder / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);)
-      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return losses;
+    return test_support::LoggedLosses(root_ / folder);
   }
   std::vector<float> FinalWeights(const Config& config, const std::string& folder) const {
-    Config resolved = config;
-    const ParameterTable table = LlamaParameterTable(BuildLlamaConfig(resolved));
-    std::vector<float> weights(table.total());
-    LoadModelWeights((root_ / folder / "model.safetensors").string(), table, weights.data());
-    return weights;
+    return test_support::FinalWeights(config, root_ / folder);
   }
   // Trains `optimizer` in `folder`, then again from its step-6 checkpoint (the later ones and
   // the final weights removed); returns both runs' final weights.

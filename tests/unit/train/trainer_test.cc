@@ -7,15 +7,13 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <vector>
 
-#include "ckpt/model_weights.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "data/token_source.h"
+#include "support/tiny_training.h"
 
 namespace crucible {
 namespace {
@@ -67,24 +65,12 @@ struct CountingHook : TrainerHook {
 
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("crucible-trainer-" + std::to_string(::getpid()) + "-" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-  }
+  void SetUp() override { root_ = test_support::FreshTestFolder("crucible-trainer"); }
   void TearDown() override { fs::remove_all(root_); }
 
   Config TrainConfig(const std::string& folder) const {
-    Config config = Config::Defaults();
-    for (const char* o :
-         {"model.vocab_size=64", "model.dim=16", "model.n_layers=2", "model.n_heads=2",
-          "model.n_kv_heads=1", "model.ffn_hidden_dim=32", "training.seq_len=16",
-          "training.local_batch_size=2", "training.global_batch_size=4", "training.steps=6",
-          "checkpoint.enable=true", "checkpoint.interval=100", "lr_scheduler.warmup_steps=1",
-          "optimizer.lr=0.01", "metrics.peak_gflops=100"})
-      config.ApplyOverride(o);
-    config.ApplyOverride("job.dump_folder=\"" + (root_ / folder).string() + "\"");
+    Config config = test_support::TinyTrainingConfig(root_ / folder, 6);
+    config.ApplyOverride("optimizer.lr=0.01");
     return config;
   }
   int Train(const std::string& folder, std::unique_ptr<TokenSource> source) {
@@ -92,18 +78,10 @@ class TrainerTest : public ::testing::Test {
     return trainer.Run();
   }
   std::vector<float> FinalWeights(const std::string& folder) const {
-    Config config = TrainConfig(folder);
-    const ParameterTable table = BuildModelSpec(config)->BuildTable();
-    std::vector<float> weights(table.total());
-    LoadModelWeights((root_ / folder / "model.safetensors").string(), table, weights.data());
-    return weights;
+    return test_support::FinalWeights(TrainConfig(folder), root_ / folder);
   }
   std::vector<double> Losses(const std::string& folder) const {
-    std::vector<double> losses;
-    std::ifstream in(root_ / folder / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);)
-      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return losses;
+    return test_support::LoggedLosses(root_ / folder);
   }
 
   fs::path root_;
