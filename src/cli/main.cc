@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/registry.h"
 #include "crucible_version.h"
 
 namespace crucible {
@@ -16,14 +17,14 @@ struct Entry {
   const char* description;
   CommandSetup setup;
 };
-std::map<std::string, Entry>& Registry() {
-  static std::map<std::string, Entry> registry;
+Registry<Entry>& Commands() {
+  static Registry<Entry> registry("command");
   return registry;
 }
 }  // namespace
 
 CommandRegistrar::CommandRegistrar(const char* name, const char* description, CommandSetup setup) {
-  Registry()[name] = {description, setup};
+  Commands().Add(name, {description, setup});
 }
 
 }  // namespace crucible
@@ -61,7 +62,7 @@ int Run(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
   std::map<CLI::App*, CommandRun> runs;
-  for (auto& [name, entry] : Registry()) {
+  for (const auto& [name, entry] : Commands().entries()) {
     CLI::App* sub = app.add_subcommand(name, entry.description);
     runs[sub] = entry.setup(*sub);
   }

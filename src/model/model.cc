@@ -2,11 +2,10 @@
 // the family that reads it.
 #include "model/model.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/registry.h"
 #include "common/strings.h"
 
 namespace crucible {
@@ -17,35 +16,23 @@ struct Entry {
   HfFamily hf;
 };
 
-std::map<std::string, Entry>& Registry() {
-  static std::map<std::string, Entry> registry;
+Registry<Entry>& Models() {
+  static Registry<Entry> registry("model");
   return registry;
 }
 
 const Entry& Find(const std::string& name) {
-  const auto it = Registry().find(name);
-  if (it == Registry().end()) {
-    std::string all;
-    for (const std::string& registered : RegisteredModels())
-      all += (all.empty() ? "" : ", ") + registered;
-    throw UsageError("model.name: unknown model '" + name + "' (choose one of " + all + ")");
-  }
-  return it->second;
+  return Models().Find(name, "model.name");
 }
 
 }  // namespace
 
 ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf) {
-  if (!Registry().emplace(name, Entry{build, hf}).second) {
-    std::fprintf(stderr, "crucible: internal error: two models registered as '%s'\n", name);
-    std::abort();
-  }
+  Models().Add(name, Entry{build, hf});
 }
 
 std::vector<std::string> RegisteredModels() {
-  std::vector<std::string> names;
-  for (const auto& [name, entry] : Registry()) names.push_back(name);
-  return names;
+  return Models().Names();
 }
 
 std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config) {
@@ -60,7 +47,7 @@ std::string ModelNameForHfConfig(const nlohmann::json& config, const std::string
   if (!config.contains("model_type")) return Config::Defaults().String("model.name");
   const nlohmann::json& type = config["model_type"];
   std::string supported;
-  for (const auto& [name, entry] : Registry()) {
+  for (const auto& [name, entry] : Models().entries()) {
     if (!entry.hf.model_type) continue;
     if (type.is_string() && type.get<std::string>() == entry.hf.model_type) return name;
     supported += StrFormat("%s'%s' (%s)", supported.empty() ? "" : " or ", entry.hf.model_type,
