@@ -16,26 +16,21 @@ class AdamW final : public Optimizer {
 
   void Update(const TensorUpdate& u) const override {
     const GroupSettings& g = u.group;
-    const float lr = static_cast<float>(u.lr);
-    const float beta1 = static_cast<float>(g.beta1), beta2 = static_cast<float>(g.beta2);
-    const float eps = static_cast<float>(g.eps);
+    const FloatSettings s(u);
     const float bias1 = static_cast<float>(1.0 - std::pow(g.beta1, static_cast<double>(u.step)));
     const float bias2_sqrt =
         static_cast<float>(std::sqrt(1.0 - std::pow(g.beta2, static_cast<double>(u.step))));
-    const float decay = 1.0f - lr * static_cast<float>(g.weight_decay);
-    const float step_size = lr / bias1;
+    const float step_size = s.lr / bias1;
     float* params = u.weights.data();
-    const float* grads = u.grads.data();
     float* m = u.state[0].data();
     float* v = u.state[1].data();
-    const int64_t n = static_cast<int64_t>(u.weights.size());
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float grad = grads[i];
-      m[i] = beta1 * m[i] + (1.0f - beta1) * grad;
-      v[i] = beta2 * v[i] + (1.0f - beta2) * (grad * grad);
-      float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-      params[i] = params[i] * decay - step_size * (m[i] / denom);
+    for (int64_t i = 0; i < static_cast<int64_t>(u.weights.size()); ++i) {
+      const float grad = u.grads[i];
+      m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
+      v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * (grad * grad);
+      const float denom = std::sqrt(v[i]) / bias2_sqrt + s.eps;
+      params[i] = params[i] * s.decay - step_size * (m[i] / denom);
     }
   }
 };

@@ -12,21 +12,16 @@ class Lion final : public Optimizer {
   std::vector<StateSpec> state() const override { return {{"exp_avg"}}; }
 
   void Update(const TensorUpdate& u) const override {
-    const float lr = static_cast<float>(u.lr);
-    const float beta1 = static_cast<float>(u.group.beta1);
-    const float beta2 = static_cast<float>(u.group.beta2);
-    const float decay = 1.0f - lr * static_cast<float>(u.group.weight_decay);
+    const FloatSettings s(u);
     float* params = u.weights.data();
-    const float* grads = u.grads.data();
     float* m = u.state[0].data();
-    const int64_t n = static_cast<int64_t>(u.weights.size());
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float grad = grads[i];
-      float update = beta1 * m[i] + (1.0f - beta1) * grad;
-      float sign = update > 0.0f ? 1.0f : (update < 0.0f ? -1.0f : 0.0f);
-      params[i] = params[i] * decay - lr * sign;
-      m[i] = beta2 * m[i] + (1.0f - beta2) * grad;
+    for (int64_t i = 0; i < static_cast<int64_t>(u.weights.size()); ++i) {
+      const float grad = u.grads[i];
+      const float update = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
+      const float sign = update > 0.0f ? 1.0f : (update < 0.0f ? -1.0f : 0.0f);
+      params[i] = params[i] * s.decay - s.lr * sign;
+      m[i] = s.beta2 * m[i] + (1.0f - s.beta2) * grad;
     }
   }
 };

@@ -55,6 +55,18 @@ struct TensorUpdate {
   std::span<const std::span<float>> state;
 };
 
+// The settings of an update in float, as torch's optimizers compute them: the group's learning
+// rate, betas and eps, and the decoupled weight decay's factor 1 - lr x weight_decay.
+struct FloatSettings {
+  explicit FloatSettings(const TensorUpdate& u)
+      : lr(static_cast<float>(u.lr)),
+        beta1(static_cast<float>(u.group.beta1)),
+        beta2(static_cast<float>(u.group.beta2)),
+        eps(static_cast<float>(u.group.eps)),
+        decay(1.0f - lr * static_cast<float>(u.group.weight_decay)) {}
+  float lr, beta1, beta2, eps, decay;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -13,17 +13,13 @@ class Sgd final : public Optimizer {
   std::vector<StateSpec> state() const override { return {{"momentum"}}; }
 
   void Update(const TensorUpdate& u) const override {
-    const float lr = static_cast<float>(u.lr);
-    const float beta1 = static_cast<float>(u.group.beta1);
-    const float decay = 1.0f - lr * static_cast<float>(u.group.weight_decay);
+    const FloatSettings s(u);
     float* params = u.weights.data();
-    const float* grads = u.grads.data();
-    float* m = u.state[0].data();
-    const int64_t n = static_cast<int64_t>(u.weights.size());
+    float* momentum = u.state[0].data();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      m[i] = beta1 * m[i] + grads[i];
-      params[i] = params[i] * decay - lr * m[i];
+    for (int64_t i = 0; i < static_cast<int64_t>(u.weights.size()); ++i) {
+      momentum[i] = s.beta1 * momentum[i] + u.grads[i];
+      params[i] = params[i] * s.decay - s.lr * momentum[i];
     }
   }
 };
