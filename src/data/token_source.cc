@@ -134,9 +134,9 @@ std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const 
   return std::make_unique<TokenFileSource>(path, dtype, vocab_size, seq_len);
 }
 
-std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size) {
+std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
+                                             int64_t seq_len, int64_t steps, int64_t global_batch) {
   const std::string& kind = config.String("training.dataset");
-  int64_t seq_len = config.Int("training.seq_len");
   if (kind == "synthetic")
     return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size,
                                seq_len);
@@ -150,10 +150,6 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
       throw UsageError("training.dataset_path: empty; name the blendcorpus file list to read");
     options.seq_len = seq_len;
     options.seed = static_cast<uint64_t>(config.Int("debug.seed"));
-    const int64_t global_batch = config.Int("training.global_batch_size") > 0
-                                     ? config.Int("training.global_batch_size")
-                                     : config.Int("training.local_batch_size");
-    const int64_t steps = config.Int("training.steps");
     if (__builtin_mul_overflow(steps, global_batch, &options.num_samples))
       throw UsageError(
           StrFormat("training.steps %lld x global batch %lld overflows the sample "

@@ -34,8 +34,10 @@ std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_si
 std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
                                                  int64_t vocab_size, int64_t seq_len);
 // From [training] dataset / dataset_path / token_dtype / data_cache_dir, [model] tokenizer_path
-// and [debug] seed. dataset = "blend" reads a blendcorpus file list of prepared shards and
-// indexes steps x global_batch_size samples (see blended_dataset.h and docs/data.md).
-std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size);
+// and [debug] seed, for a run of `steps` steps of `global_batch` samples of seq_len + 1 tokens.
+// dataset = "blend" reads a blendcorpus file list of prepared shards and indexes steps x
+// global_batch samples (see blended_dataset.h and docs/data.md).
+std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
+                                             int64_t seq_len, int64_t steps, int64_t global_batch);
 
 }  // namespace crucible

@@ -63,7 +63,9 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
 
   MemoryPlan plan;
   plan.activations = model.PlannedBuffers(B, T).total_bytes;
-  plan.batch = 8 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
+  // The loader holds two batches (the step's and the next, read ahead), each an int32 input and
+  // target per position (and a float loss weight, for a weighted source), plus one sample.
+  plan.batch = 2 * 12 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
   if (shape.zero_stage == 3) {
     const double piece = std::min(static_cast<double>(DataParallel::kReducePiece), U);
     plan.model_state =
@@ -123,10 +125,11 @@ AvailableMemory MachineAvailableMemory() {
   return available;
 }
 
-void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingShape& shape,
+void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
                        Communicator& comm) {
-  const double steps = static_cast<double>(config.Int("training.steps"));
-  const double global_batch = static_cast<double>(config.Int("training.global_batch_size"));
+  const TrainingShape& shape = training.shape;
+  const double steps = static_cast<double>(training.steps);
+  const double global_batch = static_cast<double>(training.global_batch);
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
   if (steps * global_batch * T >= kInt64Limit)
     throw UsageError(StrFormat(

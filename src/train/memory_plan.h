@@ -19,7 +19,7 @@ namespace crucible {
 // Bytes one rank allocates, by what they are for (the formula of docs/distributed.md).
 struct MemoryPlan {
   double activations = 0;  // the model's activations of one micro-batch (and its token buffers)
-  double batch = 0;        // the step's inputs and targets: every micro-batch of this rank
+  double batch = 0;        // the loader's batches: this one and the next, read ahead
   double model_state = 0;  // weights, gradients, exact sums, optimizer state, comm buffers
   double checkpoint = 0;   // rank 0: the host snapshot and the full state gathered for a save
   double total() const { return activations + batch + model_state + checkpoint; }
@@ -41,7 +41,7 @@ AvailableMemory MachineAvailableMemory();
 // than that host has available, or when a product the trainer keeps in an integer exceeds its
 // type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
 // prints the plan (phase=memory_check).
-void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingShape& shape,
+void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
                        Communicator& comm);
 
 }  // namespace crucible

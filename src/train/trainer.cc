@@ -114,8 +114,10 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
                      " updates whole matrices, which ZeRO-1/3 across ranks does not support yet: "
                      "set parallelism.zero_stage = 0 or train on one rank");
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
-  CheckTrainingFits(config_, *model_spec_, training_.shape, comm());
-  if (!source_) source_ = MakeTokenSource(config_, model_spec_->vocab_size());
+  CheckTrainingFits(config_, *model_spec_, training_, comm());
+  if (!source_)
+    source_ = MakeTokenSource(config_, model_spec_->vocab_size(), training_.shape.seq_len,
+                              training_.steps, training_.global_batch);
   run_dir_ = RunDirectory(config_);
   run_lock_ = TakeRunDirectory(run_dir_, comm());
 }
