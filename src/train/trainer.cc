@@ -27,11 +27,11 @@
 #include "distributed/exact_sum.h"
 #include "distributed/mesh.h"
 #include "distributed/param_access.h"
+#include "distributed/sharded_optimizer.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
 #include "optim/clipping.h"
 #include "optim/lr_schedule.h"
-#include "optim/optimizer_shard.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
@@ -208,22 +208,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
   std::vector<float> weights(sharded ? shard : padded), grads(sharded ? shard : padded);
   ExactAccumulator accumulator(sharded ? 0 : padded);
   const size_t update_begin = data_parallel.update_begin(), update_end = data_parallel.update_end();
-  OptimizerShard optimizer(optimizer_config, table, update_begin, update_end);
-  // Checkpoints hold the optimizer state of every parameter. Under ZeRO each rank updates only
-  // its shard; a resume loads the full state and keeps the shard, so a checkpoint resumes on any
-  // number of ranks, and before a save rank 0 gathers the full state into `full_state`. Its
-  // buffers exist only while a resume or a save needs them.
-  std::unique_ptr<OptimizerShard> full_state;
-  if (zero_stage >= 1 && world > 1)
-    full_state = std::make_unique<OptimizerShard>(optimizer_config, table, 0, n_params);
-  auto release_full_state = [&]() {
-    if (full_state)
-      for (const ShardState& state : full_state->State()) std::vector<float>().swap(state.values);
-  };
-  OptimizerShard* checkpoint_optimizer = full_state ? full_state.get() : &optimizer;
-  Checkpointing checkpointing(config, run_dir, *model_spec, table, checkpoint_optimizer, rank,
+  // Checkpoints hold the optimizer state of every parameter (optimizer->full_state()): a resume
+  // loads it and each rank keeps its part, so a checkpoint resumes on any number of ranks, and
+  // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
+  // needs them.
+  const std::unique_ptr<ShardedOptimizer> optimizer =
+      MakeShardedOptimizer(optimizer_config, table, data_parallel);
+  Checkpointing checkpointing(config, run_dir, *model_spec, table, &optimizer->full_state(), rank,
                               world);
-  release_full_state();  // Resume allocates it again if it loads a checkpoint
   // Loading a checkpoint or a model file fills a full buffer; under ZeRO-3 each rank then keeps
   // its shard (a fresh init writes the shard directly).
   const bool loads_full_model = checkpointing.HasCheckpointToResume(resume_mode) ||
@@ -232,26 +224,8 @@ int RunTraining(Config config, const std::string& resume_mode) {
   std::vector<float> full_load(sharded && loads_full_model ? padded : 0);
   float* load_target = sharded ? full_load.data() : weights.data();
   const ResumePoint resume = checkpointing.Resume(resume_mode, load_target);
-  auto shard_state = [&](bool gather) {
-    if (!full_state) return;
-    auto shard_parts = optimizer.State();
-    auto full = full_state->State();
-    for (size_t i = 0; i < shard_parts.size(); ++i) {
-      std::vector<float>& part = shard_parts[i].values;  // per element: kWholeMatrix is refused
-      std::vector<float>& whole = full[i].values;
-      if (gather) {
-        // Rank 0 receives every rank's shard (padded to the shard size) in rank order.
-        std::vector<float> mine(shard, 0.0f), all(leader ? padded : 0);
-        std::copy(part.begin(), part.end(), mine.begin() + (update_begin - rank * shard));
-        comm.GatherFloatToRoot(mine.data(), all.data(), shard, "optimizer-state gather");
-        if (leader) whole.assign(all.begin(), all.begin() + n_params);
-      } else {
-        std::copy(whole.begin() + update_begin, whole.begin() + update_end, part.begin());
-      }
-    }
-  };
-  if (resume.resumed) shard_state(false);
-  release_full_state();
+  if (resume.resumed) optimizer->ScatterFullState();
+  optimizer->ReleaseFullState();
   // ZeRO-3: rank 0 gathers the full weights when a save, an evaluation or the final hash needs
   // them (every rank must call this; others get nullptr).
   std::vector<float> gathered;
@@ -344,12 +318,14 @@ int RunTraining(Config config, const std::string& resume_mode) {
     // docs/distributed.md): weights and gradients (the full padded buffers, or the shard under
     // ZeRO-3), the exact accumulator (16 bytes per element, the shard's sums under ZeRO-3), the
     // optimizer state of this rank's part, the gather/gradient/reduction buffers of ZeRO-3 or of
-    // overlapped ZeRO-1 reductions.
+    // overlapped ZeRO-1 reductions, and those a whole-matrix optimizer moves pieces through.
     double state_floats = 0;
-    for (const ShardState& state : optimizer.State()) state_floats += state.values.size();
+    for (const ShardState& state : optimizer->LocalState()) state_floats += state.values.size();
     const double buffers =
-        sharded_access ? sharded_access->buffer_bytes()
-                       : (overlap ? static_cast<double>(data_parallel.OverlapBufferBytes()) : 0.0);
+        (sharded_access
+             ? sharded_access->buffer_bytes()
+             : (overlap ? static_cast<double>(data_parallel.OverlapBufferBytes()) : 0.0)) +
+        static_cast<double>(optimizer->BufferBytes());
     const double weight_bytes = 4.0 * weights.size(), grad_bytes = 4.0 * grads.size();
     const double accumulator_bytes = 16.0 * accumulator.size();
     const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
@@ -484,7 +460,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
           grads[i - base] *= clip;
       }
       detectors.BeforeUpdate(weights.data(), base);
-      optimizer.Step(weights.data(), grads.data(), lr, step, base);
+      optimizer->Step(weights.data(), grads.data(), lr, step, base);
       detectors.AfterUpdate(weights.data(), step, base);
       divergence.CheckWeights(weights.data(), base, update_begin, update_end, step);
       data_parallel.GatherParams(weights.data());
@@ -563,7 +539,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
                 data_parallel.Any(leader && checkpointing.last_saved_step() != step));
     const float* save_weights = nullptr;
     if (save_now) {
-      shard_state(true);
+      optimizer->GatherFullState();
       save_weights = full_weights();
     }
     if (leader && due)
@@ -586,7 +562,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       if (leader)
         PrintLine(StrFormat("stopped step=%lld signal=%s checkpoint=%s exit=%d", (long long)step,
                             SignalName(signal_number), saved.c_str(), exit_code));
-      release_full_state();
+      optimizer->ReleaseFullState();
       release_gathered();
       comm.Barrier("stop");
       metrics.Close();
@@ -595,7 +571,7 @@ int RunTraining(Config config, const std::string& resume_mode) {
       return exit_code;
     }
     if (save_now) {  // rank 0's full copies exist only while a save needs them
-      release_full_state();
+      optimizer->ReleaseFullState();
       release_gathered();
     }
   }

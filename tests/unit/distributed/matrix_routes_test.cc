@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "../optim/optim_test_util.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
@@ -20,13 +21,7 @@
 namespace crucible {
 namespace {
 
-ParameterTable TableOfSizes(const std::vector<int64_t>& sizes) {
-  ParameterTable table;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    table.Add(StrFormat("t%zu", i), {sizes[i]}, ParamKind::kLinear, 0);
-  table.EndUnit();
-  return table;
-}
+using optim_test::TableOfSizes;
 
 std::vector<Range> Pieces(std::initializer_list<std::pair<size_t, size_t>> list) {
   std::vector<Range> pieces;
