@@ -168,13 +168,6 @@ int RunTraining(Config config, const std::string& resume_mode) {
         (long long)global_batch, (long long)micro_batch, world));
   config.Set("training.global_batch_size", global_batch);
   CheckRanksAgree(config, resume_mode, comm);  // on the resolved config, before anything else
-  // An optimizer that needs whole matrices runs where every rank updates all parameters; under
-  // ZeRO-1/3 across ranks each matrix needs an owner rank (optim/matrix_owners.h), not built yet.
-  if (optimizer_config.optimizer->shard_mode() == ShardMode::kWholeMatrix && world > 1 &&
-      config.Int("parallelism.zero_stage") >= 1)
-    throw UsageError("optimizer.name = " + optimizer_config.name +
-                     " updates whole matrices, which ZeRO-1/3 across ranks does not support yet: "
-                     "set parallelism.zero_stage = 0 or train on one rank");
   const int64_t accumulation = global_batch / (micro_batch * world);
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(
