@@ -27,6 +27,8 @@ class ShardLayout {
   }
 
   size_t n_params() const { return n_params_; }
+  int ranks() const { return static_cast<int>(ranks_); }
+  int rank() const { return static_cast<int>(rank_); }
   size_t shard_size() const { return shard_; }
   size_t padded_size() const { return shard_ * ranks_; }
   // Where this rank's shard starts in the padded buffer.

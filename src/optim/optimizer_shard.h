@@ -9,7 +9,7 @@
 //  - a set of whole tensors (kWholeMatrix across ZeRO ranks, each rank the tensors that
 //    AssignMatrixOwners gives it), each updated by StepMatrix from its full gradient. Moving a
 //    tensor's reduced gradient to its owner and the updated tensor back is the data-parallel
-//    side's part (docs/training.md, "Optimizers").
+//    side's part (MatrixOwnerOptimizer, distributed/sharded_optimizer.h).
 #pragma once
 
 #include <cstddef>

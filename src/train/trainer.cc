@@ -106,13 +106,6 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
-  // An optimizer that needs whole matrices runs where every rank updates all parameters; under
-  // ZeRO-1/3 across ranks each matrix needs an owner rank (optim/matrix_owners.h), not built yet.
-  if (optimizer_config_.optimizer->shard_mode() == ShardMode::kWholeMatrix && world_ > 1 &&
-      training_.shape.zero_stage >= 1)
-    throw UsageError("optimizer.name = " + optimizer_config_.name +
-                     " updates whole matrices, which ZeRO-1/3 across ranks does not support yet: "
-                     "set parallelism.zero_stage = 0 or train on one rank");
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm());
   if (!source_)
@@ -137,17 +130,13 @@ void Trainer::AllocateState() {
   accumulator_ = std::make_unique<ExactAccumulator>(sharded_ ? 0 : padded);
   update_begin_ = data_parallel_->update_begin();
   update_end_ = data_parallel_->update_end();
-  optimizer_ =
-      std::make_unique<OptimizerShard>(optimizer_config_, table(), update_begin_, update_end_);
-  // Checkpoints hold the optimizer state of every parameter. Under ZeRO each rank updates only
-  // its shard; a resume loads the full state and keeps the shard, so a checkpoint resumes on any
-  // number of ranks, and before a save rank 0 gathers the full state into full_state_.
-  if (data_parallel_->zero_stage() >= 1 && world_ > 1)
-    full_state_ = std::make_unique<OptimizerShard>(optimizer_config_, table(), 0, n_params);
-  checkpointing_ = std::make_unique<Checkpointing>(
-      config_, run_dir_, *model_spec_, table(), full_state_ ? full_state_.get() : optimizer_.get(),
-      rank_, world_);
-  ReleaseFullCopies();  // the resume allocates the full state again if it loads a checkpoint
+  // Checkpoints hold the optimizer state of every parameter (optimizer_->full_state()): a resume
+  // loads it and each rank keeps its part, so a checkpoint resumes on any number of ranks, and
+  // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
+  // needs them.
+  optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
+  checkpointing_ = std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
+                                                   &optimizer_->full_state(), rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
   divergence_ = std::make_unique<DivergenceGuard>(table(), *data_parallel_, [this]() {
     if (!leader()) return std::string("kept by rank 0");  // only rank 0 saves
@@ -169,12 +158,7 @@ void Trainer::LoadOrInitWeights(const std::string& resume_mode) {
   std::vector<float> full_load(sharded_ && loads_full_model ? data_parallel_->padded_size() : 0);
   float* load_target = sharded_ ? full_load.data() : weights_.data();
   resume_ = checkpointing_->Resume(resume_mode, load_target);
-  if (resume_.resumed && full_state_) {  // keep this rank's part of the loaded state
-    std::vector<ShardState> mine = optimizer_->State(), full = full_state_->State();
-    for (size_t i = 0; i < mine.size(); ++i)  // per element: kWholeMatrix is refused
-      std::copy(full[i].values.begin() + update_begin_, full[i].values.begin() + update_end_,
-                mine[i].values.begin());
-  }
+  if (resume_.resumed) optimizer_->ScatterFullState();  // this rank keeps its part
   ReleaseFullCopies();
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader()) AtomicWriteFile(JoinPath(run_dir_, "config.toml"), config_.ToToml());
@@ -250,12 +234,14 @@ void Trainer::ConnectModel() {
   // docs/distributed.md): weights and gradients (the full padded buffers, or the shard under
   // ZeRO-3), the exact accumulator (16 bytes per element, the shard's sums under ZeRO-3), the
   // optimizer state of this rank's part, the gather/gradient/reduction buffers of ZeRO-3 or of
-  // overlapped ZeRO-1 reductions.
+  // overlapped ZeRO-1 reductions, and those a whole-matrix optimizer moves pieces through.
   double state_floats = 0;
-  for (const ShardState& state : optimizer_->State()) state_floats += state.values.size();
+  for (const ShardState& state : optimizer_->LocalState()) state_floats += state.values.size();
   const double buffers =
-      sharded_access_ ? sharded_access_->buffer_bytes()
-                      : (overlap ? static_cast<double>(data_parallel_->OverlapBufferBytes()) : 0.0);
+      (sharded_access_
+           ? sharded_access_->buffer_bytes()
+           : (overlap ? static_cast<double>(data_parallel_->OverlapBufferBytes()) : 0.0)) +
+      static_cast<double>(optimizer_->BufferBytes());
   const double weight_bytes = 4.0 * weights_.size(), grad_bytes = 4.0 * grads_.size();
   const double accumulator_bytes = 16.0 * accumulator_->size();
   const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
@@ -284,22 +270,11 @@ const float* Trainer::FullWeights() {
 }
 
 void Trainer::GatherOptimizerState() {
-  if (!full_state_) return;
-  const size_t shard = data_parallel_->shard_size(), padded = data_parallel_->padded_size();
-  std::vector<ShardState> mine = optimizer_->State(), full = full_state_->State();
-  for (size_t i = 0; i < mine.size(); ++i) {  // per element: kWholeMatrix is refused
-    // Rank 0 receives every rank's shard (padded to the shard size) in rank order.
-    std::vector<float> part(shard, 0.0f), all(leader() ? padded : 0);
-    std::copy(mine[i].values.begin(), mine[i].values.end(),
-              part.begin() + (update_begin_ - rank_ * shard));
-    comm().GatherFloatToRoot(part.data(), all.data(), shard, "optimizer-state gather");
-    if (leader()) full[i].values.assign(all.begin(), all.begin() + table().total());
-  }
+  optimizer_->GatherFullState();
 }
 
 void Trainer::ReleaseFullCopies() {
-  if (full_state_)
-    for (const ShardState& state : full_state_->State()) FreeBuffer(state.values);
+  optimizer_->ReleaseFullState();
   FreeBuffer(gathered_);
 }
 

@@ -30,9 +30,9 @@
 #include "distributed/exact_sum.h"
 #include "distributed/mesh.h"
 #include "distributed/param_access.h"
+#include "distributed/sharded_optimizer.h"
 #include "model/model.h"
 #include "optim/lr_schedule.h"
-#include "optim/optimizer_shard.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
 #include "train/divergence.h"
@@ -122,10 +122,9 @@ class Trainer {
   size_t update_begin_ = 0, update_end_ = 0;
   std::vector<float> weights_, grads_, gathered_;
   std::unique_ptr<ExactAccumulator> accumulator_;
-  std::unique_ptr<OptimizerShard> optimizer_;
-  // Under ZeRO-1/3 on more than one rank: the state of every parameter, allocated only while a
-  // resume or a save needs it (rank 0 gathers into it before a save).
-  std::unique_ptr<OptimizerShard> full_state_;
+  // This rank's optimizer state and how its update is spread over the ranks; it also holds the
+  // state of every parameter while a resume or a save needs it.
+  std::unique_ptr<ShardedOptimizer> optimizer_;
   std::unique_ptr<Checkpointing> checkpointing_;
   ResumePoint resume_;
   bool fresh_model_ = false;

@@ -6,19 +6,13 @@
 #include <algorithm>
 
 #include "common/config.h"
-#include "common/strings.h"
 #include "model/llama.h"
+#include "optim_test_util.h"
 
 namespace crucible {
 namespace {
 
-ParameterTable TableOfSizes(const std::vector<int64_t>& sizes) {
-  ParameterTable table;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    table.Add(StrFormat("t%zu", i), {sizes[i]}, ParamKind::kLinear, 0);
-  table.EndUnit();
-  return table;
-}
+using optim_test::TableOfSizes;
 
 std::vector<size_t> Loads(const ParameterTable& table, const std::vector<int>& owners, int world) {
   std::vector<size_t> load(world, 0);

@@ -1,5 +1,6 @@
-// Helpers of the optimizer tests: a small parameter table with one tensor of every kind, values
-// that do not depend on the library's random distributions, and a config for an optimizer.
+// Helpers of the optimizer tests (and of tests/unit/distributed/matrix_routes_test.cc): a small
+// parameter table with one tensor of every kind, a table of given sizes, values that do not
+// depend on the library's random distributions, and a config for an optimizer.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/strings.h"
 #include "model/parameters.h"
 #include "optim/optimizer_shard.h"
 
@@ -24,6 +26,15 @@ inline ParameterTable SmallTable() {
   table.EndUnit();
   table.Add("final.norm", {5}, ParamKind::kNorm, -1);
   table.Add("head", {7, 5}, ParamKind::kHead, -1);
+  table.EndUnit();
+  return table;
+}
+
+// One unit of 1-D tensors t0, t1, ... of these sizes, in order.
+inline ParameterTable TableOfSizes(const std::vector<int64_t>& sizes) {
+  ParameterTable table;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    table.Add(StrFormat("t%zu", i), {sizes[i]}, ParamKind::kLinear, 0);
   table.EndUnit();
   return table;
 }

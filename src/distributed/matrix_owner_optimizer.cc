@@ -1,0 +1,133 @@
+// MatrixOwnerOptimizer (distributed/sharded_optimizer.h): whole-matrix updates under ZeRO-1/3,
+// each tensor by its owner rank.
+#include <algorithm>
+#include <span>
+
+#include "common/error.h"
+#include "distributed/sharded_optimizer.h"
+#include "optim/matrix_owners.h"
+
+namespace crucible {
+namespace {
+
+// Calls fn(owned, full, count) for each tensor of `tensors` (ascending) with where its state of
+// `spec` lies in their owner's buffer (OptimizerShard's tensor layout) and in the full one (the
+// layout over [0, n)), and how many floats it has.
+template <typename Fn>
+void ForEachTensorState(const StateSpec& spec, const ParameterTable& table,
+                        const std::vector<size_t>& tensors, Fn fn) {
+  size_t owned = 0;
+  for (size_t t : tensors) {
+    const ParamInfo& param = table.params()[t];
+    const size_t count = spec.per_tensor > 0 ? spec.per_tensor : param.numel;
+    fn(owned, spec.per_tensor > 0 ? t * spec.per_tensor : param.offset, count);
+    owned += count;
+  }
+}
+
+}  // namespace
+
+MatrixOwnerOptimizer::MatrixOwnerOptimizer(const OptimizerConfig& config,
+                                           const ParameterTable& table, DataParallel& data_parallel)
+    : ShardedOptimizer(config, table, data_parallel),
+      owners_(AssignMatrixOwners(table, data_parallel.comm().size())) {
+  if (config.optimizer->shard_mode() != ShardMode::kWholeMatrix || data_parallel.zero_stage() == 0)
+    throw Error(kExitFailure,
+                "internal: MatrixOwnerOptimizer is for whole-matrix optimizers under "
+                "ZeRO-1/3 (optimizer " +
+                    config.name + ")");
+  routes_ = RouteMatrices(table, owners_, data_parallel.layout());
+  local_ = std::make_unique<OptimizerShard>(config, table, routes_.tensors);
+  MakeFullState();
+  packed_.resize(data_parallel.update_end() - data_parallel.update_begin());
+  owned_weights_.resize(routes_.owned_elements());
+  owned_grads_.resize(routes_.owned_elements());
+}
+
+void MatrixOwnerOptimizer::Step(float* weights, const float* grads, double lr, int64_t step,
+                                size_t base) {
+  Communicator& comm = data_parallel_.comm();
+  auto pack = [&](const float* source) {
+    size_t at = 0;
+    for (const Range& piece : routes_.pieces) {
+      std::copy(source + (piece.begin - base), source + (piece.end - base), packed_.data() + at);
+      at += piece.size();
+    }
+  };
+  pack(grads);
+  comm.AllToAllV(packed_.data(), routes_.to_owners, owned_grads_.data(), routes_.from_holders,
+                 "matrix-gradient all-to-all");
+  if (data_parallel_.zero_stage() == 3) {  // the owner holds only its shard of the weights
+    pack(weights);
+    comm.AllToAllV(packed_.data(), routes_.to_owners, owned_weights_.data(), routes_.from_holders,
+                   "matrix-weight all-to-all");
+  } else {  // ZeRO-1: every replica holds every weight
+    for (size_t k = 0; k < routes_.tensors.size(); ++k) {
+      const ParamInfo& param = table_.params()[routes_.tensors[k]];
+      std::copy(weights + (param.offset - base), weights + (param.offset + param.numel - base),
+                owned_weights_.data() + routes_.tensor_offsets[k]);
+    }
+  }
+  for (size_t k = 0; k < routes_.tensors.size(); ++k) {
+    const size_t numel = table_.params()[routes_.tensors[k]].numel;
+    const size_t at = routes_.tensor_offsets[k];
+    local_->StepMatrix(routes_.tensors[k], std::span<float>(owned_weights_.data() + at, numel),
+                       std::span<const float>(owned_grads_.data() + at, numel), lr, step);
+  }
+  comm.AllToAllV(owned_weights_.data(), routes_.from_holders, packed_.data(), routes_.to_owners,
+                 "updated-matrix all-to-all");
+  size_t at = 0;
+  for (const Range& piece : routes_.pieces) {
+    std::copy(packed_.data() + at, packed_.data() + at + piece.size(),
+              weights + (piece.begin - base));
+    at += piece.size();
+  }
+}
+
+void MatrixOwnerOptimizer::GatherFullState() {
+  Communicator& comm = data_parallel_.comm();
+  const size_t ranks = static_cast<size_t>(comm.size());
+  const bool leader = comm.rank() == 0;
+  std::vector<ShardState> parts = local_->State(), full = full_->State();
+  std::vector<std::vector<size_t>> tensors_of(ranks);
+  for (size_t q = 0; q < ranks; ++q) tensors_of[q] = TensorsOwnedBy(owners_, static_cast<int>(q));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const StateSpec& spec = parts[i].spec;
+    // Everything to rank 0, in owner-rank order (an all-to-allv in which only rank 0 receives).
+    std::vector<size_t> send(ranks, 0), receive(ranks, 0);
+    send[0] = parts[i].values.size();
+    if (leader)
+      for (size_t q = 0; q < ranks; ++q)
+        ForEachTensorState(spec, table_, tensors_of[q],
+                           [&](size_t, size_t, size_t count) { receive[q] += count; });
+    const Communicator::Blocks receive_blocks = Communicator::Blocks::Packed(receive);
+    std::vector<float> all(receive_blocks.total());
+    comm.AllToAllV(parts[i].values.data(), Communicator::Blocks::Packed(send), all.data(),
+                   receive_blocks, "optimizer-state gather");
+    if (!leader) continue;
+    std::vector<float>& whole = full[i].values;
+    whole.assign(spec.per_tensor > 0 ? spec.per_tensor * table_.params().size() : table_.total(),
+                 0.0f);
+    for (size_t q = 0; q < ranks; ++q)
+      ForEachTensorState(spec, table_, tensors_of[q], [&](size_t owned, size_t at, size_t count) {
+        const float* from = all.data() + receive_blocks.offsets[q] + owned;
+        std::copy(from, from + count, whole.data() + at);
+      });
+  }
+}
+
+void MatrixOwnerOptimizer::ScatterFullState() {
+  std::vector<ShardState> parts = local_->State(), full = full_->State();
+  for (size_t i = 0; i < parts.size(); ++i)
+    ForEachTensorState(parts[i].spec, table_, routes_.tensors,
+                       [&](size_t owned, size_t at, size_t count) {
+                         const float* from = full[i].values.data() + at;
+                         std::copy(from, from + count, parts[i].values.data() + owned);
+                       });
+}
+
+size_t MatrixOwnerOptimizer::BufferBytes() const {
+  return sizeof(float) * (packed_.size() + owned_weights_.size() + owned_grads_.size());
+}
+
+}  // namespace crucible
