@@ -53,13 +53,29 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   const double chunk = static_cast<double>(DataParallel::kNormChunk);
   const double shard = std::ceil(std::ceil(P / chunk) / world) * chunk;
   const double padded = shard * world;
-  const double update =
-      shape.zero_stage == 0
-          ? P
-          : std::max(0.0, std::min(P, (rank + 1) * shard) - std::min(P, rank * shard));
+  const std::unique_ptr<Optimizer> optimizer =
+      MakeOptimizer(config.String("optimizer.name"), config);
   double state_buffers = 0;  // per-element optimizer state buffers, as the optimizer declares
-  for (const StateSpec& spec : MakeOptimizer(config.String("optimizer.name"), config)->state())
+  double per_tensor = 0;     // and floats of per-tensor state (whole-matrix optimizers)
+  for (const StateSpec& spec : optimizer->state()) {
     if (spec.per_tensor == 0) ++state_buffers;
+    per_tensor += static_cast<double>(spec.per_tensor);
+  }
+  // Per-tensor state, for every tensor (a rank owns at most all of them); the table is only
+  // names and shapes.
+  const double tensor_state =
+      4 * per_tensor * static_cast<double>(model.BuildTable().params().size());
+  // The elements whose state this rank keeps: all, its shard, or, for an optimizer that updates
+  // whole matrices under ZeRO across ranks, the tensors it owns (at most the largest tensor
+  // above an even share; a unit is at least as large), with buffers for its range's pieces and
+  // its tensors' gradients and weights (distributed/matrix_owner_optimizer.cc).
+  const bool owners =
+      optimizer->shard_mode() == ShardMode::kWholeMatrix && shape.zero_stage >= 1 && world > 1;
+  const double update =
+      shape.zero_stage == 0 ? P
+      : owners              ? std::min(P, shard + U)
+               : std::max(0.0, std::min(P, (rank + 1) * shard) - std::min(P, rank * shard));
+  const double owner_buffers = owners ? 4 * (shard + 2 * update) : 0.0;
 
   MemoryPlan plan;
   plan.activations = model.PlannedBuffers(B, T).total_bytes;
@@ -71,14 +87,16 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
     plan.model_state =
         (4 + 4 + 16) * shard + 4 * state_buffers * update + 4 * ShardedAccess::kGatherBuffers * U +
         4 * (sizes.first_unit + sizes.largest_other_unit) +
-        16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard)));
+        16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard))) +
+        owner_buffers + tensor_state;
   } else {
     const double receive =
         shape.zero_stage == 1 && shape.overlap
             ? 16.0 * DataParallel::kMaxInFlight *
                   std::max(1.0, std::min(static_cast<double>(DataParallel::kReducePiece), shard))
             : 0.0;
-    plan.model_state = (4 + 4 + 16) * padded + 4 * state_buffers * update + receive;
+    plan.model_state =
+        (4 + 4 + 16) * padded + 4 * state_buffers * update + receive + owner_buffers + tensor_state;
   }
   // Rank 0 writes checkpoints: the host snapshot of the async writer, and during a save the full
   // optimizer state (and under ZeRO-3 the full weights) gathered from the shards.

@@ -64,6 +64,12 @@ def test_every_rank_count_stage_and_overlap_gives_the_bits_of_one_rank(tmp_path)
                                    f"parallelism.overlap_grad_reduce={overlap}"])
         assert f"ranks={np} zero_stage={stage}" in proc.stdout
         assert result(proc, run_dir) == reference, (np, stage, overlap)
+        # The memory check before allocating plans at least what rank 0 then holds (an owner's
+        # tensors may exceed an even share by up to the largest one).
+        planned = re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", proc.stdout, re.M)
+        allocated = re.search(r"^phase=memory .*model_state_bytes=(\d+)", proc.stdout, re.M)
+        assert planned and allocated, proc.stdout
+        assert int(planned.group(1)) >= int(allocated.group(1)), (np, stage, overlap, proc.stdout)
 
 
 def test_a_two_rank_zero1_checkpoint_resumes_bit_exact_on_four_ranks_zero3_and_on_one(tmp_path):
