@@ -73,6 +73,7 @@ void FreeBuffer(std::vector<float>& buffer) {
 Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source)
     : config_(std::move(config)), source_(std::move(source)) {
   ResolveConfig(resume_mode);
+  learning_rate_ = [this](int64_t step) { return LearningRate(schedule_, step); };
   AllocateState();
   LoadOrInitWeights(resume_mode);
   Announce();
@@ -316,7 +317,7 @@ StepReport Trainer::Step(int64_t step) {
   divergence_->CheckLoss(r.loss, step);
   if (leader() && fresh_model_ && step == 1)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
-  r.lr = LearningRate(schedule_, step);
+  r.lr = learning_rate_(step);
   r.grad_norm = ClipAndStep(step, r.lr, finite);
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
   tokens_seen_ += training_.tokens_per_step();

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,14 @@ class Trainer {
   // A hook sees every step after the built-in ones (metrics, validation, checkpoints).
   void AddHook(std::unique_ptr<TrainerHook> hook) { hooks_.push_back(std::move(hook)); }
 
+  // The learning rate of optimizer step `step` (from 1). By default the config's schedule
+  // (optim/lr_schedule.h); set before Run() to drive the steps by another rule (the LR finder's
+  // sweep, train/lr_finder.h). It must give every rank the same value.
+  using LearningRateFunction = std::function<double(int64_t step)>;
+  void SetLearningRate(LearningRateFunction learning_rate) {
+    learning_rate_ = std::move(learning_rate);
+  }
+
   // ---- for the hooks ----
   const Config& config() const { return config_; }
   const TrainingConfig& training() const { return training_; }
@@ -107,6 +116,7 @@ class Trainer {
   std::shared_ptr<const ModelSpec> model_spec_;
   OptimizerConfig optimizer_config_;
   LrScheduleConfig schedule_;
+  LearningRateFunction learning_rate_;  // of each step: the schedule's, unless set
   std::unique_ptr<ProcessMesh> mesh_;
   int world_ = 1, rank_ = 0;
   TrainingConfig training_;

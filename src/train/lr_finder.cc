@@ -1,0 +1,238 @@
+#include "train/lr_finder.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "train/lr_find_plot.h"
+#include "train/trainer.h"
+
+namespace crucible {
+
+namespace {
+
+// The absolute, normalised form of a path (without a trailing separator).
+std::string Canonical(const std::string& path) {
+  std::string canonical =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(path)).lexically_normal();
+  while (canonical.size() > 1 && canonical.back() == '/') canonical.pop_back();
+  return canonical;
+}
+
+// Whether `path` is `folder` or lies under it.
+bool IsInside(const std::string& path, const std::string& folder) {
+  const std::string p = Canonical(path), f = Canonical(folder);
+  return p == f || StartsWith(p, f + "/");
+}
+
+// Records each step of the sweep and stops the run at blow-up (every rank sees the same global
+// loss, so every rank stops at the same step).
+class SweepHook : public TrainerHook {
+ public:
+  SweepHook(const LrFindOptions& options, bool leader, std::vector<LrSweepPoint>& points,
+            std::optional<int64_t>& blowup_step)
+      : options_(options),
+        leader_(leader),
+        points_(points),
+        blowup_step_(blowup_step),
+        smoother_(options.smoothing) {}
+
+  std::optional<int> AfterStep(const StepReport& report) override {
+    const double smoothed = smoother_.Add(report.loss);
+    points_.push_back({report.step, report.lr, report.loss, smoothed});
+    if (leader_)
+      PrintLine(StrFormat("phase=lr_find step=%lld/%lld lr=%.6g loss=%.6f smoothed=%.6f",
+                          (long long)report.step, (long long)options_.steps, report.lr, report.loss,
+                          smoothed));
+    if (!smoother_.blew_up()) return std::nullopt;
+    blowup_step_ = report.step;
+    return kExitOk;
+  }
+
+ private:
+  const LrFindOptions& options_;
+  bool leader_;
+  std::vector<LrSweepPoint>& points_;
+  std::optional<int64_t>& blowup_step_;
+  LossSmoother smoother_;
+};
+
+void PrintTable(const LrFindResult& result) {
+  PrintLine(StrFormat("%6s  %-12s  %-12s  %-12s", "step", "lr", "loss", "smoothed"));
+  for (const LrSweepPoint& p : result.points)
+    PrintLine(
+        StrFormat("%6lld  %-12.4e  %-12.6f  %-12.6f", (long long)p.step, p.lr, p.loss, p.smoothed));
+}
+
+}  // namespace
+
+void CheckLrFindOptions(const LrFindOptions& options) {
+  for (const auto& [name, value] : {std::pair{"--min", options.min_lr}, {"--max", options.max_lr}})
+    if (!(value > 0) || !std::isfinite(value))
+      throw UsageError(
+          StrFormat("%s = %g: the learning rate must be a positive number", name, value));
+  if (options.min_lr >= options.max_lr)
+    throw UsageError(
+        StrFormat("--min (%g) must be below --max (%g)", options.min_lr, options.max_lr));
+  if (options.steps < 5)
+    throw UsageError(
+        StrFormat("--steps = %lld: the sweep needs at least 5 steps", (long long)options.steps));
+  if (!(options.smoothing >= 0 && options.smoothing < 1))
+    throw UsageError(StrFormat("--smoothing = %g: the moving-average factor must be in [0, 1)",
+                               options.smoothing));
+  if (!options.apply_path.empty() && !options.config_path.empty() &&
+      Canonical(options.apply_path) == Canonical(options.config_path))
+    throw UsageError("--apply " + options.apply_path +
+                     " is the input config: the LR finder writes a copy, never over --config");
+}
+
+double SweepLearningRate(const LrFindOptions& options, int64_t step) {
+  const double fraction = static_cast<double>(step - 1) / static_cast<double>(options.steps - 1);
+  return options.min_lr * std::pow(options.max_lr / options.min_lr, fraction);
+}
+
+double LossSmoother::Add(double loss) {
+  ++count_;
+  average_ = beta_ * average_ + (1.0 - beta_) * loss;
+  beta_power_ *= beta_;
+  const double smoothed = average_ / (1.0 - beta_power_);
+  if (!std::isfinite(smoothed) || (count_ > 1 && smoothed > kBlowupFactor * best_)) blew_up_ = true;
+  if (count_ == 1 || smoothed < best_) best_ = smoothed;
+  return std::isfinite(smoothed) ? smoothed : std::nan("");
+}
+
+LrFindResult AnalyzeSweep(std::vector<LrSweepPoint> points, std::optional<int64_t> blowup_step) {
+  LrFindResult result;
+  result.points = std::move(points);
+  result.blowup_step = blowup_step;
+  // The points before the blow-up: the last point is the blow-up when there was one.
+  size_t usable = result.points.size();
+  if (blowup_step) {
+    result.blowup_lr = result.points.back().lr;
+    --usable;
+  }
+  double steepest = std::numeric_limits<double>::infinity();
+  for (size_t i = 1; i + 1 < usable; ++i) {
+    const LrSweepPoint &before = result.points[i - 1], &after = result.points[i + 1];
+    const double slope =
+        (after.smoothed - before.smoothed) / (std::log(after.lr) - std::log(before.lr));
+    if (slope < steepest) {
+      steepest = slope;
+      result.steepest_lr = result.points[i].lr;
+    }
+  }
+  if (blowup_step) {
+    result.suggested_lr = result.blowup_lr / 10.0;
+    result.suggestion_rule = "blowup/10";
+  } else if (result.steepest_lr) {
+    result.suggested_lr = *result.steepest_lr;
+    result.suggestion_rule = "steepest";
+  } else {
+    throw UsageError("the LR sweep has no point to suggest a learning rate from");
+  }
+  return result;
+}
+
+std::string LrFindJson(const LrFindOptions& options, const LrFindResult& result) {
+  nlohmann::json points = nlohmann::json::array();
+  for (const LrSweepPoint& p : result.points)
+    points.push_back({{"step", p.step}, {"lr", p.lr}, {"loss", p.loss}, {"smoothed", p.smoothed}});
+  nlohmann::json json = {
+      {"min_lr", options.min_lr},
+      {"max_lr", options.max_lr},
+      {"steps", options.steps},
+      {"smoothing_beta", options.smoothing},
+      {"blowup_factor", kBlowupFactor},
+      {"blowup_step", result.blowup_step ? nlohmann::json(*result.blowup_step) : nullptr},
+      {"blowup_lr", result.blowup_step ? nlohmann::json(result.blowup_lr) : nullptr},
+      {"blowup_over_10", result.blowup_step ? nlohmann::json(result.blowup_lr / 10) : nullptr},
+      {"steepest_lr", result.steepest_lr ? nlohmann::json(*result.steepest_lr) : nullptr},
+      {"suggested_lr", result.suggested_lr},
+      {"suggestion_rule", result.suggestion_rule},
+      {"points", points},
+  };
+  return json.dump(2) + "\n";
+}
+
+int RunLrFind(Config config, const LrFindOptions& given) {
+  LrFindOptions options = given;
+  CheckLrFindOptions(options);
+  const std::string run_dir = RunDirectory(config);
+  if (options.out_dir.empty()) options.out_dir = run_dir + "-lr-find";
+  if (IsInside(options.out_dir, run_dir))
+    throw UsageError("--out " + options.out_dir + " is inside the run directory " + run_dir +
+                     ": the LR finder writes nothing there");
+  const Config original = config;  // what --apply copies, with only optimizer.lr changed
+  // The sweep is the schedule; nothing is kept but the scratch run's config and metrics.
+  config.Set("job.dump_folder", JoinPath(options.out_dir, "run"));
+  config.Set("training.steps", options.steps);
+  config.Set("checkpoint.enable", false);
+  config.Set("validation.enable", false);
+  config.Set("lr_scheduler.warmup_steps", int64_t{0});
+  config.Set("lr_scheduler.decay_type", std::string("constant"));
+
+  std::vector<LrSweepPoint> points;
+  std::optional<int64_t> blowup_step;
+  bool leader = false;
+  {
+    Trainer trainer(std::move(config), "none");
+    leader = trainer.leader();
+    trainer.SetLearningRate([&options](int64_t step) { return SweepLearningRate(options, step); });
+    trainer.AddHook(std::make_unique<SweepHook>(options, leader, points, blowup_step));
+    if (leader)
+      PrintLine(StrFormat("phase=lr_find status=start min=%g max=%g steps=%lld out=%s",
+                          options.min_lr, options.max_lr, (long long)options.steps,
+                          options.out_dir.c_str()));
+    try {
+      if (const int exit_code = trainer.Run(); exit_code != kExitOk) return exit_code;
+    } catch (const Error& e) {
+      // A non-finite loss, or weights the update made non-finite: the blow-up, at the step the
+      // sweep had not recorded yet (every rank throws there alike).
+      if (e.exit_code() != kExitDiverged) throw;
+      const int64_t step = points.empty() ? 1 : points.back().step + 1;
+      points.push_back({step, SweepLearningRate(options, step), std::nan(""), std::nan("")});
+      blowup_step = step;
+      if (leader) LogWarn(std::string("the sweep diverged: ") + e.what());
+      if (leader)
+        PrintLine(StrFormat("phase=lr_find step=%lld/%lld lr=%.6g status=diverged", (long long)step,
+                            (long long)options.steps, points.back().lr));
+    }
+  }
+  if (!leader) return kExitOk;
+  const LrFindResult result = AnalyzeSweep(std::move(points), blowup_step);
+  PrintTable(result);
+  const std::string json_path = JoinPath(options.out_dir, "lr_find.json");
+  const std::string svg_path = JoinPath(options.out_dir, "lr_find.svg");
+  AtomicWriteFile(json_path, LrFindJson(options, result));
+  AtomicWriteFile(svg_path,
+                  LrFindSvg(options, result,
+                            StrFormat("LR finder: %s, %s", original.String("job.name").c_str(),
+                                      original.String("optimizer.name").c_str())));
+  const auto format_optional = [](std::optional<double> lr) {
+    return lr ? StrFormat("%.6g", *lr) : std::string("none");
+  };
+  PrintLine(StrFormat(
+      "phase=lr_find status=done steps_run=%zu steepest_lr=%s blowup_lr=%s suggested_lr=%.6g "
+      "rule=%s json=%s svg=%s",
+      result.points.size(), format_optional(result.steepest_lr).c_str(),
+      format_optional(result.blowup_step ? std::optional(result.blowup_lr) : std::nullopt).c_str(),
+      result.suggested_lr, result.suggestion_rule.c_str(), json_path.c_str(), svg_path.c_str()));
+  if (!options.apply_path.empty()) {
+    Config applied = original;
+    applied.Set("optimizer.lr", result.suggested_lr);
+    const std::string parent = ParentDirectory(options.apply_path);
+    if (!parent.empty()) MakeDirectories(parent);
+    AtomicWriteFile(options.apply_path, applied.ToToml());
+    PrintLine(StrFormat("phase=lr_find status=applied path=%s optimizer.lr=%.6g",
+                        options.apply_path.c_str(), result.suggested_lr));
+  }
+  return kExitOk;
+}
+
+}  // namespace crucible
