@@ -143,6 +143,22 @@ def test_two_ranks_find_the_same_curve(config, tmp_path):
     assert two == one  # every loss and the suggestion, bit for bit
 
 
+def test_a_non_finite_loss_is_the_blow_up(config, tmp_path):
+    # Lion moves every weight by lr: at lr 1e21 the model overflows, the trainer's divergence guard
+    # stops the step, and the sweep records it as the blow-up (loss null) instead of failing.
+    proc = run_crucible("lr-find", "--config", config, "--set", "optimizer.name=Lion", "--min", "1e-3",
+                        "--max", "1e45", "--steps", "5", "--out", tmp_path)
+    assert "status=diverged" in proc.stdout
+    result = json.loads((tmp_path / "lr_find.json").read_text())
+    assert result["blowup_step"] == len(result["points"]) == 3
+    assert result["points"][-1]["loss"] is None and result["points"][-1]["smoothed"] is None
+    assert result["blowup_lr"] == pytest.approx(1e21)
+    assert result["suggested_lr"] == pytest.approx(1e20) and result["steepest_lr"] is None
+    root = ET.parse(tmp_path / "lr_find.svg").getroot()  # still a chart of the finite points
+    path = next(e for e in root.iter(SVG + "path") if e.get("id") == "smoothed")
+    assert path.get("d").count("L") == 1
+
+
 @pytest.mark.parametrize("args, names", [
     (["--min", "1", "--max", "0.1"], "below --max"),
     (["--min", "0"], "--min"),
