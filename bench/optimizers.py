@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The optimizer table: the same model, the same tokens and the same steps for each optimizer,
+each at the learning rate `crucible lr-find` suggests for it, in one run.
+
+    .venv/bin/python bench/optimizers.py [--optimizers AdamW,Muon,Mano,SophiaG] [--flavor small]
+        [--steps 200] [--seq-len 256] [--batch 8] [--lr Muon=0.02 ...] [--work DIR]
+
+Data: the demo corpora (scripts/fetch-demo-corpora.sh: King James Bible, fortunes, Jargon File,
+GCIDE), the last 2% of each corpus's documents held out for bits per byte, the rest tokenized with
+an 8192-id BPE and blended as `make demo` does. Everything lands in --work (default
+~/.cache/crucible/bench-optimizers), reused by the next run.
+
+For each optimizer: `crucible lr-find` on the training config (unless --lr names its LR), then
+`crucible train` for --steps steps (warmup 10%, cosine decay, metrics.profile on), then `crucible
+eval --text` on the held-out documents. Printed, one row each: optimizer, LR (and where it came
+from), final train loss, held-out bits per byte, tokens/s, the optimizer's share of the training
+time (its profiled seconds over train_s), optimizer-state bytes (rank 0's phase=memory line).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CRUCIBLE = os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible"))
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def run(args, log=None):
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True)
+    if log:
+        Path(log).write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"optimizers: {' '.join(map(str, args[:3]))} ... exited {proc.returncode}\n"
+                 f"{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def prepare_data(work):
+    """Corpora, held-out split, tokenizer, shards and blend list (skipped when present)."""
+    blend = work / "blend.txt"
+    if blend.exists():
+        return blend, work / "heldout.jsonl", work / "tokenizer.json"
+    corpora = work / "corpora"
+    run([ROOT / "scripts" / "fetch-demo-corpora.sh", corpora])
+    train_dir = work / "train"
+    train_dir.mkdir(parents=True, exist_ok=True)
+    held = []
+    names = ["kjv", "fortunes", "jargon", "gcide"]
+    for name in names:
+        lines = (corpora / f"{name}.jsonl").read_text().splitlines()
+        cut = len(lines) - max(1, len(lines) // 50)
+        (train_dir / f"{name}.jsonl").write_text("\n".join(lines[:cut]) + "\n")
+        held += lines[cut:]
+    (work / "heldout.jsonl").write_text("\n".join(held) + "\n")
+    tokenizer = work / "tokenizer.json"
+    run([CRUCIBLE, "tokenizer", "train", "--vocab-size", "8192", "-o", tokenizer,
+         *[train_dir / f"{n}.jsonl" for n in names]])
+    for name in names:
+        run([CRUCIBLE, "data", "prepare", "-q", "-t", tokenizer, "-o", work / "shards" / name,
+             train_dir / f"{name}.jsonl"])
+    blend.write_text("0.4 shards/kjv\n0.2 shards/fortunes\n0.2 shards/jargon\n0.2 shards/gcide\n")
+    return blend, work / "heldout.jsonl", tokenizer
+
+
+def settings(opts, blend, tokenizer, optimizer, run_dir):
+    return ["--config", ROOT / "configs" / "small.toml", "--set", f"model.flavor={opts.flavor}", "--set", f"model.tokenizer_path={tokenizer}",
+            "--set", "training.dataset=blend", "--set", f"training.dataset_path={blend}",
+            "--set", f"training.seq_len={opts.seq_len}", "--set", f"training.local_batch_size={opts.batch}",
+            "--set", f"training.steps={opts.steps}", "--set", f"optimizer.name={optimizer}",
+            "--set", f"lr_scheduler.warmup_steps={max(1, opts.steps // 10)}",
+            "--set", "lr_scheduler.decay_type=cosine", "--set", f"job.dump_folder={run_dir}",
+            "--set", "checkpoint.enable=true", "--set", f"checkpoint.interval={opts.steps}"]
+
+
+def find_lr(opts, work, blend, tokenizer, optimizer):
+    out = work / f"lr-find-{optimizer}"
+    args = [CRUCIBLE, "lr-find", *settings(opts, blend, tokenizer, optimizer, work / "unused"),
+            "--steps", str(opts.lr_find_steps), "--out", out]
+    run(args, log=work / f"lr-find-{optimizer}.log")
+    found = json.loads((out / "lr_find.json").read_text())
+    return found["suggested_lr"], f"lr-find ({found['suggestion_rule']})"
+
+
+def train_and_eval(opts, work, blend, heldout, tokenizer, optimizer, lr):
+    run_dir = work / f"run-{optimizer}"
+    subprocess.run(["rm", "-rf", str(run_dir)])
+    stdout = run([CRUCIBLE, "train", *settings(opts, blend, tokenizer, optimizer, run_dir),
+                  "--set", f"optimizer.lr={lr}", "--set", "metrics.profile=true", "--resume", "none"],
+                 log=work / f"train-{optimizer}.log")
+    done = re.search(r"^done .*train_s=([\d.]+) final_loss=([-\w.]+) tok/s=([\d.]+)", stdout, re.M)
+    state = re.search(r"^phase=memory .*optimizer_state=([\d.]+) (\w+)", stdout, re.M)
+    optimizer_s = re.search(r"^phase=profile kernel=optimizer seconds=([\d.]+)", stdout, re.M)
+    evaluation = work / f"eval-{optimizer}.json"
+    run([CRUCIBLE, "eval", "-q", run_dir, "--text", heldout, "--json", evaluation])
+    bpb = next(iter(json.loads(evaluation.read_text())["perplexity"].values()))["bits_per_byte"]
+    train_s = float(done.group(1))
+    return {"loss": float(done.group(2)), "tok_s": float(done.group(3)), "bpb": bpb,
+            "optimizer_share": 100 * float(optimizer_s.group(1)) / train_s if optimizer_s else float("nan"),
+            "state_bytes": float(state.group(1)) * UNITS[state.group(2)]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--optimizers", default="AdamW,Muon,Mano,SophiaG")
+    parser.add_argument("--flavor", default="small")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr-find-steps", type=int, default=60)
+    parser.add_argument("--lr", action="append", default=[], help="NAME=LR: skip lr-find for NAME")
+    parser.add_argument("--work", default=os.path.expanduser("~/.cache/crucible/bench-optimizers"))
+    opts = parser.parse_args()
+    work = Path(opts.work)
+    work.mkdir(parents=True, exist_ok=True)
+    given = dict(item.split("=", 1) for item in opts.lr)
+    blend, heldout, tokenizer = prepare_data(work)
+    rows = []
+    for optimizer in opts.optimizers.split(","):
+        if optimizer in given:
+            lr, source = float(given[optimizer]), "--lr"
+        else:
+            lr, source = find_lr(opts, work, blend, tokenizer, optimizer)
+        print(f"phase=bench optimizer={optimizer} lr={lr:.3g} from={source}", flush=True)
+        rows.append((optimizer, lr, source, train_and_eval(opts, work, blend, heldout, tokenizer, optimizer, lr)))
+    print(f"\n{opts.flavor}, seq_len {opts.seq_len}, batch {opts.batch}, {opts.steps} steps, "
+          f"threads {os.environ.get('OMP_NUM_THREADS', 'all')}, load {os.getloadavg()[0]:.1f}\n")
+    print("| optimizer | LR (from) | final loss | held-out bits/byte | tokens/s | optimizer share | state |")
+    print("|---|---|---|---|---|---|---|")
+    for optimizer, lr, source, r in rows:
+        print(f"| {optimizer} | {lr:.3g} ({source.split(' ')[0]}) | {r['loss']:.3f} | {r['bpb']:.3f} | "
+              f"{r['tok_s']:,.0f} | {r['optimizer_share']:.1f}% | {r['state_bytes'] / 2**20:.1f} MiB |")
+
+
+if __name__ == "__main__":
+    main()
