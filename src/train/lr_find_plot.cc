@@ -10,7 +10,7 @@ namespace crucible {
 namespace {
 
 constexpr double kWidth = 800, kHeight = 500;
-constexpr double kLeft = 80, kRight = kWidth - 30, kTop = 50, kBottom = kHeight - 60;
+constexpr double kLeft = 80, kRight = kWidth - 30, kTop = 70, kBottom = kHeight - 60;
 
 std::string XmlEscape(const std::string& text) {
   std::string out;
@@ -147,7 +147,9 @@ std::string Marker(const Axes& axes, const std::string& id, double lr, const std
              "<line id=\"%s\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
              "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n",
              id.c_str(), x, kTop, x, kBottom, color.c_str()) +
-         Text(x + 4, kTop + 14 + 14 * row, "start", StrFormat("%s %.3g", label.c_str(), lr),
+         // Labelled on the side of the line with more room, so no label runs off the chart.
+         Text(x < (kLeft + kRight) / 2 ? x + 4 : x - 4, kTop + 14 + 14 * row,
+              x < (kLeft + kRight) / 2 ? "start" : "end", StrFormat("%s %.3g", label.c_str(), lr),
               StrFormat(" class=\"marker-label\" fill=\"%s\"", color.c_str()));
 }
 
@@ -171,17 +173,18 @@ std::string LrFindSvg(const LrFindOptions& options, const LrFindResult& result,
     svg += Marker(axes, "blowup", result.blowup_lr, "#d62728", "blow-up", 1);
     svg += Marker(axes, "blowup-over-10", result.blowup_lr / 10, "#ff7f0e", "blow-up/10", 2);
   }
-  // The legend, top right.
+  // The legend, one row between the title and the plot, clear of the curves.
+  const double legend_y = kTop - 20;
   svg += StrFormat(
       "<g id=\"legend\">\n"
       "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#bbb\"/>\n",
-      kRight - 190, kTop + 12, kRight - 165, kTop + 12);
-  svg += Text(kRight - 160, kTop + 16, "start", "loss");
+      kLeft, legend_y, kLeft + 25, legend_y);
+  svg += Text(kLeft + 30, legend_y + 4, "start", "loss");
   svg += StrFormat(
       "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1f77b4\" "
       "stroke-width=\"2\"/>\n",
-      kRight - 190, kTop + 30, kRight - 165, kTop + 30);
-  svg += Text(kRight - 160, kTop + 34, "start",
+      kLeft + 80, legend_y, kLeft + 105, legend_y);
+  svg += Text(kLeft + 110, legend_y + 4, "start",
               StrFormat("smoothed (EMA %g, bias-corrected)", options.smoothing));
   svg += "</g>\n</svg>\n";
   return svg;
