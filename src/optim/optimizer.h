@@ -77,6 +77,10 @@ class Optimizer {
   // Updates update.weights in place from update.grads and the state. Must give the same bits for
   // any OpenMP thread count, and (kElementwise) for any cut of the tensor into ranges.
   virtual void Update(const TensorUpdate& update) const = 0;
+  // True for an optimizer defined on the 2-D hidden matrices only (Muon, Mano): `optimizer.name`
+  // then names the optimizer of the "matrices" group, and the other groups (embeddings, head,
+  // norms) are updated by AdamW with the optimizer.adamw_* keys (optim/per_group_optimizer.h).
+  virtual bool matrices_only() const { return false; }
 };
 
 // Builds an optimizer; `config` is the run's resolved config, for keys of its own.

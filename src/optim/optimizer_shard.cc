@@ -5,14 +5,18 @@
 #include "common/error.h"
 #include "common/profile.h"
 #include "common/strings.h"
+#include "optim/per_group_optimizer.h"
 
 namespace crucible {
 
 OptimizerConfig BuildOptimizerConfig(const Config& config) {
   OptimizerConfig o;
   o.name = config.String("optimizer.name");
-  o.optimizer = MakeOptimizer(o.name, config);
-  o.groups = BuildParamGroups(config);
+  std::shared_ptr<const Optimizer> named = MakeOptimizer(o.name, config);
+  const bool per_group = named->matrices_only();
+  o.optimizer = per_group ? MakePerGroupOptimizer(named, MakeOptimizer("AdamW", config)) : named;
+  if (per_group) o.others = "AdamW";
+  o.groups = BuildParamGroups(config, per_group);
   // Single keys are range-checked by Config::Validate; this is what they mean together.
   // The decoupled decay multiplies the weights by 1 - lr * weight_decay every step.
   const double lr = config.Float("optimizer.lr");
@@ -25,6 +29,26 @@ OptimizerConfig BuildOptimizerConfig(const Config& config) {
           group_lr, decay, group_lr * decay));
   }
   return o;
+}
+
+void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,
+                             const std::string& model) {
+  if (config.others.empty()) return;
+  size_t matrices = 0;
+  for (const ParamInfo& p : table.params()) {
+    if (!IsHiddenMatrix(p.kind)) continue;
+    if (p.shape.size() != 2)
+      throw UsageError(
+          StrFormat("optimizer.name: %s updates 2-D matrices, but %s of model %s "
+                    "has %zu dimensions",
+                    config.name.c_str(), p.name.c_str(), model.c_str(), p.shape.size()));
+    ++matrices;
+  }
+  if (matrices == 0)
+    throw UsageError(
+        StrFormat("optimizer.name: %s updates the 2-D hidden matrices, and model %s "
+                  "has none (choose AdamW, SGD or Lion)",
+                  config.name.c_str(), model.c_str()));
 }
 
 OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,

@@ -27,13 +27,20 @@
 namespace crucible {
 
 struct OptimizerConfig {
-  std::string name;                            // optimizer.name, a registered optimizer
+  std::string name;    // optimizer.name, a registered optimizer
+  std::string others;  // "AdamW" where `name` is matrices-only (trains the other groups), else ""
   std::shared_ptr<const Optimizer> optimizer;  // stateless, shared by every shard
   ParamGroups groups;
 };
 // Reads and checks the [optimizer] keys (UsageError, exit 2, on an unknown name or settings that
 // cannot train). The peak learning rate is the schedule's (optim/lr_schedule.h).
+// A matrices-only optimizer (Muon, Mano) trains the hidden matrices and AdamW the rest
+// (optim/per_group_optimizer.h); every other optimizer trains every group.
 OptimizerConfig BuildOptimizerConfig(const Config& config);
+// UsageError (exit 2) naming optimizer.name when `config`'s optimizer is matrices-only and
+// `table` (of model `model`) has no 2-D hidden matrix, or one of more or fewer dimensions.
+void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,
+                             const std::string& model);
 
 // A state buffer of a shard, for checkpoints: per-element buffers hold element i of every
 // tensor slot in slot order (for a range [begin, end), element i at values[i - begin]);

@@ -22,16 +22,29 @@ const ParamGroup& ParamGroups::Of(ParamKind kind) const {
                                 std::to_string(static_cast<int>(kind)));
 }
 
-ParamGroups BuildParamGroups(const Config& config) {
-  GroupSettings decayed;
-  decayed.beta1 = config.Float("optimizer.beta1");
-  decayed.beta2 = config.Float("optimizer.beta2");
-  decayed.eps = config.Float("optimizer.eps");
-  decayed.weight_decay = config.Float("optimizer.weight_decay");
+ParamGroups BuildParamGroups(const Config& config, bool adamw_for_others) {
+  GroupSettings matrices;
+  matrices.beta1 = config.Float("optimizer.beta1");
+  matrices.beta2 = config.Float("optimizer.beta2");
+  matrices.eps = config.Float("optimizer.eps");
+  matrices.weight_decay = config.Float("optimizer.weight_decay");
+  GroupSettings decayed = matrices;
+  if (adamw_for_others) {
+    decayed.beta1 = config.Float("optimizer.adamw_beta1");
+    decayed.beta2 = config.Float("optimizer.adamw_beta2");
+    decayed.eps = config.Float("optimizer.adamw_eps");
+    decayed.weight_decay = config.Float("optimizer.adamw_weight_decay");
+    const double lr = config.Float("optimizer.lr"), adamw_lr = config.Float("optimizer.adamw_lr");
+    if (adamw_lr > 0 && lr == 0)
+      throw UsageError(
+          "optimizer.adamw_lr: is a scale of the schedule of optimizer.lr, which is "
+          "0; set optimizer.lr > 0");
+    if (adamw_lr > 0) decayed.lr_scale = adamw_lr / lr;
+  }
   GroupSettings undecayed = decayed;
   undecayed.weight_decay = 0.0;
   return ParamGroups({
-      {"matrices", {ParamKind::kLinear, ParamKind::kOutputProjection}, decayed},
+      {"matrices", {ParamKind::kLinear, ParamKind::kOutputProjection}, matrices},
       {"embeddings",
        {ParamKind::kEmbedding},
        config.Bool("optimizer.decay_embeddings") ? decayed : undecayed},

@@ -1,10 +1,9 @@
 // Parameter groups: the tensors of the parameter table grouped by what they are (ParamKind),
-// each group with its own optimizer settings. Today's keys give every group the same settings
+// each group with its own optimizer settings. The keys give every group the same settings
 // except weight decay (norms and embeddings are not decayed unless optimizer.decay_norms /
-// decay_embeddings). A key per group is read in BuildParamGroups. An optimizer per group (say
-// Muon for the matrices, AdamW for the rest) adds the optimizer to ParamGroup; OptimizerShard
-// then keeps one state list per optimizer over its groups' tensors (its slots are per tensor
-// already), and checkpoints store each state for the tensors that have it.
+// decay_embeddings). A key per group is read in BuildParamGroups. Under a matrices-only
+// optimizer (Muon, Mano: optim/per_group_optimizer.h) the groups other than "matrices" are
+// AdamW's and take the optimizer.adamw_* keys.
 #pragma once
 
 #include <string>
@@ -41,10 +40,17 @@ class ParamGroups {
   std::vector<ParamGroup> groups_;
 };
 
+// The tensors of the "matrices" group: the 2-D hidden matrices (attention and MLP projections).
+inline bool IsHiddenMatrix(ParamKind kind) {
+  return kind == ParamKind::kLinear || kind == ParamKind::kOutputProjection;
+}
+
 // The four groups from the [optimizer] keys: matrices (kLinear and kOutputProjection), embeddings
 // (kEmbedding), head (kHead) and norms (kNorm), all with optimizer.beta1, beta2, eps and lr scale
 // 1; weight decay optimizer.weight_decay, except embeddings without optimizer.decay_embeddings
-// and norms without optimizer.decay_norms (0).
-ParamGroups BuildParamGroups(const Config& config);
+// and norms without optimizer.decay_norms (0). adamw_for_others: embeddings, head and norms take
+// optimizer.adamw_beta1, adamw_beta2, adamw_eps, adamw_weight_decay (the same decay_* rule) and
+// lr scale adamw_lr / lr (1 when adamw_lr is 0); UsageError when adamw_lr > 0 and lr is 0.
+ParamGroups BuildParamGroups(const Config& config, bool adamw_for_others = false);
 
 }  // namespace crucible

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bfloat16.h"  // RoundToBfloat16, which detectors apply
 #include "common/config.h"
 #include "model/parameters.h"
 
@@ -58,8 +59,5 @@ class Detectors {
   std::vector<Range> ranges_;
   std::vector<float> before_;
 };
-
-// Rounds to the nearest bfloat16 (ties to even), kept in a float.
-float RoundToBfloat16(float value);
 
 }  // namespace crucible

@@ -12,6 +12,7 @@
 #include "distributed/data_parallel.h"
 #include "distributed/param_access.h"
 #include "optim/optimizer.h"
+#include "optim/optimizer_shard.h"
 
 namespace crucible {
 namespace {
@@ -53,8 +54,8 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   const double chunk = static_cast<double>(DataParallel::kNormChunk);
   const double shard = std::ceil(std::ceil(P / chunk) / world) * chunk;
   const double padded = shard * world;
-  const std::unique_ptr<Optimizer> optimizer =
-      MakeOptimizer(config.String("optimizer.name"), config);
+  // The optimizer the trainer builds (Muon, Mano: with AdamW's state for the other groups).
+  const std::shared_ptr<const Optimizer> optimizer = BuildOptimizerConfig(config).optimizer;
   double state_buffers = 0;  // per-element optimizer state buffers, as the optimizer declares
   double per_tensor = 0;     // and floats of per-tensor state (whole-matrix optimizers)
   for (const StateSpec& spec : optimizer->state()) {

@@ -99,6 +99,8 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   EnableKernelProfile(config_.Bool("metrics.profile"));
   model_spec_ = BuildModelSpec(config_);
   optimizer_config_ = BuildOptimizerConfig(config_);
+  CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),
+                          config_.String("model.name") + " " + config_.String("model.flavor"));
   schedule_ = BuildLrScheduleConfig(config_);
   // Data parallelism spans every rank of the job: mesh.data_parallel() is mesh.world().
   mesh_ = ProcessMesh::Create(MeshShape{}, config_.Float("comm.train_timeout_seconds"));

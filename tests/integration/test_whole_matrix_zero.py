@@ -1,7 +1,9 @@
 """A whole-matrix optimizer under ZeRO-1/3 across ranks (distributed/sharded_optimizer.h): each
 tensor is updated whole by its owner rank, its gradient (and under ZeRO-3 its weight) pieces moved
-there from the flat-range holders and the updated pieces back. The optimizer is a toy registered
+there from the flat-range holders and the updated pieces back. The optimizers: a toy registered
 only in tests/mpi/train/main.cc (test_mpi_train, `crucible train` with that one more optimizer),
+and the real Muon and Mano (with AdamW on the embeddings, head and norms; test_mpi_train links
+every optimizer of src/optim/, so it trains them as `crucible train` does) on fewer layouts,
 trained on a Llama of 41k parameters, whose tensors the 16384-element shards cut, and on 4 ranks
 a rank whose shard holds nothing. Every rank count, stage and overlap setting must give the losses,
 gradient norms and final weights of one rank, checkpoints the same optimizer.safetensors bytes,
@@ -23,7 +25,13 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 TINY = ["model.vocab_size=256", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
         "model.ffn_hidden_dim=96", "training.seq_len=16", "training.local_batch_size=1",
         "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=1",
-        "lr_scheduler.decay_type=constant", "optimizer.lr=0.01", "optimizer.name=ToyRowNormalizedMomentum"]
+        "lr_scheduler.decay_type=constant", "optimizer.lr=0.01"]
+TOY = "ToyRowNormalizedMomentum"
+# Muon and Mano: fewer layouts (every rank count and stage once) to keep make test fast.
+LAYOUTS = {TOY: [(2, 0, "true"), (2, 1, "true"), (2, 1, "false"), (2, 3, "true"), (2, 3, "false"),
+                 (4, 1, "true"), (4, 3, "true"), (4, 3, "false")],
+           "Muon": [(2, 0, "true"), (2, 1, "true"), (4, 3, "false")],
+           "Mano": [(2, 0, "true"), (2, 3, "true"), (4, 1, "true")]}
 
 
 def train_program():
@@ -32,12 +40,12 @@ def train_program():
     return str(path)
 
 
-def train(np, run_dir, settings):
+def train(np, run_dir, settings, optimizer=TOY):
     args = ["mpirun", "-np", str(np)]
     for key in MPI_ENV:
         args += ["-x", key]
     args.append(train_program())
-    for item in TINY + settings + [f"job.dump_folder={run_dir}"]:
+    for item in TINY + [f"optimizer.name={optimizer}"] + settings + [f"job.dump_folder={run_dir}"]:
         args += ["--set", item]
     proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=120)
     assert proc.returncode == 0, f"mpirun -np {np} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -54,14 +62,14 @@ def file_digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_every_rank_count_stage_and_overlap_gives_the_bits_of_one_rank(tmp_path):
-    reference = result(train(1, tmp_path / "np1", ["training.steps=4"]), tmp_path / "np1")
+@pytest.mark.parametrize("optimizer", [TOY, "Muon", "Mano"])
+def test_every_rank_count_stage_and_overlap_gives_the_bits_of_one_rank(tmp_path, optimizer):
+    reference = result(train(1, tmp_path / "np1", ["training.steps=4"], optimizer), tmp_path / "np1")
     assert len(reference[0]) == 4
-    for np, stage, overlap in [(2, 0, "true"), (2, 1, "true"), (2, 1, "false"), (2, 3, "true"), (2, 3, "false"),
-                               (4, 1, "true"), (4, 3, "true"), (4, 3, "false")]:
+    for np, stage, overlap in LAYOUTS[optimizer]:
         run_dir = tmp_path / f"np{np}-z{stage}-{overlap}"
         proc = train(np, run_dir, ["training.steps=4", f"parallelism.zero_stage={stage}",
-                                   f"parallelism.overlap_grad_reduce={overlap}"])
+                                   f"parallelism.overlap_grad_reduce={overlap}"], optimizer)
         assert f"ranks={np} zero_stage={stage}" in proc.stdout
         assert result(proc, run_dir) == reference, (np, stage, overlap)
         # The memory check before allocating plans at least what rank 0 then holds (an owner's
@@ -72,21 +80,22 @@ def test_every_rank_count_stage_and_overlap_gives_the_bits_of_one_rank(tmp_path)
         assert int(planned.group(1)) >= int(allocated.group(1)), (np, stage, overlap, proc.stdout)
 
 
-def test_a_two_rank_zero1_checkpoint_resumes_bit_exact_on_four_ranks_zero3_and_on_one(tmp_path):
+@pytest.mark.parametrize("optimizer", [TOY, "Muon", "Mano"])
+def test_a_two_rank_zero1_checkpoint_resumes_bit_exact_on_four_ranks_zero3_and_on_one(tmp_path, optimizer):
     settings = ["training.steps=6", "checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
     straight = tmp_path / "straight"
-    reference = result(train(1, straight, settings), straight)
+    reference = result(train(1, straight, settings, optimizer), straight)
     # Two ranks at ZeRO-1 save step 3 (and stop there): the optimizer state every owner gathered to
     # rank 0 is the file one rank writes.
     written = tmp_path / "written"
     train(2, written, ["training.steps=3", "checkpoint.interval=3", "checkpoint.keep_latest_k=0",
-                       "parallelism.zero_stage=1"])
+                       "parallelism.zero_stage=1"], optimizer)
     for name in ("optimizer.safetensors", "model.safetensors"):
         assert file_digest(written / "ckpt/step-3" / name) == file_digest(straight / "ckpt/step-3" / name), name
     for np, stage in [(4, 3), (1, 1)]:
         run_dir = tmp_path / f"resumed-np{np}"
         shutil.copytree(written, run_dir)
-        proc = train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"])
+        proc = train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"], optimizer)
         assert "phase=resume from=" in proc.stdout and "step=3" in proc.stdout
         assert result(proc, run_dir) == reference, (np, stage)
         assert (file_digest(run_dir / "ckpt/step-6/optimizer.safetensors")

@@ -1,0 +1,29 @@
+// An optimizer per parameter group: a matrices-only optimizer (Optimizer::matrices_only(): Muon,
+// Mano) for the "matrices" group, AdamW for every other group (embeddings, head, norms), as the
+// Muon (Moonlight) and Mano papers train. BuildOptimizerConfig (optim/optimizer_shard.h) builds
+// one when optimizer.name names a matrices-only optimizer; the other optimizers apply to every
+// group as they always did, and never pass through here.
+//
+// The combination is itself an Optimizer, so OptimizerShard, ShardedOptimizer and checkpoints
+// need nothing of their own for it:
+//  - its state is the matrices optimizer's specs, then AdamW's (exp_avg, exp_avg_sq); the names
+//    must differ (checked). Each tensor uses the specs of its own optimizer; the others' buffers
+//    stay zero at its elements, so optimizer.safetensors holds every name for every tensor, the
+//    unused ones zeros (docs/optimizers.md). A per-tensor spec exists for every tensor too.
+//  - its shard mode is the stricter one (kWholeMatrix when either is): under ZeRO-1/3 across
+//    ranks every tensor, AdamW's ones included, is updated whole by its owner rank
+//    (MatrixOwnerOptimizer). Correct and bit-identical for every rank count; not yet the split
+//    in which AdamW's groups stay flat-range sharded (docs/optimizers.md, "Not done").
+#pragma once
+
+#include <memory>
+
+#include "optim/optimizer.h"
+
+namespace crucible {
+
+// `matrices` updates the tensors IsHiddenMatrix(kind) (optim/param_groups.h), `others` the rest.
+std::unique_ptr<Optimizer> MakePerGroupOptimizer(std::shared_ptr<const Optimizer> matrices,
+                                                 std::shared_ptr<const Optimizer> others);
+
+}  // namespace crucible
