@@ -146,6 +146,82 @@ class Lion(torch.optim.Optimizer):
                 m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
+def newton_schulz(g, steps=5):
+    """Keller Jordan's quintic Newton-Schulz iteration ("Muon: An optimizer for hidden layers",
+    2024), in the reference's precision: X = G / (|G|_F + 1e-7), worked on the wide orientation,
+    X <- a X + (b A + c A A) X with A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g / (g.norm() + 1e-7)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon on 2-D matrices, with Moonlight's scale (Liu et al. 2025, "Muon is Scalable for LLM
+    Training": 0.2 sqrt(max(m, n)), the update RMS of AdamW): M = b M + (1 - b) G; Nesterov
+    U = (1 - b) G + b M; W = W (1 - lr wd) - lr 0.2 sqrt(max(m, n)) NS5(U)."""
+
+    def __init__(self, params, lr, momentum, weight_decay):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta = group["momentum"]
+            for p in group["params"]:
+                m = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                m.mul_(beta).add_(p.grad, alpha=1 - beta)
+                update = newton_schulz((1 - beta) * p.grad + beta * m)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * 0.2 * max(p.shape) ** 0.5)
+
+
+class Mano(torch.optim.Optimizer):
+    """Mano (Gu & Xie 2026, "Mano: Restriking Manifold Optimization for LLM Training", arXiv
+    2601.23000) on 2-D matrices: at the k-th update (k from 0) along d = k mod 2 (0: columns,
+    1: rows), M = b M + G; T = M - sum_d(M * W) * W (the tangent space of the Oblique manifold at
+    W); U = T / max(|T|_d, eps); W = W (1 - lr wd) - lr 0.2 sqrt(size_d) U."""
+
+    def __init__(self, params, lr, momentum, weight_decay, eps=1e-8):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                m = state.setdefault("momentum_buffer", torch.zeros_like(p))
+                k = state.setdefault("steps", 0)
+                d = k % 2
+                m.mul_(group["momentum"]).add_(p.grad)
+                tangent = m - (m * p).sum(dim=d, keepdim=True) * p
+                norm = tangent.norm(dim=d, keepdim=True).clamp(min=group["eps"])
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(tangent / norm, alpha=-group["lr"] * 0.2 * p.size(d) ** 0.5)
+                state["steps"] = k + 1
+
+
+class Combined:
+    """A matrices-only optimizer beside AdamW for the other groups, stepped together."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+
+    def zero_grad(self):
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+
 def make_optimizer(name, groups, lr, beta1, beta2):
     """torch's AdamW; SGD with momentum (decoupled decay applied by train_losses); Lion."""
     if name == "AdamW":
@@ -155,7 +231,7 @@ def make_optimizer(name, groups, lr, beta1, beta2):
                                lr=lr, momentum=beta1, dampening=0.0)
     if name == "Lion":
         return Lion(groups, lr=lr, betas=(beta1, beta2))
-    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion)")
+    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion, Muon, Mano)")
 
 
 def train_losses(weights_path, stream_path, settings_path, out_path):
@@ -173,7 +249,15 @@ def train_losses(weights_path, stream_path, settings_path, out_path):
               or (n == "model.embed_tokens.weight" and not s.get("decay_embeddings", False))]
     groups = [{"params": [p for n, p in named.items() if n not in exempt], "weight_decay": s["weight_decay"]},
               {"params": [named[n] for n in exempt], "weight_decay": 0.0}]
-    opt = make_optimizer(s.get("optimizer", "AdamW"), groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95))
+    name = s.get("optimizer", "AdamW")
+    if name in ("Muon", "Mano"):  # the hidden matrices; AdamW (betas 0.9, 0.95) for the rest
+        hidden = [p for n, p in named.items() if n.startswith("model.layers.") and not n.endswith("norm.weight")]
+        rest = [dict(g, params=[p for p in g["params"] if all(p is not h for h in hidden)]) for g in groups]
+        matrices = (Muon if name == "Muon" else Mano)(hidden, lr=s["lr"], momentum=s.get("beta1", 0.9),
+                                                      weight_decay=s["weight_decay"])
+        opt = Combined(matrices, make_optimizer("AdamW", rest, s["lr"], 0.9, 0.95))
+    else:
+        opt = make_optimizer(name, groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95))
     seq_len, batch = s["seq_len"], s["global_batch"]
     windows = (len(stream) - 1) // seq_len
     losses = []

@@ -122,12 +122,16 @@ def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
 
 # SGD with momentum against torch.optim.SGD (the decoupled decay applied beside it), Lion against
 # its published rule in float64 (PyTorch has no Lion), AdamW with norms and the embedding decayed
-# too (its parameter groups). Same tolerance as AdamW.
+# too (its parameter groups); Muon (Keller Jordan's Newton-Schulz, Moonlight's scale) and Mano
+# (arXiv 2601.23000) written in the reference from their papers' equations, on the non-square
+# attention and MLP matrices, with AdamW on the embedding, head and norms. Same tolerance as AdamW.
 @pytest.mark.parametrize("optimizer,lr,extra", [
     ("SGD", 0.3, (("beta1", 0.8),)),
     ("Lion", 3e-4, (("beta1", 0.9), ("beta2", 0.99))),
     ("AdamW", 3e-3, (("decay_norms", True), ("decay_embeddings", True))),
-], ids=["sgd", "lion", "adamw-decay-all"])
+    ("Muon", 0.02, (("beta1", 0.95),)),
+    ("Mano", 0.02, (("beta1", 0.95),)),
+], ids=["sgd", "lion", "adamw-decay-all", "muon", "mano"])
 def test_ten_steps_of_each_optimizer_match_pytorch(tmp_path, torch_env, optimizer, lr, extra):
     ours, expected, version = ten_steps_against_pytorch(tmp_path, torch_env, optimizer, lr, extra)
     assert expected[-1] < expected[0] - 0.1, f"reference {optimizer} did not learn; the settings are wrong"
