@@ -49,7 +49,9 @@ std::map<std::string, std::string> LlamaSpec::WeightsMetadata() const {
 
 ParameterSizes LlamaSpec::PlannedSizes() const {
   const LlamaSizes s = PlannedLlamaSizes(config_);
-  return {s.parameters, s.embedding, s.largest_unit, s.largest_other_unit};
+  // Per layer two norms and seven projections; the embedding, the final norm, an untied head.
+  const double tensors = 9.0 * config_.n_layers + 2 + (config_.tie_embeddings ? 0 : 1);
+  return {s.parameters, s.embedding, s.largest_unit, s.largest_other_unit, tensors};
 }
 
 BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {

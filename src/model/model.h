@@ -70,6 +70,7 @@ struct ParameterSizes {
   double first_unit = 0;          // unit 0 (a decoder's embedding)
   double largest_unit = 0;        // of all units
   double largest_other_unit = 0;  // of all units but the first
+  double tensors = 0;             // how many tensors the table holds
 };
 
 // Bytes Build(batch_size, seq_len) allocates, in double.

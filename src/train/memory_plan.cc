@@ -62,10 +62,9 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
     if (spec.per_tensor == 0) ++state_buffers;
     per_tensor += static_cast<double>(spec.per_tensor);
   }
-  // Per-tensor state, for every tensor (a rank owns at most all of them); the table is only
-  // names and shapes.
-  const double tensor_state =
-      4 * per_tensor * static_cast<double>(model.BuildTable().params().size());
+  // Per-tensor state, for every tensor (a rank owns at most all of them). Counted from the
+  // planned sizes: a table of an absurd config would itself not fit.
+  const double tensor_state = 4 * per_tensor * sizes.tensors;
   // The elements whose state this rank keeps: all, its shard, or, for an optimizer that updates
   // whole matrices under ZeRO across ranks, the tensors it owns (at most the largest tensor
   // above an even share; a unit is at least as large), with buffers for its range's pieces and

@@ -137,6 +137,7 @@ TEST(LlamaSpec, PlansWhatItBuildsAndInitialisesAShardAsTheWhole) {
     for (size_t u = 1; u < table.units().size(); ++u)
       largest_other = std::max(largest_other, table.units()[u].size());
     EXPECT_EQ(sizes.largest_other_unit, static_cast<double>(largest_other));
+    EXPECT_EQ(sizes.tensors, static_cast<double>(table.params().size()));
     const BufferSizes buffers = spec->PlannedBuffers(3, 16);
     EXPECT_EQ(buffers.activation_bytes, static_cast<double>(model->activation_bytes()));
     EXPECT_GT(buffers.total_bytes, buffers.activation_bytes);

@@ -150,7 +150,7 @@ class ToySpec final : public ModelSpec {
   }
   ParameterSizes PlannedSizes() const override {
     const double V = static_cast<double>(shape_.V), C = static_cast<double>(shape_.C);
-    return {2 * V * C + C, V * C, V * C + C, V * C + C};
+    return {2 * V * C + C, V * C, V * C + C, V * C + C, 3};
   }
   BufferSizes PlannedBuffers(double B, double T) const override {
     const double N = B * T, V = static_cast<double>(shape_.V), C = static_cast<double>(shape_.C);
@@ -234,6 +234,7 @@ TEST(ModelRegistry, BuildsARegisteredModelByName) {
   EXPECT_EQ(table.Find("toy.scale").offset, 21u);  // first in unit 1, before the head
   EXPECT_EQ(spec->PlannedSizes().parameters, static_cast<double>(table.total()));
   EXPECT_EQ(spec->PlannedSizes().largest_unit, static_cast<double>(table.max_unit_size()));
+  EXPECT_EQ(spec->PlannedSizes().tensors, static_cast<double>(table.params().size()));
   EXPECT_EQ(spec->PlannedBuffers(2, 5).activation_bytes,
             static_cast<double>(spec->Build(2, 5)->activation_bytes()));
 }
