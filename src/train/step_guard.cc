@@ -99,13 +99,17 @@ nlohmann::json StepGuard::State() const {
 
 void StepGuard::Restore(const nlohmann::json& state) {
   if (state.is_null()) return;
-  skipped_ = state.at("skipped").get<int64_t>();
-  consecutive_skips_ = state.at("consecutive_skips").get<int64_t>();
-  consecutive_spikes_ = state.at("consecutive_spikes").get<int64_t>();
-  window_.clear();
-  for (const nlohmann::json& v : state.at("window")) Accept(v.get<double>());
-  const nlohmann::json& previous = state.at("previous_grad_norm");
-  previous_norm_ = previous.is_number() ? previous.get<double>() : NAN;
+  try {
+    skipped_ = state.at("skipped").get<int64_t>();
+    consecutive_skips_ = state.at("consecutive_skips").get<int64_t>();
+    consecutive_spikes_ = state.at("consecutive_spikes").get<int64_t>();
+    window_.clear();
+    for (const nlohmann::json& v : state.at("window")) Accept(v.get<double>());
+    const nlohmann::json& previous = state.at("previous_grad_norm");
+    previous_norm_ = previous.is_number() ? previous.get<double>() : NAN;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(std::string("state.json: guards: ") + e.what());
+  }
 }
 
 }  // namespace crucible

@@ -38,7 +38,7 @@ class StepGuard {
   int64_t skipped() const { return skipped_; }  // skipped updates since step 1
 
   // What a checkpoint records, and loads back on resume (null: a checkpoint without it, from
-  // before the guards; the state starts empty).
+  // before the guards; the state starts empty). DataError (exit 65) when it is malformed.
   nlohmann::json State() const;
   void Restore(const nlohmann::json& state);
 
