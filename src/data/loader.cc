@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "common/error.h"
@@ -41,13 +42,29 @@ DataLoader::DataLoader(const TokenSource& source, int64_t seq_len, int64_t globa
                        int world, int64_t consumed_samples, int64_t end_samples)
     : source_(source),
       seq_len_(seq_len),
-      global_batch_(global_batch),
+      batches_(std::max<int64_t>(global_batch, 1)),
       rank_(rank),
       world_(world),
+      step_(1),
       consumed_(consumed_samples),
       end_(end_samples) {
   SliceOfBatch(0, global_batch, rank, world);  // validates
   if (consumed_samples < 0) throw UsageError("loader: consumed samples must not be negative");
+  FetchNext();
+}
+
+DataLoader::DataLoader(const TokenSource& source, int64_t seq_len, BatchSchedule batches, int rank,
+                       int world, int64_t first_step, int64_t last_step)
+    : source_(source),
+      seq_len_(seq_len),
+      batches_(std::move(batches)),
+      rank_(rank),
+      world_(world),
+      step_(first_step),
+      consumed_(batches_.SamplesBefore(first_step)),
+      end_(batches_.SamplesBefore(last_step + 1)) {
+  for (const BatchStage& stage : batches_.stages())
+    SliceOfBatch(0, stage.global_batch, rank, world);  // validates
   FetchNext();
 }
 
@@ -57,7 +74,8 @@ DataLoader::~DataLoader() {
 
 void DataLoader::FetchNext() {
   if (consumed_ >= end_) return;
-  const RankSlice slice = SliceOfBatch(consumed_, global_batch_, rank_, world_);
+  fetched_ = batches_.GlobalBatch(step_);
+  const RankSlice slice = SliceOfBatch(consumed_, fetched_, rank_, world_);
   next_ = std::async(std::launch::async, [this, slice] {
     return ReadBatch(source_, seq_len_, slice.first_sample, slice.count);
   });
@@ -68,7 +86,8 @@ const Batch& DataLoader::Next() {
     throw std::logic_error(StrFormat("loader: no batch at sample %lld, the end is %lld",
                                      (long long)consumed_, (long long)end_));
   current_ = next_.get();  // rethrows a failure of the fetch
-  consumed_ += global_batch_;
+  consumed_ += fetched_;
+  ++step_;
   FetchNext();
   return current_;
 }

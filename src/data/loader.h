@@ -1,6 +1,7 @@
-// The data loader of one data-parallel rank. Global batch k is global samples
-// [k * global_batch, (k + 1) * global_batch); rank r of `world` ranks reads the contiguous slice
-// [r * global_batch / world, (r + 1) * global_batch / world) of it. A loader starts at any
+// The data loader of one data-parallel rank. Step s's global batch is the G = GlobalBatch(s)
+// global samples from SamplesBefore(s) on (data/batch_schedule.h; with a constant batch, batch
+// k is [k * G, (k + 1) * G)); rank r of `world` ranks reads the contiguous slice
+// [r * G / world, (r + 1) * G / world) of it. A loader starts at any
 // consumed-sample count (a resume point) and fetches the next batch on a background thread
 // while the caller trains on the current one. Which tokens a global sample holds never depends
 // on world, rank or the resume point (see token_source.h).
@@ -11,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "data/batch_schedule.h"
 #include "data/token_source.h"
 
 namespace crucible {
@@ -49,23 +51,29 @@ class DataLoader {
   // step ends there), so it does not prefetch past the end of a dataset sized for the run.
   DataLoader(const TokenSource& source, int64_t seq_len, int64_t global_batch, int rank, int world,
              int64_t consumed_samples, int64_t end_samples = std::numeric_limits<int64_t>::max());
+  // Steps [first_step, last_step] of `batches` (each step's global batch a multiple of world):
+  // the first batch starts at sample batches.SamplesBefore(first_step).
+  DataLoader(const TokenSource& source, int64_t seq_len, BatchSchedule batches, int rank, int world,
+             int64_t first_step, int64_t last_step);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // This rank's slice of the next global batch. Advances consumed_samples by global_batch.
-  // Rethrows what reading it threw; std::logic_error past end_samples.
+  // This rank's slice of the next global batch. Advances consumed_samples by that step's global
+  // batch. Rethrows what reading it threw; std::logic_error past the end.
   const Batch& Next();
   // Global samples consumed so far by all ranks together (the resume point to save).
   int64_t consumed_samples() const { return consumed_; }
-  int64_t samples_per_rank() const { return global_batch_ / world_; }
 
  private:
-  void FetchNext();  // starts reading the batch at consumed_, unless that is at the end
+  void FetchNext();  // starts reading step step_'s batch at consumed_, unless that is the end
   const TokenSource& source_;
-  int64_t seq_len_, global_batch_;
+  int64_t seq_len_;
+  BatchSchedule batches_;
   int rank_, world_;
+  int64_t step_;  // of the batch FetchNext reads (with a constant batch, only counts)
   int64_t consumed_, end_;
+  int64_t fetched_ = 0;  // samples of the batch being read ahead
   Batch current_;
   std::future<Batch> next_;
 };

@@ -135,7 +135,8 @@ std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const 
 }
 
 std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
-                                             int64_t seq_len, int64_t steps, int64_t global_batch) {
+                                             int64_t seq_len, int64_t steps,
+                                             const BatchSchedule& batches) {
   const std::string& kind = config.String("training.dataset");
   if (kind == "synthetic")
     return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size,
@@ -150,14 +151,14 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
       throw UsageError("training.dataset_path: empty; name the blendcorpus file list to read");
     options.seq_len = seq_len;
     options.seed = static_cast<uint64_t>(config.Int("debug.seed"));
-    if (__builtin_mul_overflow(steps, global_batch, &options.num_samples))
-      throw UsageError(
-          StrFormat("training.steps %lld x global batch %lld overflows the sample "
-                    "count; lower training.steps",
-                    (long long)steps, (long long)global_batch));
+    // Every sample the run reads (the memory check has bounded it to a 64-bit count).
+    options.num_samples = batches.SamplesBefore(steps + 1);
     options.samples_from =
-        StrFormat("training.steps x global batch (%lld x %lld = %lld samples)", (long long)steps,
-                  (long long)global_batch, (long long)options.num_samples);
+        batches.constant() ? StrFormat("training.steps x global batch (%lld x %lld = %lld samples)",
+                                       (long long)steps, (long long)batches.GlobalBatch(1),
+                                       (long long)options.num_samples)
+                           : StrFormat("training.steps %lld of training.batch_ramp (%lld samples)",
+                                       (long long)steps, (long long)options.num_samples);
     options.cache_dir = config.String("training.data_cache_dir");
     options.vocab_size = vocab_size;
     const std::string& tokenizer_path = config.String("model.tokenizer_path");

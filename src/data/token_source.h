@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "data/batch_schedule.h"
 
 namespace crucible {
 
@@ -34,10 +35,12 @@ std::unique_ptr<TokenSource> MakeSyntheticSource(uint64_t seed, int64_t vocab_si
 std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
                                                  int64_t vocab_size, int64_t seq_len);
 // From [training] dataset / dataset_path / token_dtype / data_cache_dir, [model] tokenizer_path
-// and [debug] seed, for a run of `steps` steps of `global_batch` samples of seq_len + 1 tokens.
-// dataset = "blend" reads a blendcorpus file list of prepared shards and indexes steps x
-// global_batch samples (see blended_dataset.h and docs/data.md).
+// and [debug] seed, for a run of `steps` steps whose global batches `batches` gives, of samples
+// of seq_len + 1 tokens. dataset = "blend" reads a blendcorpus file list of prepared shards and
+// indexes batches.SamplesBefore(steps + 1) samples, every sample the run reads (see
+// blended_dataset.h and docs/data.md).
 std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
-                                             int64_t seq_len, int64_t steps, int64_t global_batch);
+                                             int64_t seq_len, int64_t steps,
+                                             const BatchSchedule& batches);
 
 }  // namespace crucible

@@ -56,13 +56,15 @@ std::string ReadLatest(const std::string& root) {
 
 Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
                              const ModelSpec& model, const ParameterTable& table,
-                             OptimizerShard* optimizer, int rank, int world_size)
+                             OptimizerShard* optimizer, const BatchSchedule& batches, int rank,
+                             int world_size)
     : config_(config),
       run_dir_(run_dir),
       root_(JoinPath(run_dir, config.String("checkpoint.folder"))),
       model_(model),
       table_(table),
       optimizer_(optimizer),
+      batches_(batches),
       rank_(rank),
       world_size_(world_size) {
   enabled_ = config.Bool("checkpoint.enable");
@@ -205,12 +207,15 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   point.progress.tokens_seen = number("tokens_seen");
   point.progress.loss = state.value("loss", std::nan(""));
   point.progress.lr = state.value("lr", 0.0);
-  const int64_t global_batch = config_.Int("training.global_batch_size");
-  if (point.progress.consumed_samples != point.progress.step * global_batch)
-    throw DataError(
-        StrFormat("%s/state.json: consumed_samples %lld is not step %lld x global batch %lld",
-                  dir.c_str(), (long long)point.progress.consumed_samples,
-                  (long long)point.progress.step, (long long)global_batch));
+  point.progress.guards = state.value("guards", nlohmann::json());
+  const int64_t expected = batches_.SamplesBefore(point.progress.step + 1);
+  if (point.progress.consumed_samples != expected)
+    throw DataError(StrFormat(
+        "%s/state.json: consumed_samples %lld is not the %lld samples of steps 1..%lld (global "
+        "batch %lld%s)",
+        dir.c_str(), (long long)point.progress.consumed_samples, (long long)expected,
+        (long long)point.progress.step, (long long)batches_.GlobalBatch(1),
+        batches_.constant() ? "" : ", then training.batch_ramp"));
   if (state.value("world_size", 1) != world_size_)
     LogInfo(StrFormat("resume: the checkpoint was written by %d ranks, this run has %d",
                       state.value("world_size", 1), world_size_));
@@ -292,7 +297,9 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
         {"global_batch_size", global_batch},
         {"dataset", config_.String("training.dataset")},
         {"dataset_path", config_.String("training.dataset_path")},
-        {"rule", "step s reads samples [(s-1)*global_batch_size, s*global_batch_size)"}}},
+        {"rule", batches_.constant()
+                     ? "step s reads samples [(s-1)*global_batch_size, s*global_batch_size)"
+                     : "step s reads the next global batch of its training.batch_ramp stage"}}},
       {"rng",
        {{"generator", "philox4x32-10"},
         {"seed", config_.Int("debug.seed")},
@@ -312,6 +319,7 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
       {"config_hash", config_hash_},
       {"world_size", world_size_},
       {"crucible_version", CRUCIBLE_VERSION}};
+  if (!progress.guards.is_null()) snapshot_.state["guards"] = progress.guards;
 }
 
 void Checkpointing::WriteSnapshot() {

@@ -13,6 +13,7 @@
 #include "ckpt/async_writer.h"
 #include "ckpt/checkpoint.h"
 #include "common/config.h"
+#include "data/batch_schedule.h"
 #include "model/model.h"
 #include "model/parameters.h"
 #include "optim/optimizer_shard.h"
@@ -26,6 +27,7 @@ struct TrainingProgress {
   int64_t tokens_seen = 0;
   double loss = 0;
   double lr = 0;
+  nlohmann::json guards;  // the step guards' state (train/step_guard.h); null: none recorded
 };
 
 struct ResumePoint {
@@ -36,11 +38,13 @@ struct ResumePoint {
 
 class Checkpointing {
  public:
-  // `config` is the fully resolved config of this run (model keys and global batch resolved).
-  // `rank` of `world_size` ranks: only rank 0 writes checkpoints. `model` and `table` must
-  // outlive it.
+  // `config` is the fully resolved config of this run (model keys and global batch resolved);
+  // `batches` its global batch of every step (a resumed checkpoint's data cursor must match).
+  // `rank` of `world_size` ranks: only rank 0 writes checkpoints. `model`, `table` and
+  // `batches` must outlive it.
   Checkpointing(const Config& config, const std::string& run_dir, const ModelSpec& model,
-                const ParameterTable& table, OptimizerShard* optimizer, int rank, int world_size);
+                const ParameterTable& table, OptimizerShard* optimizer,
+                const BatchSchedule& batches, int rank, int world_size);
   ~Checkpointing();
 
   bool enabled() const { return enabled_; }
@@ -76,6 +80,7 @@ class Checkpointing {
   const ModelSpec& model_;
   const ParameterTable& table_;
   OptimizerShard* optimizer_;  // covers every parameter
+  const BatchSchedule& batches_;
   int rank_;
   int world_size_;
   bool enabled_ = true, async_ = true, auto_interval_ = false;

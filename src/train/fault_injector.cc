@@ -14,7 +14,9 @@ FaultInjector::FaultInjector(const Config& config, const ParameterTable& table, 
       corrupt_rank_(config.Int("debug.corrupt_rank")),
       corrupt_step_(config.Int("debug.corrupt_step")),
       nan_step_(config.Int("debug.inject_nan_step")),
-      loss_divisor_(config.Float("debug.fake_loss_divisor")) {
+      scale_loss_step_(config.Int("debug.scale_loss_step")),
+      loss_divisor_(config.Float("debug.fake_loss_divisor")),
+      scale_loss_factor_(config.Float("debug.scale_loss_factor")) {
   if (const char* perturb = std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL"))
     kernels::g_perturb_rmsnorm_for_tests = std::string(perturb) == "rmsnorm";
   if (nan_step_ > 0)

@@ -8,6 +8,9 @@
 //   debug.inject_nan_step / _tensor     rank 0's first micro-batch of that step gets a NaN
 //                                       gradient in the first element of that tensor
 //   debug.fake_loss_divisor             the logged loss is divided by it (a wrong logging fix)
+//   debug.scale_loss_step / _factor     the loss of that step, as logged and as the step guards
+//                                       see it, is multiplied by the factor (a synthetic spike;
+//                                       the gradients are untouched)
 //   CRUCIBLE_TEST_PERTURB_KERNEL=rmsnorm  every RMSNorm output moves by one ULP (the smoke gate
 //                                       must notice)
 #pragma once
@@ -33,16 +36,18 @@ class FaultInjector {
   // The flat element whose gradient becomes NaN in micro-batch `micro_batch` of `step` on this
   // rank, or -1.
   int64_t NanElement(int64_t step, int64_t micro_batch) const;
-  // The step's loss as it is logged.
-  double LoggedLoss(double loss) const { return loss / loss_divisor_; }
+  // The loss of `step` as it is logged (and as the step guards see it).
+  double LoggedLoss(double loss, int64_t step) const {
+    return (step == scale_loss_step_ ? loss * scale_loss_factor_ : loss) / loss_divisor_;
+  }
   // After the update of `step`: a replicated run (weights holds all n_params) gets the bit flip.
   void AfterUpdate(int64_t step, float* weights, size_t n_params, bool sharded) const;
 
  private:
   int rank_;
-  int64_t corrupt_rank_, corrupt_step_, nan_step_;
+  int64_t corrupt_rank_, corrupt_step_, nan_step_, scale_loss_step_;
   int64_t nan_element_ = -1;
-  double loss_divisor_;
+  double loss_divisor_, scale_loss_factor_;
 };
 
 }  // namespace crucible

@@ -15,7 +15,12 @@ struct StepReport {
   bool last = false;  // the run's last step
   double loss = 0;    // the global batch's mean loss, as logged
   double lr = 0;
-  double grad_norm = 0;  // NaN when the update was skipped (a non-finite gradient)
+  double grad_norm = 0;          // before clipping; NaN when a gradient was not finite
+  double grad_norm_clipped = 0;  // after clipping; NaN when the update was skipped
+  bool skipped = false;          // the update was skipped (train/step_guard.h)
+  int64_t skipped_total = 0;     // updates skipped since step 1
+  int64_t global_batch = 0;      // samples of this step over every rank (a batch ramp grows it)
+  int64_t consumed_samples = 0;  // global samples read by the end of this step
   int64_t tokens_seen = 0;
   double tokens_per_second = 0;
   double mfu = 0;  // percent; rank 0 only, NaN when not known

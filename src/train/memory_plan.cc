@@ -145,9 +145,12 @@ AvailableMemory MachineAvailableMemory() {
 
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
                        Communicator& comm) {
-  const TrainingShape& shape = training.shape;
+  // The loader's batches are the largest stage's (a batch ramp's last; the one global batch
+  // without a ramp).
+  TrainingShape shape = training.shape;
+  shape.accumulation = training.max_accumulation();
   const double steps = static_cast<double>(training.steps);
-  const double global_batch = static_cast<double>(training.global_batch);
+  const double global_batch = static_cast<double>(training.batches.MaxGlobalBatch());
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
   if (steps * global_batch * T >= kInt64Limit)
     throw UsageError(StrFormat(

@@ -40,7 +40,7 @@ AvailableMemory MachineAvailableMemory();
 // Collective. Throws UsageError on every rank when the ranks of some host together plan more
 // than that host has available, or when a product the trainer keeps in an integer exceeds its
 // type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
-// prints the plan (phase=memory_check).
+// prints the plan (phase=memory_check). A batch-size ramp is planned at its largest stage.
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
                        Communicator& comm);
 

@@ -67,13 +67,19 @@ MetricsLog::MetricsLog(const TrainingConfig& training, const std::string& run_di
 
 std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
   if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last))
-    PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
-                        (long long)r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_second, r.mfu));
+    PrintLine(StrFormat(
+        "step=%lld loss=%.6f lr=%.6e grad_norm=%.6f global_batch=%lld skipped=%lld tok/s=%.1f "
+        "mfu=%.2f",
+        (long long)r.step, r.loss, r.lr, r.grad_norm, (long long)r.global_batch,
+        (long long)r.skipped_total, r.tokens_per_second, r.mfu));
   if (metrics_.is_open())
     metrics_.Append({{"step", r.step},
                      {"loss", r.loss},
                      {"lr", r.lr},
                      {"grad_norm", FiniteOrNull(r.grad_norm)},
+                     {"grad_norm_clipped", FiniteOrNull(r.grad_norm_clipped)},
+                     {"skipped", r.skipped},
+                     {"global_batch", r.global_batch},
                      {"tokens", r.tokens_seen},
                      {"tok_per_s", r.tokens_per_second},
                      {"mfu", FiniteOrNull(r.mfu)},

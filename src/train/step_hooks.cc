@@ -56,8 +56,9 @@ class CheckpointHook : public TrainerHook {
     const int64_t step = report.step;
     checkpointing.NoteStepTime(report.step_seconds);
     checkpointing.Poll();
-    const TrainingProgress progress{step, step * trainer_.training().global_batch,
-                                    report.tokens_seen, report.loss, report.lr};
+    const TrainingProgress progress{
+        step,      report.consumed_samples, report.tokens_seen, report.loss,
+        report.lr, trainer_.GuardState()};
     const int signal_number = AgreedSignal();
     // The leader decides (the "auto" interval depends on its measured save stalls).
     const bool due =

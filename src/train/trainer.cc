@@ -62,6 +62,19 @@ std::unique_ptr<RunLock> TakeRunDirectory(const std::string& run_dir, Communicat
                         comm.rank(), run_dir.c_str()));
 }
 
+// " batch_ramp=4@1,16@3,32@5 batch_ramp_lr=sqrt" (steps), or "" without a ramp.
+std::string DescribeRamp(const TrainingConfig& training) {
+  if (training.batches.constant()) return "";
+  std::string stages;
+  for (const BatchStage& stage : training.batches.stages())
+    stages += StrFormat("%s%lld@%lld", stages.empty() ? "" : ",", (long long)stage.global_batch,
+                        (long long)stage.first_step);
+  const char* rule = training.ramp_lr == RampLrRule::kLinear ? "linear"
+                     : training.ramp_lr == RampLrRule::kSqrt ? "sqrt"
+                                                             : "constant";
+  return StrFormat(" batch_ramp=%s batch_ramp_lr=%s", stages.c_str(), rule);
+}
+
 void FreeBuffer(std::vector<float>& buffer) {
   std::vector<float>().swap(buffer);
 }
@@ -73,7 +86,10 @@ void FreeBuffer(std::vector<float>& buffer) {
 Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source)
     : config_(std::move(config)), source_(std::move(source)) {
   ResolveConfig(resume_mode);
-  learning_rate_ = [this](int64_t step) { return LearningRate(schedule_, step); };
+  // The schedule's, scaled by the batch ramp's LR rule.
+  learning_rate_ = [this](int64_t step) {
+    return LearningRate(schedule_, step) * training_.LrFactor(step);
+  };
   AllocateState();
   LoadOrInitWeights(resume_mode);
   Announce();
@@ -83,10 +99,8 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
                                                 resume_.resumed ? resume_.progress.step : -1));
   hooks_.push_back(MakeValidationHook(*this, model_spec_));
   hooks_.push_back(MakeCheckpointHook(*this));
-  const int64_t start = resume_.progress.step * training_.global_batch;
-  loader_ =
-      std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.global_batch, rank_,
-                                   world_, start, training_.steps * training_.global_batch);
+  loader_ = std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.batches,
+                                         rank_, world_, resume_.progress.step + 1, training_.steps);
   tokens_seen_ = resume_.progress.tokens_seen;
   last_loss_ = resume_.resumed ? resume_.progress.loss : std::nan("");
 }
@@ -113,7 +127,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   CheckTrainingFits(config_, *model_spec_, training_, comm());
   if (!source_)
     source_ = MakeTokenSource(config_, model_spec_->vocab_size(), training_.shape.seq_len,
-                              training_.steps, training_.global_batch);
+                              training_.steps, training_.batches);
   run_dir_ = RunDirectory(config_);
   run_lock_ = TakeRunDirectory(run_dir_, comm());
 }
@@ -138,16 +152,22 @@ void Trainer::AllocateState() {
   // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
   // needs them.
   optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
-  checkpointing_ = std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
-                                                   &optimizer_->full_state(), rank_, world_);
+  checkpointing_ =
+      std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
+                                      &optimizer_->full_state(), training_.batches, rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
-  divergence_ = std::make_unique<DivergenceGuard>(table(), *data_parallel_, [this]() {
-    if (!leader()) return std::string("kept by rank 0");  // only rank 0 saves
-    if (!checkpointing_->enabled()) return std::string("none (checkpoint.enable = false)");
-    if (checkpointing_->last_saved_step() <= 0) return std::string("none");
-    return JoinPath(checkpointing_->root(),
-                    "step-" + std::to_string(checkpointing_->last_saved_step()));
-  });
+  divergence_ = std::make_unique<DivergenceGuard>(table(), *data_parallel_,
+                                                  [this]() { return LastCheckpoint(); });
+  guard_ = std::make_unique<StepGuard>(training_.guards, leader(),
+                                       [this]() { return LastCheckpoint(); });
+}
+
+std::string Trainer::LastCheckpoint() const {
+  if (!leader()) return "kept by rank 0";  // only rank 0 saves
+  if (!checkpointing_->enabled()) return "none (checkpoint.enable = false)";
+  if (checkpointing_->last_saved_step() <= 0) return "none";
+  return JoinPath(checkpointing_->root(),
+                  "step-" + std::to_string(checkpointing_->last_saved_step()));
 }
 
 // A checkpoint to resume, else the configured initial weights (a file, a Hugging Face folder,
@@ -162,6 +182,7 @@ void Trainer::LoadOrInitWeights(const std::string& resume_mode) {
   float* load_target = sharded_ ? full_load.data() : weights_.data();
   resume_ = checkpointing_->Resume(resume_mode, load_target);
   if (resume_.resumed) optimizer_->ScatterFullState();  // this rank keeps its part
+  if (resume_.resumed) guard_->Restore(resume_.progress.guards);
   ReleaseFullCopies();
   // After the resume check, so a config that cannot resume does not replace the run's record.
   if (leader()) AtomicWriteFile(JoinPath(run_dir_, "config.toml"), config_.ToToml());
@@ -205,12 +226,12 @@ void Trainer::Announce() {
   PrintLine(StrFormat(
       "phase=start run_dir=%s params=%zu %s seq_len=%lld global_batch=%lld micro_batch=%lld "
       "accumulation=%lld ranks=%d zero_stage=%d threads=%d activations=%s peak_gflops=%.4g "
-      "peak_source=%s data=%s",
+      "peak_source=%s data=%s%s",
       run_dir_.c_str(), table().total(), model_spec_->Summary().c_str(), (long long)s.seq_len,
       (long long)training_.global_batch, (long long)s.micro_batch, (long long)s.accumulation,
       world_, data_parallel_->zero_stage(), omp_get_max_threads(),
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(), peak.gflops,
-      peak.source.c_str(), source_->Describe().c_str()));
+      peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str()));
 }
 
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.
@@ -315,18 +336,23 @@ StepReport Trainer::Step(int64_t step) {
   r.step = step;
   r.last = step == training_.steps;
   r.reduce_wait_seconds = ReduceGradients(step);
-  r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_);
+  r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_, step);
   divergence_->CheckLoss(r.loss, step);
   if (leader() && fresh_model_ && step == 1)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
   r.lr = learning_rate_(step);
-  r.grad_norm = ClipAndStep(step, r.lr, finite);
+  r.grad_norm = GradNorm(finite);
+  r.skipped = guard_->SkipUpdate(step, r.loss, r.grad_norm);
+  r.grad_norm_clipped = r.skipped ? std::nan("") : ClipAndStep(step, r.lr, r.grad_norm);
+  r.skipped_total = guard_->skipped();
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
-  tokens_seen_ += training_.tokens_per_step();
+  r.global_batch = training_.batches.GlobalBatch(step);
+  r.consumed_samples = loader_->consumed_samples();
+  tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;
   r.tokens_seen = tokens_seen_;
   r.step_seconds = step_timer.Seconds();
-  r.tokens_per_second = static_cast<double>(training_.tokens_per_step()) / r.step_seconds;
+  r.tokens_per_second = static_cast<double>(training_.tokens_per_step(step)) / r.step_seconds;
   r.mfu = leader() ? mfu_meter_->Percent(r.tokens_per_second, step) : 0.0;  // rank 0 logs it
   for (double l : micro_losses_) r.local_loss_sum += l;
   r.local_valid_tokens = valid_local_;
@@ -334,7 +360,7 @@ StepReport Trainer::Step(int64_t step) {
 }
 
 bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
-  const int64_t accumulation = training_.shape.accumulation, rows = training_.shape.micro_batch;
+  const int64_t accumulation = training_.accumulation(step), rows = training_.shape.micro_batch;
   // Every micro-batch's gradient is scaled by the same 1/normalizer: the loss is the weighted
   // mean over the whole global batch (the count of its targets, for pre-training). The weight
   // sums add up in global micro-batch order, so any rank layout gives the same bits.
@@ -402,15 +428,12 @@ double Trainer::ReduceGradients(int64_t step) {
   return waited;
 }
 
-double Trainer::ClipAndStep(int64_t step, double lr, bool finite) {
-  double grad_norm = std::sqrt(data_parallel_->GradNormSquared(grads_.data(), base_));
-  if (!finite) grad_norm = std::nan("");
-  if (!std::isfinite(grad_norm)) {
-    if (leader())
-      LogWarn(
-          StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
-    return grad_norm;
-  }
+double Trainer::GradNorm(bool finite) {
+  const double grad_norm = std::sqrt(data_parallel_->GradNormSquared(grads_.data(), base_));
+  return finite ? grad_norm : std::nan("");
+}
+
+double Trainer::ClipAndStep(int64_t step, double lr, double grad_norm) {
   const float clip = ClipScale(grad_norm, training_.max_norm);
   if (clip < 1.0f) {
 #pragma omp parallel for schedule(static)
@@ -423,7 +446,7 @@ double Trainer::ClipAndStep(int64_t step, double lr, bool finite) {
   detectors_->AfterUpdate(weights_.data(), step, base_);
   divergence_->CheckWeights(weights_.data(), base_, update_begin_, update_end_, step);
   data_parallel_->GatherParams(weights_.data());
-  return grad_norm;
+  return clip < 1.0f ? grad_norm * clip : grad_norm;
 }
 
 // After the last step: the final weights (checked, hashed, saved), the peak memory, the profile.

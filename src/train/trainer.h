@@ -6,7 +6,9 @@
 //   ForwardBackward  every micro-batch through the model, gradients into the exact accumulator
 //                    (or, under ZeRO-3, reduce-scattered as the backward pass goes)
 //   ReduceGradients  what is still in flight, into fp32 gradients of this rank's part
-//   ClipAndStep      the global gradient norm, the clip, the optimizer update, the gather
+//   GradNorm         the global gradient norm (NaN when a gradient was not finite)
+//   guards           whether to skip the update (non-finite, spike; train/step_guard.h)
+//   ClipAndStep      the clip, the optimizer update, the gather
 //   hooks            metrics, validation, checkpoints and stop signals (train/hooks.h)
 //
 // It prints the progress-line contract (phase=start, phase=memory, step=..., done ...), writes
@@ -41,6 +43,7 @@
 #include "train/hooks.h"
 #include "train/mfu.h"
 #include "train/run_lock.h"
+#include "train/step_guard.h"
 #include "train/stop_signals.h"
 #include "train/training_config.h"
 
@@ -90,6 +93,8 @@ class Trainer {
   // Frees the full copies FullWeights() and GatherOptimizerState() made.
   void ReleaseFullCopies();
   Checkpointing& checkpointing() { return *checkpointing_; }
+  // What a checkpoint records of the step guards.
+  nlohmann::json GuardState() const { return guard_->State(); }
 
  private:
   // ---- setup ----
@@ -105,8 +110,12 @@ class Trainer {
   // Returns whether every gradient came out finite on every rank.
   bool ForwardBackward(const Batch& batch, int64_t step);
   double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
-  // Clips and updates, unless the gradient norm is not finite; returns the norm (NaN: skipped).
-  double ClipAndStep(int64_t step, double lr, bool finite);
+  // The global gradient norm before clipping; NaN unless every gradient is `finite`.
+  double GradNorm(bool finite);
+  // Clips to training.max_norm and updates; returns the norm after clipping.
+  double ClipAndStep(int64_t step, double lr, double grad_norm);
+  // What a diverged or stopped run leaves to roll back to (for the messages).
+  std::string LastCheckpoint() const;
   // ---- the end ----
   int Finish(const Timer& train_timer);
 
@@ -116,7 +125,7 @@ class Trainer {
   std::shared_ptr<const ModelSpec> model_spec_;
   OptimizerConfig optimizer_config_;
   LrScheduleConfig schedule_;
-  LearningRateFunction learning_rate_;  // of each step: the schedule's, unless set
+  LearningRateFunction learning_rate_;  // of each step: the schedule x the ramp rule, unless set
   std::unique_ptr<ProcessMesh> mesh_;
   int world_ = 1, rank_ = 0;
   TrainingConfig training_;
@@ -140,6 +149,7 @@ class Trainer {
   bool fresh_model_ = false;
   std::unique_ptr<Detectors> detectors_;
   std::unique_ptr<DivergenceGuard> divergence_;
+  std::unique_ptr<StepGuard> guard_;
   std::unique_ptr<MfuMeter> mfu_meter_;
 
   // ---- how the model reaches parameters and gradients ----

@@ -1,9 +1,132 @@
 #include "train/training_config.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include "common/error.h"
 #include "common/strings.h"
 
 namespace crucible {
+
+namespace {
+
+// A whole non-negative number: all of `text` (and nothing else).
+bool ParseCount(const std::string& text, int64_t* value) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return false;
+  char* end = nullptr;
+  *value = std::strtoll(text.c_str(), &end, 10);
+  return *end == '\0' && *value >= 0 && *value < (int64_t{1} << 53);
+}
+
+// [training] batch_ramp: entries "<batch>@<start>", in order. <batch> is "<n>x" (n times
+// global_batch_size) or "<n>" (samples); <start> is a step, or "<n>tokens" (the first step that
+// begins with at least n tokens consumed).
+BatchSchedule BuildBatchRamp(const Config& config, const TrainingConfig& t) {
+  std::vector<BatchStage> stages{{1, t.global_batch}};
+  const int64_t unit = t.shape.micro_batch * t.world;
+  for (const std::string& entry : config.StringList("training.batch_ramp")) {
+    auto fail = [&](const std::string& why) {
+      return UsageError(
+          StrFormat("training.batch_ramp: stage \"%s\": %s", entry.c_str(), why.c_str()));
+    };
+    const size_t at = entry.find('@');
+    if (at == std::string::npos)
+      throw fail("expected <batch>@<start>, e.g. \"4x@100\" or \"64@20000tokens\"");
+    std::string batch_text = entry.substr(0, at), start_text = entry.substr(at + 1);
+    const bool multiple = EndsWith(batch_text, "x");
+    const bool tokens = EndsWith(start_text, "tokens");
+    if (multiple) batch_text.pop_back();
+    if (tokens) start_text.resize(start_text.size() - 6);
+    int64_t batch = 0, start = 0;
+    if (!ParseCount(batch_text, &batch) || batch < 1 || !ParseCount(start_text, &start))
+      throw fail("expected <batch>@<start>, e.g. \"4x@100\" or \"64@20000tokens\"");
+    if (multiple) batch *= t.global_batch;
+    const BatchStage& last = stages.back();
+    if (batch <= last.global_batch)
+      throw fail(StrFormat("its global batch %lld does not grow from the stage before (%lld)",
+                           (long long)batch, (long long)last.global_batch));
+    if (batch % unit != 0)
+      throw fail(
+          StrFormat("its global batch %lld is not a multiple of local_batch_size x ranks "
+                    "(%lld x %d)",
+                    (long long)batch, (long long)t.shape.micro_batch, t.world));
+    int64_t first_step = start;
+    if (tokens) {  // the first step after the last stage's start that begins at >= start tokens
+      const int64_t before = BatchSchedule(stages).SamplesBefore(last.first_step) * t.shape.seq_len;
+      const int64_t per_step = last.global_batch * t.shape.seq_len;
+      first_step = start <= before ? last.first_step
+                                   : last.first_step + (start - before + per_step - 1) / per_step;
+    }
+    if (first_step <= last.first_step)
+      throw fail(
+          StrFormat("it starts at step %lld, not after the stage before (step %lld): "
+                    "stages must be in order",
+                    (long long)first_step, (long long)last.first_step));
+    stages.push_back({first_step, batch});
+  }
+  return BatchSchedule(std::move(stages));
+}
+
+RampLrRule BuildRampLr(const Config& config, bool ramped) {
+  const std::string& rule = config.String("training.batch_ramp_lr");
+  if (rule != "constant" && !ramped)
+    throw UsageError("training.batch_ramp_lr = \"" + rule +
+                     "\" needs a training.batch_ramp (the global batch never changes)");
+  if (rule == "constant") return RampLrRule::kConstant;
+  if (rule == "linear") return RampLrRule::kLinear;
+  if (rule == "sqrt") return RampLrRule::kSqrt;
+  throw UsageError("training.batch_ramp_lr must be constant, linear or sqrt, not \"" + rule + "\"");
+}
+
+GuardConfig BuildGuards(const Config& config) {
+  GuardConfig g;
+  g.max_consecutive_skips = config.Int("training.max_consecutive_skips");
+  const std::string& metric = config.String("training.spike_skip");
+  if (metric == "loss")
+    g.spike_metric = SpikeMetric::kLoss;
+  else if (metric == "grad_norm")
+    g.spike_metric = SpikeMetric::kGradNorm;
+  else if (metric != "off")
+    throw UsageError("training.spike_skip must be off, loss or grad_norm, not \"" + metric + "\"");
+  g.spike_window = config.Int("training.spike_window");
+  g.spike_warmup = config.Int("training.spike_warmup");
+  g.spike_k = config.Float("training.spike_k");
+  g.spike_limit = config.Int("training.spike_limit");
+  if (g.spike_warmup > g.spike_window)
+    throw UsageError(StrFormat(
+        "training.spike_warmup (%lld) must not exceed training.spike_window (%lld): the window "
+        "could never arm",
+        (long long)g.spike_warmup, (long long)g.spike_window));
+  g.grad_norm_rise_warn = config.Float("training.grad_norm_rise_warn");
+  if (g.grad_norm_rise_warn != 0 && g.grad_norm_rise_warn <= 1)
+    throw UsageError(StrFormat("training.grad_norm_rise_warn must be 0 (off) or above 1, not %g",
+                               g.grad_norm_rise_warn));
+  for (const std::string& item : Split(config.String("debug.skip_steps"), ',')) {
+    int64_t step = 0;
+    if (Trim(item).empty()) continue;
+    if (!ParseCount(std::string(Trim(item)), &step) || step < 1)
+      throw UsageError("debug.skip_steps: \"" + item +
+                       "\" is not a step number (a comma-separated list of steps >= 1)");
+    g.skip_steps.push_back(step);
+  }
+  return g;
+}
+
+}  // namespace
+
+double TrainingConfig::LrFactor(int64_t step) const {
+  const double ratio =
+      static_cast<double>(batches.GlobalBatch(step)) / static_cast<double>(global_batch);
+  switch (ramp_lr) {
+    case RampLrRule::kLinear:
+      return ratio;
+    case RampLrRule::kSqrt:
+      return std::sqrt(ratio);
+    case RampLrRule::kConstant:
+      break;
+  }
+  return 1.0;
+}
 
 TrainingConfig BuildTrainingConfig(Config& config, int world) {
   TrainingConfig t;
@@ -20,6 +143,9 @@ TrainingConfig BuildTrainingConfig(Config& config, int world) {
         (long long)t.global_batch, (long long)t.shape.micro_batch, world));
   config.Set("training.global_batch_size", t.global_batch);
   t.shape.accumulation = t.global_batch / (t.shape.micro_batch * world);
+  t.batches = BuildBatchRamp(config, t);
+  t.ramp_lr = BuildRampLr(config, !t.batches.constant());
+  t.guards = BuildGuards(config);
   t.shape.zero_stage = static_cast<int>(config.Int("parallelism.zero_stage"));
   t.shape.overlap = config.Bool("parallelism.overlap_grad_reduce") && world > 1;
   t.max_norm = config.Float("training.max_norm");

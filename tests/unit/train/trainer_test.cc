@@ -153,11 +153,11 @@ TEST(TrainingConfigTest, ResolvesTheGlobalBatchAndTheShape) {
   EXPECT_EQ(config.Int("training.global_batch_size"), 6);  // recorded for the run directory
   EXPECT_EQ(t.shape.accumulation, 1);
   EXPECT_TRUE(t.shape.overlap);
-  EXPECT_EQ(t.tokens_per_step(), 6 * t.shape.seq_len);
+  EXPECT_EQ(t.tokens_per_step(1), 6 * t.shape.seq_len);
   config.ApplyOverride("training.global_batch_size=24");
   t = BuildTrainingConfig(config, 3);
   EXPECT_EQ(t.shape.accumulation, 4);
-  EXPECT_EQ(t.samples_per_rank(), 8);
+  EXPECT_EQ(t.accumulation(1) * t.shape.micro_batch, 8);
   EXPECT_FALSE(BuildTrainingConfig(config, 1).shape.overlap);  // nothing to overlap on one rank
   EXPECT_FALSE(BuildTrainingConfig(config, 1).check_consistency());
   config.ApplyOverride("training.global_batch_size=10");
