@@ -1,12 +1,41 @@
 #include "distributed/sharded_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace crucible {
 
 void ShardedOptimizer::MakeFullState() {
   full_ = std::make_unique<OptimizerShard>(config_, table_, 0, table_.total());
   ReleaseFullState();
+}
+
+std::vector<std::pair<std::string, double>> ShardedOptimizer::Diagnostics() {
+  std::vector<std::pair<std::string, double>> out;
+  std::vector<double> mine;
+  for (const ShardState& state : local_->State()) {
+    if (!state.spec.diagnostic) continue;
+    double largest = -std::numeric_limits<double>::infinity();
+    for (float value : state.values)
+      largest = std::isnan(value) || std::isnan(largest) ? std::nan("")
+                                                         : std::max<double>(largest, value);
+    out.emplace_back(state.spec.name, largest);
+    mine.push_back(largest);
+  }
+  if (mine.empty()) return out;
+  Communicator& comm = data_parallel_.comm();
+  std::vector<double> all(mine.size() * comm.size());
+  comm.AllGatherDouble(mine.data(), all.data(), mine.size(), "optimizer diagnostics");
+  for (size_t i = 0; i < out.size(); ++i) {
+    double largest = -std::numeric_limits<double>::infinity();
+    for (int r = 0; r < comm.size(); ++r) {
+      const double value = all[r * mine.size() + i];
+      largest = std::isnan(value) || std::isnan(largest) ? std::nan("") : std::max(largest, value);
+    }
+    out[i].second = largest;
+  }
+  return out;
 }
 
 void ShardedOptimizer::ReleaseFullState() {

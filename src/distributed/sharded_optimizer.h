@@ -31,6 +31,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "distributed/data_parallel.h"
@@ -60,6 +62,11 @@ class ShardedOptimizer {
   virtual void ScatterFullState() = 0;
   // Frees full_state()'s buffers (Checkpointing::Resume and GatherFullState allocate them again).
   void ReleaseFullState();
+
+  // Collective (when the optimizer declares diagnostic state; else empty and local): for each
+  // diagnostic StateSpec, its name and the largest value over every tensor of every rank (NaN
+  // when any is NaN), in declaration order.
+  std::vector<std::pair<std::string, double>> Diagnostics();
 
   // This rank's own state, for the memory report.
   std::vector<ShardState> LocalState() { return local_->State(); }

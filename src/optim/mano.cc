@@ -33,7 +33,7 @@ class Mano final : public Optimizer {
   ShardMode shard_mode() const override { return ShardMode::kWholeMatrix; }
   bool matrices_only() const override { return true; }
   std::vector<StateSpec> state() const override {
-    return {{"momentum_buffer"}, {"mano_steps", 1}, {"update_rms", 1}};
+    return {{"momentum_buffer"}, {"mano_steps", 1}, {"update_rms", 1, true}};
   }
 
   void Update(const TensorUpdate& u) const override {

@@ -113,7 +113,7 @@ class Muon final : public Optimizer {
   ShardMode shard_mode() const override { return ShardMode::kWholeMatrix; }
   bool matrices_only() const override { return true; }
   std::vector<StateSpec> state() const override {
-    return {{"momentum_buffer"}, {"ns_max_abs", 1}, {"ns_orthogonality", 1}};
+    return {{"momentum_buffer"}, {"ns_max_abs", 1, true}, {"ns_orthogonality", 1, true}};
   }
 
   void Update(const TensorUpdate& u) const override {

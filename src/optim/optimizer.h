@@ -37,6 +37,10 @@ struct StateSpec {
   // tensor (e.g. a per-matrix scalar), allowed for kWholeMatrix optimizers only: a tensor cut
   // between ranks would have one copy per rank.
   size_t per_tensor = 0;
+  // A per-tensor value the optimizer writes at each update for monitoring and never reads back
+  // (Muon's largest Newton-Schulz iterate, ...): the trainer logs its largest value over every
+  // tensor each step, as "opt_<name>" in metrics.jsonl. Still saved in checkpoints.
+  bool diagnostic = false;
 };
 
 // What one update sees of one parameter tensor.

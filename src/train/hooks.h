@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace crucible {
 
@@ -19,6 +22,9 @@ struct StepReport {
   double grad_norm_clipped = 0;  // after clipping; NaN when the update was skipped
   bool skipped = false;          // the update was skipped (train/step_guard.h)
   int64_t skipped_total = 0;     // updates skipped since step 1
+  // The optimizer's diagnostics of this update (ShardedOptimizer::Diagnostics; empty when it
+  // declares none or the update was skipped): name, largest value over every tensor.
+  std::vector<std::pair<std::string, double>> optimizer_diagnostics;
   int64_t global_batch = 0;      // samples of this step over every rank (a batch ramp grows it)
   int64_t consumed_samples = 0;  // global samples read by the end of this step
   int64_t tokens_seen = 0;

@@ -72,19 +72,23 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
         "mfu=%.2f",
         (long long)r.step, r.loss, r.lr, r.grad_norm, (long long)r.global_batch,
         (long long)r.skipped_total, r.tokens_per_second, r.mfu));
-  if (metrics_.is_open())
-    metrics_.Append({{"step", r.step},
-                     {"loss", r.loss},
-                     {"lr", r.lr},
-                     {"grad_norm", FiniteOrNull(r.grad_norm)},
-                     {"grad_norm_clipped", FiniteOrNull(r.grad_norm_clipped)},
-                     {"skipped", r.skipped},
-                     {"global_batch", r.global_batch},
-                     {"tokens", r.tokens_seen},
-                     {"tok_per_s", r.tokens_per_second},
-                     {"mfu", FiniteOrNull(r.mfu)},
-                     {"step_seconds", r.step_seconds},
-                     {"reduce_wait_s", r.reduce_wait_seconds}});
+  if (metrics_.is_open()) {
+    nlohmann::json record = {{"step", r.step},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", FiniteOrNull(r.grad_norm)},
+                             {"grad_norm_clipped", FiniteOrNull(r.grad_norm_clipped)},
+                             {"skipped", r.skipped},
+                             {"global_batch", r.global_batch},
+                             {"tokens", r.tokens_seen},
+                             {"tok_per_s", r.tokens_per_second},
+                             {"mfu", FiniteOrNull(r.mfu)},
+                             {"step_seconds", r.step_seconds},
+                             {"reduce_wait_s", r.reduce_wait_seconds}};
+    for (const auto& [name, value] : r.optimizer_diagnostics)
+      record["opt_" + name] = FiniteOrNull(value);
+    metrics_.Append(record);
+  }
   if (rank_metrics_.is_open())
     rank_metrics_.Append({{"step", r.step},
                           {"rank", rank_},

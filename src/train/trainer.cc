@@ -344,6 +344,7 @@ StepReport Trainer::Step(int64_t step) {
   r.grad_norm = GradNorm(finite);
   r.skipped = guard_->SkipUpdate(step, r.loss, r.grad_norm);
   r.grad_norm_clipped = r.skipped ? std::nan("") : ClipAndStep(step, r.lr, r.grad_norm);
+  if (!r.skipped) r.optimizer_diagnostics = optimizer_->Diagnostics();
   r.skipped_total = guard_->skipped();
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
   r.global_batch = training_.batches.GlobalBatch(step);

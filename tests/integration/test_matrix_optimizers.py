@@ -55,3 +55,11 @@ def test_a_tiny_run_trains_and_checkpoints_each_optimizers_state(tmp_path, optim
     saved = safetensors_names(run_dir / "ckpt/step-8/optimizer.safetensors")
     assert {name.split(".")[0] for name in saved} == names
     assert "momentum_buffer.model.layers.0.self_attn.q_proj.weight" in saved
+    # The diagnostics of every update, the largest over the matrices (docs/optimizers.md).
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    if optimizer == "Muon":
+        for r in records:  # five quintic steps leave singular values in about 0.7..1.2
+            assert 0.5 < r["opt_ns_max_abs"] < 2 and 0 < r["opt_ns_orthogonality"] < 1, r
+    else:
+        for r in records:  # 0.2 sqrt(size_d) U has RMS 0.2 per matrix
+            assert abs(r["opt_update_rms"] - 0.2) < 1e-3, r

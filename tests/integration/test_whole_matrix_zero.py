@@ -55,7 +55,8 @@ def train(np, run_dir, settings, optimizer=TOY):
 def result(proc, run_dir):
     steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
-    return [(s["step"], s["loss"], s["grad_norm"]) for s in steps], digest
+    diagnostics = [sorted((k, v) for k, v in s.items() if k.startswith("opt_")) for s in steps]
+    return [(s["step"], s["loss"], s["grad_norm"]) for s in steps], diagnostics, digest
 
 
 def file_digest(path):
