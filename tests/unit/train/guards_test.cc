@@ -5,6 +5,7 @@
 // uninterrupted one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "support/tiny_training.h"
+#include "train/step_guard.h"
 #include "train/trainer.h"
 
 namespace crucible {
@@ -260,6 +262,34 @@ TEST(GuardConfigTest, ContradictoryGuardKeysAreUsageErrors) {
   EXPECT_THROW(BuildTrainingConfig(config, 1), Error);
   config.ApplyOverride("debug.skip_steps=\"3, 7\"");
   EXPECT_EQ(BuildTrainingConfig(config, 1).guards.skip_steps, (std::vector<int64_t>{3, 7}));
+}
+
+}  // namespace
+}  // namespace crucible
+
+namespace crucible {
+namespace {
+
+TEST(StepGuardTest, WarnsOnceWhenTheGradientNormRisesByTheFactorInOneStep) {
+  GuardConfig config;
+  config.grad_norm_rise_warn = 3.0;
+  StepGuard guard(config, /*leader=*/true, [] { return std::string("none"); });
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(guard.SkipUpdate(1, 2.0, 1.0));
+  EXPECT_FALSE(guard.SkipUpdate(2, 2.0, 2.9));   // x2.9: below the factor
+  EXPECT_FALSE(guard.SkipUpdate(3, 2.0, 9.0));   // x3.1: warns, but does not skip
+  EXPECT_FALSE(guard.SkipUpdate(4, 2.0, 10.0));  // from 9: no
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(std::count(warnings.begin(), warnings.end(), '\n'), 1) << warnings;
+  EXPECT_NE(warnings.find("step 3: the gradient norm rose from 2.9 to 9 in one step"),
+            std::string::npos)
+      << warnings;
+  config.grad_norm_rise_warn = 0;  // off
+  StepGuard quiet(config, true, [] { return std::string("none"); });
+  testing::internal::CaptureStderr();
+  quiet.SkipUpdate(1, 2.0, 1.0);
+  quiet.SkipUpdate(2, 2.0, 100.0);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
 }  // namespace
