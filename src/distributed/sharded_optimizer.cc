@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/error.h"
+
 namespace crucible {
 
 void ShardedOptimizer::MakeFullState() {
@@ -12,6 +14,31 @@ void ShardedOptimizer::MakeFullState() {
 void ShardedOptimizer::ReleaseFullState() {
   if (full_)
     for (const ShardState& state : full_->State()) std::vector<float>().swap(state.values);
+}
+
+std::vector<double> ShardedOptimizer::ReduceMetrics() {
+  const std::vector<OptimizerMetric> specs = config_.optimizer->metrics();
+  if (specs.empty()) return {};
+  const std::vector<double>& mine = local_->metric_accumulators();
+  Communicator& comm = data_parallel_.comm();
+  const size_t ranks = static_cast<size_t>(comm.size()), width = 2 * specs.size();
+  std::vector<double> all(ranks * width);
+  comm.AllGatherDouble(mine.data(), all.data(), width, "optimizer-metrics all-gather");
+  std::vector<double> values(specs.size());
+  for (size_t j = 0; j < specs.size(); ++j) {
+    double a = all[2 * j], b = all[2 * j + 1];
+    for (size_t q = 1; q < ranks; ++q) {  // rank order
+      const double x = all[q * width + 2 * j], y = all[q * width + 2 * j + 1];
+      if (specs[j].reduce == OptimizerMetric::kMean) {
+        a += x;
+        b += y;
+      } else {
+        a = specs[j].reduce == OptimizerMetric::kMin ? std::min(a, x) : std::max(a, x);
+      }
+    }
+    values[j] = specs[j].reduce == OptimizerMetric::kMean ? a / b : a;
+  }
+  return values;
 }
 
 FlatRangeOptimizer::FlatRangeOptimizer(const OptimizerConfig& config, const ParameterTable& table,
@@ -25,6 +52,18 @@ FlatRangeOptimizer::FlatRangeOptimizer(const OptimizerConfig& config, const Para
 void FlatRangeOptimizer::Step(float* weights, const float* grads, double lr, int64_t step,
                               size_t base) {
   local_->Step(weights, grads, lr, step, base);
+}
+
+void FlatRangeOptimizer::UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                                       size_t base) {
+  local_->UpdateHessian(weights, grads, lr, step, base);
+}
+
+void MatrixOwnerOptimizer::UpdateHessian(float*, const float*, double, int64_t, size_t) {
+  throw Error(kExitFailure,
+              "internal: optimizer " + config_.name +
+                  " updates whole matrices and has a Hessian estimate: the owners' Hessian "
+                  "update is not implemented");
 }
 
 void FlatRangeOptimizer::GatherFullState() {

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,27 @@ struct TensorUpdate {
   // One span per StateSpec, in declaration order: a per-element state is aligned with
   // `weights`; a per-tensor state holds the tensor's n floats.
   std::span<const std::span<float>> state;
+  // Tokens per global batch (OptimizerConfig::batch_tokens): SophiaG scales its Hessian by it.
+  double batch_tokens = 0;
+  // Accumulators of the optimizer's metrics(): two doubles per metric, in declaration order
+  // (empty when it declares none). See OptimizerMetric for what each holds.
+  std::span<double> metrics = {};
+};
+
+// A number an optimizer reports of each step (metrics.jsonl, under `name`), reduced over every
+// tensor of the step and every rank in a fixed order, so it is the same for any rank layout:
+//   kMean  acc[0] and acc[1] are sums (say clipped coordinates and coordinates); the value is
+//          acc[0] / acc[1]. Counts kept below 2^53 add exactly in any order.
+//   kMin, kMax  acc[0] is the minimum / maximum seen (starts at +inf / -inf); acc[1] unused.
+// A metric above `warn_above` on a step from `warn_from_step` on logs `warning` (one line naming
+// the step and the value) on rank 0.
+struct OptimizerMetric {
+  enum Reduce { kMean, kMin, kMax };
+  std::string name;
+  Reduce reduce = kMean;
+  double warn_above = std::numeric_limits<double>::infinity();
+  int64_t warn_from_step = 1;
+  std::string warning;
 };
 
 // The settings of an update in float, as torch's optimizers compute them: the group's learning
@@ -77,6 +99,18 @@ class Optimizer {
   // Updates update.weights in place from update.grads and the state. Must give the same bits for
   // any OpenMP thread count, and (kElementwise) for any cut of the tensor into ranges.
   virtual void Update(const TensorUpdate& update) const = 0;
+
+  // ---- optional: a Hessian-diagonal estimate (SophiaG), one seam for any optimizer ----
+  // k > 0: on every step with step % k == 0, after that step's Update, the trainer runs one
+  // more forward and backward pass over the step's batch against targets sampled from the
+  // model's own logits (train/sampled_targets.h), reduces and clips those gradients exactly as
+  // the step's, and calls UpdateHessian with them in `grads` (the weights are the updated ones;
+  // state and metrics as in Update). 0 (the default): never; UpdateHessian is then not called.
+  // The phase is a function of the step, so a resume at any step continues it.
+  virtual int64_t hessian_interval() const { return 0; }
+  virtual void UpdateHessian(const TensorUpdate& update) const;
+  // The metrics Update accumulates (none by default).
+  virtual std::vector<OptimizerMetric> metrics() const { return {}; }
 };
 
 // Builds an optimizer; `config` is the run's resolved config, for keys of its own.

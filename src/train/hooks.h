@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace crucible {
 
@@ -23,6 +26,9 @@ struct StepReport {
   double reduce_wait_seconds = 0;  // waited for the gradient reductions the backward did not hide
   double local_loss_sum = 0;       // this rank's micro-batches' loss sum
   int64_t local_valid_tokens = 0;  // and its targets that count
+  // The optimizer's metrics of the step (Optimizer::metrics, reduced over every rank), by name;
+  // empty when it declares none or the update was skipped.
+  std::vector<std::pair<std::string, double>> optimizer_metrics;
 };
 
 class TrainerHook {

@@ -69,16 +69,19 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
   if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last))
     PrintLine(StrFormat("step=%lld loss=%.6f lr=%.6e grad_norm=%.6f tok/s=%.1f mfu=%.2f",
                         (long long)r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_second, r.mfu));
-  if (metrics_.is_open())
-    metrics_.Append({{"step", r.step},
-                     {"loss", r.loss},
-                     {"lr", r.lr},
-                     {"grad_norm", FiniteOrNull(r.grad_norm)},
-                     {"tokens", r.tokens_seen},
-                     {"tok_per_s", r.tokens_per_second},
-                     {"mfu", FiniteOrNull(r.mfu)},
-                     {"step_seconds", r.step_seconds},
-                     {"reduce_wait_s", r.reduce_wait_seconds}});
+  if (metrics_.is_open()) {
+    nlohmann::json record = {{"step", r.step},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", FiniteOrNull(r.grad_norm)},
+                             {"tokens", r.tokens_seen},
+                             {"tok_per_s", r.tokens_per_second},
+                             {"mfu", FiniteOrNull(r.mfu)},
+                             {"step_seconds", r.step_seconds},
+                             {"reduce_wait_s", r.reduce_wait_seconds}};
+    for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
+    metrics_.Append(record);
+  }
   if (rank_metrics_.is_open())
     rank_metrics_.Append({{"step", r.step},
                           {"rank", rank_},

@@ -18,6 +18,7 @@
 #include "train/memory_plan.h"
 #include "train/metrics_log.h"
 #include "train/rank_agreement.h"
+#include "train/sampled_targets.h"
 #include "train/step_hooks.h"
 
 namespace crucible {
@@ -105,6 +106,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   rank_ = comm().rank();
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
+  optimizer_config_.batch_tokens = static_cast<double>(training_.tokens_per_step());
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm());
@@ -135,6 +137,8 @@ void Trainer::AllocateState() {
   // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
   // needs them.
   optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
+  if (optimizer_config_.optimizer->hessian_interval() > 0)
+    sampled_targets_.resize(training_.shape.micro_batch * training_.shape.seq_len);
   checkpointing_ = std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
                                                    &optimizer_->full_state(), rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
@@ -307,7 +311,8 @@ StepReport Trainer::Step(int64_t step) {
       (step - 1) % training_.consistency_check_steps == 0)
     data_parallel_->CheckConsistency(weights_.data(), table().total(), step - 1);
   faults_->BeforeStep(step, sharded_access_.get());
-  const bool finite = ForwardBackward(NextBatch(), step);
+  const Batch& batch = NextBatch();
+  const bool finite = ForwardBackward(batch, step);
   StepReport r;
   r.step = step;
   r.last = step == training_.steps;
@@ -318,6 +323,13 @@ StepReport Trainer::Step(int64_t step) {
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
   r.lr = LearningRate(schedule_, step);
   r.grad_norm = ClipAndStep(step, r.lr, finite);
+  for (double l : micro_losses_) r.local_loss_sum += l;
+  r.local_valid_tokens = valid_local_;
+  const int64_t hessian_interval = optimizer_config_.optimizer->hessian_interval();
+  if (std::isfinite(r.grad_norm)) {  // the update ran, on every rank
+    ReportOptimizerMetrics(step, r);
+    if (hessian_interval > 0 && step % hessian_interval == 0) HessianPass(batch, step, r.lr);
+  }
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
   tokens_seen_ += training_.tokens_per_step();
   last_loss_ = r.loss;
@@ -325,12 +337,10 @@ StepReport Trainer::Step(int64_t step) {
   r.step_seconds = step_timer.Seconds();
   r.tokens_per_second = static_cast<double>(training_.tokens_per_step()) / r.step_seconds;
   r.mfu = leader() ? mfu_meter_->Percent(r.tokens_per_second, step) : 0.0;  // rank 0 logs it
-  for (double l : micro_losses_) r.local_loss_sum += l;
-  r.local_valid_tokens = valid_local_;
   return r;
 }
 
-bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
+bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets) {
   const int64_t accumulation = training_.shape.accumulation, rows = training_.shape.micro_batch;
   // Every micro-batch's gradient is scaled by the same 1/normalizer: the loss is the weighted
   // mean over the whole global batch (the count of its targets, for pre-training). The weight
@@ -360,7 +370,7 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
   else
     accumulator_->Zero();
   for (int64_t m = 0; m < accumulation; ++m) {
-    const int64_t nan_at = faults_->NanElement(step, m);
+    const int64_t nan_at = sampled_targets ? -1 : faults_->NanElement(step, m);
     if (replicated_) {
       replicated_->BeginMicroBatch(m + 1 == accumulation);
       replicated_->SetTestNan(nan_at);
@@ -370,6 +380,12 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
                            ->Forward(*access_, batch.inputs_at(m * rows),
                                      batch.targets_at(m * rows), batch.loss_weights_at(m * rows))
                            .loss;
+    if (sampled_targets) {
+      SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
+                    model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,
+                    sampled_targets_.data());
+      micro_losses_[m] = model_->Retarget(sampled_targets_.data()).loss;
+    }
     model_->Backward(*access_, loss_scale_);
     if (!non_finite_where_.empty()) {
       finite = false;
@@ -399,15 +415,10 @@ double Trainer::ReduceGradients(int64_t step) {
   return waited;
 }
 
-double Trainer::ClipAndStep(int64_t step, double lr, bool finite) {
+double Trainer::ClipGradients(bool finite) {
   double grad_norm = std::sqrt(data_parallel_->GradNormSquared(grads_.data(), base_));
   if (!finite) grad_norm = std::nan("");
-  if (!std::isfinite(grad_norm)) {
-    if (leader())
-      LogWarn(
-          StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
-    return grad_norm;
-  }
+  if (!std::isfinite(grad_norm)) return grad_norm;
   const float clip = ClipScale(grad_norm, training_.max_norm);
   if (clip < 1.0f) {
 #pragma omp parallel for schedule(static)
@@ -415,12 +426,53 @@ double Trainer::ClipAndStep(int64_t step, double lr, bool finite) {
          ++i)
       grads_[i - base_] *= clip;
   }
+  return grad_norm;
+}
+
+double Trainer::ClipAndStep(int64_t step, double lr, bool finite) {
+  const double grad_norm = ClipGradients(finite);
+  if (!std::isfinite(grad_norm)) {
+    if (leader())
+      LogWarn(
+          StrFormat("step %lld: non-finite gradient norm; skipping the update", (long long)step));
+    return grad_norm;
+  }
   detectors_->BeforeUpdate(weights_.data(), base_);
   optimizer_->Step(weights_.data(), grads_.data(), lr, step, base_);
   detectors_->AfterUpdate(weights_.data(), step, base_);
   divergence_->CheckWeights(weights_.data(), base_, update_begin_, update_end_, step);
   data_parallel_->GatherParams(weights_.data());
   return grad_norm;
+}
+
+// As the official SophiaG script: the same batch (its data order stays a function of the step),
+// the updated weights, the loss scaled as the step's (the mean over the global batch's targets),
+// the gradient clipped to training.max_norm as the step's. The weights do not change, so nothing
+// is gathered after it.
+void Trainer::HessianPass(const Batch& batch, int64_t step, double lr) {
+  const bool finite = ForwardBackward(batch, step, /*sampled_targets=*/true);
+  ReduceGradients(step);
+  if (!std::isfinite(ClipGradients(finite))) {
+    if (leader())
+      LogWarn(StrFormat(
+          "step %lld: non-finite gradient norm in the Hessian pass; skipping the Hessian update",
+          (long long)step));
+    return;
+  }
+  optimizer_->UpdateHessian(weights_.data(), grads_.data(), lr, step, base_);
+}
+
+void Trainer::ReportOptimizerMetrics(int64_t step, StepReport& report) {
+  const std::vector<double> values = optimizer_->ReduceMetrics();
+  if (values.empty()) return;
+  const std::vector<OptimizerMetric> specs = optimizer_config_.optimizer->metrics();
+  for (size_t j = 0; j < specs.size(); ++j) {
+    report.optimizer_metrics.emplace_back(specs[j].name, values[j]);
+    if (leader() && step >= specs[j].warn_from_step && values[j] > specs[j].warn_above)
+      LogWarn(StrFormat("step %lld: %s = %.4f (above %g): %s", (long long)step,
+                        specs[j].name.c_str(), values[j], specs[j].warn_above,
+                        specs[j].warning.c_str()));
+  }
 }
 
 // After the last step: the final weights (checked, hashed, saved), the peak memory, the profile.

@@ -7,6 +7,10 @@
 //                    (or, under ZeRO-3, reduce-scattered as the backward pass goes)
 //   ReduceGradients  what is still in flight, into fp32 gradients of this rank's part
 //   ClipAndStep      the global gradient norm, the clip, the optimizer update, the gather
+//   HessianPass      only for an optimizer with a Hessian estimate, every hessian_interval()
+//                    steps (optim/optimizer.h): one more ForwardBackward over the same batch
+//                    against targets sampled from the model's logits, reduced and clipped as
+//                    the step's gradients, into the optimizer's UpdateHessian
 //   hooks            metrics, validation, checkpoints and stop signals (train/hooks.h)
 //
 // It prints the progress-line contract (phase=start, phase=memory, step=..., done ...), writes
@@ -93,11 +97,18 @@ class Trainer {
   // ---- the step ----
   StepReport Step(int64_t step);
   const Batch& NextBatch() { return loader_->Next(); }
-  // Returns whether every gradient came out finite on every rank.
-  bool ForwardBackward(const Batch& batch, int64_t step);
+  // Returns whether every gradient came out finite on every rank. `sampled_targets`: against
+  // targets drawn from the model's own logits (train/sampled_targets.h) instead of the batch's,
+  // with no test faults (the Hessian pass).
+  bool ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets = false);
   double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
   // Clips and updates, unless the gradient norm is not finite; returns the norm (NaN: skipped).
   double ClipAndStep(int64_t step, double lr, bool finite);
+  // The global gradient norm (NaN where `finite` is false), and the clip applied to grads_.
+  double ClipGradients(bool finite);
+  void HessianPass(const Batch& batch, int64_t step, double lr);
+  // The optimizer's metrics of this step into `report`, with their warnings (rank 0).
+  void ReportOptimizerMetrics(int64_t step, StepReport& report);
   // ---- the end ----
   int Finish(const Timer& train_timer);
 
@@ -142,6 +153,7 @@ class Trainer {
   std::unique_ptr<FaultInjector> faults_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<double> micro_losses_, micro_weights_;
+  std::vector<int32_t> sampled_targets_;  // one micro-batch's, for the Hessian pass
   int64_t valid_local_ = 0;
   float loss_scale_ = 0;
   double normalizer_ = 0;
