@@ -1,0 +1,87 @@
+"""SophiaG and the trainer's Hessian pass (optim/sophia.cc, Trainer::HessianPass) through the real
+`crucible` binary on a Llama of 41k parameters: with optimizer.sophia_k = 2 the Hessian pass runs
+at steps 2, 4, 6 (targets sampled from the model's logits by Philox on the seed, step, sample and
+position). Every rank count and ZeRO stage must give the losses, gradient norms, SophiaG metrics
+and final weights of one rank; a resume at step 3, between two Hessian steps, the bits of the
+uninterrupted run; sophia_k <= 0 one line and exit 2."""
+import json
+import os
+import re
+import shutil
+import subprocess
+
+from conftest import crucible_binary
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+TINY = ["model.vocab_size=256", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+        "model.ffn_hidden_dim=96", "training.seq_len=16", "training.local_batch_size=1",
+        "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=1",
+        "lr_scheduler.decay_type=constant", "optimizer.lr=0.003", "optimizer.name=SophiaG",
+        "optimizer.sophia_k=2", "optimizer.beta1=0.965", "optimizer.beta2=0.99", "optimizer.sophia_rho=0.04"]
+METRICS = ("sophia/clipped_fraction", "sophia/hessian_min", "sophia/hessian_max")
+
+
+def train(np, run_dir, settings, check=True):
+    args = ["mpirun", "-np", str(np)]
+    for key in MPI_ENV:
+        args += ["-x", key]
+    args += [crucible_binary(), "train"]
+    for item in TINY + settings + [f"job.dump_folder={run_dir}"]:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=120)
+    if check:
+        assert proc.returncode == 0, f"mpirun -np {np} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def result(proc, run_dir):
+    steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
+    return [(s["step"], s["loss"], s["grad_norm"]) + tuple(s[m] for m in METRICS) for s in steps], digest
+
+
+def test_every_rank_count_and_zero_stage_gives_the_bits_of_one_rank(tmp_path):
+    reference = result(train(1, tmp_path / "np1", ["training.steps=5"]), tmp_path / "np1")
+    steps = reference[0]
+    assert len(steps) == 5
+    # The Hessian estimate the update divides by is 0 until the pass of step 2, positive after it.
+    assert steps[1][5] == 0 and steps[2][5] > 0, steps
+    assert all(0 < s[3] <= 1 for s in steps), steps
+    for np, stage in [(2, 0), (2, 1), (2, 3), (4, 1), (4, 3)]:
+        run_dir = tmp_path / f"np{np}-z{stage}"
+        proc = train(np, run_dir, ["training.steps=5", f"parallelism.zero_stage={stage}"])
+        assert f"ranks={np} zero_stage={stage}" in proc.stdout
+        assert result(proc, run_dir) == reference, (np, stage)
+
+
+def test_the_hessian_pass_changes_the_run_and_follows_its_interval(tmp_path):
+    # k = 2 and k = 3 agree through step 2's update and part ways after the first Hessian pass
+    # (step 2 against step 3): the pass is real and keyed on the step.
+    a = result(train(1, tmp_path / "k2", ["training.steps=4"]), tmp_path / "k2")[0]
+    b = result(train(1, tmp_path / "k3", ["training.steps=4", "optimizer.sophia_k=3"]), tmp_path / "k3")[0]
+    assert a[:2] == b[:2]
+    assert a[2] != b[2]
+
+
+def test_a_resume_between_two_hessian_steps_is_bit_exact_on_another_layout(tmp_path):
+    settings = ["training.steps=6", "checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
+    straight = tmp_path / "straight"
+    reference = result(train(1, straight, settings), straight)
+    written = tmp_path / "written"
+    train(2, written, ["training.steps=3", "checkpoint.interval=3", "checkpoint.keep_latest_k=0",
+                       "parallelism.zero_stage=1"])
+    for np, stage in [(4, 3), (1, 1)]:
+        run_dir = tmp_path / f"resumed-np{np}"
+        shutil.copytree(written, run_dir)
+        proc = train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"])
+        assert "phase=resume from=" in proc.stdout
+        assert result(proc, run_dir) == reference, (np, stage)
+
+
+def test_a_hessian_interval_below_one_is_a_one_line_config_error(tmp_path):
+    for value in ("0", "-3"):
+        proc = train(1, tmp_path / f"bad{value}", ["training.steps=2", f"optimizer.sophia_k={value}"], check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if "optimizer.sophia_k" in line]
+        assert len(lines) == 1, proc.stderr
