@@ -1,7 +1,7 @@
 """SophiaG and the trainer's Hessian pass (optim/sophia.cc, Trainer::HessianPass) through the real
 `crucible` binary on a Llama of 41k parameters: with optimizer.sophia_k = 2 the Hessian pass runs
 at steps 2, 4, 6 (targets sampled from the model's logits by Philox on the seed, step, sample and
-position). Every rank count and ZeRO stage must give the losses, gradient norms, SophiaG metrics
+position). Every rank count, ZeRO stage and overlap setting must give the losses, gradient norms, SophiaG metrics
 and final weights of one rank; a resume at step 3, between two Hessian steps, the bits of the
 uninterrupted run; sophia_k <= 0 one line and exit 2."""
 import json
@@ -48,11 +48,13 @@ def test_every_rank_count_and_zero_stage_gives_the_bits_of_one_rank(tmp_path):
     # The Hessian estimate the update divides by is 0 until the pass of step 2, positive after it.
     assert steps[1][5] == 0 and steps[2][5] > 0, steps
     assert all(0 < s[3] <= 1 for s in steps), steps
-    for np, stage in [(2, 0), (2, 1), (2, 3), (4, 1), (4, 3)]:
-        run_dir = tmp_path / f"np{np}-z{stage}"
-        proc = train(np, run_dir, ["training.steps=5", f"parallelism.zero_stage={stage}"])
+    for np, stage, overlap in [(2, 0, "true"), (2, 1, "true"), (2, 1, "false"), (2, 3, "true"), (2, 3, "false"),
+                               (4, 1, "true"), (4, 3, "true")]:
+        run_dir = tmp_path / f"np{np}-z{stage}-{overlap}"
+        proc = train(np, run_dir, ["training.steps=5", f"parallelism.zero_stage={stage}",
+                                   f"parallelism.overlap_grad_reduce={overlap}"])
         assert f"ranks={np} zero_stage={stage}" in proc.stdout
-        assert result(proc, run_dir) == reference, (np, stage)
+        assert result(proc, run_dir) == reference, (np, stage, overlap)
 
 
 def test_the_hessian_pass_changes_the_run_and_follows_its_interval(tmp_path):
