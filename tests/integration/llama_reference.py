@@ -127,6 +127,13 @@ def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads):
     np.savez(out_path, **out)
 
 
+def each_parameter(optimizer):
+    """(group, parameter) of every parameter of a torch optimizer, in group order."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            yield group, p
+
+
 class Lion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2), as
     published; PyTorch has none: c = b1 m + (1 - b1) g; w = w (1 - lr wd) - lr sign(c);
@@ -137,13 +144,12 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
+        for group, p in each_parameter(self):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
-                c = beta1 * m + (1 - beta1) * p.grad
-                p.mul_(1 - group["lr"] * group["weight_decay"]).add_(torch.sign(c), alpha=-group["lr"])
-                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+            m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+            c = beta1 * m + (1 - beta1) * p.grad
+            p.mul_(1 - group["lr"] * group["weight_decay"]).add_(torch.sign(c), alpha=-group["lr"])
+            m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
 class SophiaG(torch.optim.Optimizer):
@@ -159,22 +165,18 @@ class SophiaG(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            beta1, _ = group["betas"]
-            for p in group["params"]:
-                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
-                h = self.state[p].setdefault("hessian", torch.zeros_like(p))
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                p.add_(torch.clamp(m / torch.clamp(group["rho"] * h, min=1e-15), -1, 1), alpha=-group["lr"])
+        for group, p in each_parameter(self):
+            m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+            h = self.state[p].setdefault("hessian", torch.zeros_like(p))
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            m.mul_(group["betas"][0]).add_(p.grad, alpha=1 - group["betas"][0])
+            p.add_(torch.clamp(m / torch.clamp(group["rho"] * h, min=1e-15), -1, 1), alpha=-group["lr"])
 
     @torch.no_grad()
     def update_hessian(self):
-        for group in self.param_groups:
-            _, beta2 = group["betas"]
-            for p in group["params"]:
-                h = self.state[p].setdefault("hessian", torch.zeros_like(p))
-                h.mul_(beta2).add_(self.batch_tokens * p.grad * p.grad, alpha=1 - beta2)
+        for group, p in each_parameter(self):
+            h = self.state[p].setdefault("hessian", torch.zeros_like(p))
+            h.mul_(group["betas"][1]).add_(self.batch_tokens * p.grad * p.grad, alpha=1 - group["betas"][1])
 
 
 def philox4x32(counter, key):

@@ -4,41 +4,23 @@ at steps 2, 4, 6 (targets sampled from the model's logits by Philox on the seed,
 position). Every rank count, ZeRO stage and overlap setting must give the losses, gradient norms, SophiaG metrics
 and final weights of one rank; a resume at step 3, between two Hessian steps, the bits of the
 uninterrupted run; sophia_k <= 0 one line and exit 2."""
-import json
-import os
-import re
-import shutil
-import subprocess
-
 from conftest import crucible_binary
+from rank_runs import mpirun_train, resume_runs, steps_and_digest
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 TINY = ["model.vocab_size=256", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
         "model.ffn_hidden_dim=96", "training.seq_len=16", "training.local_batch_size=1",
         "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=1",
         "lr_scheduler.decay_type=constant", "optimizer.lr=0.003", "optimizer.name=SophiaG",
         "optimizer.sophia_k=2", "optimizer.beta1=0.965", "optimizer.beta2=0.99", "optimizer.sophia_rho=0.04"]
-METRICS = ("sophia/clipped_fraction", "sophia/hessian_min", "sophia/hessian_max")
+FIELDS = ("loss", "grad_norm", "sophia/clipped_fraction", "sophia/hessian_min", "sophia/hessian_max")
 
 
 def train(np, run_dir, settings, check=True):
-    args = ["mpirun", "-np", str(np)]
-    for key in MPI_ENV:
-        args += ["-x", key]
-    args += [crucible_binary(), "train"]
-    for item in TINY + settings + [f"job.dump_folder={run_dir}"]:
-        args += ["--set", item]
-    proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=120)
-    if check:
-        assert proc.returncode == 0, f"mpirun -np {np} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+    return mpirun_train([crucible_binary(), "train"], np, run_dir, TINY + settings, check)
 
 
 def result(proc, run_dir):
-    steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
-    return [(s["step"], s["loss"], s["grad_norm"]) + tuple(s[m] for m in METRICS) for s in steps], digest
+    return steps_and_digest(proc, run_dir, FIELDS)
 
 
 def test_every_rank_count_and_zero_stage_gives_the_bits_of_one_rank(tmp_path):
@@ -67,16 +49,10 @@ def test_the_hessian_pass_changes_the_run_and_follows_its_interval(tmp_path):
 
 
 def test_a_resume_between_two_hessian_steps_is_bit_exact_on_another_layout(tmp_path):
-    settings = ["training.steps=6", "checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
-    straight = tmp_path / "straight"
-    reference = result(train(1, straight, settings), straight)
-    written = tmp_path / "written"
-    train(2, written, ["training.steps=3", "checkpoint.interval=3", "checkpoint.keep_latest_k=0",
-                       "parallelism.zero_stage=1"])
-    for np, stage in [(4, 3), (1, 1)]:
-        run_dir = tmp_path / f"resumed-np{np}"
-        shutil.copytree(written, run_dir)
-        proc = train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"])
+    # Written at step 3 on two ranks (ZeRO-1), between the Hessian passes of steps 2 and 4.
+    straight, _, resumed = resume_runs(train, tmp_path, [(4, 3), (1, 1)])
+    reference = result(*straight)
+    for np, stage, proc, run_dir in resumed:
         assert "phase=resume from=" in proc.stdout
         assert result(proc, run_dir) == reference, (np, stage)
 
