@@ -66,8 +66,8 @@ struct TensorUpdate {
 //   kMean  acc[0] and acc[1] are sums (say clipped coordinates and coordinates); the value is
 //          acc[0] / acc[1]. Counts kept below 2^53 add exactly in any order.
 //   kMin, kMax  acc[0] is the minimum / maximum seen (starts at +inf / -inf); acc[1] unused.
-// A metric above `warn_above` on a step from `warn_from_step` on logs `warning` (one line naming
-// the step and the value) on rank 0.
+// A metric that goes above `warn_above` on a step from `warn_from_step` on logs `warning` (one
+// line naming the step and the value) on rank 0, again only after it has come back below.
 struct OptimizerMetric {
   enum Reduce { kMean, kMin, kMax };
   std::string name;

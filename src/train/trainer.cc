@@ -466,9 +466,14 @@ void Trainer::ReportOptimizerMetrics(int64_t step, StepReport& report) {
   const std::vector<double> values = optimizer_->ReduceMetrics();
   if (values.empty()) return;
   const std::vector<OptimizerMetric> specs = optimizer_config_.optimizer->metrics();
+  metric_warned_.resize(specs.size(), false);
   for (size_t j = 0; j < specs.size(); ++j) {
     report.optimizer_metrics.emplace_back(specs[j].name, values[j]);
-    if (leader() && step >= specs[j].warn_from_step && values[j] > specs[j].warn_above)
+    // Once when a metric crosses its threshold, again only after it has come back below.
+    const bool above = step >= specs[j].warn_from_step && values[j] > specs[j].warn_above;
+    const bool warn = above && !metric_warned_[j];
+    metric_warned_[j] = above;
+    if (leader() && warn)
       LogWarn(StrFormat("step %lld: %s = %.4f (above %g): %s", (long long)step,
                         specs[j].name.c_str(), values[j], specs[j].warn_above,
                         specs[j].warning.c_str()));

@@ -107,7 +107,8 @@ class Trainer {
   // The global gradient norm (NaN where `finite` is false), and the clip applied to grads_.
   double ClipGradients(bool finite);
   void HessianPass(const Batch& batch, int64_t step, double lr);
-  // The optimizer's metrics of this step into `report`, with their warnings (rank 0).
+  // The optimizer's metrics of this step into `report`, with their warnings (rank 0: once when
+  // a metric crosses its threshold).
   void ReportOptimizerMetrics(int64_t step, StepReport& report);
   // ---- the end ----
   int Finish(const Timer& train_timer);
@@ -154,6 +155,7 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   std::vector<double> micro_losses_, micro_weights_;
   std::vector<int32_t> sampled_targets_;  // one micro-batch's, for the Hessian pass
+  std::vector<bool> metric_warned_;       // per optimizer metric: above its threshold last step
   int64_t valid_local_ = 0;
   float loss_scale_ = 0;
   double normalizer_ = 0;

@@ -63,3 +63,11 @@ def test_a_hessian_interval_below_one_is_a_one_line_config_error(tmp_path):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = [line for line in proc.stderr.splitlines() if "optimizer.sophia_k" in line]
         assert len(lines) == 1, proc.stderr
+
+
+def test_a_clipped_fraction_above_the_threshold_warns_once_from_the_step_after_the_first_estimate(tmp_path):
+    proc = train(1, tmp_path / "warn", ["training.steps=6", "optimizer.sophia_clip_warn=0.5"])
+    steps = result(proc, tmp_path / "warn")[0]
+    assert all(s[3] > 0.5 for s in steps), steps  # above it on every step, steps 1-2 (h = 0) included
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "sophia/clipped_fraction" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: step 3: "), warnings
