@@ -3,8 +3,8 @@
 of the algorithm, or because its Newton-Schulz iterations run in bf16? Trains the `debug` model
 with Muon at increasing LRs, Newton-Schulz in fp32 and in exactly emulated bf16
 (optimizer.ns_precision), and prints per run: the final loss, the largest Newton-Schulz iterate
-entry and the largest distance from orthogonality seen (metrics.jsonl's opt_ns_max_abs and
-opt_ns_orthogonality), and whether the run diverged.
+entry and the largest distance from orthogonality seen (metrics.jsonl's muon/ns_max_abs and
+muon/ns_orthogonality), and whether the run diverged.
 
     .venv/bin/python bench/muon_ns_precision.py [--steps 30] [--lrs 0.02,0.2,1,4]
 """
@@ -39,8 +39,8 @@ def main():
                      "--set", f"job.dump_folder={run_dir}", "--set", "metrics.peak_gflops=100"],
                     capture_output=True, text=True)
                 records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-                entry = max(r.get("opt_ns_max_abs") or float("nan") for r in records)
-                orth = max(r.get("opt_ns_orthogonality") or float("nan") for r in records)
+                entry = max(r.get("muon/ns_max_abs") or float("nan") for r in records)
+                orth = max(r.get("muon/ns_orthogonality") or float("nan") for r in records)
                 print(f"| {lr} | {precision} | {proc.returncode} | {records[-1]['loss']:.3f} | {entry:.3f} | {orth:.3f} |",
                       flush=True)
 

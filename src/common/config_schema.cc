@@ -116,8 +116,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "element type of a flat token file: uint16 or uint32", true},
 
       // [optimizer]
-      {"optimizer.name", T::kString, V(std::string("AdamW")), "AdamW, SGD, Lion, Muon or Mano",
-       true},
+      {"optimizer.name", T::kString, V(std::string("AdamW")),
+       "AdamW, SGD, Lion, SophiaG, Muon or Mano", true},
       {"optimizer.lr", T::kFloat, V(3e-4), "peak learning rate", true, AtLeast(0)},
       {"optimizer.beta1", T::kFloat, V(0.9), "first-moment decay (SGD: momentum)", true,
        HalfOpen(0, 1)},
@@ -151,6 +151,13 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "Muon: update scale, moonlight (0.2 sqrt(max(m, n))) or keller (sqrt(max(1, m/n)))", true},
       {"optimizer.muon_nesterov", T::kBool, V(true), "Muon: Nesterov momentum", true},
       {"optimizer.mano_nesterov", T::kBool, V(false), "Mano: Nesterov momentum", true},
+      {"optimizer.sophia_k", T::kInt, V(int64_t{10}),
+       "SophiaG: steps between Hessian estimates (an extra forward and backward pass)", true,
+       kPositiveSize},
+      {"optimizer.sophia_rho", T::kFloat, V(0.04), "SophiaG: clipping scale rho", true,
+       AtLeast(kFloat32Min)},
+      {"optimizer.sophia_clip_warn", T::kFloat, V(0.9),
+       "SophiaG: warn when more than this fraction of coordinates is clipped", true, Closed(0, 1)},
 
       // [lr_scheduler]
       {"lr_scheduler.warmup_steps", T::kInt, V(int64_t{10}), "linear warmup steps", true,

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/error.h"
+
 namespace crucible {
 
 void ShardedOptimizer::MakeFullState() {
@@ -11,36 +13,34 @@ void ShardedOptimizer::MakeFullState() {
   ReleaseFullState();
 }
 
-std::vector<std::pair<std::string, double>> ShardedOptimizer::Diagnostics() {
-  std::vector<std::pair<std::string, double>> out;
-  std::vector<double> mine;
-  for (const ShardState& state : local_->State()) {
-    if (!state.spec.diagnostic) continue;
-    double largest = -std::numeric_limits<double>::infinity();
-    for (float value : state.values)
-      largest = std::isnan(value) || std::isnan(largest) ? std::nan("")
-                                                         : std::max<double>(largest, value);
-    out.emplace_back(state.spec.name, largest);
-    mine.push_back(largest);
-  }
-  if (mine.empty()) return out;
-  Communicator& comm = data_parallel_.comm();
-  std::vector<double> all(mine.size() * comm.size());
-  comm.AllGatherDouble(mine.data(), all.data(), mine.size(), "optimizer diagnostics");
-  for (size_t i = 0; i < out.size(); ++i) {
-    double largest = -std::numeric_limits<double>::infinity();
-    for (int r = 0; r < comm.size(); ++r) {
-      const double value = all[r * mine.size() + i];
-      largest = std::isnan(value) || std::isnan(largest) ? std::nan("") : std::max(largest, value);
-    }
-    out[i].second = largest;
-  }
-  return out;
-}
-
 void ShardedOptimizer::ReleaseFullState() {
   if (full_)
     for (const ShardState& state : full_->State()) std::vector<float>().swap(state.values);
+}
+
+std::vector<double> ShardedOptimizer::ReduceMetrics() {
+  const std::vector<OptimizerMetric> specs = config_.optimizer->metrics();
+  if (specs.empty()) return {};
+  const std::vector<double>& mine = local_->metric_accumulators();
+  Communicator& comm = data_parallel_.comm();
+  const size_t ranks = static_cast<size_t>(comm.size()), width = 2 * specs.size();
+  std::vector<double> all(ranks * width);
+  comm.AllGatherDouble(mine.data(), all.data(), width, "optimizer-metrics all-gather");
+  std::vector<double> values(specs.size());
+  for (size_t j = 0; j < specs.size(); ++j) {
+    double a = all[2 * j], b = all[2 * j + 1];
+    for (size_t q = 1; q < ranks; ++q) {  // rank order
+      const double x = all[q * width + 2 * j], y = all[q * width + 2 * j + 1];
+      if (specs[j].reduce == OptimizerMetric::kMean) {
+        a += x;
+        b += y;
+      } else {
+        a = specs[j].reduce == OptimizerMetric::kMin ? std::min(a, x) : std::max(a, x);
+      }
+    }
+    values[j] = specs[j].reduce == OptimizerMetric::kMean ? a / b : a;
+  }
+  return values;
 }
 
 FlatRangeOptimizer::FlatRangeOptimizer(const OptimizerConfig& config, const ParameterTable& table,
@@ -54,6 +54,18 @@ FlatRangeOptimizer::FlatRangeOptimizer(const OptimizerConfig& config, const Para
 void FlatRangeOptimizer::Step(float* weights, const float* grads, double lr, int64_t step,
                               size_t base) {
   local_->Step(weights, grads, lr, step, base);
+}
+
+void FlatRangeOptimizer::UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                                       size_t base) {
+  local_->UpdateHessian(weights, grads, lr, step, base);
+}
+
+void MatrixOwnerOptimizer::UpdateHessian(float*, const float*, double, int64_t, size_t) {
+  throw Error(kExitFailure,
+              "internal: optimizer " + config_.name +
+                  " updates whole matrices and has a Hessian estimate: the owners' Hessian "
+                  "update is not implemented");
 }
 
 void FlatRangeOptimizer::GatherFullState() {

@@ -52,6 +52,14 @@ class ShardedOptimizer {
   // schedule's learning rate of this step; `step` counts from 1; weights and grads as the header
   // says.
   virtual void Step(float* weights, const float* grads, double lr, int64_t step, size_t base) = 0;
+  // The optimizer's Hessian update (Optimizer::hessian_interval) from `grads`, laid out as Step's
+  // (collective as Step). The weights are read, not changed.
+  virtual void UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                             size_t base) = 0;
+  // Collective where the optimizer declares metrics (none: returns {} and communicates nothing):
+  // the value of each of its metrics() over the last Step on every rank, reduced in rank order
+  // (OptimizerMetric), so every rank layout gives the same values.
+  std::vector<double> ReduceMetrics();
 
   // The state of every parameter in the layout of OptimizerShard(config, table, 0, n): what
   // Checkpointing saves and loads. Outlives every call below.
@@ -62,11 +70,6 @@ class ShardedOptimizer {
   virtual void ScatterFullState() = 0;
   // Frees full_state()'s buffers (Checkpointing::Resume and GatherFullState allocate them again).
   void ReleaseFullState();
-
-  // Collective (when the optimizer declares diagnostic state; else empty and local): for each
-  // diagnostic StateSpec, its name and the largest value over every tensor of every rank (NaN
-  // when any is NaN), in declaration order.
-  std::vector<std::pair<std::string, double>> Diagnostics();
 
   // This rank's own state, for the memory report.
   std::vector<ShardState> LocalState() { return local_->State(); }
@@ -93,6 +96,8 @@ class FlatRangeOptimizer final : public ShardedOptimizer {
   FlatRangeOptimizer(const OptimizerConfig& config, const ParameterTable& table,
                      DataParallel& data_parallel);
   void Step(float* weights, const float* grads, double lr, int64_t step, size_t base) override;
+  void UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                     size_t base) override;
   void GatherFullState() override;
   void ScatterFullState() override;
 };
@@ -103,6 +108,9 @@ class MatrixOwnerOptimizer final : public ShardedOptimizer {
   MatrixOwnerOptimizer(const OptimizerConfig& config, const ParameterTable& table,
                        DataParallel& data_parallel);
   void Step(float* weights, const float* grads, double lr, int64_t step, size_t base) override;
+  // No whole-matrix optimizer has a Hessian estimate yet: an internal error.
+  void UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                     size_t base) override;
   void GatherFullState() override;
   void ScatterFullState() override;
   size_t BufferBytes() const override;

@@ -199,12 +199,24 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   k::matmul_forward(b.logits.data(), b.lnf.data(), head, N, C, V);
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
+  return LossOfTargets();
+}
+
+LossSum LlamaModel::Retarget(const int32_t* targets) {
+  std::memcpy(buffers_->targets.data(), targets, B_ * T_ * sizeof(int32_t));
+  return LossOfTargets();
+}
+
+LossSum LlamaModel::LossOfTargets() {
+  Buffers& b = *buffers_;
+  const int64_t N = B_ * T_, V = config_.vocab_size;
+  const int32_t* targets = b.targets.data();
   k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
   // In position order; without weights each w_i is 1 and w_i * l_i is l_i exactly.
   LossSum sum;
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] < 0) continue;
-    const double w = loss_weights ? static_cast<double>(loss_weights[i]) : 1.0;
+    const double w = loss_weights_ ? static_cast<double>(loss_weights_[i]) : 1.0;
     sum.loss += w * b.losses[i];
     sum.weight += w;
   }

@@ -120,6 +120,7 @@ class LlamaModel final : public Model {
   LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                   const float* loss_weights) override;
   const float* logits() const override;
+  LossSum Retarget(const int32_t* targets) override;
   const float* losses() const override;
   void Backward(ParameterAccess& access, float loss_scale) override;
 
@@ -133,6 +134,8 @@ class LlamaModel final : public Model {
 
  private:
   struct Buffers;
+  // The cross-entropies of the logits against the stored targets, and their loss sum.
+  LossSum LossOfTargets();
   LlamaConfig config_;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and

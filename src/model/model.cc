@@ -27,6 +27,12 @@ const Entry& Find(const std::string& name) {
 
 }  // namespace
 
+LossSum Model::Retarget(const int32_t*) {
+  throw UsageError(
+      "this model cannot replace the targets of a forward pass, which the optimizer's Hessian "
+      "estimate needs (optimizer.name); choose another optimizer");
+}
+
 ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf) {
   Models().Add(name, Entry{build, hf});
 }

@@ -58,6 +58,11 @@ class Model {
   virtual const float* logits() const = 0;
   // Per-position cross-entropies l_i (B*T) of the last Forward, unweighted; 0 where ignored.
   virtual const float* losses() const = 0;
+  // Replaces the targets of the last Forward (before its Backward): the next Backward is the
+  // gradient against `targets` (B,T; -1 ignored), with the same loss weights; returns their loss
+  // sum. For a Hessian pass against targets sampled from logits() (train/sampled_targets.h). A
+  // model without it refuses an optimizer that needs it (the default: an error naming it).
+  virtual LossSum Retarget(const int32_t* targets);
   // The gradient of loss_scale * (the loss sum of the last Forward), written over every unit's
   // gradient through `access`.
   virtual void Backward(ParameterAccess& access, float loss_scale) = 0;

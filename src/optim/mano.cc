@@ -18,6 +18,7 @@
 // 0.2 sqrt(size_d) U (the update per unit learning rate; 0.2 unless T vanishes somewhere).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -33,7 +34,12 @@ class Mano final : public Optimizer {
   ShardMode shard_mode() const override { return ShardMode::kWholeMatrix; }
   bool matrices_only() const override { return true; }
   std::vector<StateSpec> state() const override {
-    return {{"momentum_buffer"}, {"mano_steps", 1}, {"update_rms", 1, true}};
+    return {{"momentum_buffer"}, {"mano_steps", 1}, {"update_rms", 1}};
+  }
+  // Each step's largest update_rms over the matrices (metrics.jsonl).
+  std::vector<OptimizerMetric> metrics() const override {
+    return {
+        {"mano/update_rms", OptimizerMetric::kMax, std::numeric_limits<double>::infinity(), 1, ""}};
   }
 
   void Update(const TensorUpdate& u) const override {
@@ -80,6 +86,7 @@ class Mano final : public Optimizer {
     u.state[1][0] += 1.0f;
     const float rms = static_cast<float>(scale * std::sqrt(square / static_cast<double>(n)));
     u.state[2][0] = rms;
+    if (!u.metrics.empty()) u.metrics[0] = MaxOrNan(u.metrics[0], rms);
     if (!std::isfinite(rms))
       LogWarn(StrFormat("mano: update of %s is not finite at step %lld", u.param.name.c_str(),
                         (long long)u.step));

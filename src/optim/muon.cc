@@ -22,6 +22,7 @@
 // warning names the matrix when an iterate is non-finite or above optimizer.ns_warn_max.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/bfloat16.h"
 #include "common/error.h"
@@ -113,7 +114,14 @@ class Muon final : public Optimizer {
   ShardMode shard_mode() const override { return ShardMode::kWholeMatrix; }
   bool matrices_only() const override { return true; }
   std::vector<StateSpec> state() const override {
-    return {{"momentum_buffer"}, {"ns_max_abs", 1, true}, {"ns_orthogonality", 1, true}};
+    return {{"momentum_buffer"}, {"ns_max_abs", 1}, {"ns_orthogonality", 1}};
+  }
+  // Each step's largest ns_max_abs and ns_orthogonality over the matrices (metrics.jsonl).
+  std::vector<OptimizerMetric> metrics() const override {
+    return {{"muon/ns_max_abs", OptimizerMetric::kMax, warn_max_, 1,
+             "a Newton-Schulz iterate grew past optimizer.ns_warn_max (docs/optimizers.md)"},
+            {"muon/ns_orthogonality", OptimizerMetric::kMax,
+             std::numeric_limits<double>::infinity(), 1, ""}};
   }
 
   void Update(const TensorUpdate& u) const override {
@@ -139,6 +147,10 @@ class Muon final : public Optimizer {
     for (int64_t i = 0; i < n; ++i) w[i] = w[i] * s.decay - step * update[i];
     u.state[1][0] = r.max_abs;
     u.state[2][0] = r.orthogonality;
+    if (!u.metrics.empty()) {  // the largest over the step's matrices (NaN stays NaN)
+      u.metrics[0] = MaxOrNan(u.metrics[0], r.max_abs);
+      u.metrics[2] = MaxOrNan(u.metrics[2], r.orthogonality);
+    }
     if (!std::isfinite(r.max_abs) || r.max_abs > warn_max_)
       LogWarn(StrFormat(
           "muon: Newton-Schulz iterate of %s degraded at step %lld: max |entry| %g "

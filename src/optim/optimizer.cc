@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include "common/error.h"
 #include "common/registry.h"
 
 namespace crucible {
@@ -11,6 +12,10 @@ Registry<OptimizerFactory>& Optimizers() {
 }
 
 }  // namespace
+
+void Optimizer::UpdateHessian(const TensorUpdate&) const {
+  throw Error(kExitFailure, "internal: UpdateHessian on an optimizer with no Hessian estimate");
+}
 
 OptimizerRegistrar::OptimizerRegistrar(const char* name, OptimizerFactory factory) {
   Optimizers().Add(name, factory);

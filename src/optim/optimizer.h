@@ -14,8 +14,11 @@
 //                 (optim/matrix_owners.h assigns the owners).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -37,10 +40,6 @@ struct StateSpec {
   // tensor (e.g. a per-matrix scalar), allowed for kWholeMatrix optimizers only: a tensor cut
   // between ranks would have one copy per rank.
   size_t per_tensor = 0;
-  // A per-tensor value the optimizer writes at each update for monitoring and never reads back
-  // (Muon's largest Newton-Schulz iterate, ...): the trainer logs its largest value over every
-  // tensor each step, as "opt_<name>" in metrics.jsonl. Still saved in checkpoints.
-  bool diagnostic = false;
 };
 
 // What one update sees of one parameter tensor.
@@ -57,7 +56,34 @@ struct TensorUpdate {
   // One span per StateSpec, in declaration order: a per-element state is aligned with
   // `weights`; a per-tensor state holds the tensor's n floats.
   std::span<const std::span<float>> state;
+  // Tokens per global batch (OptimizerConfig::batch_tokens): SophiaG scales its Hessian by it.
+  double batch_tokens = 0;
+  // Accumulators of the optimizer's metrics(): two doubles per metric, in declaration order
+  // (empty when it declares none). See OptimizerMetric for what each holds.
+  std::span<double> metrics = {};
 };
+
+// A number an optimizer reports of each step (metrics.jsonl, under `name`), reduced over every
+// tensor of the step and every rank in a fixed order, so it is the same for any rank layout:
+//   kMean  acc[0] and acc[1] are sums (say clipped coordinates and coordinates); the value is
+//          acc[0] / acc[1]. Counts kept below 2^53 add exactly in any order.
+//   kMin, kMax  acc[0] is the minimum / maximum seen (starts at +inf / -inf); acc[1] unused.
+// A metric that goes above `warn_above` on a step from `warn_from_step` on logs `warning` (one
+// line naming the step and the value) on rank 0, again only after it has come back below.
+struct OptimizerMetric {
+  enum Reduce { kMean, kMin, kMax };
+  std::string name;
+  Reduce reduce = kMean;
+  double warn_above = std::numeric_limits<double>::infinity();
+  int64_t warn_from_step = 1;
+  std::string warning;
+};
+
+// The larger of an accumulated maximum and a value, NaN once either is NaN (std::fmax would drop
+// it): how a kMax metric keeps a non-finite value visible.
+inline double MaxOrNan(double accumulated, double value) {
+  return std::isnan(accumulated) || std::isnan(value) ? std::nan("") : std::max(accumulated, value);
+}
 
 // The settings of an update in float, as torch's optimizers compute them: the group's learning
 // rate, betas and eps, and the decoupled weight decay's factor 1 - lr x weight_decay.
@@ -85,6 +111,18 @@ class Optimizer {
   // then names the optimizer of the "matrices" group, and the other groups (embeddings, head,
   // norms) are updated by AdamW with the optimizer.adamw_* keys (optim/per_group_optimizer.h).
   virtual bool matrices_only() const { return false; }
+
+  // ---- optional: a Hessian-diagonal estimate (SophiaG), one seam for any optimizer ----
+  // k > 0: on every step with step % k == 0, after that step's Update, the trainer runs one
+  // more forward and backward pass over the step's batch against targets sampled from the
+  // model's own logits (train/sampled_targets.h), reduces and clips those gradients exactly as
+  // the step's, and calls UpdateHessian with them in `grads` (the weights are the updated ones;
+  // state and metrics as in Update). 0 (the default): never; UpdateHessian is then not called.
+  // The phase is a function of the step, so a resume at any step continues it.
+  virtual int64_t hessian_interval() const { return 0; }
+  virtual void UpdateHessian(const TensorUpdate& update) const;
+  // The metrics Update accumulates (none by default).
+  virtual std::vector<OptimizerMetric> metrics() const { return {}; }
 };
 
 // Builds an optimizer; `config` is the run's resolved config, for keys of its own.

@@ -1,6 +1,7 @@
 #include "optim/optimizer_shard.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "common/error.h"
 #include "common/profile.h"
@@ -93,10 +94,21 @@ void OptimizerShard::Allocate(size_t elements) {
     state_.emplace_back(spec.per_tensor > 0 ? spec.per_tensor * slots_.size() : elements, 0.0f);
   }
   views_.resize(specs_.size());
+  metric_specs_ = config_.optimizer->metrics();
+  ResetMetrics();
+}
+
+void OptimizerShard::ResetMetrics() {
+  metrics_.assign(2 * metric_specs_.size(), 0.0);
+  for (size_t j = 0; j < metric_specs_.size(); ++j) {
+    const double inf = std::numeric_limits<double>::infinity();
+    if (metric_specs_[j].reduce == OptimizerMetric::kMin) metrics_[2 * j] = inf;
+    if (metric_specs_[j].reduce == OptimizerMetric::kMax) metrics_[2 * j] = -inf;
+  }
 }
 
 void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads, double lr,
-                                int64_t step) {
+                                int64_t step, bool hessian) {
   const Slot& slot = slots_[index];
   const ParamInfo& param = table_.params()[slot.tensor];
   const ParamGroup& group = config_.groups.Of(param.kind);
@@ -105,17 +117,38 @@ void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads
     views_[s] = per_tensor > 0 ? std::span<float>(state_[s].data() + index * per_tensor, per_tensor)
                                : std::span<float>(state_[s].data() + slot.state_offset, slot.count);
   }
-  config_.optimizer->Update({param, group.settings, lr * group.settings.lr_scale, step, slot.first,
-                             std::span<float>(weights, slot.count),
-                             std::span<const float>(grads, slot.count), views_});
+  const TensorUpdate update{param,
+                            group.settings,
+                            lr * group.settings.lr_scale,
+                            step,
+                            slot.first,
+                            std::span<float>(weights, slot.count),
+                            std::span<const float>(grads, slot.count),
+                            views_,
+                            config_.batch_tokens,
+                            metrics_};
+  if (hessian)
+    config_.optimizer->UpdateHessian(update);
+  else
+    config_.optimizer->Update(update);
 }
 
 void OptimizerShard::Step(float* weights, const float* grads, double lr, int64_t step,
                           size_t base) {
   ScopedKernelTimer profile_timer("optimizer");
+  ResetMetrics();
   for (size_t i = 0; i < slots_.size(); ++i) {
     const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;
     UpdateSlot(i, weights + (element - base), grads + (element - base), lr, step);
+  }
+}
+
+void OptimizerShard::UpdateHessian(float* weights, const float* grads, double lr, int64_t step,
+                                   size_t base) {
+  ScopedKernelTimer profile_timer("optimizer");
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;
+    UpdateSlot(i, weights + (element - base), grads + (element - base), lr, step, true);
   }
 }
 
@@ -131,6 +164,7 @@ void OptimizerShard::StepMatrix(size_t tensor, std::span<float> weights,
                 StrFormat("internal: StepMatrix(%zu) on a shard that does not hold that tensor "
                           "whole, or with spans of another size",
                           tensor));
+  if (tensor == slots_.front().tensor) ResetMetrics();  // owners update in ascending order
   UpdateSlot(static_cast<size_t>(slot - slots_.begin()), weights.data(), grads.data(), lr, step);
 }
 

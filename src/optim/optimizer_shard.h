@@ -31,6 +31,9 @@ struct OptimizerConfig {
   std::string others;  // "AdamW" where `name` is matrices-only (trains the other groups), else ""
   std::shared_ptr<const Optimizer> optimizer;  // stateless, shared by every shard
   ParamGroups groups;
+  // Tokens per global batch (TensorUpdate::batch_tokens); the trainer sets it from its
+  // TrainingConfig before it builds the shards.
+  double batch_tokens = 0;
 };
 // Reads and checks the [optimizer] keys (UsageError, exit 2, on an unknown name or settings that
 // cannot train). The peak learning rate is the schedule's (optim/lr_schedule.h).
@@ -69,6 +72,13 @@ class OptimizerShard {
   // `weights` and `grads` are its param.numel elements.
   void StepMatrix(size_t tensor, std::span<float> weights, std::span<const float> grads, double lr,
                   int64_t step);
+  // The optimizer's Hessian update of every element of the shard from `grads` (the sampled-target
+  // gradients, laid out as Step's); only for an optimizer with hessian_interval() > 0.
+  void UpdateHessian(float* weights, const float* grads, double lr, int64_t step, size_t base = 0);
+
+  // The accumulators of the optimizer's metrics() over this shard's tensors since the last Step
+  // (two doubles per metric, OptimizerMetric): Step starts them afresh.
+  const std::vector<double>& metric_accumulators() const { return metrics_; }
 
   // The state buffers, in the optimizer's declaration order.
   std::vector<ShardState> State();
@@ -81,7 +91,9 @@ class OptimizerShard {
     size_t tensor, first, count, state_offset;
   };
   void Allocate(size_t elements);  // `elements`: the size of each per-element buffer
-  void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step);
+  void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step,
+                  bool hessian = false);
+  void ResetMetrics();
 
   OptimizerConfig config_;
   const ParameterTable& table_;
@@ -89,6 +101,8 @@ class OptimizerShard {
   std::vector<Slot> slots_;
   std::vector<std::vector<float>> state_;  // one per spec
   std::vector<std::span<float>> views_;    // one per spec, reused by each update
+  std::vector<OptimizerMetric> metric_specs_;
+  std::vector<double> metrics_;  // two per metric spec
 };
 
 }  // namespace crucible

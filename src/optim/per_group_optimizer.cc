@@ -39,9 +39,12 @@ class PerGroupOptimizer final : public Optimizer {
     const bool matrix = IsHiddenMatrix(u.param.kind);
     std::span<const std::span<float>> state =
         matrix ? u.state.first(matrix_specs_) : u.state.subspan(matrix_specs_);
+    // The metrics are the matrices optimizer's: the others' tensors get none.
     (matrix ? matrices_ : others_)
-        ->Update({u.param, u.group, u.lr, u.step, u.first, u.weights, u.grads, state});
+        ->Update({u.param, u.group, u.lr, u.step, u.first, u.weights, u.grads, state,
+                  u.batch_tokens, matrix ? u.metrics : std::span<double>()});
   }
+  std::vector<OptimizerMetric> metrics() const override { return matrices_->metrics(); }
 
  private:
   std::shared_ptr<const Optimizer> matrices_, others_;

@@ -22,9 +22,6 @@ struct StepReport {
   double grad_norm_clipped = 0;  // after clipping; NaN when the update was skipped
   bool skipped = false;          // the update was skipped (train/step_guard.h)
   int64_t skipped_total = 0;     // updates skipped since step 1
-  // The optimizer's diagnostics of this update (ShardedOptimizer::Diagnostics; empty when it
-  // declares none or the update was skipped): name, largest value over every tensor.
-  std::vector<std::pair<std::string, double>> optimizer_diagnostics;
   int64_t global_batch = 0;      // samples of this step over every rank (a batch ramp grows it)
   int64_t consumed_samples = 0;  // global samples read by the end of this step
   int64_t tokens_seen = 0;
@@ -34,6 +31,9 @@ struct StepReport {
   double reduce_wait_seconds = 0;  // waited for the gradient reductions the backward did not hide
   double local_loss_sum = 0;       // this rank's micro-batches' loss sum
   int64_t local_valid_tokens = 0;  // and its targets that count
+  // The optimizer's metrics of the step (Optimizer::metrics, reduced over every rank), by name;
+  // empty when it declares none or the update was skipped.
+  std::vector<std::pair<std::string, double>> optimizer_metrics;
 };
 
 class TrainerHook {

@@ -40,7 +40,7 @@ constexpr double kBlowupFactor = 4.0;
 struct LrFindOptions {
   double min_lr = 1e-6, max_lr = 1.0;
   int64_t steps = 100;
-  double smoothing = 0.9;  // beta of the moving average of the loss, in [0, 1)
+  double smoothing = 0.9;   // beta of the moving average of the loss, in [0, 1)
   std::string out_dir;      // empty: <run directory>-lr-find, beside (never in) the run directory
   std::string apply_path;   // empty: no config copy
   std::string config_path;  // the input file (empty: defaults); --apply may not name it

@@ -85,8 +85,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"mfu", FiniteOrNull(r.mfu)},
                              {"step_seconds", r.step_seconds},
                              {"reduce_wait_s", r.reduce_wait_seconds}};
-    for (const auto& [name, value] : r.optimizer_diagnostics)
-      record["opt_" + name] = FiniteOrNull(value);
+    for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
     metrics_.Append(record);
   }
   if (rank_metrics_.is_open())

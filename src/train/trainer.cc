@@ -18,6 +18,7 @@
 #include "train/memory_plan.h"
 #include "train/metrics_log.h"
 #include "train/rank_agreement.h"
+#include "train/sampled_targets.h"
 #include "train/step_hooks.h"
 
 namespace crucible {
@@ -122,6 +123,12 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   rank_ = comm().rank();
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
+  // SophiaG's Hessian is scaled by the tokens of a global batch, fixed for the run.
+  if (optimizer_config_.optimizer->hessian_interval() > 0 && !training_.batches.constant())
+    throw UsageError("training.batch_ramp: optimizer.name = " + optimizer_config_.name +
+                     " scales its Hessian estimate by a fixed batch size; a batch ramp with it is "
+                     "not supported yet (remove training.batch_ramp or choose another optimizer)");
+  optimizer_config_.batch_tokens = static_cast<double>(training_.tokens_per_step(1));
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm());
@@ -152,6 +159,8 @@ void Trainer::AllocateState() {
   // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
   // needs them.
   optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
+  if (optimizer_config_.optimizer->hessian_interval() > 0)
+    sampled_targets_.resize(training_.shape.micro_batch * training_.shape.seq_len);
   checkpointing_ =
       std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
                                       &optimizer_->full_state(), training_.batches, rank_, world_);
@@ -331,7 +340,8 @@ StepReport Trainer::Step(int64_t step) {
       (step - 1) % training_.consistency_check_steps == 0)
     data_parallel_->CheckConsistency(weights_.data(), table().total(), step - 1);
   faults_->BeforeStep(step, sharded_access_.get());
-  const bool finite = ForwardBackward(NextBatch(), step);
+  const Batch& batch = NextBatch();
+  const bool finite = ForwardBackward(batch, step);
   StepReport r;
   r.step = step;
   r.last = step == training_.steps;
@@ -344,8 +354,14 @@ StepReport Trainer::Step(int64_t step) {
   r.grad_norm = GradNorm(finite);
   r.skipped = guard_->SkipUpdate(step, r.loss, r.grad_norm);
   r.grad_norm_clipped = r.skipped ? std::nan("") : ClipAndStep(step, r.lr, r.grad_norm);
-  if (!r.skipped) r.optimizer_diagnostics = optimizer_->Diagnostics();
   r.skipped_total = guard_->skipped();
+  for (double l : micro_losses_) r.local_loss_sum += l;  // before a Hessian pass reuses them
+  r.local_valid_tokens = valid_local_;
+  const int64_t hessian_interval = optimizer_config_.optimizer->hessian_interval();
+  if (!r.skipped) {  // the update ran, on every rank
+    ReportOptimizerMetrics(step, r);
+    if (hessian_interval > 0 && step % hessian_interval == 0) HessianPass(batch, step, r.lr);
+  }
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
   r.global_batch = training_.batches.GlobalBatch(step);
   r.consumed_samples = loader_->consumed_samples();
@@ -355,12 +371,10 @@ StepReport Trainer::Step(int64_t step) {
   r.step_seconds = step_timer.Seconds();
   r.tokens_per_second = static_cast<double>(training_.tokens_per_step(step)) / r.step_seconds;
   r.mfu = leader() ? mfu_meter_->Percent(r.tokens_per_second, step) : 0.0;  // rank 0 logs it
-  for (double l : micro_losses_) r.local_loss_sum += l;
-  r.local_valid_tokens = valid_local_;
   return r;
 }
 
-bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
+bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets) {
   const int64_t accumulation = training_.accumulation(step), rows = training_.shape.micro_batch;
   // Every micro-batch's gradient is scaled by the same 1/normalizer: the loss is the weighted
   // mean over the whole global batch (the count of its targets, for pre-training). The weight
@@ -390,7 +404,7 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
   else
     accumulator_->Zero();
   for (int64_t m = 0; m < accumulation; ++m) {
-    const int64_t nan_at = faults_->NanElement(step, m);
+    const int64_t nan_at = sampled_targets ? -1 : faults_->NanElement(step, m);
     if (replicated_) {
       replicated_->BeginMicroBatch(m + 1 == accumulation);
       replicated_->SetTestNan(nan_at);
@@ -400,6 +414,12 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step) {
                            ->Forward(*access_, batch.inputs_at(m * rows),
                                      batch.targets_at(m * rows), batch.loss_weights_at(m * rows))
                            .loss;
+    if (sampled_targets) {
+      SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
+                    model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,
+                    sampled_targets_.data());
+      micro_losses_[m] = model_->Retarget(sampled_targets_.data()).loss;
+    }
     model_->Backward(*access_, loss_scale_);
     if (!non_finite_where_.empty()) {
       finite = false;
@@ -434,7 +454,7 @@ double Trainer::GradNorm(bool finite) {
   return finite ? grad_norm : std::nan("");
 }
 
-double Trainer::ClipAndStep(int64_t step, double lr, double grad_norm) {
+double Trainer::ClipGradients(double grad_norm) {
   const float clip = ClipScale(grad_norm, training_.max_norm);
   if (clip < 1.0f) {
 #pragma omp parallel for schedule(static)
@@ -442,12 +462,54 @@ double Trainer::ClipAndStep(int64_t step, double lr, double grad_norm) {
          ++i)
       grads_[i - base_] *= clip;
   }
+  return clip < 1.0f ? grad_norm * clip : grad_norm;
+}
+
+double Trainer::ClipAndStep(int64_t step, double lr, double grad_norm) {
+  const double clipped = ClipGradients(grad_norm);
   detectors_->BeforeUpdate(weights_.data(), base_);
   optimizer_->Step(weights_.data(), grads_.data(), lr, step, base_);
   detectors_->AfterUpdate(weights_.data(), step, base_);
   divergence_->CheckWeights(weights_.data(), base_, update_begin_, update_end_, step);
   data_parallel_->GatherParams(weights_.data());
-  return clip < 1.0f ? grad_norm * clip : grad_norm;
+  return clipped;
+}
+
+// As the official SophiaG script: the same batch (its data order stays a function of the step),
+// the updated weights, the loss scaled as the step's (the mean over the global batch's targets),
+// the gradient clipped to training.max_norm as the step's. The weights do not change, so nothing
+// is gathered after it.
+void Trainer::HessianPass(const Batch& batch, int64_t step, double lr) {
+  const bool finite = ForwardBackward(batch, step, /*sampled_targets=*/true);
+  ReduceGradients(step);
+  const double grad_norm = GradNorm(finite);
+  if (!std::isfinite(grad_norm)) {
+    if (leader())
+      LogWarn(StrFormat(
+          "step %lld: non-finite gradient norm in the Hessian pass; skipping the Hessian update",
+          (long long)step));
+    return;
+  }
+  ClipGradients(grad_norm);
+  optimizer_->UpdateHessian(weights_.data(), grads_.data(), lr, step, base_);
+}
+
+void Trainer::ReportOptimizerMetrics(int64_t step, StepReport& report) {
+  const std::vector<double> values = optimizer_->ReduceMetrics();
+  if (values.empty()) return;
+  const std::vector<OptimizerMetric> specs = optimizer_config_.optimizer->metrics();
+  metric_warned_.resize(specs.size(), false);
+  for (size_t j = 0; j < specs.size(); ++j) {
+    report.optimizer_metrics.emplace_back(specs[j].name, values[j]);
+    // Once when a metric crosses its threshold, again only after it has come back below.
+    const bool above = step >= specs[j].warn_from_step && values[j] > specs[j].warn_above;
+    const bool warn = above && !metric_warned_[j];
+    metric_warned_[j] = above;
+    if (leader() && warn)
+      LogWarn(StrFormat("step %lld: %s = %.4f (above %g): %s", (long long)step,
+                        specs[j].name.c_str(), values[j], specs[j].warn_above,
+                        specs[j].warning.c_str()));
+  }
 }
 
 // After the last step: the final weights (checked, hashed, saved), the peak memory, the profile.

@@ -9,6 +9,10 @@
 //   GradNorm         the global gradient norm (NaN when a gradient was not finite)
 //   guards           whether to skip the update (non-finite, spike; train/step_guard.h)
 //   ClipAndStep      the clip, the optimizer update, the gather
+//   HessianPass      only for an optimizer with a Hessian estimate, every hessian_interval()
+//                    steps (optim/optimizer.h): one more ForwardBackward over the same batch
+//                    against targets sampled from the model's logits, reduced and clipped as
+//                    the step's gradients, into the optimizer's UpdateHessian
 //   hooks            metrics, validation, checkpoints and stop signals (train/hooks.h)
 //
 // It prints the progress-line contract (phase=start, phase=memory, step=..., done ...), writes
@@ -107,13 +111,21 @@ class Trainer {
   // ---- the step ----
   StepReport Step(int64_t step);
   const Batch& NextBatch() { return loader_->Next(); }
-  // Returns whether every gradient came out finite on every rank.
-  bool ForwardBackward(const Batch& batch, int64_t step);
+  // Returns whether every gradient came out finite on every rank. `sampled_targets`: against
+  // targets drawn from the model's own logits (train/sampled_targets.h) instead of the batch's,
+  // with no test faults (the Hessian pass).
+  bool ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets = false);
   double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
   // The global gradient norm before clipping; NaN unless every gradient is `finite`.
   double GradNorm(bool finite);
-  // Clips to training.max_norm and updates; returns the norm after clipping.
+  // Clips grads_ to training.max_norm (given their norm); returns the norm after clipping.
+  double ClipGradients(double grad_norm);
+  // Clips and updates; returns the norm after clipping.
   double ClipAndStep(int64_t step, double lr, double grad_norm);
+  void HessianPass(const Batch& batch, int64_t step, double lr);
+  // The optimizer's metrics of this step into `report`, with their warnings (rank 0: once when
+  // a metric crosses its threshold).
+  void ReportOptimizerMetrics(int64_t step, StepReport& report);
   // What a diverged or stopped run leaves to roll back to (for the messages).
   std::string LastCheckpoint() const;
   // ---- the end ----
@@ -162,6 +174,8 @@ class Trainer {
   std::unique_ptr<FaultInjector> faults_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<double> micro_losses_, micro_weights_;
+  std::vector<int32_t> sampled_targets_;  // one micro-batch's, for the Hessian pass
+  std::vector<bool> metric_warned_;       // per optimizer metric: above its threshold last step
   int64_t valid_local_ = 0;
   float loss_scale_ = 0;
   double normalizer_ = 0;

@@ -127,6 +127,13 @@ def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads):
     np.savez(out_path, **out)
 
 
+def each_parameter(optimizer):
+    """(group, parameter) of every parameter of a torch optimizer, in group order."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            yield group, p
+
+
 class Lion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2), as
     published; PyTorch has none: c = b1 m + (1 - b1) g; w = w (1 - lr wd) - lr sign(c);
@@ -137,13 +144,12 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
+        for group, p in each_parameter(self):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
-                c = beta1 * m + (1 - beta1) * p.grad
-                p.mul_(1 - group["lr"] * group["weight_decay"]).add_(torch.sign(c), alpha=-group["lr"])
-                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+            m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+            c = beta1 * m + (1 - beta1) * p.grad
+            p.mul_(1 - group["lr"] * group["weight_decay"]).add_(torch.sign(c), alpha=-group["lr"])
+            m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
 def newton_schulz(g, steps=5):
@@ -222,8 +228,66 @@ class Combined:
             o.step()
 
 
-def make_optimizer(name, groups, lr, beta1, beta2):
-    """torch's AdamW; SGD with momentum (decoupled decay applied by train_losses); Lion."""
+class SophiaG(torch.optim.Optimizer):
+    """SophiaG (Liu et al. 2023, Algorithm 3 with the Gauss-Newton-Bartlett estimator), as
+    published; PyTorch has none: w = w (1 - lr wd); m = b1 m + (1 - b1) g;
+    w = w - lr clip(m / max(rho h, 1e-15), 1); every k steps h = b2 h + (1 - b2) B g^ g^, g^ the
+    gradient of the mean loss against labels sampled from the model's logits, B the tokens per
+    batch. (The official code keeps h / B and writes rho B h in the denominator: the same.)"""
+
+    def __init__(self, params, lr, betas, rho, batch_tokens, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, rho=rho, weight_decay=weight_decay))
+        self.batch_tokens = batch_tokens
+
+    @torch.no_grad()
+    def step(self):
+        for group, p in each_parameter(self):
+            m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+            h = self.state[p].setdefault("hessian", torch.zeros_like(p))
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            m.mul_(group["betas"][0]).add_(p.grad, alpha=1 - group["betas"][0])
+            p.add_(torch.clamp(m / torch.clamp(group["rho"] * h, min=1e-15), -1, 1), alpha=-group["lr"])
+
+    @torch.no_grad()
+    def update_hessian(self):
+        for group, p in each_parameter(self):
+            h = self.state[p].setdefault("hessian", torch.zeros_like(p))
+            h.mul_(group["betas"][1]).add_(self.batch_tokens * p.grad * p.grad, alpha=1 - group["betas"][1])
+
+
+def philox4x32(counter, key):
+    """Philox-4x32-10 (Salmon et al. 2011) on Python ints, as src/common/philox.h."""
+    mask = 0xFFFFFFFF
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & mask, p1 & mask, ((p0 >> 32) ^ c3 ^ k1) & mask, p0 & mask
+        k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+    return c0, c1, c2, c3
+
+
+def sampled_labels(logits, seed, step, first_sample):
+    """Labels drawn from softmax(logits) (B, T, V), one 53-bit uniform per position from Philox
+    keyed on (seed, step, global sample, position) as Crucible's SampleTargets draws them."""
+    B, T, V = logits.shape
+    stream = 0x50F1A6E55A000000 ^ step
+    out = np.zeros((B, T), dtype=np.int64)
+    for b in range(B):
+        for t in range(T):
+            offset = 2 * ((first_sample + b) * T + t)
+            block = philox4x32((offset // 4 & 0xFFFFFFFF, offset // 4 >> 32, stream & 0xFFFFFFFF, stream >> 32),
+                               (seed & 0xFFFFFFFF, seed >> 32))
+            lane = offset % 4
+            u = (((block[lane] << 32) | block[lane + 1]) >> 11) / 9007199254740992.0
+            row = logits[b, t].astype(np.float64)
+            cumulative = np.cumsum(np.exp(row - row.max()))
+            out[b, t] = min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), V - 1)
+    return out
+
+
+def make_optimizer(name, groups, lr, beta1, beta2, s=None):
+    """torch's AdamW; SGD with momentum (decoupled decay applied by train_losses); Lion; SophiaG."""
     if name == "AdamW":
         return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=1e-8)
     if name == "SGD":
@@ -231,15 +295,20 @@ def make_optimizer(name, groups, lr, beta1, beta2):
                                lr=lr, momentum=beta1, dampening=0.0)
     if name == "Lion":
         return Lion(groups, lr=lr, betas=(beta1, beta2))
-    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion, Muon, Mano)")
+    if name == "SophiaG":
+        return SophiaG(groups, lr=lr, betas=(beta1, beta2), rho=s["sophia_rho"],
+                       batch_tokens=s["global_batch"] * s["seq_len"])
+    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion, SophiaG, Muon, Mano)")
 
 
 def train_losses(weights_path, stream_path, settings_path, out_path):
     """The per-step losses of an optimizer training the reference on consecutive windows of the
     token stream (.npy), with warmup and clipping as Crucible's trainer does; settings (JSON):
     n_heads, n_kv_heads, seq_len, global_batch, steps, lr, warmup, weight_decay, max_norm, and
-    optionally optimizer (AdamW, SGD, Lion; default AdamW), beta1, beta2 (0.9, 0.95),
-    decay_norms, decay_embeddings (false: norms and the embedding are not decayed)."""
+    optionally optimizer (AdamW, SGD, Lion, SophiaG; default AdamW), beta1, beta2 (0.9, 0.95),
+    decay_norms, decay_embeddings (false: norms and the embedding are not decayed); SophiaG:
+    sophia_k, sophia_rho, seed (the Hessian pass after the update of every step % k == 0, on
+    the step's batch, its gradient clipped as the step's)."""
     s = json.loads(open(settings_path).read())
     weights, _ = read_safetensors(weights_path)
     stream = np.load(stream_path)
@@ -257,7 +326,7 @@ def train_losses(weights_path, stream_path, settings_path, out_path):
                                                       weight_decay=s["weight_decay"])
         opt = Combined(matrices, make_optimizer("AdamW", rest, s["lr"], 0.9, 0.95))
     else:
-        opt = make_optimizer(name, groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95))
+        opt = make_optimizer(name, groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95), s)
     seq_len, batch = s["seq_len"], s["global_batch"]
     windows = (len(stream) - 1) // seq_len
     losses = []
@@ -276,6 +345,14 @@ def train_losses(weights_path, stream_path, settings_path, out_path):
                     p.mul_(1 - group["lr"] * group.get("decoupled", 0.0))
         opt.step()
         losses.append(loss.item())
+        if isinstance(opt, SophiaG) and step % s["sophia_k"] == 0:
+            opt.zero_grad()
+            logits = ref.forward(torch.tensor(samples[:, :-1]))
+            labels = sampled_labels(logits.detach().numpy(), s["seed"], step, (step - 1) * batch)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                              torch.tensor(labels).reshape(-1)).backward()
+            torch.nn.utils.clip_grad_norm_(list(named.values()), s["max_norm"])
+            opt.update_hessian()
     with open(out_path, "w") as f:
         json.dump(losses, f)
 

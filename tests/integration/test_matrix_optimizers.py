@@ -59,7 +59,7 @@ def test_a_tiny_run_trains_and_checkpoints_each_optimizers_state(tmp_path, optim
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     if optimizer == "Muon":
         for r in records:  # five quintic steps leave singular values in about 0.7..1.2
-            assert 0.5 < r["opt_ns_max_abs"] < 2 and 0 < r["opt_ns_orthogonality"] < 1, r
+            assert 0.5 < r["muon/ns_max_abs"] < 2 and 0 < r["muon/ns_orthogonality"] < 1, r
     else:
         for r in records:  # 0.2 sqrt(size_d) U has RMS 0.2 per matrix
-            assert abs(r["opt_update_rms"] - 0.2) < 1e-3, r
+            assert abs(r["mano/update_rms"] - 0.2) < 1e-3, r

@@ -97,13 +97,14 @@ def ten_steps_against_pytorch(tmp_path, torch_env, optimizer, lr, extra=()):
         f"optimizer.beta1={settings.get('beta1', 0.9)}", f"optimizer.beta2={settings.get('beta2', 0.95)}",
         "optimizer.eps=1e-8", f"lr_scheduler.warmup_steps={warmup}", "lr_scheduler.decay_type=constant",
         f"model.init_weights={weights_path}", "metrics.peak_gflops=100",
-    ] + [f"optimizer.{key}={str(value).lower()}" for key, value in extra if key.startswith("decay_")]
+    ] + [f"optimizer.{key}={str(value).lower()}" for key, value in extra
+         if key.startswith("decay_") or key.startswith("sophia_")]
     run_crucible("train", *sets(config))
     ours = [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
     assert len(ours) == steps
 
     np.save(tmp_path / "stream.npy", stream)
-    settings.update(n_heads=4, n_kv_heads=2, seq_len=seq_len, global_batch=global_batch, steps=steps, lr=lr,
+    settings.update(seed=7, n_heads=4, n_kv_heads=2, seq_len=seq_len, global_batch=global_batch, steps=steps, lr=lr,
                     warmup=warmup, weight_decay=wd, max_norm=max_norm, optimizer=optimizer)
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     version = torch_env.run(REFERENCE, "train", weights_path, tmp_path / "stream.npy", tmp_path / "settings.json",
@@ -120,18 +121,21 @@ def test_ten_adamw_steps_match_pytorch(tmp_path, torch_env):
     assert max(diffs) < 1e-5, list(zip(ours, expected))
 
 
-# SGD with momentum against torch.optim.SGD (the decoupled decay applied beside it), Lion against
-# its published rule in float64 (PyTorch has no Lion), AdamW with norms and the embedding decayed
-# too (its parameter groups); Muon (Keller Jordan's Newton-Schulz, Moonlight's scale) and Mano
-# (arXiv 2601.23000) written in the reference from their papers' equations, on the non-square
-# attention and MLP matrices, with AdamW on the embedding, head and norms. Same tolerance as AdamW.
+# SGD with momentum against torch.optim.SGD (the decoupled decay applied beside it), Lion and
+# SophiaG against their published rules in float64 (PyTorch has neither; SophiaG's Hessian pass at
+# steps 2, 4, ..., 10 with the labels drawn as Crucible draws them, from the float64 logits), AdamW
+# with norms and the embedding decayed too (its parameter groups); Muon (Keller Jordan's
+# Newton-Schulz, Moonlight's scale) and Mano (arXiv 2601.23000) written in the reference from
+# their papers' equations, on the non-square attention and MLP matrices, with AdamW on the
+# embedding, head and norms. Same tolerance as AdamW.
 @pytest.mark.parametrize("optimizer,lr,extra", [
     ("SGD", 0.3, (("beta1", 0.8),)),
     ("Lion", 3e-4, (("beta1", 0.9), ("beta2", 0.99))),
     ("AdamW", 3e-3, (("decay_norms", True), ("decay_embeddings", True))),
+    ("SophiaG", 3e-4, (("beta1", 0.965), ("beta2", 0.99), ("sophia_k", 2), ("sophia_rho", 0.04))),
     ("Muon", 0.02, (("beta1", 0.95),)),
     ("Mano", 0.02, (("beta1", 0.95),)),
-], ids=["sgd", "lion", "adamw-decay-all", "muon", "mano"])
+], ids=["sgd", "lion", "adamw-decay-all", "sophiag", "muon", "mano"])
 def test_ten_steps_of_each_optimizer_match_pytorch(tmp_path, torch_env, optimizer, lr, extra):
     ours, expected, version = ten_steps_against_pytorch(tmp_path, torch_env, optimizer, lr, extra)
     assert expected[-1] < expected[0] - 0.1, f"reference {optimizer} did not learn; the settings are wrong"

@@ -10,18 +10,14 @@ gradient norms and final weights of one rank, checkpoints the same optimizer.saf
 and a resume on another rank count and stage the bits of the uninterrupted run."""
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import crucible_binary
+from rank_runs import mpirun_train, resume_runs, steps_and_digest
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 TINY = ["model.vocab_size=256", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
         "model.ffn_hidden_dim=96", "training.seq_len=16", "training.local_batch_size=1",
         "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=1",
@@ -41,22 +37,15 @@ def train_program():
 
 
 def train(np, run_dir, settings, optimizer=TOY):
-    args = ["mpirun", "-np", str(np)]
-    for key in MPI_ENV:
-        args += ["-x", key]
-    args.append(train_program())
-    for item in TINY + [f"optimizer.name={optimizer}"] + settings + [f"job.dump_folder={run_dir}"]:
-        args += ["--set", item]
-    proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=120)
-    assert proc.returncode == 0, f"mpirun -np {np} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+    return mpirun_train([train_program()], np, run_dir, TINY + [f"optimizer.name={optimizer}"] + settings)
 
 
 def result(proc, run_dir):
-    steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
-    diagnostics = [sorted((k, v) for k, v in s.items() if k.startswith("opt_")) for s in steps]
-    return [(s["step"], s["loss"], s["grad_norm"]) for s in steps], diagnostics, digest
+    """Per step (step, loss, grad_norm, the optimizer's metrics), and the final weights' xxh3."""
+    steps, digest = steps_and_digest(proc, run_dir, ("loss", "grad_norm"))
+    metrics = [sorted((k, v) for k, v in json.loads(line).items() if "/" in k)
+               for line in open(run_dir / "metrics.jsonl")]
+    return steps, metrics, digest
 
 
 def file_digest(path):
@@ -83,20 +72,15 @@ def test_every_rank_count_stage_and_overlap_gives_the_bits_of_one_rank(tmp_path,
 
 @pytest.mark.parametrize("optimizer", [TOY, "Muon", "Mano"])
 def test_a_two_rank_zero1_checkpoint_resumes_bit_exact_on_four_ranks_zero3_and_on_one(tmp_path, optimizer):
-    settings = ["training.steps=6", "checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
-    straight = tmp_path / "straight"
-    reference = result(train(1, straight, settings, optimizer), straight)
-    # Two ranks at ZeRO-1 save step 3 (and stop there): the optimizer state every owner gathered to
-    # rank 0 is the file one rank writes.
-    written = tmp_path / "written"
-    train(2, written, ["training.steps=3", "checkpoint.interval=3", "checkpoint.keep_latest_k=0",
-                       "parallelism.zero_stage=1"], optimizer)
+    def train_with(np, run_dir, settings):
+        return train(np, run_dir, settings, optimizer)
+    (straight_proc, straight), written, resumed = resume_runs(train_with, tmp_path, [(4, 3), (1, 1)])
+    reference = result(straight_proc, straight)
+    # Two ranks at ZeRO-1 saved step 3 (and stopped there): the optimizer state every owner
+    # gathered to rank 0 is the file one rank writes.
     for name in ("optimizer.safetensors", "model.safetensors"):
         assert file_digest(written / "ckpt/step-3" / name) == file_digest(straight / "ckpt/step-3" / name), name
-    for np, stage in [(4, 3), (1, 1)]:
-        run_dir = tmp_path / f"resumed-np{np}"
-        shutil.copytree(written, run_dir)
-        proc = train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"], optimizer)
+    for np, stage, proc, run_dir in resumed:
         assert "phase=resume from=" in proc.stdout and "step=3" in proc.stdout
         assert result(proc, run_dir) == reference, (np, stage)
         assert (file_digest(run_dir / "ckpt/step-6/optimizer.safetensors")
