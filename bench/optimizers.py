@@ -66,8 +66,14 @@ def prepare_data(work):
     return blend, work / "heldout.jsonl", tokenizer
 
 
+# Each optimizer's published betas (docs/optimizers.md); AdamW keeps the project's defaults.
+PUBLISHED = {"Muon": ["optimizer.beta1=0.95"], "Mano": ["optimizer.beta1=0.95"],
+             "SophiaG": ["optimizer.beta1=0.965", "optimizer.beta2=0.99"]}
+
+
 def settings(opts, blend, tokenizer, optimizer, run_dir):
-    return ["--config", ROOT / "configs" / "small.toml", "--set", f"model.flavor={opts.flavor}", "--set", f"model.tokenizer_path={tokenizer}",
+    extra = [arg for item in PUBLISHED.get(optimizer, []) for arg in ("--set", item)]
+    return extra + ["--config", ROOT / "configs" / "small.toml", "--set", f"model.flavor={opts.flavor}", "--set", f"model.tokenizer_path={tokenizer}",
             "--set", "training.dataset=blend", "--set", f"training.dataset_path={blend}",
             "--set", f"training.seq_len={opts.seq_len}", "--set", f"training.local_batch_size={opts.batch}",
             "--set", f"training.steps={opts.steps}", "--set", f"optimizer.name={optimizer}",
