@@ -114,8 +114,6 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   EnableKernelProfile(config_.Bool("metrics.profile"));
   model_spec_ = BuildModelSpec(config_);
   optimizer_config_ = BuildOptimizerConfig(config_);
-  CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),
-                          config_.String("model.name") + " " + config_.String("model.flavor"));
   schedule_ = BuildLrScheduleConfig(config_);
   // Data parallelism spans every rank of the job: mesh.data_parallel() is mesh.world().
   mesh_ = ProcessMesh::Create(MeshShape{}, config_.Float("comm.train_timeout_seconds"));
@@ -132,6 +130,10 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm());
+  // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
+  // fit in memory.
+  CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),
+                          config_.String("model.name") + " " + config_.String("model.flavor"));
   if (!source_)
     source_ = MakeTokenSource(config_, model_spec_->vocab_size(), training_.shape.seq_len,
                               training_.steps, training_.batches);
