@@ -84,8 +84,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"training.batch_ramp_lr", T::kString, V(std::string("constant")),
        "how the LR follows the ramp: constant, linear (x batch / base) or sqrt", true},
       {"training.max_consecutive_skips", T::kInt, V(int64_t{10}),
-       "stop with exit 3 after this many skipped updates in a row (non-finite gradients, "
-       "spikes); 0 never stops",
+       "stop with exit 3 after this many skipped updates in a row (non-finite losses or "
+       "gradients, spikes); 0 never stops",
        false, AtLeast(0)},
       {"training.spike_skip", T::kString, V(std::string("off")),
        "skip the update when this is a spike: off, loss or grad_norm", false},

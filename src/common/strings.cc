@@ -1,6 +1,7 @@
 #include "common/strings.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 
@@ -69,6 +70,9 @@ std::string FormatFloat(float value) {
 }
 std::string FormatDouble(double value) {
   return StrFormat("%.17g", value);
+}
+std::string FormatValue(double value) {
+  return std::isnan(value) ? "nan" : StrFormat("%g", value);
 }
 std::string HexU64(uint64_t value) {
   return StrFormat("%016llx", static_cast<unsigned long long>(value));

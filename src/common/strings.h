@@ -18,6 +18,8 @@ size_t EditDistance(std::string_view a, std::string_view b);
 // Shortest representation of a float/double that reads back to the same value (%.9g / %.17g).
 std::string FormatFloat(float value);
 std::string FormatDouble(double value);
+// %g, with "nan" whatever its sign bit ("inf", "-inf" as %g writes them): a value in a message.
+std::string FormatValue(double value);
 std::string HexU64(uint64_t value);
 std::string HumanBytes(double bytes);
 

@@ -35,28 +35,12 @@ size_t FirstNonFinite(const float* values, size_t count) {
   return i;
 }
 
-namespace {
-// "nan" whatever its sign bit, "inf", "-inf", or the number.
-std::string FormatValue(double value) {
-  return std::isnan(value) ? "nan" : StrFormat("%g", value);
-}
-}  // namespace
-
 std::string DivergenceGuard::Describe(size_t index, float value) const {
   for (const ParamInfo& p : table_.params())
     if (index >= p.offset && index < p.offset + p.numel)
       return StrFormat("%s (element %zu = %s)", p.name.c_str(), index - p.offset,
                        FormatValue(value).c_str());
   return StrFormat("flat element %zu = %s", index, FormatValue(value).c_str());
-}
-
-void DivergenceGuard::CheckLoss(double loss, int64_t step) const {
-  if (std::isfinite(loss)) return;
-  throw Error(kExitDiverged,
-              StrFormat("step %lld: the loss is %s: training diverged; nothing of this step was "
-                        "saved (last checkpoint: %s); lower optimizer.lr or lengthen "
-                        "lr_scheduler.warmup_steps",
-                        (long long)step, FormatValue(loss).c_str(), last_checkpoint_().c_str()));
 }
 
 void DivergenceGuard::CheckWeights(const float* weights, size_t base, size_t begin, size_t end,

@@ -1,9 +1,9 @@
-// The divergence guard of the training loop: a run whose loss or weights go non-finite stops
-// with exit 3 (kExitDiverged) at the step where it happens, naming the step and, for weights, the
-// first tensor and element that went bad. Nothing is saved from a diverged state, so the
-// checkpoints written before stay the last word, and no final model.safetensors is written.
-// (A non-finite gradient alone skips the update and is reported by the detectors: the weights
-// stay finite.)
+// The divergence guard of the training loop: a run whose weights go non-finite stops with exit 3
+// (kExitDiverged) at the step where it happens, naming the step and the first tensor and element
+// that went bad. Nothing is saved from a diverged state, so the checkpoints written before stay
+// the last word, and no final model.safetensors is written. (A non-finite loss or gradient skips
+// the update instead, train/step_guard.h: the weights stay finite, and a run of such skips stops
+// the run there.)
 #pragma once
 
 #include <cstddef>
@@ -29,9 +29,6 @@ class DivergenceGuard {
         data_parallel_(data_parallel),
         last_checkpoint_(std::move(last_checkpoint)) {}
 
-  // Throws Error(kExitDiverged) when the step's loss is not finite (every rank holds the same
-  // loss, so every rank throws).
-  void CheckLoss(double loss, int64_t step) const;
   // After the optimizer step: checks weights[i - base] for i in [begin, end), this rank's
   // part. Collective: when any rank holds a non-finite weight, every rank throws
   // Error(kExitDiverged) naming the first one (lowest flat index over all ranks).

@@ -46,7 +46,11 @@ class SweepHook : public TrainerHook {
   std::optional<int> AfterStep(const StepReport& report) override {
     const double smoothed = smoother_.Add(report.loss);
     points_.push_back({report.step, report.lr, report.loss, smoothed});
-    if (leader_)
+    if (leader_ && !std::isfinite(report.loss))  // the step guard skipped its update
+      PrintLine(StrFormat("phase=lr_find step=%lld/%lld lr=%.6g status=diverged loss=%s",
+                          (long long)report.step, (long long)options_.steps, report.lr,
+                          FormatValue(report.loss).c_str()));
+    else if (leader_)
       PrintLine(StrFormat("phase=lr_find step=%lld/%lld lr=%.6g loss=%.6f smoothed=%.6f",
                           (long long)report.step, (long long)options_.steps, report.lr, report.loss,
                           smoothed));
@@ -127,7 +131,9 @@ LrFindResult AnalyzeSweep(std::vector<LrSweepPoint> points, std::optional<int64_
       result.steepest_lr = result.points[i].lr;
     }
   }
-  if (blowup_step) {
+  // The smaller of blow-up / 10 and the steepest descent: a short sweep's loss lags its LR, so
+  // blow-up / 10 can land where the loss already rises (seen on `tiny`, 4 steps per decade).
+  if (blowup_step && !(result.steepest_lr && *result.steepest_lr < result.blowup_lr / 10.0)) {
     result.suggested_lr = result.blowup_lr / 10.0;
     result.suggestion_rule = "blowup/10";
   } else if (result.steepest_lr) {
@@ -192,8 +198,9 @@ int RunLrFind(Config config, const LrFindOptions& given) {
     try {
       if (const int exit_code = trainer.Run(); exit_code != kExitOk) return exit_code;
     } catch (const Error& e) {
-      // A non-finite loss, or weights the update made non-finite: the blow-up, at the step the
-      // sweep had not recorded yet (every rank throws there alike).
+      // Weights the update made non-finite: the blow-up, at the step the sweep had not recorded
+      // yet (every rank throws there alike). (A non-finite loss reaches SweepHook: its update
+      // was skipped.)
       if (e.exit_code() != kExitDiverged) throw;
       const int64_t step = points.empty() ? 1 : points.back().step + 1;
       points.push_back({step, SweepLearningRate(options, step), std::nan(""), std::nan("")});

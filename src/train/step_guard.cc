@@ -20,6 +20,8 @@ bool StepGuard::SkipUpdate(int64_t step, double loss, double grad_norm) {
   if (std::find(config_.skip_steps.begin(), config_.skip_steps.end(), step) !=
       config_.skip_steps.end()) {
     why = "listed in debug.skip_steps";
+  } else if (!std::isfinite(loss)) {
+    why = StrFormat("non-finite loss: %s", FormatValue(loss).c_str());
   } else if (!std::isfinite(grad_norm)) {
     why = "non-finite gradient norm";
   } else if (config_.spike_metric != SpikeMetric::kOff) {
@@ -40,11 +42,16 @@ bool StepGuard::SkipUpdate(int64_t step, double loss, double grad_norm) {
                       (long long)step, why.c_str(), (long long)skipped_,
                       (long long)consecutive_skips_));
   if (config_.spike_limit > 0 && consecutive_spikes_ >= config_.spike_limit)
-    Stop(step, StrFormat("%lld loss spikes in a row (training.spike_limit = %lld)",
-                         (long long)consecutive_spikes_, (long long)config_.spike_limit));
+    Stop(step,
+         StrFormat("%lld loss spikes in a row since step %lld (training.spike_limit = %lld)",
+                   (long long)consecutive_spikes_, (long long)(step - consecutive_spikes_ + 1),
+                   (long long)config_.spike_limit));
   if (config_.max_consecutive_skips > 0 && consecutive_skips_ >= config_.max_consecutive_skips)
-    Stop(step, StrFormat("%lld updates skipped in a row (training.max_consecutive_skips = %lld)",
-                         (long long)consecutive_skips_, (long long)config_.max_consecutive_skips));
+    Stop(step,
+         StrFormat("%lld updates skipped in a row since step %lld (training.max_consecutive_skips "
+                   "= %lld)",
+                   (long long)consecutive_skips_, (long long)(step - consecutive_skips_ + 1),
+                   (long long)config_.max_consecutive_skips));
   return true;
 }
 

@@ -1,18 +1,20 @@
 // The step guards of the training loop: before each optimizer update, StepGuard decides whether
 // the update is skipped (the weights and the optimizer state then stay exactly as they were;
 // the step's data is consumed and the LR schedule moves on, as for any step):
-//   non-finite   the global gradient norm is not finite (a NaN or inf gradient on any rank);
+//   non-finite   the step's loss, or the global gradient norm, is not finite (a NaN or inf
+//                gradient on any rank);
 //   spike        with training.spike_skip = loss or grad_norm, that value is more than
 //                spike_k standard deviations above the mean of the last spike_window accepted
 //                steps (armed once the window holds spike_warmup of them; OLMo-style);
 //   configured   debug.skip_steps (test only: the reference a guarded run is compared with).
 // Skips are counted (StepReport, metrics.jsonl `skipped`, the step= line). A run of
 // training.max_consecutive_skips skipped updates in a row, or of spike_limit spikes in a row,
-// stops the run with exit 3 (kExitDiverged, never retried) naming the checkpoint to roll back
-// to. It also warns when the gradient norm rises by training.grad_norm_rise_warn in one step.
-// Every rank sees the same loss and norm, so every rank decides alike. Its state (counts, the
-// window) goes into the checkpoint's state.json, so a resumed run decides as the uninterrupted
-// one would.
+// stops the run with exit 3 (kExitDiverged, never retried) naming the step the streak began at
+// and the checkpoint to roll back to: the last from before the streak, since a skipped step
+// writes no interval checkpoint (train/step_hooks.cc). It also warns when the gradient norm rises
+// by training.grad_norm_rise_warn in one step. Every rank sees the same loss and norm, so every
+// rank decides alike. Its state (counts, the window) goes into the checkpoint's state.json, so a
+// resumed run decides as the uninterrupted one would.
 #pragma once
 
 #include <cstdint>

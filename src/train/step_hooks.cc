@@ -61,8 +61,21 @@ class CheckpointHook : public TrainerHook {
         report.lr, trainer_.GuardState()};
     const int signal_number = AgreedSignal();
     // The leader decides (the "auto" interval depends on its measured save stalls).
-    const bool due =
-        data_parallel.Any(leader && checkpointing.Due(step, trainer_.training().steps));
+    bool due =
+        held_ || data_parallel.Any(leader && checkpointing.Due(step, trainer_.training().steps));
+    // A skipped update (train/step_guard.h) leaves the weights of the step before it: an interval
+    // save waits for the next step whose update runs, so a streak of skips never writes (nor
+    // rotates out, checkpoint.keep_latest_k) checkpoints past the last one from before it, which a
+    // stopped run names to roll back to. The last step saves whatever happened.
+    held_ = due && report.skipped && !report.last;
+    if (held_) {
+      due = false;
+      if (leader)
+        PrintLine(
+            StrFormat("step %lld: the interval checkpoint waits for the next step whose "
+                      "update is not skipped",
+                      (long long)step));
+    }
     const bool save_now =
         due || (signal_number != 0 && checkpointing.enabled() &&
                 data_parallel.Any(leader && checkpointing.last_saved_step() != step));
@@ -123,6 +136,7 @@ class CheckpointHook : public TrainerHook {
   }
 
   Trainer& trainer_;
+  bool held_ = false;  // an interval save is due at the next step whose update runs
 };
 
 }  // namespace

@@ -349,7 +349,6 @@ StepReport Trainer::Step(int64_t step) {
   r.last = step == training_.steps;
   r.reduce_wait_seconds = ReduceGradients(step);
   r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_, step);
-  divergence_->CheckLoss(r.loss, step);
   if (leader() && fresh_model_ && step == 1)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
   r.lr = learning_rate_(step);

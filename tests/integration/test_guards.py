@@ -38,15 +38,41 @@ def test_a_ramped_run_on_two_ranks_resumed_mid_stage_equals_the_straight_run(tmp
     assert state["consumed_samples"] == 8 + 8 + 16 + 16
 
 
-def test_the_consecutive_skip_limit_exits_3_naming_the_checkpoint(tmp_path):
+def test_the_consecutive_skip_limit_exits_3_naming_the_checkpoint_from_before_the_streak(tmp_path):
+    # checkpoint.interval = 2: step 4 is due, but its update is skipped, so the save waits for the
+    # next accepted step; the checkpoint named to roll back to is step 2's, from before the skips.
+    run_dir = tmp_path / "run"
     proc = mpirun(1, BASE + ["training.steps=8", "checkpoint.interval=2", "checkpoint.async=false",
+                             "checkpoint.keep_latest_k=1",
                              "debug.skip_steps=\"4,5\"", "training.max_consecutive_skips=2",
-                             f"job.dump_folder={tmp_path / 'run'}"], check=False)
+                             f"job.dump_folder={run_dir}"], check=False)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "step 4: update skipped (listed in debug.skip_steps); skipped=1, 1 in a row" in proc.stderr
-    assert ("step 5: 2 updates skipped in a row (training.max_consecutive_skips = 2): training stopped; "
-            f"nothing of this step was saved; roll back to the last checkpoint: {tmp_path / 'run' / 'ckpt' / 'step-4'}"
+    assert ("step 5: 2 updates skipped in a row since step 4 (training.max_consecutive_skips = 2): training "
+            f"stopped; nothing of this step was saved; roll back to the last checkpoint: {run_dir / 'ckpt' / 'step-2'}"
             in proc.stderr), proc.stderr
+    assert "step 4: the interval checkpoint waits for the next step whose update is not skipped" in proc.stdout
+    # keep_latest_k = 1 would have rotated step 2 out had a skipped step saved.
+    assert sorted(p.name for p in (run_dir / "ckpt").glob("step-*")) == ["step-2"]
+
+
+def test_a_held_interval_checkpoint_is_written_at_the_next_accepted_step(tmp_path):
+    run_dir = tmp_path / "run"
+    mpirun(1, BASE + ["training.steps=7", "checkpoint.interval=3", "checkpoint.async=false",
+                      "debug.skip_steps=\"3\"", f"job.dump_folder={run_dir}"])
+    assert sorted(p.name for p in (run_dir / "ckpt").glob("step-*")) == ["step-4", "step-6", "step-7"]
+
+
+def test_a_non_finite_loss_is_skipped_like_a_non_finite_gradient(tmp_path):
+    # debug.scale_loss_step multiplies the logged loss of step 3 by 1e308 (the product overflows to inf): the update is skipped and
+    # the run goes on, ending with the bits of a run that skips step 3 by config.
+    guarded, reference = tmp_path / "guarded", tmp_path / "reference"
+    proc = mpirun(1, BASE + ["training.steps=5", "debug.scale_loss_step=3", "debug.scale_loss_factor=1e308",
+                             f"job.dump_folder={guarded}"])
+    assert "step 3: update skipped (non-finite loss: inf); skipped=1, 1 in a row" in proc.stderr, proc.stderr
+    ref = mpirun(1, BASE + ["training.steps=5", "debug.skip_steps=\"3\"", f"job.dump_folder={reference}"])
+    digest = lambda p: re.search(r"weights_xxh3=([0-9a-f]+)", p.stdout).group(1)
+    assert digest(proc) == digest(ref)
 
 
 def test_a_ramp_stage_that_does_not_divide_is_exit_2_naming_the_key(tmp_path):

@@ -1,4 +1,4 @@
-"""crucible lr-find end to end on a tiny model and real text: the chart is a valid SVG a person can
+"""crucible lr-find end to end on the `tiny` flavor and real text: the chart is a valid SVG a person can
 read, the JSON's suggestion trains, --apply writes a config crucible train accepts, the run
 directory stays untouched, two ranks give rank 1's bits, and bad input exits 2."""
 import json
@@ -26,7 +26,7 @@ def config(tmp_path_factory):
 name = "lrf"
 dump_folder = "{folder / 'run'}"
 [model]
-flavor = "debug"
+flavor = "tiny"
 vocab_size = 256
 [training]
 steps = 10
@@ -69,9 +69,12 @@ def test_sweep_prints_phases_and_a_table_and_stops_at_blow_up(sweep, config):
     smoothed = [p["smoothed"] for p in result["points"]]
     assert smoothed[-1] > 4 * min(smoothed[:-1])
     assert result["blowup_lr"] == lrs[-1]
-    assert result["suggested_lr"] == pytest.approx(result["blowup_lr"] / 10)
-    assert result["suggestion_rule"] == "blowup/10"
     assert result["steepest_lr"] in lrs[1:-2]
+    assert result["blowup_over_10"] == pytest.approx(result["blowup_lr"] / 10)
+    # The smaller of the two: on `tiny` the steepest descent (blow-up / 10 lands where the
+    # sweep's loss already rises).
+    assert result["suggested_lr"] == min(result["steepest_lr"], result["blowup_over_10"])
+    assert result["suggestion_rule"] == "steepest"
     assert result["smoothing_beta"] == 0.5 and result["blowup_factor"] == 4
     # Nothing written into the config's run directory.
     assert not (config.parent / "run").exists()
@@ -100,7 +103,7 @@ def test_plot_is_a_readable_svg_chart(sweep):
     # The markers stand where their LRs are on the log axis (1e-4 at x=80, a decade per 138 px).
     def x_of(lr):
         return 80 + (np.log10(lr) + 4) / 5 * (770 - 80)
-    assert float(by_id["blowup-over-10"].get("x1")) == pytest.approx(x_of(result["suggested_lr"]), abs=0.1)
+    assert float(by_id["blowup-over-10"].get("x1")) == pytest.approx(x_of(result["blowup_over_10"]), abs=0.1)
     assert float(by_id["steepest"].get("x1")) == pytest.approx(x_of(result["steepest_lr"]), abs=0.1)
 
 
@@ -144,8 +147,8 @@ def test_two_ranks_find_the_same_curve(config, tmp_path):
 
 
 def test_a_non_finite_loss_is_the_blow_up(config, tmp_path):
-    # Lion moves every weight by lr: at lr 1e21 the model overflows, the trainer's divergence guard
-    # stops the step, and the sweep records it as the blow-up (loss null) instead of failing.
+    # Lion moves every weight by lr: at lr 1e21 the model overflows, the step guard skips the
+    # update of the non-finite loss, and the sweep records it as the blow-up (loss null).
     proc = run_crucible("lr-find", "--config", config, "--set", "optimizer.name=Lion", "--min", "1e-3",
                         "--max", "1e45", "--steps", "5", "--out", tmp_path)
     assert "status=diverged" in proc.stdout

@@ -288,21 +288,25 @@ def test_weights_that_go_non_finite_stop_the_run_with_exit_3_naming_the_step_and
     assert metrics_steps(run_dir) == []
 
 
-def test_a_loss_that_goes_non_finite_stops_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp_path):
+def test_a_loss_that_stays_non_finite_stops_the_run_with_exit_3_and_keeps_the_last_checkpoint(tmp_path):
     # The learning rate warms up to 1e12 over 1000 steps: step 1 (lr 1e9) leaves finite weights, so
-    # large that step 2's forward pass overflows.
+    # large that step 2's forward pass overflows. Each non-finite loss skips its update, so the
+    # weights stay and the loss stays nan until training.max_consecutive_skips stops the run; the
+    # skipped steps write no interval checkpoint.
     run_dir = tmp_path / "run"
     code, lines = error_of("train", *SMALL, "--set", "optimizer.lr=1e12", "--set", "optimizer.weight_decay=0",
                            "--set", "lr_scheduler.warmup_steps=1000", "--set", "checkpoint.interval=1",
-                           "--set", "checkpoint.async=false", "--set", f"job.dump_folder={run_dir}")
+                           "--set", "checkpoint.async=false", "--set", "training.max_consecutive_skips=3",
+                           "--set", f"job.dump_folder={run_dir}")
     assert code == 3, lines
-    assert lines[-1].startswith("crucible: error: step 2: the loss is nan"), lines
+    assert "step 2: update skipped (non-finite loss: nan); skipped=1, 1 in a row" in "\n".join(lines), lines
+    assert lines[-1].startswith("crucible: error: step 4: 3 updates skipped in a row since step 2"), lines
     assert "ckpt/step-1" in lines[-1], lines  # where to go back to
     assert (run_dir / "ckpt" / "step-1" / "COMPLETE").exists()
-    assert not (run_dir / "ckpt" / "step-2").exists()
+    assert sorted(p.name for p in (run_dir / "ckpt").glob("step-*")) == ["step-1"]
     assert (run_dir / "ckpt" / "latest").read_text().strip().endswith("step-1")
     assert not (run_dir / "model.safetensors").exists()
-    assert metrics_steps(run_dir) == [1]
+    assert metrics_steps(run_dir) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("settings,named", [

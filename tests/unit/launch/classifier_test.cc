@@ -370,12 +370,13 @@ TEST(NextStep, AConfigErrorIsNeverRetriedWhicheverMode) {
 TEST(Classifier, ExitThreeIsDivergedAndNeverRetriedOrBlamedOnANode) {
   // A resume replays the same bits, so a diverged run would diverge again on any node.
   Excerpt e(std::string(kRanks) + "0: step=1 loss=10.4\n" +
-            "0: crucible: error: step 2: the loss is nan: the run diverged\n");
+            "0: crucible: error: step 11: 10 updates skipped in a row since step 2 "
+            "(training.max_consecutive_skips = 10): training stopped\n");
   Classification c = e.Classify(3);
   EXPECT_EQ(c.verdict, Verdict::kDiverged);
   EXPECT_STREQ(VerdictName(c.verdict), "diverged");
   EXPECT_EQ(c.node, "");
-  EXPECT_NE(c.evidence.find("the loss is nan"), std::string::npos) << c.evidence;
+  EXPECT_NE(c.evidence.find("10 updates skipped in a row"), std::string::npos) << c.evidence;
   for (bool auto_retry : {false, true})
     EXPECT_EQ(DecideNextStep(c, {auto_retry, 3, 1, 0}).step, NextStep::kStop) << auto_retry;
 }

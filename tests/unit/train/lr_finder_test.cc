@@ -56,7 +56,7 @@ std::vector<LrSweepPoint> Points(const std::vector<double>& smoothed) {
   return points;
 }
 
-TEST(LrFinder, SuggestsBlowUpOverTenAndFindsTheSteepestDescent) {
+TEST(LrFinder, FindsTheSteepestDescentAndSuggestsTheSmallerOfItAndBlowUpOverTen) {
   // lr 1e-5 .. 1e1; the fastest fall (central difference) is around 1e-2 (index 3: 5 -> 2).
   const LrFindResult result = AnalyzeSweep(Points({6, 6, 5, 4, 2, 1.9, 30}), int64_t{7});
   ASSERT_TRUE(result.blowup_step);
@@ -64,7 +64,24 @@ TEST(LrFinder, SuggestsBlowUpOverTenAndFindsTheSteepestDescent) {
   EXPECT_DOUBLE_EQ(result.blowup_lr, 10.0);
   ASSERT_TRUE(result.steepest_lr);
   EXPECT_DOUBLE_EQ(*result.steepest_lr, 1e-2);
-  EXPECT_DOUBLE_EQ(result.suggested_lr, 1.0);
+  // Blow-up / 10 (1.0) is above the steepest descent: the smaller one is suggested.
+  EXPECT_DOUBLE_EQ(result.suggested_lr, 1e-2);
+  EXPECT_EQ(result.suggestion_rule, "steepest");
+}
+
+TEST(LrFinder, SuggestsBlowUpOverTenWhenItIsBelowTheSteepestDescent) {
+  // Four points per decade from 1e-3: the fastest fall is at index 5 (10^-1.75), the blow-up at
+  // index 8 (1e-1), so blow-up / 10 = 1e-2 is the smaller.
+  const std::vector<double> smoothed = {6, 6, 6, 6, 6, 5, 2, 1.9, 30};
+  std::vector<LrSweepPoint> points;
+  for (size_t i = 0; i < smoothed.size(); ++i)
+    points.push_back({static_cast<int64_t>(i + 1),
+                      std::pow(10.0, -3.0 + 0.25 * static_cast<double>(i)), smoothed[i],
+                      smoothed[i]});
+  const LrFindResult result = AnalyzeSweep(points, int64_t{9});
+  ASSERT_TRUE(result.steepest_lr);
+  EXPECT_DOUBLE_EQ(*result.steepest_lr, std::pow(10.0, -1.75));
+  EXPECT_DOUBLE_EQ(result.suggested_lr, result.blowup_lr / 10);
   EXPECT_EQ(result.suggestion_rule, "blowup/10");
 }
 
