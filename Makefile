@@ -53,7 +53,7 @@ test: unit-test py-test
 demo: build venv
 	@scripts/demo.sh
 
-bench: build venv
+bench: build venv current-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) bench/train_vs_torch.py
 
 asan: deps

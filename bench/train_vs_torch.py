@@ -1,152 +1,191 @@
 #!/usr/bin/env python3
-"""Training throughput: Crucible vs PyTorch eager on the CPU, same model, data shape, optimizer
-and thread count, in one run. Prints tokens/s of each and the ratio, plus Crucible's MFU.
+"""Training throughput on the CPU: Crucible against today's PyTorch from pip, same model, data
+shape, optimizer and thread count, each run in its own process, interleaved, repeated.
 
-    .venv/bin/python bench/train_vs_torch.py [--flavor small] [--seq-len 512] [--batch 8] [--steps 6]
+    python3 bench/train_vs_torch.py [--configs small:512:8,tiny:256:8] [--all] [--repeats 3]
+        [--steps 6] [--warmup 2] [--threads 2] [--variants eager,eager+sdpa,compile,compile+sdpa]
+        [--peer-python PATH] [--json OUT.json]
 
-PyTorch runs a straightforward eager Llama (nn.Linear, F.silu, matmul attention with a causal
-mask, F.cross_entropy, torch.optim.AdamW) in float32 with torch.set_num_threads(threads).
-The first step of each is a warm-up and is not timed.
+The peer is PyPI's current torch (the "current" environment of scripts/setup-current.sh, a venv
+under ~/.cache/crucible built once per machine; pip's default wheel bundles the CUDA libraries, a
+3.2 GB download that takes minutes the first time, unused here) running bench/torch_peer.py in
+four variants: eager with the textbook masked softmax (`eager`), eager with
+F.scaled_dot_product_attention(is_causal=True) (`eager+sdpa`), and both under torch.compile
+(`compile`, `compile+sdpa`; inductor's cache in ~/.cache/crucible/bench-inductor, so a repeat runs
+warm). Crucible runs `crucible train` on synthetic data with checkpoints off. Each side skips
+--warmup steps (torch.compile compiles there) and times --steps steps; a run's tokens/s is its
+timed tokens over its timed seconds.
+
+Every (config, side) runs --repeats times; the sides take turns within a repeat, their order
+rotated from repeat to repeat, so slow drift in the machine's load falls on every side alike. The
+1-minute load average before each run and each run's peak RSS (wait4's ru_maxrss) are recorded.
+Printed per config: median tokens/s with min-max, peak RSS, load; then Crucible's median over the
+best peer's median, with the range of the per-repeat ratios.
+
+--configs: FLAVOR:SEQ_LEN:BATCH,... (default small:512:8,tiny:256:8); --all adds small:2048:2
+and base:1024:4 (base takes minutes per run on 2 cores).
 """
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
+import tomllib
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
-FLAVORS = {  # must match src/model/llama_config.cc
-    "debug": dict(vocab=2048, dim=128, layers=2, heads=4, kv=2, ffn=352, tie=False),
-    "tiny": dict(vocab=8192, dim=256, layers=4, heads=8, kv=4, ffn=688, tie=True),
-    "small": dict(vocab=8192, dim=512, layers=6, heads=8, kv=4, ffn=1376, tie=False),
-    "base": dict(vocab=32000, dim=768, layers=12, heads=12, kv=4, ffn=2048, tie=False),
+ROOT = Path(__file__).resolve().parent.parent
+PEER = ROOT / "bench" / "torch_peer.py"
+VARIANTS = {  # name -> torch_peer.py flags
+    "eager": ["--attention", "naive", "--no-compile"],
+    "eager+sdpa": ["--attention", "sdpa", "--no-compile"],
+    "compile": ["--attention", "naive", "--compile"],
+    "compile+sdpa": ["--attention", "sdpa", "--compile"],
 }
+EXTRA_CONFIGS = ["small:2048:2", "base:1024:4"]
 
 
-class Block(torch.nn.Module):
-    def __init__(self, f):
-        super().__init__()
-        d, hd = f["dim"], f["dim"] // f["heads"]
-        self.heads, self.kv, self.hd = f["heads"], f["kv"], hd
-        self.ln1 = torch.nn.Parameter(torch.ones(d))
-        self.ln2 = torch.nn.Parameter(torch.ones(d))
-        self.q = torch.nn.Linear(d, f["heads"] * hd, bias=False)
-        self.k = torch.nn.Linear(d, f["kv"] * hd, bias=False)
-        self.v = torch.nn.Linear(d, f["kv"] * hd, bias=False)
-        self.o = torch.nn.Linear(f["heads"] * hd, d, bias=False)
-        self.gate = torch.nn.Linear(d, f["ffn"], bias=False)
-        self.up = torch.nn.Linear(d, f["ffn"], bias=False)
-        self.down = torch.nn.Linear(f["ffn"], d, bias=False)
-
-    @staticmethod
-    def norm(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
-
-    def forward(self, x, cos, sin, mask):
-        B, T, _ = x.shape
-        h = self.norm(x, self.ln1)
-        q = self.q(h).view(B, T, self.heads, self.hd).transpose(1, 2)
-        k = self.k(h).view(B, T, self.kv, self.hd).transpose(1, 2)
-        v = self.v(h).view(B, T, self.kv, self.hd).transpose(1, 2)
-
-        def rope(t):
-            t1, t2 = t[..., : self.hd // 2], t[..., self.hd // 2:]
-            return t * cos + torch.cat([-t2, t1], dim=-1) * sin
-
-        q, k = rope(q), rope(k)
-        k = k.repeat_interleave(self.heads // self.kv, dim=1)
-        v = v.repeat_interleave(self.heads // self.kv, dim=1)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
-        y = torch.softmax(att, dim=-1) @ v
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
-        h = self.norm(x, self.ln2)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+def run_measured(cmd, env):
+    """Runs cmd to completion; returns (returncode, stdout, stderr, peak RSS bytes of that child)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024
 
 
-class Llama(torch.nn.Module):
-    def __init__(self, f, seq_len):
-        super().__init__()
-        self.embed = torch.nn.Embedding(f["vocab"], f["dim"])
-        self.blocks = torch.nn.ModuleList(Block(f) for _ in range(f["layers"]))
-        self.norm = torch.nn.Parameter(torch.ones(f["dim"]))
-        self.head = None if f["tie"] else torch.nn.Linear(f["dim"], f["vocab"], bias=False)
-        hd = f["dim"] // f["heads"]
-        inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.arange(seq_len).float()[:, None] * inv[None, :]
-        emb = torch.cat([ang, ang], dim=-1)
-        self.register_buffer("cos", emb.cos()[None, None])
-        self.register_buffer("sin", emb.sin()[None, None])
-        self.register_buffer("mask", torch.full((seq_len, seq_len), float("-inf")).triu(1))
-
-    def forward(self, tokens, targets):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x, self.cos, self.sin, self.mask)
-        x = Block.norm(x, self.norm)
-        logits = x @ self.embed.weight.T if self.head is None else self.head(x)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def torch_tokens_per_second(f, seq_len, batch, steps, threads):
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = Llama(f, seq_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    times = []
-    for step in range(steps):
-        tokens = torch.randint(0, f["vocab"], (batch, seq_len + 1))
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        times.append(time.perf_counter() - start)
-        print(f"  torch step {step + 1}: loss={loss.item():.4f} {times[-1]:.2f}s", flush=True)
-    timed = times[1:]
-    return batch * seq_len * len(timed) / sum(timed)
-
-
-def crucible_tokens_per_second(binary, flavor, seq_len, batch, steps, threads):
+def crucible_run(args, flavor, seq_len, batch):
     with tempfile.TemporaryDirectory() as run_dir:
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        cmd = [binary, "train", "--set", f"model.flavor={flavor}", "--set", f"training.seq_len={seq_len}",
-               "--set", f"training.local_batch_size={batch}", "--set", f"training.steps={steps}",
-               "--set", f"job.dump_folder={run_dir}", "--set", "checkpoint.enable=false",
-               "--set", "metrics.profile=true"]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-        for line in proc.stdout.splitlines():
-            if line.startswith(("step=", "phase=profile", "phase=start")):
-                print("  crucible", line, flush=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        cmd = [args.crucible, "train", "--set", f"model.flavor={flavor}",
+               "--set", f"training.seq_len={seq_len}", "--set", f"training.local_batch_size={batch}",
+               "--set", f"training.steps={args.warmup + args.steps}", "--set", f"job.dump_folder={run_dir}",
+               "--set", "checkpoint.enable=false", "--set", "validation.enable=false"]
+        code, out, err, rss = run_measured(cmd, env)
+        if code != 0:
+            sys.exit(f"train_vs_torch: crucible train exited {code}:\n{err[-2000:]}")
+        check_same_model(run_dir, flavor)
         records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-        timed = [r["step_seconds"] for r in records[1:]]
-        return batch * seq_len * len(timed) / sum(timed), records[-1]["mfu"]
+        timed = [r["step_seconds"] for r in records[args.warmup:]]
+        mfu = records[-1].get("mfu")
+        return {"tokens_per_second": batch * seq_len * len(timed) / sum(timed), "peak_rss_bytes": rss,
+                "final_loss": records[-1]["loss"], "mfu": mfu}
+
+
+def peer_run(args, variant, flavor, seq_len, batch):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(args.inductor_cache), OMP_NUM_THREADS=str(args.threads))
+    cmd = [args.peer_python, PEER, "--flavor", flavor, "--seq-len", seq_len, "--batch", batch,
+           "--steps", args.steps, "--warmup", args.warmup, "--threads", args.threads, *VARIANTS[variant]]
+    code, out, err, rss = run_measured(cmd, env)
+    if code != 0:
+        sys.exit(f"train_vs_torch: torch_peer.py {variant} exited {code}:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_bytes"] = rss
+    return result
+
+
+def peer_flavors():
+    """bench/torch_peer.py's FLAVORS table (read from its source: this script needs no torch)."""
+    text = PEER.read_text()
+    start = text.index("FLAVORS = {")
+    namespace = {}
+    exec(text[start:text.index("\n}\n", start) + 3], namespace)
+    return namespace["FLAVORS"]
+
+
+def check_same_model(run_dir, flavor):
+    """The peer's model must be the one Crucible trained: compares with the run's config.toml."""
+    model = tomllib.loads(Path(run_dir, "config.toml").read_text())["model"]
+    f = peer_flavors()[flavor]
+    for key, value in [("dim", f["dim"]), ("n_layers", f["layers"]), ("n_heads", f["heads"]),
+                       ("n_kv_heads", f["kv"]), ("vocab_size", f["vocab"]), ("ffn_hidden_dim", f["ffn"]),
+                       ("tie_embeddings", str(f["tie"]).lower())]:
+        if str(model[key]) != str(value):
+            sys.exit(f"train_vs_torch: bench/torch_peer.py's {flavor} has {key} = {value}, crucible's "
+                     f"{model[key]} (src/model/llama_config.cc): make them agree")
+
+
+def mib(b):
+    return f"{b / 2**20:.0f} MiB"
+
+
+def report(config, runs, variants):
+    print(f"\n## {config}")
+    print(f"| side | tok/s median | min-max | peak RSS | load (1 min) |")
+    print("|---|---|---|---|---|")
+    medians = {}
+    for side in ["crucible"] + variants:
+        rs = runs[side]
+        tps = [r["tokens_per_second"] for r in rs]
+        medians[side] = statistics.median(tps)
+        print(f"| {side} | {medians[side]:.1f} | {min(tps):.1f}-{max(tps):.1f} | "
+              f"{mib(max(r['peak_rss_bytes'] for r in rs))} | "
+              f"{min(r['load'] for r in rs):.2f}-{max(r['load'] for r in rs):.2f} |")
+    best = max(variants, key=lambda v: medians[v])
+    per_repeat = [c["tokens_per_second"] / p["tokens_per_second"] for c, p in zip(runs["crucible"], runs[best])]
+    ratio = medians["crucible"] / medians[best]
+    mfus = [r["mfu"] for r in runs["crucible"] if r.get("mfu") is not None]
+    print(f"ratio crucible / best peer ({best}) = {ratio:.2f} (per repeat {min(per_repeat):.2f}-"
+          f"{max(per_repeat):.2f})" + (f"; crucible mfu median {statistics.median(mfus):.1f}%" if mfus else ""))
+    return {"config": config, "medians": medians, "best_peer": best, "ratio": ratio, "runs": runs}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flavor", default="small", choices=FLAVORS)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--configs", default="small:512:8,tiny:256:8")
+    parser.add_argument("--all", action="store_true", help="also " + ",".join(EXTRA_CONFIGS))
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", "build/crucible"))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible")))
+    parser.add_argument("--peer-python", help="default: the environment scripts/setup-current.sh builds")
+    parser.add_argument("--json", help="also write every run here")
     args = parser.parse_args()
-    f = FLAVORS[args.flavor]
-    print(f"flavor={args.flavor} seq_len={args.seq_len} batch={args.batch} steps={args.steps} "
-          f"threads={args.threads} torch={torch.__version__}", flush=True)
-    ours, mfu = crucible_tokens_per_second(args.crucible, args.flavor, args.seq_len, args.batch, args.steps,
-                                           args.threads)
-    theirs = torch_tokens_per_second(f, args.seq_len, args.batch, args.steps, args.threads)
-    # mfu is null when a step ran faster than the measured peak (the trainer warns then).
-    print(f"crucible tok/s={ours:.1f} mfu=" + (f"{mfu:.1f}%" if mfu is not None else "n/a"))
-    print(f"pytorch_eager tok/s={theirs:.1f}")
-    print(f"ratio crucible/pytorch={ours / theirs:.2f}")
+    variants = args.variants.split(",")
+    for v in variants:
+        if v not in VARIANTS:
+            sys.exit(f"train_vs_torch: --variants: unknown variant {v!r} (known: {', '.join(VARIANTS)})")
+    if not args.peer_python:
+        print("train_vs_torch: resolving the current PyTorch (scripts/setup-current.sh; the first "
+              "time it downloads about 3.2 GB)", flush=True)
+        args.peer_python = subprocess.run([ROOT / "scripts" / "setup-current.sh"], check=True,
+                                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    cache = Path(os.environ.get("CRUCIBLE_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                                / "crucible"))
+    args.inductor_cache = cache / "bench-inductor"
+    args.inductor_cache.mkdir(parents=True, exist_ok=True)
+    configs = args.configs.split(",") + (EXTRA_CONFIGS if args.all else [])
+    torch_version = subprocess.run([args.peer_python, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"phase=start cpu=\"{cpu}\" threads={args.threads} torch={torch_version} repeats={args.repeats} "
+          f"steps={args.steps} warmup={args.warmup} variants={','.join(variants)}", flush=True)
+    results = []
+    for config in configs:
+        flavor, seq_len, batch = config.split(":")
+        seq_len, batch = int(seq_len), int(batch)
+        sides = ["crucible"] + variants
+        runs = {side: [] for side in sides}
+        for repeat in range(args.repeats):
+            order = sides[repeat % len(sides):] + sides[:repeat % len(sides)]
+            for side in order:
+                load = os.getloadavg()[0]
+                r = (crucible_run(args, flavor, seq_len, batch) if side == "crucible"
+                     else peer_run(args, side, flavor, seq_len, batch))
+                r["load"] = load
+                runs[side].append(r)
+                print(f"phase=run config={config} repeat={repeat + 1}/{args.repeats} side={side} "
+                      f"tok/s={r['tokens_per_second']:.1f} peak_rss={mib(r['peak_rss_bytes'])} load={load:.2f}",
+                      flush=True)
+        results.append(report(config, runs, variants))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"torch": torch_version, "cpu": cpu, "threads": args.threads,
+                                               "results": results}, indent=2))
 
 
 if __name__ == "__main__":
