@@ -197,7 +197,9 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        AtLeast(1)},
       {"metrics.enable_jsonl", T::kBool, V(true), "write metrics.jsonl in the run directory"},
       {"metrics.peak_gflops", T::kFloat, V(0.0),
-       "peak fp32 GFLOP/s of one rank for MFU; 0 measures the machine's sgemm throughput at start",
+       "peak fp32 GFLOP/s of one rank for MFU; 0: the machine's GEMM ceiling for the model's "
+       "shapes, "
+       "measured once and cached in ~/.cache/crucible/gemm-ceiling.json",
        false, AtLeast(0)},
       {"metrics.per_rank", T::kBool, V(false),
        "with several ranks, every rank also writes metrics-rank<r>.jsonl (its loss share, time)"},

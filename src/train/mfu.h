@@ -1,7 +1,8 @@
 // MFU, model FLOPs utilisation: the training FLOP/s achieved (tokens/s x FLOPs per token) as a
 // percentage of the peak FLOP/s of the job's machines. The peak comes from the config
-// ([metrics] peak_gflops, per rank) or is measured at start. A peak below an achieved rate is
-// known to be wrong (a machine busy while it was measured): from then on no MFU is reported.
+// ([metrics] peak_gflops, per rank) or is the machine's fp32 GEMM ceiling for the model's shapes,
+// measured once and cached (train/gemm_ceiling.h). A peak below an achieved rate is known to be
+// wrong (a machine busy while it was measured): from then on no MFU is reported.
 #pragma once
 
 #include <cstdint>
@@ -9,21 +10,20 @@
 
 #include "common/config.h"
 #include "distributed/communicator.h"
+#include "train/gemm_ceiling.h"
 
 namespace crucible {
 
 struct PeakFlops {
   double gflops = 0;   // of the whole job
-  std::string source;  // "config" or "measured"
+  std::string source;  // "config", "cached" (every rank's) or "measured" (some rank measured)
 };
 
-// Peak fp32 GFLOP/s of this process, measured as the best of several 1024^3 sgemm runs on all
-// OpenMP threads (at least 5, at most 20, about half a second).
-double MeasurePeakGflops();
-
-// Collective: metrics.peak_gflops x ranks, or every rank measures its share of the machine at
-// the same time and the shares add up.
-PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm);
+// Collective: metrics.peak_gflops x ranks, or the sum of every rank's GEMM ceiling for `shapes`
+// (train/gemm_ceiling.h: cached, or measured by the ranks that lack it, at the same time, so
+// the shares of a shared host add up).
+PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm,
+                           const std::vector<GemmShape>& shapes);
 
 class MfuMeter {
  public:

@@ -229,7 +229,9 @@ void Trainer::InitWeights(float* load_target) {
 // The phase=start line, with the peak the MFU is measured against.
 void Trainer::Announce() {
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
-  const PeakFlops peak = ResolvePeakFlops(config_, comm());
+  const PeakFlops peak = ResolvePeakFlops(
+      config_, comm(),
+      ModelGemmShapes(table(), training_.shape.micro_batch * training_.shape.seq_len));
   mfu_meter_ = std::make_unique<MfuMeter>(
       peak, model_spec_->TrainFlopsPerToken(table(), training_.shape.seq_len));
   if (!leader()) return;

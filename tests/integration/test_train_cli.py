@@ -104,13 +104,21 @@ def test_mfu_is_never_reported_from_a_peak_below_the_achieved_rate(tmp_path):
     assert "peak_source=config" in warnings[0]
 
 
-def test_a_measured_peak_says_so_and_mfu_stays_at_most_100(tmp_path):
-    proc = run_crucible("train", *SMALL[:-2], "--set", f"job.dump_folder={tmp_path / 'run'}")
-    start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
-    assert "peak_source=measured" in start, start
-    assert float(re.search(r"peak_gflops=([0-9.]+)", start).group(1)) > 0
-    for fields in progress_fields(proc.stdout):
-        assert fields["mfu"] == "nan" or 0 < float(fields["mfu"]) <= 100, fields
+def test_the_gemm_ceiling_is_measured_once_then_read_from_the_cache_and_mfu_stays_at_most_100(tmp_path):
+    env = {"CRUCIBLE_CACHE": str(tmp_path / "cache")}
+    starts = []
+    for run in ["first", "second"]:
+        proc = run_crucible("train", *SMALL[:-2], "--set", f"job.dump_folder={tmp_path / run}", env=env)
+        starts.append(next(l for l in proc.stdout.splitlines() if l.startswith("phase=start ")))
+        assert (f"phase=peak_flops status=measuring shapes=5 cache={tmp_path / 'cache' / 'gemm-ceiling.json'}"
+                in proc.stdout) == (run == "first"), proc.stdout
+        for fields in progress_fields(proc.stdout):
+            assert fields["mfu"] == "nan" or 0 < float(fields["mfu"]) <= 100, fields
+    assert "peak_source=measured" in starts[0] and "peak_source=cached" in starts[1], starts
+    peaks = [float(re.search(r"peak_gflops=([0-9.e+]+)", s).group(1)) for s in starts]
+    assert peaks[0] > 0 and peaks[1] == peaks[0]
+    cache = json.loads((tmp_path / "cache" / "gemm-ceiling.json").read_text())
+    assert len(cache) == 1 and "threads=" in next(iter(cache)) and "ranks_on_host=1" in next(iter(cache))
 
 
 def error_of(*args):

@@ -1,0 +1,179 @@
+#include "train/gemm_ceiling.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/timer.h"
+#include "kernels/cpu/kernels.h"
+
+extern "C" char* openblas_get_config(void);
+
+namespace crucible {
+namespace {
+
+constexpr int64_t kMaxRows = 1024;
+
+std::string ShapeName(const GemmShape& s) {
+  return StrFormat("%lldx%lldx%lld", (long long)s.rows, (long long)s.in, (long long)s.out);
+}
+
+// The best GFLOP/s of `run` over at least 3 runs, at most 10, or until 0.4 s have passed.
+template <typename Fn>
+double BestRate(double flops, Fn run) {
+  double best = 0;
+  Timer total;
+  for (int repeat = 0; repeat < 10 && (repeat < 3 || total.Seconds() < 0.4); ++repeat) {
+    Timer t;
+    run();
+    best = std::max(best, flops / t.Seconds() / 1e9);
+  }
+  return best;
+}
+
+// "model name" and the vector features of /proc/cpuinfo's first processor.
+std::pair<std::string, std::string> CpuDescription() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown", features;
+  bool have_flags = false;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = Trim(line.substr(0, colon)), value = Trim(line.substr(colon + 1));
+    if (key == "model name" && model == "unknown") model = value;
+    if (key == "flags" && !have_flags) {
+      have_flags = true;
+      std::set<std::string> flags;
+      std::istringstream words(value);
+      for (std::string w; words >> w;) flags.insert(w);
+      for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+        if (flags.count(f)) {
+          if (!features.empty()) features += ',';
+          features += f;
+        }
+    }
+  }
+  return {model, features};
+}
+
+}  // namespace
+
+std::vector<GemmShape> ModelGemmShapes(const ParameterTable& table, int64_t rows) {
+  bool has_head = false;
+  for (const ParamInfo& p : table.params()) has_head |= p.kind == ParamKind::kHead;
+  std::vector<GemmShape> shapes;
+  for (const ParamInfo& p : table.params()) {
+    if (p.shape.size() != 2 || p.kind == ParamKind::kNorm) continue;
+    if (p.kind == ParamKind::kEmbedding && has_head) continue;  // a lookup, not a product
+    const GemmShape s{std::min(rows, kMaxRows), p.shape[1], p.shape[0]};
+    if (std::find(shapes.begin(), shapes.end(), s) == shapes.end()) shapes.push_back(s);
+  }
+  return shapes;
+}
+
+std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shapes) {
+  std::vector<GemmShapeRate> rates;
+  for (const GemmShape& s : shapes) {
+    std::vector<float> a(s.rows * s.in), w(s.out * s.in), c(s.rows * s.out);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 5) * 0.1f;
+    const double flops = 2.0 * s.rows * s.in * s.out;
+    const double tiled = BestRate(
+        flops, [&] { kernels::matmul_forward(c.data(), a.data(), w.data(), s.rows, s.in, s.out); });
+    const double blas = BestRate(flops, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.rows, s.out, s.in, 1.0f, a.data(),
+                  s.in, w.data(), s.in, 0.0f, c.data(), s.out);
+    });
+    rates.push_back({s, std::max(tiled, blas)});
+  }
+  return rates;
+}
+
+std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes) {
+  const auto [model, features] = CpuDescription();
+  std::string key = StrFormat(
+      "cpu=%s;features=%s;blas=%s;threads=%d;ranks_on_host=%d;shapes=", model.c_str(),
+      features.c_str(), Trim(openblas_get_config()).c_str(), omp_get_max_threads(), ranks_on_host);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (i > 0) key += ',';
+    key += ShapeName(shapes[i]);
+  }
+  return key;
+}
+
+std::string GemmCeilingCachePath() {
+  std::string root;
+  if (const char* c = std::getenv("CRUCIBLE_CACHE"); c && *c) {
+    root = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    root = JoinPath(x, "crucible");
+  } else {
+    const char* home = std::getenv("HOME");
+    root = JoinPath(JoinPath(home && *home ? home : "/tmp", ".cache"), "crucible");
+  }
+  return JoinPath(root, "gemm-ceiling.json");
+}
+
+namespace {
+// The cache's entries (an empty object when the file is absent or unreadable: `warn` says so).
+nlohmann::json ReadCache(const std::string& path, bool warn) {
+  if (!FileExists(path)) return nlohmann::json::object();
+  try {
+    nlohmann::json cache = nlohmann::json::parse(ReadFile(path));
+    if (!cache.is_object()) throw std::runtime_error("not a JSON object");
+    return cache;
+  } catch (const std::exception& e) {
+    if (warn)
+      LogWarn(StrFormat("%s: unreadable (%s); measuring the GEMM ceiling again", path.c_str(),
+                        e.what()));
+    return nlohmann::json::object();
+  }
+}
+}  // namespace
+
+double LookupGemmCeiling(const std::string& path, const std::string& key) {
+  const nlohmann::json cache = ReadCache(path, true);
+  const auto entry = cache.find(key);
+  if (entry == cache.end() || !entry->is_object()) return 0;
+  const auto gflops = entry->find("gflops");
+  return gflops != entry->end() && gflops->is_number() && gflops->get<double>() > 0
+             ? gflops->get<double>()
+             : 0;
+}
+
+double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const std::string& path,
+                                  const std::string& key) {
+  const std::vector<GemmShapeRate> rates = MeasureGemmShapes(shapes);
+  double best = 0;
+  nlohmann::json per_shape = nlohmann::json::object();
+  for (const GemmShapeRate& r : rates) {
+    best = std::max(best, r.gflops);
+    per_shape[ShapeName(r.shape)] = r.gflops;
+  }
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  // Re-read just before writing: another process may have added its entry meanwhile.
+  nlohmann::json cache = ReadCache(path, false);
+  cache[key] = {{"gflops", best}, {"measured_at", when}, {"shapes", per_shape}};
+  try {
+    MakeDirectories(ParentDirectory(path));
+    AtomicWriteFile(path, cache.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    LogWarn(StrFormat("the GEMM ceiling was measured but not cached: %s", e.what()));
+  }
+  return best;
+}
+
+}  // namespace crucible

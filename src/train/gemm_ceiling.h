@@ -1,0 +1,58 @@
+// The fp32 GEMM ceiling of this machine for a model: the best GFLOP/s that matrix products of
+// the model's own shapes reach here, measured once and cached, so MFU ("share of the ceiling")
+// means the same from run to run. (A fresh 1024^3 sgemm at every start varied from 77 to 177
+// GFLOP/s across runs of one machine: whatever else ran at that half second decided it.)
+//
+// Measured: for each distinct (in, out) shape of the model's matrix products (the linear layers
+// and the head, kernels::matmul_forward's (N,C) x (OC,C)^T with N = min(rows, 1024) rows), the
+// best of several runs of both Crucible's tiled matmul_forward and one multithreaded
+// cblas_sgemm over the same operands; the ceiling is the best of all of them. Every local rank
+// measures at the same time, so the shares of a shared machine add up.
+//
+// Cached in <cache>/gemm-ceiling.json (<cache>: $CRUCIBLE_CACHE, else $XDG_CACHE_HOME/crucible,
+// else ~/.cache/crucible), one entry per key: the CPU model, its vector features (avx2, avx512f,
+// avx512_bf16, amx), the BLAS build, the OpenMP threads, the ranks sharing the host, and the
+// shapes. A key present is used as is ("cached"); delete the file (or the entry) to measure again.
+// A cache that cannot be read or written costs a warning and a measurement, never the run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/parameters.h"
+
+namespace crucible {
+
+struct GemmShape {
+  int64_t rows = 0, in = 0, out = 0;  // (rows, in) x (out, in)^T
+  bool operator==(const GemmShape&) const = default;
+};
+
+// The distinct matrix-product shapes of `table`'s 2-D weights that take part in products
+// (linear layers, the head, or the embedding where the head is tied to it), with `rows` rows
+// (capped at 1024), in table order.
+std::vector<GemmShape> ModelGemmShapes(const ParameterTable& table, int64_t rows);
+
+struct GemmShapeRate {
+  GemmShape shape;
+  double gflops = 0;  // best over the runs and both implementations
+};
+
+// Measures every shape (collective-free; each call takes about a second or two).
+std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shapes);
+
+// This machine's key: "cpu=...;features=...;blas=...;threads=N;ranks_on_host=R;shapes=...".
+std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);
+// The cache file's path.
+std::string GemmCeilingCachePath();
+
+// The cached ceiling of `key` in the file at `path` (0 when there is none; an unreadable file is
+// a warning and 0).
+double LookupGemmCeiling(const std::string& path, const std::string& key);
+// Measures `shapes` and records the best under `key` in the file at `path` (atomically; a
+// failure to write is a warning). Returns the ceiling.
+double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const std::string& path,
+                                  const std::string& key);
+
+}  // namespace crucible

@@ -1,0 +1,85 @@
+// The GEMM ceiling (train/gemm_ceiling.h): which shapes a model's products have, and the cache
+// that makes the ceiling a once-per-machine measurement.
+#include "train/gemm_ceiling.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "model/model.h"
+#include "support/tiny_training.h"
+
+namespace crucible {
+namespace {
+
+ParameterTable TinyTable(bool tied) {
+  Config config = test_support::TinyTrainingConfig("/tmp/unused", 1);
+  config.ApplyOverride(std::string("model.tie_embeddings=") + (tied ? "true" : "false"));
+  return BuildModelSpec(config)->BuildTable();
+}
+
+TEST(GemmCeiling, TheShapesAreTheModelsDistinctProductsWithRowsCappedAt1024) {
+  // dim 16, 2 x 1 heads of 8, ffn 32, vocab 64: q/o 16x16, k/v 16->8, gate/up 16->32, down 32->16,
+  // the head 16->64 (a separate head, or the embedding where it is tied).
+  const std::vector<GemmShape> expected = {
+      {32, 16, 16}, {32, 16, 8}, {32, 16, 32}, {32, 32, 16}, {32, 16, 64}};
+  for (bool tied : {false, true}) {
+    std::vector<GemmShape> shapes = ModelGemmShapes(TinyTable(tied), 32);
+    std::sort(shapes.begin(), shapes.end(), [](const GemmShape& a, const GemmShape& b) {
+      return std::tie(a.in, a.out) < std::tie(b.in, b.out);
+    });
+    std::vector<GemmShape> sorted = expected;
+    std::sort(sorted.begin(), sorted.end(), [](const GemmShape& a, const GemmShape& b) {
+      return std::tie(a.in, a.out) < std::tie(b.in, b.out);
+    });
+    EXPECT_EQ(shapes, sorted) << "tied=" << tied;
+  }
+  for (const GemmShape& s : ModelGemmShapes(TinyTable(false), 1 << 20)) EXPECT_EQ(s.rows, 1024);
+}
+
+TEST(GemmCeiling, AMeasurementIsCachedUnderItsKeyAndOtherEntriesStay) {
+  const std::string dir = "/tmp/crucible-gemm-ceiling-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string path = dir + "/sub/gemm-ceiling.json";
+  const std::vector<GemmShape> shapes = {{64, 32, 48}};
+  const std::string key = GemmCeilingKey(1, shapes);
+  EXPECT_NE(key.find("threads="), std::string::npos);
+  EXPECT_NE(key.find(";shapes=64x32x48"), std::string::npos) << key;
+  EXPECT_NE(key, GemmCeilingKey(2, shapes));     // ranks sharing the host change the share
+  EXPECT_EQ(LookupGemmCeiling(path, key), 0.0);  // no file yet
+  const double measured = MeasureAndCacheGemmCeiling(shapes, path, key);
+  EXPECT_GT(measured, 0.0);
+  EXPECT_EQ(LookupGemmCeiling(path, key), measured);
+  const double other = MeasureAndCacheGemmCeiling({{64, 48, 32}}, path, "other");
+  EXPECT_EQ(LookupGemmCeiling(path, key), measured);  // still there
+  EXPECT_EQ(LookupGemmCeiling(path, "other"), other);
+  const nlohmann::json cache = nlohmann::json::parse(ReadFile(path));
+  EXPECT_TRUE(cache.at(key).contains("measured_at"));
+  EXPECT_TRUE(cache.at(key).at("shapes").contains("64x32x48"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GemmCeiling, AnUnreadableCacheIsAWarningAndAMeasurementNeverAFailure) {
+  const std::string dir = "/tmp/crucible-gemm-ceiling-bad-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/gemm-ceiling.json";
+  std::ofstream(path) << "{ not json";
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(LookupGemmCeiling(path, "k"), 0.0);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("unreadable"), std::string::npos);
+  EXPECT_GT(MeasureAndCacheGemmCeiling({{16, 16, 16}}, path, "k"), 0.0);  // rewritten
+  EXPECT_GT(LookupGemmCeiling(path, "k"), 0.0);
+  // A cache that cannot be written: the value is still returned, with a warning.
+  testing::internal::CaptureStderr();
+  EXPECT_GT(MeasureAndCacheGemmCeiling({{16, 16, 16}}, "/proc/no/such/gemm-ceiling.json", "k"),
+            0.0);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("not cached"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace crucible
