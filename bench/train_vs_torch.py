@@ -71,8 +71,10 @@ def crucible_run(args, flavor, seq_len, batch):
         records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
         timed = [r["step_seconds"] for r in records[args.warmup:]]
         mfu = records[-1].get("mfu")
+        start = next(l for l in out.splitlines() if l.startswith("phase=start "))
+        peak = dict(f.split("=", 1) for f in start.split() if f.startswith(("peak_gflops=", "peak_source=")))
         return {"tokens_per_second": batch * seq_len * len(timed) / sum(timed), "peak_rss_bytes": rss,
-                "final_loss": records[-1]["loss"], "mfu": mfu}
+                "final_loss": records[-1]["loss"], "mfu": mfu, **peak}
 
 
 def peer_run(args, variant, flavor, seq_len, batch):
@@ -128,8 +130,10 @@ def report(config, runs, variants):
     per_repeat = [c["tokens_per_second"] / p["tokens_per_second"] for c, p in zip(runs["crucible"], runs[best])]
     ratio = medians["crucible"] / medians[best]
     mfus = [r["mfu"] for r in runs["crucible"] if r.get("mfu") is not None]
+    last = runs["crucible"][-1]
     print(f"ratio crucible / best peer ({best}) = {ratio:.2f} (per repeat {min(per_repeat):.2f}-"
-          f"{max(per_repeat):.2f})" + (f"; crucible mfu median {statistics.median(mfus):.1f}%" if mfus else ""))
+          f"{max(per_repeat):.2f})" + (f"; crucible mfu median {statistics.median(mfus):.1f}% of the GEMM ceiling "
+                                       f"{last['peak_gflops']} GFLOP/s ({last['peak_source']})" if mfus else ""))
     return {"config": config, "medians": medians, "best_peer": best, "ratio": ratio, "runs": runs}
 
 
