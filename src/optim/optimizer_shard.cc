@@ -133,9 +133,18 @@ void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads
     config_.optimizer->Update(update);
 }
 
+double OptimizerShard::StepBytes() const {
+  // Each element's weight read and written, its gradient read, each per-element state read and
+  // written.
+  size_t elements = 0, per_element_states = 0;
+  for (const Slot& slot : slots_) elements += slot.count;
+  for (const StateSpec& spec : specs_) per_element_states += spec.per_tensor == 0;
+  return 4.0 * static_cast<double>(elements) * static_cast<double>(3 + 2 * per_element_states);
+}
+
 void OptimizerShard::Step(float* weights, const float* grads, double lr, int64_t step,
                           size_t base) {
-  ScopedKernelTimer profile_timer("optimizer");
+  ScopedKernelTimer profile_timer("optimizer", 0, StepBytes());
   ResetMetrics();
   for (size_t i = 0; i < slots_.size(); ++i) {
     const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;

@@ -94,6 +94,7 @@ class OptimizerShard {
   void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step,
                   bool hessian = false);
   void ResetMetrics();
+  double StepBytes() const;  // what one Step moves at least, for the kernel profile
 
   OptimizerConfig config_;
   const ParameterTable& table_;

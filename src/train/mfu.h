@@ -33,6 +33,7 @@ class MfuMeter {
   // MFU in percent of the step that ran at `tokens_per_second`; NaN once a step has run faster
   // than the peak allows (warns once, at that step, suggesting metrics.peak_gflops).
   double Percent(double tokens_per_second, int64_t step);
+  double peak_gflops() const { return peak_.gflops; }  // of the whole job
 
  private:
   PeakFlops peak_;

@@ -538,7 +538,7 @@ int Trainer::Finish(const Timer& train_timer) {
     }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
   }
-  if (leader() && KernelProfileEnabled()) PrintKernelProfile();
+  if (leader() && KernelProfileEnabled()) PrintKernelProfile(mfu_meter_->peak_gflops() / world_);
   comm().Barrier("end of training");
   mesh_->Finalize();
   if (leader())

@@ -71,14 +71,18 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC) {
-  ScopedKernelTimer profile_timer("matmul");
+  ScopedKernelTimer profile_timer("matmul", 2.0 * N * C * OC,
+                                  4.0 * (1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC));
   gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                      bool accumulate_dweight) {
-  ScopedKernelTimer profile_timer("matmul_backward");
+  // dinp and dweight: two products of 2 N C OC each, reading dout twice.
+  ScopedKernelTimer profile_timer(
+      "matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
+      4.0 * ((dinp ? 2.0 : 1.0) * N * OC + 1.0 * N * C * (dinp ? 2 : 1) + 2.0 * OC * C));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
     gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
