@@ -10,17 +10,17 @@
 namespace crucible {
 namespace {
 
-// Calls fn(owned, full, count) for each tensor of `tensors` (ascending) with where its state of
-// `spec` lies in their owner's buffer (OptimizerShard's tensor layout) and in the full one (the
-// layout over [0, n)), and how many floats it has.
+// Calls fn(owned, full, count) for each tensor of `tensors` (ascending) that carries `spec`,
+// with where its state lies in their owner's buffer (OptimizerShard's tensor layout) and in the
+// full one (`full`: the layout over [0, n)), and how many floats it has.
 template <typename Fn>
-void ForEachTensorState(const StateSpec& spec, const ParameterTable& table,
-                        const std::vector<size_t>& tensors, Fn fn) {
+void ForEachTensorState(const StateSpec& spec, const FullStateLayout& full,
+                        const ParameterTable& table, const std::vector<size_t>& tensors, Fn fn) {
   size_t owned = 0;
   for (size_t t : tensors) {
-    const ParamInfo& param = table.params()[t];
-    const size_t count = spec.per_tensor > 0 ? spec.per_tensor : param.numel;
-    fn(owned, spec.per_tensor > 0 ? t * spec.per_tensor : param.offset, count);
+    const size_t count = spec.FloatsOf(table.params()[t]);
+    if (count == 0) continue;
+    fn(owned, full.offsets[t], count);
     owned += count;
   }
 }
@@ -85,42 +85,37 @@ void MatrixOwnerOptimizer::Step(float* weights, const float* grads, double lr, i
 }
 
 void MatrixOwnerOptimizer::GatherFullState() {
-  Communicator& comm = data_parallel_.comm();
-  const size_t ranks = static_cast<size_t>(comm.size());
-  const bool leader = comm.rank() == 0;
+  const size_t ranks = static_cast<size_t>(data_parallel_.comm().size());
   std::vector<ShardState> parts = local_->State(), full = full_->State();
   std::vector<std::vector<size_t>> tensors_of(ranks);
   for (size_t q = 0; q < ranks; ++q) tensors_of[q] = TensorsOwnedBy(owners_, static_cast<int>(q));
   for (size_t i = 0; i < parts.size(); ++i) {
     const StateSpec& spec = parts[i].spec;
-    // Everything to rank 0, in owner-rank order (an all-to-allv in which only rank 0 receives).
-    std::vector<size_t> send(ranks, 0), receive(ranks, 0);
-    send[0] = parts[i].values.size();
-    if (leader)
-      for (size_t q = 0; q < ranks; ++q)
-        ForEachTensorState(spec, table_, tensors_of[q],
-                           [&](size_t, size_t, size_t count) { receive[q] += count; });
-    const Communicator::Blocks receive_blocks = Communicator::Blocks::Packed(receive);
-    std::vector<float> all(receive_blocks.total());
-    comm.AllToAllV(parts[i].values.data(), Communicator::Blocks::Packed(send), all.data(),
-                   receive_blocks, "optimizer-state gather");
-    if (!leader) continue;
-    std::vector<float>& whole = full[i].values;
-    whole.assign(spec.per_tensor > 0 ? spec.per_tensor * table_.params().size() : table_.total(),
-                 0.0f);
+    const FullStateLayout layout = LayOutFullState(spec, table_);
+    // Everything to rank 0, in owner-rank order.
+    std::vector<size_t> counts(ranks, 0);
     for (size_t q = 0; q < ranks; ++q)
-      ForEachTensorState(spec, table_, tensors_of[q], [&](size_t owned, size_t at, size_t count) {
-        const float* from = all.data() + receive_blocks.offsets[q] + owned;
-        std::copy(from, from + count, whole.data() + at);
-      });
+      ForEachTensorState(spec, layout, table_, tensors_of[q],
+                         [&](size_t, size_t, size_t count) { counts[q] += count; });
+    std::vector<float> all;
+    const Communicator::Blocks blocks = GatherToRoot(parts[i].values, counts, &all);
+    if (data_parallel_.comm().rank() != 0) continue;
+    std::vector<float>& whole = full[i].values;
+    whole.assign(layout.size, 0.0f);
+    for (size_t q = 0; q < ranks; ++q)
+      ForEachTensorState(spec, layout, table_, tensors_of[q],
+                         [&](size_t owned, size_t at, size_t count) {
+                           const float* from = all.data() + blocks.offsets[q] + owned;
+                           std::copy(from, from + count, whole.data() + at);
+                         });
   }
 }
 
 void MatrixOwnerOptimizer::ScatterFullState() {
   std::vector<ShardState> parts = local_->State(), full = full_->State();
   for (size_t i = 0; i < parts.size(); ++i)
-    ForEachTensorState(parts[i].spec, table_, routes_.tensors,
-                       [&](size_t owned, size_t at, size_t count) {
+    ForEachTensorState(parts[i].spec, LayOutFullState(parts[i].spec, table_), table_,
+                       routes_.tensors, [&](size_t owned, size_t at, size_t count) {
                          const float* from = full[i].values.data() + at;
                          std::copy(from, from + count, parts[i].values.data() + owned);
                        });

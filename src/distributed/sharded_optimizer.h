@@ -82,6 +82,11 @@ class ShardedOptimizer {
       : config_(config), table_(table), data_parallel_(data_parallel) {}
   // Allocates full_ (with released buffers) where the state is spread over more than one rank.
   void MakeFullState();
+  // Collective: rank 0 receives `mine` of every rank q, counts[q] floats each (`counts` is read
+  // on rank 0 only), into `all` in rank order (an all-to-allv in which only rank 0 receives);
+  // returns where each rank's block lies there.
+  Communicator::Blocks GatherToRoot(const std::vector<float>& mine,
+                                    const std::vector<size_t>& counts, std::vector<float>* all);
 
   const OptimizerConfig& config_;
   const ParameterTable& table_;

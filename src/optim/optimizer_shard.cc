@@ -65,33 +65,39 @@ OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTab
                   StrFormat("internal: optimizer %s updates whole tensors, but the range [%zu, "
                             "%zu) holds only part of %s",
                             config.name.c_str(), begin, end, p.name.c_str()));
-    slots_.push_back({t, b - p.offset, e - b, b - begin});
+    slots_.push_back({t, b - p.offset, e - b});
   }
-  Allocate(end - begin);
+  Allocate();
 }
 
 OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
                                const std::vector<size_t>& tensors)
     : config_(config), table_(table), specs_(config.optimizer->state()) {
-  size_t offset = 0;
   for (size_t t : tensors) {
     if (t >= table.params().size() || (!slots_.empty() && t <= slots_.back().tensor))
       throw Error(kExitFailure,
                   "internal: optimizer shard tensors must be ascending table indices");
-    slots_.push_back({t, 0, table.params()[t].numel, offset});
-    offset += table.params()[t].numel;
+    slots_.push_back({t, 0, table.params()[t].numel});
   }
-  Allocate(offset);
+  Allocate();
 }
 
-void OptimizerShard::Allocate(size_t elements) {
+void OptimizerShard::Allocate() {
   const bool whole = config_.optimizer->shard_mode() == ShardMode::kWholeMatrix;
-  for (const StateSpec& spec : specs_) {
+  state_offsets_.assign(slots_.size() * specs_.size(), FullStateLayout::kNotCarried);
+  for (size_t s = 0; s < specs_.size(); ++s) {
+    const StateSpec& spec = specs_[s];
     if (spec.per_tensor > 0 && !whole)
       throw Error(kExitFailure, "internal: optimizer " + config_.name +
                                     " declares per-tensor state '" + spec.name +
                                     "' but updates elementwise");
-    state_.emplace_back(spec.per_tensor > 0 ? spec.per_tensor * slots_.size() : elements, 0.0f);
+    size_t size = 0;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (!spec.Carries(table_.params()[slots_[k].tensor])) continue;
+      state_offsets_[k * specs_.size() + s] = size;
+      size += spec.per_tensor > 0 ? spec.per_tensor : slots_[k].count;
+    }
+    state_.emplace_back(size, 0.0f);
   }
   views_.resize(specs_.size());
   metric_specs_ = config_.optimizer->metrics();
@@ -113,9 +119,11 @@ void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads
   const ParamInfo& param = table_.params()[slot.tensor];
   const ParamGroup& group = config_.groups.Of(param.kind);
   for (size_t s = 0; s < specs_.size(); ++s) {
-    const size_t per_tensor = specs_[s].per_tensor;
-    views_[s] = per_tensor > 0 ? std::span<float>(state_[s].data() + index * per_tensor, per_tensor)
-                               : std::span<float>(state_[s].data() + slot.state_offset, slot.count);
+    const size_t offset = state_offsets_[index * specs_.size() + s];
+    const size_t floats = specs_[s].per_tensor > 0 ? specs_[s].per_tensor : slot.count;
+    views_[s] = offset == FullStateLayout::kNotCarried
+                    ? std::span<float>()
+                    : std::span<float>(state_[s].data() + offset, floats);
   }
   const TensorUpdate update{param,
                             group.settings,

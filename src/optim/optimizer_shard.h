@@ -45,9 +45,12 @@ OptimizerConfig BuildOptimizerConfig(const Config& config);
 void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,
                              const std::string& model);
 
-// A state buffer of a shard, for checkpoints: per-element buffers hold element i of every
-// tensor slot in slot order (for a range [begin, end), element i at values[i - begin]);
-// per-tensor ones hold spec.per_tensor floats per tensor slot.
+// A state buffer of a shard: the slots (tensors, or their parts inside a range) that carry the
+// spec (StateSpec::carried_by), in slot order, each with its elements (a per-element state) or
+// spec.per_tensor floats (a per-tensor one). The shard over [0, n) therefore holds
+// LayOutFullState(spec, table) (optim/optimizer.h): the carrying tensors concatenated in table
+// order, which is what checkpoints store. For a spec every tensor carries, a range [begin, end)
+// holds element i at values[i - begin].
 struct ShardState {
   const StateSpec& spec;
   std::vector<float>& values;
@@ -85,12 +88,12 @@ class OptimizerShard {
   const OptimizerConfig& config() const { return config_; }
 
  private:
-  // A tensor, or the part of it inside the range: elements [first, first + count) of the tensor,
-  // its per-element state at state_offset.
+  // A tensor, or the part of it inside the range: elements [first, first + count) of the tensor.
   struct Slot {
-    size_t tensor, first, count, state_offset;
+    size_t tensor, first, count;
   };
-  void Allocate(size_t elements);  // `elements`: the size of each per-element buffer
+  // Lays each spec's buffer out over the slots that carry it (state_offsets_) and allocates it.
+  void Allocate();
   void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step,
                   bool hessian = false);
   void ResetMetrics();
@@ -99,6 +102,9 @@ class OptimizerShard {
   const ParameterTable& table_;
   std::vector<StateSpec> specs_;
   std::vector<Slot> slots_;
+  // Where slot k's state of spec s starts in state_[s]: state_offsets_[k * specs + s]
+  // (FullStateLayout::kNotCarried when the slot's tensor does not carry it).
+  std::vector<size_t> state_offsets_;
   std::vector<std::vector<float>> state_;  // one per spec
   std::vector<std::span<float>> views_;    // one per spec, reused by each update
   std::vector<OptimizerMetric> metric_specs_;
