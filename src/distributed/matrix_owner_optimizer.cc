@@ -1,5 +1,6 @@
 // MatrixOwnerOptimizer (distributed/sharded_optimizer.h): whole-matrix updates under ZeRO-1/3,
-// each tensor by its owner rank.
+// each kWholeMatrix tensor by its owner rank, the kElementwise ones (an optimizer that mixes the
+// modes) in the flat range of this rank.
 #include <algorithm>
 #include <span>
 
@@ -30,22 +31,27 @@ void ForEachTensorState(const StateSpec& spec, const FullStateLayout& full,
 MatrixOwnerOptimizer::MatrixOwnerOptimizer(const OptimizerConfig& config,
                                            const ParameterTable& table, DataParallel& data_parallel)
     : ShardedOptimizer(config, table, data_parallel),
-      owners_(AssignMatrixOwners(table, data_parallel.comm().size())) {
+      owners_(AssignMatrixOwners(table, data_parallel.comm().size(), WholeTensors(config, table))) {
   if (config.optimizer->shard_mode() != ShardMode::kWholeMatrix || data_parallel.zero_stage() == 0)
     throw Error(kExitFailure,
                 "internal: MatrixOwnerOptimizer is for whole-matrix optimizers under "
                 "ZeRO-1/3 (optimizer " +
                     config.name + ")");
   routes_ = RouteMatrices(table, owners_, data_parallel.layout());
-  local_ = std::make_unique<OptimizerShard>(config, table, routes_.tensors);
+  local_ = std::make_unique<OptimizerShard>(config, table, data_parallel.update_begin(),
+                                            data_parallel.update_end(), routes_.tensors);
+  // Each state is gathered from the owners or from the flat ranges (checked: never both).
+  for (const StateSpec& spec : config.optimizer->state())
+    owned_state_.push_back(StateShardMode(config, table, spec) == ShardMode::kWholeMatrix);
   MakeFullState();
-  packed_.resize(data_parallel.update_end() - data_parallel.update_begin());
+  packed_.resize(routes_.to_owners.total());  // the whole-matrix pieces of its range
   owned_weights_.resize(routes_.owned_elements());
   owned_grads_.resize(routes_.owned_elements());
 }
 
 void MatrixOwnerOptimizer::Step(float* weights, const float* grads, double lr, int64_t step,
                                 size_t base) {
+  local_->Step(weights, grads, lr, step, base);  // the elementwise tensors' parts in the range
   Communicator& comm = data_parallel_.comm();
   auto pack = [&](const float* source) {
     size_t at = 0;
@@ -90,6 +96,10 @@ void MatrixOwnerOptimizer::GatherFullState() {
   std::vector<std::vector<size_t>> tensors_of(ranks);
   for (size_t q = 0; q < ranks; ++q) tensors_of[q] = TensorsOwnedBy(owners_, static_cast<int>(q));
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (!owned_state_[i]) {
+      GatherRangeState(parts[i], full[i]);
+      continue;
+    }
     const StateSpec& spec = parts[i].spec;
     const FullStateLayout layout = LayOutFullState(spec, table_);
     // Everything to rank 0, in owner-rank order.
@@ -113,12 +123,17 @@ void MatrixOwnerOptimizer::GatherFullState() {
 
 void MatrixOwnerOptimizer::ScatterFullState() {
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i)
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!owned_state_[i]) {
+      ScatterRangeState(full[i], parts[i]);
+      continue;
+    }
     ForEachTensorState(parts[i].spec, LayOutFullState(parts[i].spec, table_), table_,
                        routes_.tensors, [&](size_t owned, size_t at, size_t count) {
                          const float* from = full[i].values.data() + at;
                          std::copy(from, from + count, parts[i].values.data() + owned);
                        });
+  }
 }
 
 size_t MatrixOwnerOptimizer::BufferBytes() const {

@@ -98,26 +98,31 @@ size_t CarriedIn(const StateSpec& spec, const ParameterTable& table, Range range
 
 // The ranges are consecutive and ascending, so the carrying elements of every rank's range, in
 // rank order, are the full layout (the carrying tensors concatenated in table order).
+void ShardedOptimizer::GatherRangeState(const ShardState& part, const ShardState& full) {
+  const ShardLayout& layout = data_parallel_.layout();
+  std::vector<size_t> counts;
+  for (size_t q = 0; q < static_cast<size_t>(layout.ranks()); ++q)
+    counts.push_back(CarriedIn(part.spec, table_, layout.Owned(q)));
+  GatherToRoot(part.values, counts, &full.values);
+}
+
+void ShardedOptimizer::ScatterRangeState(const ShardState& full, const ShardState& part) {
+  const size_t at = CarriedIn(part.spec, table_, {0, data_parallel_.update_begin()});
+  std::copy(full.values.begin() + at, full.values.begin() + at + part.values.size(),
+            part.values.begin());
+}
+
 void FlatRangeOptimizer::GatherFullState() {
   if (!full_) return;
-  const ShardLayout& layout = data_parallel_.layout();
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i) {  // per element: kWholeMatrix never cuts a tensor
-    std::vector<size_t> counts;
-    for (size_t q = 0; q < static_cast<size_t>(layout.ranks()); ++q)
-      counts.push_back(CarriedIn(parts[i].spec, table_, layout.Owned(q)));
-    GatherToRoot(parts[i].values, counts, &full[i].values);
-  }
+  // Per element: a kWholeMatrix optimizer has a flat range only where it cuts no tensor.
+  for (size_t i = 0; i < parts.size(); ++i) GatherRangeState(parts[i], full[i]);
 }
 
 void FlatRangeOptimizer::ScatterFullState() {
   if (!full_) return;
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const size_t at = CarriedIn(parts[i].spec, table_, {0, data_parallel_.update_begin()});
-    std::copy(full[i].values.begin() + at, full[i].values.begin() + at + parts[i].values.size(),
-              parts[i].values.begin());
-  }
+  for (size_t i = 0; i < parts.size(); ++i) ScatterRangeState(full[i], parts[i]);
 }
 
 std::unique_ptr<ShardedOptimizer> MakeShardedOptimizer(const OptimizerConfig& config,

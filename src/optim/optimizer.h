@@ -122,7 +122,13 @@ struct FloatSettings {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  // The strictest shard mode of its tensors: kWholeMatrix when any tensor must be updated whole.
   virtual ShardMode shard_mode() const = 0;
+  // The shard mode of one tensor; shard_mode() unless the optimizer mixes them (the per-group
+  // optimizer answers by group: Muon's matrices whole, AdamW's tensors elementwise). Under
+  // ZeRO-1/3 across ranks the kWholeMatrix tensors are updated by owner ranks and the others in
+  // the flat range of the rank that holds each piece (distributed/sharded_optimizer.h).
+  virtual ShardMode shard_mode_of(const ParamInfo& /*param*/) const { return shard_mode(); }
   // The state tensors, fixed for the optimizer (not for the shard: a rank whose shard is empty
   // declares the same list, so every rank walks the same list in collective operations).
   virtual std::vector<StateSpec> state() const = 0;

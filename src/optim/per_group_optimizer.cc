@@ -30,6 +30,10 @@ class PerGroupOptimizer final : public Optimizer {
   }
 
   // Each group's optimizer's specs, carried by that group's tensors only.
+  ShardMode shard_mode_of(const ParamInfo& param) const override {
+    return (IsHiddenMatrix(param.kind) ? matrices_ : others_)->shard_mode_of(param);
+  }
+
   std::vector<StateSpec> state() const override {
     std::vector<StateSpec> specs = matrices_->state();
     for (StateSpec& spec : specs) spec.carried_by = spec.carried_by & kHiddenMatrices;

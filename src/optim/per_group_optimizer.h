@@ -11,10 +11,11 @@
 //    the names must differ (checked). So a matrix has no AdamW buffer and an embedding no
 //    momentum: optimizer.safetensors holds "<name>.<tensor>" only for the tensors that carry
 //    `name` (docs/optimizers.md), and each rank allocates only those.
-//  - its shard mode is the stricter one (kWholeMatrix when either is): under ZeRO-1/3 across
-//    ranks every tensor, AdamW's ones included, is updated whole by its owner rank
-//    (MatrixOwnerOptimizer). Correct and bit-identical for every rank count; not yet the split
-//    in which AdamW's groups stay flat-range sharded (docs/optimizers.md, "Not done").
+//  - its shard mode is per tensor (shard_mode_of: each group's optimizer's), shard_mode() the
+//    stricter one: under ZeRO-1/3 across ranks the hidden matrices are updated whole by their
+//    owner ranks and AdamW's tensors elementwise in the flat range of the rank that holds each
+//    piece (MatrixOwnerOptimizer, distributed/sharded_optimizer.h), as plain AdamW runs. Every
+//    state is then carried by tensors of one mode only, which the sharded optimizer relies on.
 #pragma once
 
 #include <memory>

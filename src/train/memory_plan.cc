@@ -75,8 +75,11 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   const double tensor_state = 4 * tensor_floats;
   // The elements whose state this rank keeps: all, its shard, or, for an optimizer that updates
   // whole matrices under ZeRO across ranks, the tensors it owns (at most the largest tensor
-  // above an even share; a unit is at least as large), with buffers for its range's pieces and
-  // its tensors' gradients and weights (distributed/matrix_owner_optimizer.cc).
+  // above an even share; a unit is at least as large) and, where it mixes the modes, the
+  // elementwise tensors' parts in its range (at most its shard); each state is planned at that
+  // bound or at its carrying elements, whichever is smaller; with
+  // buffers for its range's pieces and its tensors' gradients and weights
+  // (distributed/matrix_owner_optimizer.cc).
   const bool owners =
       optimizer->shard_mode() == ShardMode::kWholeMatrix && shape.zero_stage >= 1 && world > 1;
   const double update =

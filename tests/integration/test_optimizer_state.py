@@ -138,6 +138,28 @@ def test_a_checkpoint_with_every_state_for_every_tensor_resumes_bit_exactly_unle
     assert len(errors) == 1 and entry in errors[0] and "non-zero" in errors[0], proc.stderr
 
 
+def rank0_state_bytes(params, world):
+    """Rank 0's optimizer state under ZeRO-1 on `world` ranks: the matrices AssignMatrixOwners
+    (optim/matrix_owners.h) gives it, whole (Muon's buffer and 2 floats), and AdamW's two buffers
+    of the other tensors' elements inside its flat range (shards of 16384-element chunks)."""
+    sizes = [int(np.prod(shape)) for shape in params.values()]  # table order: the file's
+    offsets = np.cumsum([0] + sizes)
+    matrices = [t for t, name in enumerate(params) if is_matrix(name)]
+    load, owner = [0] * world, {}
+    for t in sorted(matrices, key=lambda t: -sizes[t]):  # stable: equal sizes in table order
+        owner[t] = load.index(min(load))
+        load[owner[t]] += sizes[t]
+    chunk = 16384
+    shard = -(-(-(-offsets[-1] // chunk)) // world) * chunk
+    expected = 0
+    for t, size in enumerate(sizes):
+        if t in owner:
+            expected += 4 * (size + 2) if owner[t] == 0 else 0
+        else:
+            expected += 4 * 2 * max(0, min(offsets[t] + size, shard) - offsets[t])
+    return expected
+
+
 def test_the_memory_report_counts_each_tensors_own_state(tmp_path):
     run_dir = tmp_path / "np1"
     proc = train(1, run_dir, ["training.steps=1"])
@@ -146,7 +168,13 @@ def test_the_memory_report_counts_each_tensors_own_state(tmp_path):
     for name, shape in params.items():
         numel = int(np.prod(shape))
         expected += 4 * (numel + 2) if is_matrix(name) else 4 * 2 * numel  # Muon's 3 states; AdamW's 2
-    reported = int(re.search(r"^phase=memory .*optimizer_state_bytes=(\d+)", proc.stdout, re.M).group(1))
+    memory_line = re.compile(r"^phase=memory .*optimizer_state_bytes=(\d+)", re.M)
+    reported = int(memory_line.search(proc.stdout).group(1))
     assert reported == expected
     everything = sum(4 * (3 * int(np.prod(s)) + 2) for s in params.values())  # every name for every tensor
     assert reported < 0.7 * everything
+    assert rank0_state_bytes(params, 1) == expected
+    # Two ranks at ZeRO-1: rank 0 holds its matrices whole and AdamW's elements of its range (the
+    # embedding, 8192 of the first shard's 16384 x 2, whole; the head, at the end, not at all).
+    proc = train(2, tmp_path / "np2", ["training.steps=1", "parallelism.zero_stage=1"])
+    assert int(memory_line.search(proc.stdout).group(1)) == rank0_state_bytes(params, 2)
