@@ -116,14 +116,52 @@ bool CoversWholeTable(const ParameterTable& table, size_t begin, size_t size) {
   return begin == 0 && size == table.total();
 }
 
-// A per-tensor optimizer state holds per_tensor floats for every tensor of the table.
-void CheckPerTensorSize(const ParameterTable& table, const std::string& name, size_t per_tensor,
-                        size_t size) {
-  if (size != per_tensor * table.params().size())
+bool Carries(const std::vector<bool>& carried, size_t tensor) {
+  return carried.empty() || carried[tensor];
+}
+
+// Where each carrying tensor's floats of an optimizer state start in its buffer: the carrying
+// tensors concatenated in table order (kNone for the others). Checks the buffer's size.
+constexpr size_t kNone = static_cast<size_t>(-1);
+std::vector<size_t> StateOffsets(const ParameterTable& table, const std::string& name,
+                                 size_t per_tensor, const std::vector<bool>& carried, size_t size) {
+  if (!carried.empty() && carried.size() != table.params().size())
+    throw Error(kExitFailure, StrFormat("internal: optimizer state %s marks %zu of %zu tensors",
+                                        name.c_str(), carried.size(), table.params().size()));
+  std::vector<size_t> offsets;
+  size_t at = 0;
+  for (size_t t = 0; t < table.params().size(); ++t) {
+    offsets.push_back(Carries(carried, t) ? at : kNone);
+    if (Carries(carried, t)) at += per_tensor > 0 ? per_tensor : table.params()[t].numel;
+  }
+  if (size != at)
     throw Error(kExitFailure,
-                StrFormat("internal: optimizer state %s has %zu floats, not %zu per tensor x %zu "
-                          "tensors",
-                          name.c_str(), size, per_tensor, table.params().size()));
+                StrFormat("internal: optimizer state %s has %zu floats, not the %zu of the "
+                          "tensors that carry it",
+                          name.c_str(), size, at));
+  return offsets;
+}
+
+std::vector<int64_t> StateShape(const ParamInfo& param, size_t per_tensor) {
+  return per_tensor > 0 ? std::vector<int64_t>{static_cast<int64_t>(per_tensor)} : param.shape;
+}
+
+// A tensor that does not carry state `name` may have an entry from a checkpoint written when
+// every tensor held every state: it must be all zeros (what that code kept there).
+void CheckUncarriedEntryIsZero(const SafetensorsReader& file, const std::string& entry,
+                               const std::vector<int64_t>& shape) {
+  if (!file.Find(entry)) return;
+  size_t count = 1;
+  for (int64_t d : shape) count *= static_cast<size_t>(d);
+  std::vector<float> values(count);
+  file.ReadFloat32(entry, shape, values.data());
+  for (size_t k = 0; k < count; ++k)
+    if (values[k] != 0.0f || std::signbit(values[k]))
+      throw DataError(StrFormat(
+          "%s: optimizer state %s has a non-zero value (%g at element %zu), but this optimizer "
+          "keeps no such state for that tensor; the checkpoint was not written by this "
+          "optimizer's configuration",
+          file.source().c_str(), entry.c_str(), static_cast<double>(values[k]), k));
 }
 
 std::string ReadSmallFile(const std::string& path) {
@@ -298,19 +336,18 @@ SaveStats WriteCheckpoint(const std::string& root, const CheckpointSnapshot& sna
     views.clear();
     std::map<std::string, std::string> optimizer_metadata = {
         {"format", "pt"}, {"crucible.optimizer_begin", std::to_string(snapshot.optimizer_begin)}};
-    for (const auto& [state_name, buffer, per_tensor] : snapshot.optimizer_state) {
-      if (per_tensor > 0) {
-        CheckPerTensorSize(table, state_name, per_tensor, buffer.size());
-        for (size_t t = 0; t < table.params().size(); ++t)
-          views.push_back({state_name + "." + table.params()[t].name,
-                           {static_cast<int64_t>(per_tensor)},
-                           buffer.data() + t * per_tensor});
-      } else if (CoversWholeTable(table, snapshot.optimizer_begin, buffer.size())) {
-        for (const auto& p : table.params())
-          views.push_back({state_name + "." + p.name, p.shape, buffer.data() + p.offset});
-      } else {
+    for (const auto& [state_name, buffer, per_tensor, carried] : snapshot.optimizer_state) {
+      if (per_tensor == 0 && carried.empty() &&
+          !CoversWholeTable(table, snapshot.optimizer_begin, buffer.size())) {
         views.push_back({state_name, {static_cast<int64_t>(buffer.size())}, buffer.data()});
+        continue;
       }
+      const std::vector<size_t> offsets =
+          StateOffsets(table, state_name, per_tensor, carried, buffer.size());
+      for (size_t t = 0; t < table.params().size(); ++t)
+        if (offsets[t] != kNone)
+          views.push_back({state_name + "." + table.params()[t].name,
+                           StateShape(table.params()[t], per_tensor), buffer.data() + offsets[t]});
     }
     files.push_back(
         WriteTensorsFile(temporary, "optimizer.safetensors", views, optimizer_metadata, progress));
@@ -537,18 +574,21 @@ nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& tabl
   }
 
   SafetensorsReader optimizer(JoinPath(dir, "optimizer.safetensors"));
-  for (const auto& [state_name, buffer, per_tensor] : optimizer_state) {
-    if (per_tensor > 0) {
-      CheckPerTensorSize(table, state_name, per_tensor, buffer->size());
-      for (size_t t = 0; t < table.params().size(); ++t)
-        optimizer.ReadFloat32(state_name + "." + table.params()[t].name,
-                              {static_cast<int64_t>(per_tensor)}, buffer->data() + t * per_tensor);
-    } else if (CoversWholeTable(table, optimizer_begin, buffer->size()) &&
-               !optimizer.Find(state_name)) {
-      for (const auto& p : table.params())
-        optimizer.ReadFloat32(state_name + "." + p.name, p.shape, buffer->data() + p.offset);
-    } else {
+  for (const auto& [state_name, buffer, per_tensor, carried] : optimizer_state) {
+    if (per_tensor == 0 && carried.empty() &&
+        (!CoversWholeTable(table, optimizer_begin, buffer->size()) || optimizer.Find(state_name))) {
       optimizer.ReadFloat32(state_name, {static_cast<int64_t>(buffer->size())}, buffer->data());
+      continue;
+    }
+    const std::vector<size_t> offsets =
+        StateOffsets(table, state_name, per_tensor, carried, buffer->size());
+    for (size_t t = 0; t < table.params().size(); ++t) {
+      const ParamInfo& p = table.params()[t];
+      const std::string entry = state_name + "." + p.name;
+      if (offsets[t] == kNone)
+        CheckUncarriedEntryIsZero(optimizer, entry, StateShape(p, per_tensor));
+      else
+        optimizer.ReadFloat32(entry, StateShape(p, per_tensor), buffer->data() + offsets[t]);
     }
   }
   return state;

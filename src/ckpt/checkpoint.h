@@ -33,21 +33,28 @@
 namespace crucible {
 
 // An optimizer state buffer by name ("exp_avg", "exp_avg_sq", "momentum"; the optimizer's
-// StateSpec). per_tensor 0: one float per parameter element, covering the slice
-// [optimizer_begin, optimizer_begin + size) of the parameter buffer; stored as
-// "<name>.<parameter name>" tensors of the parameters' shapes when that slice is the whole
-// buffer, else as one flat "<name>" tensor. per_tensor n > 0: n floats per tensor of the table,
-// in table order, stored as "<name>.<parameter name>" tensors of shape {n}.
+// StateSpec), held by the tensors `carried` marks (one flag per tensor of the table; empty:
+// every tensor). per_tensor 0: one float per element of the carrying tensors, concatenated in
+// table order, stored as "<name>.<parameter name>" tensors of the parameters' shapes. (A state
+// every tensor carries may instead cover a slice [optimizer_begin, optimizer_begin + size) of
+// the parameter buffer, stored as one flat "<name>" tensor.) per_tensor n > 0: n floats per
+// carrying tensor, in table order, stored as "<name>.<parameter name>" tensors of shape {n}.
+// Nothing is stored for a tensor that does not carry the state.
 struct OptimizerStateValues {
   std::string name;
   std::vector<float> values;
   size_t per_tensor = 0;
+  std::vector<bool> carried = {};
 };
-// The same, naming the buffer a load fills.
+// The same, naming the buffer a load fills. A checkpoint written before states were carried by
+// subsets holds "<name>.<parameter name>" for every tensor; a load accepts such an entry of a
+// tensor that does not carry `name` when it is all zeros (what that code kept there), and
+// ignores it, else refuses it with a DataError naming it.
 struct OptimizerStateTarget {
   std::string name;
   std::vector<float>* values;
   size_t per_tensor = 0;
+  std::vector<bool> carried = {};
 };
 
 // Everything one checkpoint holds, copied out of the training state into host memory, so a

@@ -1,5 +1,6 @@
 // MatrixOwnerOptimizer (distributed/sharded_optimizer.h): whole-matrix updates under ZeRO-1/3,
-// each tensor by its owner rank.
+// each kWholeMatrix tensor by its owner rank, the kElementwise ones (an optimizer that mixes the
+// modes) in the flat range of this rank.
 #include <algorithm>
 #include <span>
 
@@ -10,17 +11,17 @@
 namespace crucible {
 namespace {
 
-// Calls fn(owned, full, count) for each tensor of `tensors` (ascending) with where its state of
-// `spec` lies in their owner's buffer (OptimizerShard's tensor layout) and in the full one (the
-// layout over [0, n)), and how many floats it has.
+// Calls fn(owned, full, count) for each tensor of `tensors` (ascending) that carries `spec`,
+// with where its state lies in their owner's buffer (OptimizerShard's tensor layout) and in the
+// full one (`full`: the layout over [0, n)), and how many floats it has.
 template <typename Fn>
-void ForEachTensorState(const StateSpec& spec, const ParameterTable& table,
-                        const std::vector<size_t>& tensors, Fn fn) {
+void ForEachTensorState(const StateSpec& spec, const FullStateLayout& full,
+                        const ParameterTable& table, const std::vector<size_t>& tensors, Fn fn) {
   size_t owned = 0;
   for (size_t t : tensors) {
-    const ParamInfo& param = table.params()[t];
-    const size_t count = spec.per_tensor > 0 ? spec.per_tensor : param.numel;
-    fn(owned, spec.per_tensor > 0 ? t * spec.per_tensor : param.offset, count);
+    const size_t count = spec.FloatsOf(table.params()[t]);
+    if (count == 0) continue;
+    fn(owned, full.offsets[t], count);
     owned += count;
   }
 }
@@ -30,22 +31,27 @@ void ForEachTensorState(const StateSpec& spec, const ParameterTable& table,
 MatrixOwnerOptimizer::MatrixOwnerOptimizer(const OptimizerConfig& config,
                                            const ParameterTable& table, DataParallel& data_parallel)
     : ShardedOptimizer(config, table, data_parallel),
-      owners_(AssignMatrixOwners(table, data_parallel.comm().size())) {
+      owners_(AssignMatrixOwners(table, data_parallel.comm().size(), WholeTensors(config, table))) {
   if (config.optimizer->shard_mode() != ShardMode::kWholeMatrix || data_parallel.zero_stage() == 0)
     throw Error(kExitFailure,
                 "internal: MatrixOwnerOptimizer is for whole-matrix optimizers under "
                 "ZeRO-1/3 (optimizer " +
                     config.name + ")");
   routes_ = RouteMatrices(table, owners_, data_parallel.layout());
-  local_ = std::make_unique<OptimizerShard>(config, table, routes_.tensors);
+  local_ = std::make_unique<OptimizerShard>(config, table, data_parallel.update_begin(),
+                                            data_parallel.update_end(), routes_.tensors);
+  // Each state is gathered from the owners or from the flat ranges (checked: never both).
+  for (const StateSpec& spec : config.optimizer->state())
+    owned_state_.push_back(StateShardMode(config, table, spec) == ShardMode::kWholeMatrix);
   MakeFullState();
-  packed_.resize(data_parallel.update_end() - data_parallel.update_begin());
+  packed_.resize(routes_.to_owners.total());  // the whole-matrix pieces of its range
   owned_weights_.resize(routes_.owned_elements());
   owned_grads_.resize(routes_.owned_elements());
 }
 
 void MatrixOwnerOptimizer::Step(float* weights, const float* grads, double lr, int64_t step,
                                 size_t base) {
+  local_->Step(weights, grads, lr, step, base);  // the elementwise tensors' parts in the range
   Communicator& comm = data_parallel_.comm();
   auto pack = [&](const float* source) {
     size_t at = 0;
@@ -85,45 +91,49 @@ void MatrixOwnerOptimizer::Step(float* weights, const float* grads, double lr, i
 }
 
 void MatrixOwnerOptimizer::GatherFullState() {
-  Communicator& comm = data_parallel_.comm();
-  const size_t ranks = static_cast<size_t>(comm.size());
-  const bool leader = comm.rank() == 0;
+  const size_t ranks = static_cast<size_t>(data_parallel_.comm().size());
   std::vector<ShardState> parts = local_->State(), full = full_->State();
   std::vector<std::vector<size_t>> tensors_of(ranks);
   for (size_t q = 0; q < ranks; ++q) tensors_of[q] = TensorsOwnedBy(owners_, static_cast<int>(q));
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (!owned_state_[i]) {
+      GatherRangeState(parts[i], full[i]);
+      continue;
+    }
     const StateSpec& spec = parts[i].spec;
-    // Everything to rank 0, in owner-rank order (an all-to-allv in which only rank 0 receives).
-    std::vector<size_t> send(ranks, 0), receive(ranks, 0);
-    send[0] = parts[i].values.size();
-    if (leader)
-      for (size_t q = 0; q < ranks; ++q)
-        ForEachTensorState(spec, table_, tensors_of[q],
-                           [&](size_t, size_t, size_t count) { receive[q] += count; });
-    const Communicator::Blocks receive_blocks = Communicator::Blocks::Packed(receive);
-    std::vector<float> all(receive_blocks.total());
-    comm.AllToAllV(parts[i].values.data(), Communicator::Blocks::Packed(send), all.data(),
-                   receive_blocks, "optimizer-state gather");
-    if (!leader) continue;
-    std::vector<float>& whole = full[i].values;
-    whole.assign(spec.per_tensor > 0 ? spec.per_tensor * table_.params().size() : table_.total(),
-                 0.0f);
+    const FullStateLayout layout = LayOutFullState(spec, table_);
+    // Everything to rank 0, in owner-rank order.
+    std::vector<size_t> counts(ranks, 0);
     for (size_t q = 0; q < ranks; ++q)
-      ForEachTensorState(spec, table_, tensors_of[q], [&](size_t owned, size_t at, size_t count) {
-        const float* from = all.data() + receive_blocks.offsets[q] + owned;
-        std::copy(from, from + count, whole.data() + at);
-      });
+      ForEachTensorState(spec, layout, table_, tensors_of[q],
+                         [&](size_t, size_t, size_t count) { counts[q] += count; });
+    std::vector<float> all;
+    const Communicator::Blocks blocks = GatherToRoot(parts[i].values, counts, &all);
+    if (data_parallel_.comm().rank() != 0) continue;
+    std::vector<float>& whole = full[i].values;
+    whole.assign(layout.size, 0.0f);
+    for (size_t q = 0; q < ranks; ++q)
+      ForEachTensorState(spec, layout, table_, tensors_of[q],
+                         [&](size_t owned, size_t at, size_t count) {
+                           const float* from = all.data() + blocks.offsets[q] + owned;
+                           std::copy(from, from + count, whole.data() + at);
+                         });
   }
 }
 
 void MatrixOwnerOptimizer::ScatterFullState() {
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i)
-    ForEachTensorState(parts[i].spec, table_, routes_.tensors,
-                       [&](size_t owned, size_t at, size_t count) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!owned_state_[i]) {
+      ScatterRangeState(full[i], parts[i]);
+      continue;
+    }
+    ForEachTensorState(parts[i].spec, LayOutFullState(parts[i].spec, table_), table_,
+                       routes_.tensors, [&](size_t owned, size_t at, size_t count) {
                          const float* from = full[i].values.data() + at;
                          std::copy(from, from + count, parts[i].values.data() + owned);
                        });
+  }
 }
 
 size_t MatrixOwnerOptimizer::BufferBytes() const {

@@ -19,7 +19,7 @@ MatrixRoutes RouteMatrices(const ParameterTable& table, const std::vector<int>& 
                           "of %zu parameters",
                           owners.size(), params.size(), layout.n_params(), table.total()));
   for (int owner : owners)
-    if (owner < 0 || static_cast<size_t>(owner) >= ranks)
+    if (owner != kNoOwner && (owner < 0 || static_cast<size_t>(owner) >= ranks))
       throw Error(kExitFailure, StrFormat("internal: owner rank %d of %zu ranks", owner, ranks));
 
   // The part of tensor t inside `range` (Range{} when none).
@@ -34,7 +34,7 @@ MatrixRoutes RouteMatrices(const ParameterTable& table, const std::vector<int>& 
   std::vector<size_t> send_counts(ranks, 0);
   for (size_t owner = 0; owner < ranks; ++owner)
     for (size_t t = 0; t < params.size(); ++t) {
-      if (static_cast<size_t>(owners[t]) != owner) continue;
+      if (owners[t] != static_cast<int>(owner)) continue;  // kNoOwner: none
       const Range piece = part(t, mine);
       if (piece.size() == 0) continue;
       routes.pieces.push_back(piece);

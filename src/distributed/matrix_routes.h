@@ -42,7 +42,8 @@ struct MatrixRoutes {
 };
 
 // The routes of rank layout.rank() among layout.ranks(), for `owners` (indexed like
-// table.params(), each in [0, layout.ranks())). The layout's n_params must be table.total().
+// table.params(), each in [0, layout.ranks()), or kNoOwner for a tensor that is updated in the
+// flat ranges and does not travel). The layout's n_params must be table.total().
 MatrixRoutes RouteMatrices(const ParameterTable& table, const std::vector<int>& owners,
                            const ShardLayout& layout);
 

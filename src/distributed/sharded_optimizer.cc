@@ -68,30 +68,61 @@ void MatrixOwnerOptimizer::UpdateHessian(float*, const float*, double, int64_t, 
                   "update is not implemented");
 }
 
+Communicator::Blocks ShardedOptimizer::GatherToRoot(const std::vector<float>& mine,
+                                                    const std::vector<size_t>& counts,
+                                                    std::vector<float>* all) {
+  Communicator& comm = data_parallel_.comm();
+  std::vector<size_t> send(static_cast<size_t>(comm.size()), 0), receive = send;
+  send[0] = mine.size();
+  if (comm.rank() == 0) receive = counts;
+  const Communicator::Blocks receive_blocks = Communicator::Blocks::Packed(std::move(receive));
+  all->assign(receive_blocks.total(), 0.0f);
+  comm.AllToAllV(mine.data(), Communicator::Blocks::Packed(std::move(send)), all->data(),
+                 receive_blocks, "optimizer-state gather");
+  return receive_blocks;
+}
+
+namespace {
+
+// The elements of [range.begin, range.end) whose tensors carry `spec` (a per-element spec).
+size_t CarriedIn(const StateSpec& spec, const ParameterTable& table, Range range) {
+  size_t count = 0;
+  for (const ParamInfo& p : table.params()) {
+    const size_t b = std::max(range.begin, p.offset), e = std::min(range.end, p.offset + p.numel);
+    if (spec.Carries(p) && b < e) count += e - b;
+  }
+  return count;
+}
+
+}  // namespace
+
+// The ranges are consecutive and ascending, so the carrying elements of every rank's range, in
+// rank order, are the full layout (the carrying tensors concatenated in table order).
+void ShardedOptimizer::GatherRangeState(const ShardState& part, const ShardState& full) {
+  const ShardLayout& layout = data_parallel_.layout();
+  std::vector<size_t> counts;
+  for (size_t q = 0; q < static_cast<size_t>(layout.ranks()); ++q)
+    counts.push_back(CarriedIn(part.spec, table_, layout.Owned(q)));
+  GatherToRoot(part.values, counts, &full.values);
+}
+
+void ShardedOptimizer::ScatterRangeState(const ShardState& full, const ShardState& part) {
+  const size_t at = CarriedIn(part.spec, table_, {0, data_parallel_.update_begin()});
+  std::copy(full.values.begin() + at, full.values.begin() + at + part.values.size(),
+            part.values.begin());
+}
+
 void FlatRangeOptimizer::GatherFullState() {
   if (!full_) return;
-  Communicator& comm = data_parallel_.comm();
-  const bool leader = comm.rank() == 0;
-  const size_t shard = data_parallel_.shard_size(), n_params = table_.total();
-  const size_t begin = data_parallel_.update_begin();
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const std::vector<float>& part = parts[i].values;  // per element: kWholeMatrix never cuts
-    // Rank 0 receives every rank's shard (padded to the shard size) in rank order.
-    std::vector<float> mine(shard, 0.0f), all(leader ? data_parallel_.padded_size() : 0);
-    if (!part.empty())
-      std::copy(part.begin(), part.end(), mine.begin() + (begin - comm.rank() * shard));
-    comm.GatherFloatToRoot(mine.data(), all.data(), shard, "optimizer-state gather");
-    if (leader) full[i].values.assign(all.begin(), all.begin() + n_params);
-  }
+  // Per element: a kWholeMatrix optimizer has a flat range only where it cuts no tensor.
+  for (size_t i = 0; i < parts.size(); ++i) GatherRangeState(parts[i], full[i]);
 }
 
 void FlatRangeOptimizer::ScatterFullState() {
   if (!full_) return;
   std::vector<ShardState> parts = local_->State(), full = full_->State();
-  for (size_t i = 0; i < parts.size(); ++i)
-    std::copy(full[i].values.begin() + data_parallel_.update_begin(),
-              full[i].values.begin() + data_parallel_.update_end(), parts[i].values.begin());
+  for (size_t i = 0; i < parts.size(); ++i) ScatterRangeState(full[i], parts[i]);
 }
 
 std::unique_ptr<ShardedOptimizer> MakeShardedOptimizer(const OptimizerConfig& config,

@@ -20,12 +20,16 @@
 // Two implementations, chosen by MakeShardedOptimizer:
 //  - FlatRangeOptimizer: the shard is the trainer's flat range. Every kElementwise optimizer, and
 //    a kWholeMatrix one where the range cuts no tensor (one rank, or ZeRO-0).
-//  - MatrixOwnerOptimizer: kWholeMatrix under ZeRO-1/3 across ranks. Each tensor has one owner
-//    (AssignMatrixOwners); the reduced gradient pieces (ZeRO-3: and the weight pieces) go from
-//    the flat-range holders to the owners by one all-to-allv (distributed/matrix_routes.h), each
-//    owner updates its tensors whole in ascending order (StepMatrix), and the updated pieces go
-//    back by the reverse all-to-allv. A tensor's update is a function of its whole gradient,
-//    weights and state, so every rank count gives the bits of one rank.
+//  - MatrixOwnerOptimizer: kWholeMatrix under ZeRO-1/3 across ranks. Each kWholeMatrix tensor
+//    (Optimizer::shard_mode_of) has one owner (AssignMatrixOwners); the reduced gradient pieces
+//    (ZeRO-3: and the weight pieces) go from the flat-range holders to the owners by one
+//    all-to-allv (distributed/matrix_routes.h), each owner updates its tensors whole in
+//    ascending order (StepMatrix), and the updated pieces go back by the reverse all-to-allv.
+//    The kElementwise tensors of an optimizer that mixes the modes (Muon or Mano with AdamW)
+//    are updated in this rank's flat range, as FlatRangeOptimizer does, and their state is
+//    gathered from the ranges. A tensor's update is a function of its whole gradient, weights
+//    and state (an elementwise one's of each element's), so every rank count gives the bits of
+//    one rank.
 #pragma once
 
 #include <cstddef>
@@ -82,6 +86,16 @@ class ShardedOptimizer {
       : config_(config), table_(table), data_parallel_(data_parallel) {}
   // Allocates full_ (with released buffers) where the state is spread over more than one rank.
   void MakeFullState();
+  // Collective: rank 0 receives `mine` of every rank q, counts[q] floats each (`counts` is read
+  // on rank 0 only), into `all` in rank order (an all-to-allv in which only rank 0 receives);
+  // returns where each rank's block lies there.
+  Communicator::Blocks GatherToRoot(const std::vector<float>& mine,
+                                    const std::vector<size_t>& counts, std::vector<float>* all);
+  // A state held by flat ranges (ZeRO-1/3, each rank the carrying elements of its update range):
+  // Gather fills rank 0's `full` from every rank's `part` (collective), Scatter copies this
+  // rank's part of a loaded `full` into `part`.
+  void GatherRangeState(const ShardState& part, const ShardState& full);
+  void ScatterRangeState(const ShardState& full, const ShardState& part);
 
   const OptimizerConfig& config_;
   const ParameterTable& table_;
@@ -117,7 +131,8 @@ class MatrixOwnerOptimizer final : public ShardedOptimizer {
 
  private:
   MatrixRoutes routes_;
-  std::vector<int> owners_;  // of each tensor
+  std::vector<int> owners_;        // of each tensor (kNoOwner: an elementwise one)
+  std::vector<bool> owned_state_;  // of each spec: held by owners (else by flat ranges)
   // packed_: this rank's pieces as a holder (its flat range, packed by owner); owned_weights_,
   // owned_grads_: its tensors as an owner, concatenated.
   std::vector<float> packed_, owned_weights_, owned_grads_;

@@ -50,8 +50,27 @@ std::map<std::string, std::string> LlamaSpec::WeightsMetadata() const {
 ParameterSizes LlamaSpec::PlannedSizes() const {
   const LlamaSizes s = PlannedLlamaSizes(config_);
   // Per layer two norms and seven projections; the embedding, the final norm, an untied head.
-  const double tensors = 9.0 * config_.n_layers + 2 + (config_.tie_embeddings ? 0 : 1);
-  return {s.parameters, s.embedding, s.largest_unit, s.largest_other_unit, tensors};
+  const double L = static_cast<double>(config_.n_layers), tied = config_.tie_embeddings ? 0 : 1;
+  ParameterSizes sizes;
+  sizes.parameters = s.parameters;
+  sizes.first_unit = s.embedding;
+  sizes.largest_unit = s.largest_unit;
+  sizes.largest_other_unit = s.largest_other_unit;
+  sizes.tensors = 9 * L + 2 + tied;
+  const double C = static_cast<double>(config_.dim),
+               F = static_cast<double>(config_.ffn_hidden_dim);
+  const double q = static_cast<double>(config_.n_heads) * config_.head_dim() * C;
+  const double kv = static_cast<double>(config_.n_kv_heads) * config_.head_dim() * C;
+  auto set = [&](ParamKind kind, double parameters, double tensors) {
+    sizes.kind_parameters[static_cast<size_t>(kind)] = parameters;
+    sizes.kind_tensors[static_cast<size_t>(kind)] = tensors;
+  };
+  set(ParamKind::kEmbedding, s.embedding, 1);
+  set(ParamKind::kNorm, (2 * L + 1) * C, 2 * L + 1);
+  set(ParamKind::kLinear, L * (q + 2 * kv + 2 * F * C), 5 * L);  // q k v, gate up
+  set(ParamKind::kOutputProjection, L * (q + F * C), 2 * L);     // o, down
+  set(ParamKind::kHead, tied * s.embedding, tied);
+  return sizes;
 }
 
 BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {

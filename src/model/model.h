@@ -16,6 +16,7 @@
 // and `[model] name = "llama"` selects it (docs/architecture.md, "How to add a model").
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -76,6 +77,9 @@ struct ParameterSizes {
   double largest_unit = 0;        // of all units
   double largest_other_unit = 0;  // of all units but the first
   double tensors = 0;             // how many tensors the table holds
+  // The elements and the tensors of each ParamKind (indexed by its value): what an optimizer
+  // state carried by some kinds only (optim/optimizer.h) takes.
+  std::array<double, kParamKindCount> kind_parameters{}, kind_tensors{};
 };
 
 // Bytes Build(batch_size, seq_len) allocates, in double.

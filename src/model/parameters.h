@@ -16,6 +16,7 @@ namespace crucible {
 // hidden matrix (attention and MLP projections; kOutputProjection are those that write into the
 // residual stream), or the output head.
 enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
+inline constexpr size_t kParamKindCount = 5;
 
 struct ParamInfo {
   std::string name;            // e.g. model.layers.0.self_attn.q_proj.weight (Llama: HF names)

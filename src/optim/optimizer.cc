@@ -13,6 +13,16 @@ Registry<OptimizerFactory>& Optimizers() {
 
 }  // namespace
 
+FullStateLayout LayOutFullState(const StateSpec& spec, const ParameterTable& table) {
+  FullStateLayout layout;
+  for (const ParamInfo& param : table.params()) {
+    const size_t floats = spec.FloatsOf(param);
+    layout.offsets.push_back(spec.Carries(param) ? layout.size : FullStateLayout::kNotCarried);
+    layout.size += floats;
+  }
+  return layout;
+}
+
 void Optimizer::UpdateHessian(const TensorUpdate&) const {
   throw Error(kExitFailure, "internal: UpdateHessian on an optimizer with no Hessian estimate");
 }

@@ -32,15 +32,36 @@ namespace crucible {
 
 enum class ShardMode { kElementwise, kWholeMatrix };
 
-// One state tensor an optimizer keeps. Checkpoints store it per parameter tensor, as
-// "<name>.<parameter name>" in optimizer.safetensors, so `name` is part of the file format.
+// One state tensor an optimizer keeps, for the tensors of the kinds in `carried_by` (every
+// tensor by default). Checkpoints store it per carrying tensor, as "<name>.<parameter name>" in
+// optimizer.safetensors, so `name` is part of the file format. A tensor that does not carry a
+// state has none of it anywhere: no buffer in OptimizerShard, no entry in the checkpoint, an
+// empty span in TensorUpdate::state (the per-group optimizer, optim/per_group_optimizer.h,
+// declares each group's optimizer's specs for that group only).
 struct StateSpec {
   std::string name;
   // 0: one float per parameter element (the tensor's shape). n > 0: n floats per parameter
   // tensor (e.g. a per-matrix scalar), allowed for kWholeMatrix optimizers only: a tensor cut
   // between ranks would have one copy per rank.
   size_t per_tensor = 0;
+  ParamKinds carried_by = ParamKinds::All();
+
+  bool Carries(const ParamInfo& param) const { return carried_by.Contains(param.kind); }
+  // The floats of this state `param` has: 0, per_tensor, or one per element.
+  size_t FloatsOf(const ParamInfo& param) const {
+    return !Carries(param) ? 0 : per_tensor > 0 ? per_tensor : param.numel;
+  }
 };
+
+// A state over every parameter, as checkpoints and ShardedOptimizer::full_state() hold it: the
+// carrying tensors' floats concatenated in table order. offsets[t]: where tensor t's start
+// (kNotCarried when it does not carry the state); size: the floats of all of them.
+struct FullStateLayout {
+  static constexpr size_t kNotCarried = static_cast<size_t>(-1);
+  std::vector<size_t> offsets;
+  size_t size = 0;
+};
+FullStateLayout LayOutFullState(const StateSpec& spec, const ParameterTable& table);
 
 // What one update sees of one parameter tensor.
 struct TensorUpdate {
@@ -54,7 +75,8 @@ struct TensorUpdate {
   std::span<float> weights;
   std::span<const float> grads;
   // One span per StateSpec, in declaration order: a per-element state is aligned with
-  // `weights`; a per-tensor state holds the tensor's n floats.
+  // `weights`; a per-tensor state holds the tensor's n floats; a state the tensor does not carry
+  // (StateSpec::carried_by) is empty.
   std::span<const std::span<float>> state;
   // Tokens per global batch (OptimizerConfig::batch_tokens): SophiaG scales its Hessian by it.
   double batch_tokens = 0;
@@ -100,7 +122,13 @@ struct FloatSettings {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  // The strictest shard mode of its tensors: kWholeMatrix when any tensor must be updated whole.
   virtual ShardMode shard_mode() const = 0;
+  // The shard mode of one tensor; shard_mode() unless the optimizer mixes them (the per-group
+  // optimizer answers by group: Muon's matrices whole, AdamW's tensors elementwise). Under
+  // ZeRO-1/3 across ranks the kWholeMatrix tensors are updated by owner ranks and the others in
+  // the flat range of the rank that holds each piece (distributed/sharded_optimizer.h).
+  virtual ShardMode shard_mode_of(const ParamInfo& /*param*/) const { return shard_mode(); }
   // The state tensors, fixed for the optimizer (not for the shard: a rank whose shard is empty
   // declares the same list, so every rank walks the same list in collective operations).
   virtual std::vector<StateSpec> state() const = 0;

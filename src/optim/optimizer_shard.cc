@@ -52,46 +52,94 @@ void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable
                   config.name.c_str(), model.c_str()));
 }
 
+ShardMode StateShardMode(const OptimizerConfig& config, const ParameterTable& table,
+                         const StateSpec& spec) {
+  bool whole = false, elementwise = false;
+  for (const ParamInfo& p : table.params())
+    if (spec.Carries(p))
+      (config.optimizer->shard_mode_of(p) == ShardMode::kWholeMatrix ? whole : elementwise) = true;
+  if (whole && elementwise)
+    throw Error(kExitFailure, "internal: optimizer " + config.name + "'s state '" + spec.name +
+                                  "' is carried by whole-matrix and by elementwise tensors");
+  return whole ? ShardMode::kWholeMatrix : ShardMode::kElementwise;
+}
+
+std::vector<bool> WholeTensors(const OptimizerConfig& config, const ParameterTable& table) {
+  std::vector<bool> whole;
+  for (const ParamInfo& p : table.params())
+    whole.push_back(config.optimizer->shard_mode_of(p) == ShardMode::kWholeMatrix);
+  return whole;
+}
+
 OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
                                size_t begin, size_t end)
     : config_(config), table_(table), specs_(config.optimizer->state()) {
-  const bool whole = config.optimizer->shard_mode() == ShardMode::kWholeMatrix;
-  for (size_t t = 0; t < table.params().size(); ++t) {
-    const ParamInfo& p = table.params()[t];
-    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
-    if (b >= e) continue;
-    if (whole && e - b != p.numel)
-      throw Error(kExitFailure,
-                  StrFormat("internal: optimizer %s updates whole tensors, but the range [%zu, "
-                            "%zu) holds only part of %s",
-                            config.name.c_str(), begin, end, p.name.c_str()));
-    slots_.push_back({t, b - p.offset, e - b, b - begin});
-  }
-  Allocate(end - begin);
+  AddRange(begin, end, false);
+  Allocate();
 }
 
 OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
                                const std::vector<size_t>& tensors)
     : config_(config), table_(table), specs_(config.optimizer->state()) {
-  size_t offset = 0;
-  for (size_t t : tensors) {
-    if (t >= table.params().size() || (!slots_.empty() && t <= slots_.back().tensor))
-      throw Error(kExitFailure,
-                  "internal: optimizer shard tensors must be ascending table indices");
-    slots_.push_back({t, 0, table.params()[t].numel, offset});
-    offset += table.params()[t].numel;
-  }
-  Allocate(offset);
+  AddOwned(tensors);
+  Allocate();
 }
 
-void OptimizerShard::Allocate(size_t elements) {
-  const bool whole = config_.optimizer->shard_mode() == ShardMode::kWholeMatrix;
-  for (const StateSpec& spec : specs_) {
-    if (spec.per_tensor > 0 && !whole)
+OptimizerShard::OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
+                               size_t begin, size_t end, const std::vector<size_t>& tensors)
+    : config_(config), table_(table), specs_(config.optimizer->state()) {
+  for (size_t t : tensors)
+    if (t < table.params().size() &&
+        config.optimizer->shard_mode_of(table.params()[t]) != ShardMode::kWholeMatrix)
+      throw Error(kExitFailure, "internal: optimizer shard owns " + table.params()[t].name +
+                                    ", which is updated elementwise");
+  AddOwned(tensors);
+  AddRange(begin, end, true);
+  std::stable_sort(slots_.begin(), slots_.end(),
+                   [](const Slot& a, const Slot& b) { return a.tensor < b.tensor; });
+  Allocate();
+}
+
+void OptimizerShard::AddRange(size_t begin, size_t end, bool elementwise_only) {
+  for (size_t t = 0; t < table_.params().size(); ++t) {
+    const ParamInfo& p = table_.params()[t];
+    const bool whole = config_.optimizer->shard_mode_of(p) == ShardMode::kWholeMatrix;
+    const size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
+    if (b >= e || (whole && elementwise_only)) continue;
+    if (whole && e - b != p.numel)
+      throw Error(kExitFailure,
+                  StrFormat("internal: optimizer %s updates whole tensors, but the range [%zu, "
+                            "%zu) holds only part of %s",
+                            config_.name.c_str(), begin, end, p.name.c_str()));
+    slots_.push_back({t, b - p.offset, e - b});
+  }
+}
+
+void OptimizerShard::AddOwned(const std::vector<size_t>& tensors) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const size_t t = tensors[k];
+    if (t >= table_.params().size() || (k > 0 && t <= tensors[k - 1]))
+      throw Error(kExitFailure,
+                  "internal: optimizer shard tensors must be ascending table indices");
+    slots_.push_back({t, 0, table_.params()[t].numel, true});
+  }
+}
+
+void OptimizerShard::Allocate() {
+  state_offsets_.assign(slots_.size() * specs_.size(), FullStateLayout::kNotCarried);
+  for (size_t s = 0; s < specs_.size(); ++s) {
+    const StateSpec& spec = specs_[s];
+    if (spec.per_tensor > 0 && StateShardMode(config_, table_, spec) != ShardMode::kWholeMatrix)
       throw Error(kExitFailure, "internal: optimizer " + config_.name +
                                     " declares per-tensor state '" + spec.name +
                                     "' but updates elementwise");
-    state_.emplace_back(spec.per_tensor > 0 ? spec.per_tensor * slots_.size() : elements, 0.0f);
+    size_t size = 0;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (!spec.Carries(table_.params()[slots_[k].tensor])) continue;
+      state_offsets_[k * specs_.size() + s] = size;
+      size += spec.per_tensor > 0 ? spec.per_tensor : slots_[k].count;
+    }
+    state_.emplace_back(size, 0.0f);
   }
   views_.resize(specs_.size());
   metric_specs_ = config_.optimizer->metrics();
@@ -113,9 +161,11 @@ void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads
   const ParamInfo& param = table_.params()[slot.tensor];
   const ParamGroup& group = config_.groups.Of(param.kind);
   for (size_t s = 0; s < specs_.size(); ++s) {
-    const size_t per_tensor = specs_[s].per_tensor;
-    views_[s] = per_tensor > 0 ? std::span<float>(state_[s].data() + index * per_tensor, per_tensor)
-                               : std::span<float>(state_[s].data() + slot.state_offset, slot.count);
+    const size_t offset = state_offsets_[index * specs_.size() + s];
+    const size_t floats = specs_[s].per_tensor > 0 ? specs_[s].per_tensor : slot.count;
+    views_[s] = offset == FullStateLayout::kNotCarried
+                    ? std::span<float>()
+                    : std::span<float>(state_[s].data() + offset, floats);
   }
   const TensorUpdate update{param,
                             group.settings,
@@ -147,6 +197,7 @@ void OptimizerShard::Step(float* weights, const float* grads, double lr, int64_t
   ScopedKernelTimer profile_timer("optimizer", 0, StepBytes());
   ResetMetrics();
   for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].owned) continue;
     const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;
     UpdateSlot(i, weights + (element - base), grads + (element - base), lr, step);
   }
@@ -156,6 +207,7 @@ void OptimizerShard::UpdateHessian(float* weights, const float* grads, double lr
                                    size_t base) {
   ScopedKernelTimer profile_timer("optimizer");
   for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].owned) continue;
     const size_t element = table_.params()[slots_[i].tensor].offset + slots_[i].first;
     UpdateSlot(i, weights + (element - base), grads + (element - base), lr, step, true);
   }
@@ -167,13 +219,12 @@ void OptimizerShard::StepMatrix(size_t tensor, std::span<float> weights,
   auto slot =
       std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.tensor == tensor; });
   const ParamInfo* param = tensor < table_.params().size() ? &table_.params()[tensor] : nullptr;
-  if (slot == slots_.end() || !param || slot->count != param->numel ||
+  if (slot == slots_.end() || !slot->owned || !param || slot->count != param->numel ||
       weights.size() != param->numel || grads.size() != param->numel)
     throw Error(kExitFailure,
                 StrFormat("internal: StepMatrix(%zu) on a shard that does not hold that tensor "
                           "whole, or with spans of another size",
                           tensor));
-  if (tensor == slots_.front().tensor) ResetMetrics();  // owners update in ascending order
   UpdateSlot(static_cast<size_t>(slot - slots_.begin()), weights.data(), grads.data(), lr, step);
 }
 

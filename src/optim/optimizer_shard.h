@@ -2,14 +2,17 @@
 // (OptimizerConfig), and the state and update of the part of the parameters one rank updates
 // (OptimizerShard). Nothing here knows of MPI: a shard updates what it is given.
 //
-// Two ways to cut the parameters, by the optimizer's shard mode (optim/optimizer.h):
+// Two ways to cut the parameters, by the tensors' shard modes (Optimizer::shard_mode_of):
 //  - a flat range [begin, end) of the parameter buffer (the whole buffer on one rank, a ZeRO
-//    shard): kElementwise optimizers in any range; kWholeMatrix ones only in a range that cuts no
-//    tensor (one rank, or ZeRO stage 0 where every rank updates everything);
-//  - a set of whole tensors (kWholeMatrix across ZeRO ranks, each rank the tensors that
+//    shard), updated by Step: kElementwise tensors in any range; kWholeMatrix ones only in a
+//    range that cuts none of them (one rank, or ZeRO stage 0 where every rank updates
+//    everything);
+//  - a set of whole tensors, "owned" (kWholeMatrix across ZeRO ranks, each rank the tensors that
 //    AssignMatrixOwners gives it), each updated by StepMatrix from its full gradient. Moving a
 //    tensor's reduced gradient to its owner and the updated tensor back is the data-parallel
 //    side's part (MatrixOwnerOptimizer, distributed/sharded_optimizer.h).
+// A shard of an optimizer that mixes the modes (Muon or Mano with AdamW) holds both: the owned
+// kWholeMatrix tensors, and the parts of the kElementwise ones inside its range.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +38,14 @@ struct OptimizerConfig {
   // TrainingConfig before it builds the shards.
   double batch_tokens = 0;
 };
+// The shard mode of the tensors that carry `spec` (internal error when they have two: a spec of
+// an optimizer that mixes modes is carried by one mode's tensors only, so each state is either
+// gathered from owners or from flat ranges). kElementwise when no tensor carries it.
+ShardMode StateShardMode(const OptimizerConfig& config, const ParameterTable& table,
+                         const StateSpec& spec);
+// Whether each tensor of `table` is updated whole (kWholeMatrix): AssignMatrixOwners' `whole`.
+std::vector<bool> WholeTensors(const OptimizerConfig& config, const ParameterTable& table);
+
 // Reads and checks the [optimizer] keys (UsageError, exit 2, on an unknown name or settings that
 // cannot train). The peak learning rate is the schedule's (optim/lr_schedule.h).
 // A matrices-only optimizer (Muon, Mano) trains the hidden matrices and AdamW the rest
@@ -45,9 +56,12 @@ OptimizerConfig BuildOptimizerConfig(const Config& config);
 void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,
                              const std::string& model);
 
-// A state buffer of a shard, for checkpoints: per-element buffers hold element i of every
-// tensor slot in slot order (for a range [begin, end), element i at values[i - begin]);
-// per-tensor ones hold spec.per_tensor floats per tensor slot.
+// A state buffer of a shard: the slots (tensors, or their parts inside a range) that carry the
+// spec (StateSpec::carried_by), in slot order, each with its elements (a per-element state) or
+// spec.per_tensor floats (a per-tensor one). The shard over [0, n) therefore holds
+// LayOutFullState(spec, table) (optim/optimizer.h): the carrying tensors concatenated in table
+// order, which is what checkpoints store. For a spec every tensor carries, a range [begin, end)
+// holds element i at values[i - begin].
 struct ShardState {
   const StateSpec& spec;
   std::vector<float>& values;
@@ -58,18 +72,22 @@ class OptimizerShard {
   // The elements [begin, end) of the flat parameter buffer.
   OptimizerShard(const OptimizerConfig& config, const ParameterTable& table, size_t begin,
                  size_t end);
-  // The whole tensors `tensors` (indices into table.params(), ascending).
+  // The whole tensors `tensors` (indices into table.params(), ascending), owned.
   OptimizerShard(const OptimizerConfig& config, const ParameterTable& table,
                  const std::vector<size_t>& tensors);
+  // Mixed: the kWholeMatrix tensors `tensors` (ascending), owned, and the parts of the
+  // kElementwise tensors inside [begin, end). Slots in table order.
+  OptimizerShard(const OptimizerConfig& config, const ParameterTable& table, size_t begin,
+                 size_t end, const std::vector<size_t>& tensors);
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
 
-  // One update of every element of the shard; `lr` is the schedule's learning rate of this step,
-  // `step` counts from 1. weights[i - base] and grads[i - base] hold flat element i (base > 0
-  // when they are a ZeRO-3 shard).
+  // One update of every element of the shard but the owned tensors; `lr` is the schedule's
+  // learning rate of this step, `step` counts from 1. weights[i - base] and grads[i - base] hold
+  // flat element i (base > 0 when they are a ZeRO-3 shard).
   void Step(float* weights, const float* grads, double lr, int64_t step, size_t base = 0);
   // One update of tensor `tensor` (an index into table.params()), which this shard holds whole:
-  // `weights` and `grads` are its param.numel elements.
+  // `weights` and `grads` are its param.numel elements. An owner calls it after the step's Step.
   void StepMatrix(size_t tensor, std::span<float> weights, std::span<const float> grads, double lr,
                   int64_t step);
   // The optimizer's Hessian update of every element of the shard from `grads` (the sampled-target
@@ -77,7 +95,7 @@ class OptimizerShard {
   void UpdateHessian(float* weights, const float* grads, double lr, int64_t step, size_t base = 0);
 
   // The accumulators of the optimizer's metrics() over this shard's tensors since the last Step
-  // (two doubles per metric, OptimizerMetric): Step starts them afresh.
+  // (two doubles per metric, OptimizerMetric): Step starts them afresh, StepMatrix adds to them.
   const std::vector<double>& metric_accumulators() const { return metrics_; }
 
   // The state buffers, in the optimizer's declaration order.
@@ -85,12 +103,16 @@ class OptimizerShard {
   const OptimizerConfig& config() const { return config_; }
 
  private:
-  // A tensor, or the part of it inside the range: elements [first, first + count) of the tensor,
-  // its per-element state at state_offset.
+  // A tensor, or the part of it inside the range: elements [first, first + count) of the tensor;
+  // `owned`: a whole tensor updated by StepMatrix (not by Step).
   struct Slot {
-    size_t tensor, first, count, state_offset;
+    size_t tensor, first, count;
+    bool owned = false;
   };
-  void Allocate(size_t elements);  // `elements`: the size of each per-element buffer
+  void AddRange(size_t begin, size_t end, bool elementwise_only);
+  void AddOwned(const std::vector<size_t>& tensors);
+  // Lays each spec's buffer out over the slots that carry it (state_offsets_) and allocates it.
+  void Allocate();
   void UpdateSlot(size_t slot, float* weights, const float* grads, double lr, int64_t step,
                   bool hessian = false);
   void ResetMetrics();
@@ -100,6 +122,9 @@ class OptimizerShard {
   const ParameterTable& table_;
   std::vector<StateSpec> specs_;
   std::vector<Slot> slots_;
+  // Where slot k's state of spec s starts in state_[s]: state_offsets_[k * specs + s]
+  // (FullStateLayout::kNotCarried when the slot's tensor does not carry it).
+  std::vector<size_t> state_offsets_;
   std::vector<std::vector<float>> state_;  // one per spec
   std::vector<std::span<float>> views_;    // one per spec, reused by each update
   std::vector<OptimizerMetric> metric_specs_;

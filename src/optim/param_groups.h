@@ -6,6 +6,7 @@
 // AdamW's and take the optimizer.adamw_* keys.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,32 @@ class ParamGroups {
   std::vector<ParamGroup> groups_;
 };
 
+// A set of parameter kinds (model/parameters.h), e.g. the tensors that carry an optimizer state
+// (StateSpec::carried_by, optim/optimizer.h).
+class ParamKinds {
+ public:
+  constexpr ParamKinds(std::initializer_list<ParamKind> kinds) {
+    for (ParamKind kind : kinds) bits_ |= Bit(kind);
+  }
+  static constexpr ParamKinds All() {
+    return {ParamKind::kEmbedding, ParamKind::kNorm, ParamKind::kLinear,
+            ParamKind::kOutputProjection, ParamKind::kHead};
+  }
+  constexpr bool Contains(ParamKind kind) const { return (bits_ & Bit(kind)) != 0; }
+  constexpr ParamKinds Complement() const { return ParamKinds(All().bits_ & ~bits_); }
+  constexpr ParamKinds operator&(ParamKinds other) const { return ParamKinds(bits_ & other.bits_); }
+  constexpr bool operator==(const ParamKinds&) const = default;
+
+ private:
+  constexpr explicit ParamKinds(unsigned bits) : bits_(bits) {}
+  static constexpr unsigned Bit(ParamKind kind) { return 1u << static_cast<unsigned>(kind); }
+  unsigned bits_ = 0;
+};
+
 // The tensors of the "matrices" group: the 2-D hidden matrices (attention and MLP projections).
+inline constexpr ParamKinds kHiddenMatrices{ParamKind::kLinear, ParamKind::kOutputProjection};
 inline bool IsHiddenMatrix(ParamKind kind) {
-  return kind == ParamKind::kLinear || kind == ParamKind::kOutputProjection;
+  return kHiddenMatrices.Contains(kind);
 }
 
 // The four groups from the [optimizer] keys: matrices (kLinear and kOutputProjection), embeddings

@@ -29,9 +29,18 @@ class PerGroupOptimizer final : public Optimizer {
                : ShardMode::kElementwise;
   }
 
+  // Each group's optimizer's specs, carried by that group's tensors only.
+  ShardMode shard_mode_of(const ParamInfo& param) const override {
+    return (IsHiddenMatrix(param.kind) ? matrices_ : others_)->shard_mode_of(param);
+  }
+
   std::vector<StateSpec> state() const override {
     std::vector<StateSpec> specs = matrices_->state();
-    for (StateSpec& spec : others_->state()) specs.push_back(std::move(spec));
+    for (StateSpec& spec : specs) spec.carried_by = spec.carried_by & kHiddenMatrices;
+    for (StateSpec& spec : others_->state()) {
+      spec.carried_by = spec.carried_by & kHiddenMatrices.Complement();
+      specs.push_back(std::move(spec));
+    }
     return specs;
   }
 

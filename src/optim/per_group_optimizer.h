@@ -6,14 +6,16 @@
 //
 // The combination is itself an Optimizer, so OptimizerShard, ShardedOptimizer and checkpoints
 // need nothing of their own for it:
-//  - its state is the matrices optimizer's specs, then AdamW's (exp_avg, exp_avg_sq); the names
-//    must differ (checked). Each tensor uses the specs of its own optimizer; the others' buffers
-//    stay zero at its elements, so optimizer.safetensors holds every name for every tensor, the
-//    unused ones zeros (docs/optimizers.md). A per-tensor spec exists for every tensor too.
-//  - its shard mode is the stricter one (kWholeMatrix when either is): under ZeRO-1/3 across
-//    ranks every tensor, AdamW's ones included, is updated whole by its owner rank
-//    (MatrixOwnerOptimizer). Correct and bit-identical for every rank count; not yet the split
-//    in which AdamW's groups stay flat-range sharded (docs/optimizers.md, "Not done").
+//  - its state is the matrices optimizer's specs, carried by the hidden matrices only, then
+//    AdamW's (exp_avg, exp_avg_sq), carried by the other tensors only (StateSpec::carried_by);
+//    the names must differ (checked). So a matrix has no AdamW buffer and an embedding no
+//    momentum: optimizer.safetensors holds "<name>.<tensor>" only for the tensors that carry
+//    `name` (docs/optimizers.md), and each rank allocates only those.
+//  - its shard mode is per tensor (shard_mode_of: each group's optimizer's), shard_mode() the
+//    stricter one: under ZeRO-1/3 across ranks the hidden matrices are updated whole by their
+//    owner ranks and AdamW's tensors elementwise in the flat range of the rank that holds each
+//    piece (MatrixOwnerOptimizer, distributed/sharded_optimizer.h), as plain AdamW runs. Every
+//    state is then carried by tensors of one mode only, which the sharded optimizer relies on.
 #pragma once
 
 #include <memory>

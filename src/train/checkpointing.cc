@@ -39,7 +39,14 @@ void AllocateSnapshotBuffer(std::vector<float>* buffer, size_t count) {
 
 // The size of an optimizer state buffer that covers every parameter, as checkpoints hold it.
 size_t FullStateSize(const StateSpec& spec, const ParameterTable& table) {
-  return spec.per_tensor > 0 ? spec.per_tensor * table.params().size() : table.total();
+  return LayOutFullState(spec, table).size;
+}
+
+// Which tensors of the table carry `spec` (ckpt's OptimizerStateValues::carried).
+std::vector<bool> CarriedBy(const StateSpec& spec, const ParameterTable& table) {
+  std::vector<bool> carried;
+  for (const ParamInfo& param : table.params()) carried.push_back(spec.Carries(param));
+  return carried;
 }
 
 std::string ReadLatest(const std::string& root) {
@@ -105,7 +112,8 @@ Checkpointing::Checkpointing(const Config& config, const std::string& run_dir,
     // delayed by the page faults.
     std::vector<size_t> sizes;
     for (const ShardState& state : optimizer_->State()) {
-      snapshot_.optimizer_state.push_back({state.spec.name, {}, state.spec.per_tensor});
+      snapshot_.optimizer_state.push_back(
+          {state.spec.name, {}, state.spec.per_tensor, CarriedBy(state.spec, table_)});
       sizes.push_back(FullStateSize(state.spec, table_));
     }
     writer_.Start([this, sizes]() {
@@ -176,7 +184,8 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   std::vector<OptimizerStateTarget> targets;
   for (const ShardState& state : optimizer_->State()) {
     if (state.values.empty()) state.values.resize(FullStateSize(state.spec, table_));
-    targets.push_back({state.spec.name, &state.values, state.spec.per_tensor});
+    targets.push_back(
+        {state.spec.name, &state.values, state.spec.per_tensor, CarriedBy(state.spec, table_)});
   }
   Timer timer;
   const std::string saved_config_path = JoinPath(dir, "config.toml");
@@ -278,6 +287,7 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
     OptimizerStateValues& copy = snapshot_.optimizer_state[i];
     copy.name = state[i].spec.name;
     copy.per_tensor = state[i].spec.per_tensor;
+    copy.carried = CarriedBy(state[i].spec, table_);
     copy.values.resize(state[i].values.size());
     CopyBuffer(copy.values.data(), state[i].values.data(), state[i].values.size());
   }

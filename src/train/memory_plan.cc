@@ -55,20 +55,31 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   const double shard = std::ceil(std::ceil(P / chunk) / world) * chunk;
   const double padded = shard * world;
   // The optimizer the trainer builds (Muon, Mano: with AdamW's state for the other groups).
+  // Each state counts the tensors that carry it (StateSpec::carried_by), from the planned sizes:
+  // a table of an absurd config would itself not fit.
   const std::shared_ptr<const Optimizer> optimizer = BuildOptimizerConfig(config).optimizer;
-  double state_buffers = 0;  // per-element optimizer state buffers, as the optimizer declares
-  double per_tensor = 0;     // and floats of per-tensor state (whole-matrix optimizers)
+  std::vector<double> carried;  // elements of each per-element state over every parameter
+  double tensor_floats = 0;     // floats of the per-tensor states (whole-matrix optimizers)
   for (const StateSpec& spec : optimizer->state()) {
-    if (spec.per_tensor == 0) ++state_buffers;
-    per_tensor += static_cast<double>(spec.per_tensor);
+    double elements = 0, tensors = 0;
+    for (size_t kind = 0; kind < kParamKindCount; ++kind)
+      if (spec.carried_by.Contains(static_cast<ParamKind>(kind))) {
+        elements += sizes.kind_parameters[kind];
+        tensors += sizes.kind_tensors[kind];
+      }
+    if (spec.carried_by == ParamKinds::All()) elements = P, tensors = sizes.tensors;
+    if (spec.per_tensor == 0) carried.push_back(elements);
+    tensor_floats += static_cast<double>(spec.per_tensor) * tensors;
   }
-  // Per-tensor state, for every tensor (a rank owns at most all of them). Counted from the
-  // planned sizes: a table of an absurd config would itself not fit.
-  const double tensor_state = 4 * per_tensor * sizes.tensors;
+  // Per-tensor state, for every carrying tensor (a rank owns at most all of them).
+  const double tensor_state = 4 * tensor_floats;
   // The elements whose state this rank keeps: all, its shard, or, for an optimizer that updates
   // whole matrices under ZeRO across ranks, the tensors it owns (at most the largest tensor
-  // above an even share; a unit is at least as large), with buffers for its range's pieces and
-  // its tensors' gradients and weights (distributed/matrix_owner_optimizer.cc).
+  // above an even share; a unit is at least as large) and, where it mixes the modes, the
+  // elementwise tensors' parts in its range (at most its shard); each state is planned at that
+  // bound or at its carrying elements, whichever is smaller; with
+  // buffers for its range's pieces and its tensors' gradients and weights
+  // (distributed/matrix_owner_optimizer.cc).
   const bool owners =
       optimizer->shard_mode() == ShardMode::kWholeMatrix && shape.zero_stage >= 1 && world > 1;
   const double update =
@@ -76,6 +87,12 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
       : owners              ? std::min(P, shard + U)
                : std::max(0.0, std::min(P, (rank + 1) * shard) - std::min(P, rank * shard));
   const double owner_buffers = owners ? 4 * (shard + 2 * update) : 0.0;
+  // This rank's per-element state (at most the carrying elements of each), and every rank's.
+  double state_bytes = 0, full_state_bytes = 0;
+  for (double elements : carried) {
+    state_bytes += 4 * std::min(elements, update);
+    full_state_bytes += 4 * elements;
+  }
 
   MemoryPlan plan;
   plan.activations = model.PlannedBuffers(B, T).total_bytes;
@@ -85,7 +102,7 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   if (shape.zero_stage == 3) {
     const double piece = std::min(static_cast<double>(DataParallel::kReducePiece), U);
     plan.model_state =
-        (4 + 4 + 16) * shard + 4 * state_buffers * update + 4 * ShardedAccess::kGatherBuffers * U +
+        (4 + 4 + 16) * shard + state_bytes + 4 * ShardedAccess::kGatherBuffers * U +
         4 * (sizes.first_unit + sizes.largest_other_unit) +
         16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard))) +
         owner_buffers + tensor_state;
@@ -95,16 +112,15 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
             ? 16.0 * DataParallel::kMaxInFlight *
                   std::max(1.0, std::min(static_cast<double>(DataParallel::kReducePiece), shard))
             : 0.0;
-    plan.model_state =
-        (4 + 4 + 16) * padded + 4 * state_buffers * update + receive + owner_buffers + tensor_state;
+    plan.model_state = (4 + 4 + 16) * padded + state_bytes + receive + owner_buffers + tensor_state;
   }
   // Rank 0 writes checkpoints: the host snapshot of the async writer, and during a save the full
   // optimizer state (and under ZeRO-3 the full weights) gathered from the shards.
   const bool sharded_state = shape.zero_stage >= 1 && world > 1;
   if (config.Bool("checkpoint.enable")) {
     if (rank == 0) {
-      if (config.Bool("checkpoint.async")) plan.checkpoint += 4 * P * (1 + state_buffers);
-      if (sharded_state) plan.checkpoint += 4 * state_buffers * P + 4 * padded;
+      if (config.Bool("checkpoint.async")) plan.checkpoint += 4 * P + full_state_bytes;
+      if (sharded_state) plan.checkpoint += full_state_bytes + 4 * padded;
       if (shape.zero_stage == 3 && world > 1) plan.checkpoint += 4 * padded;
     }
     if (sharded_state) plan.checkpoint += 4 * shard;

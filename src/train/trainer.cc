@@ -284,11 +284,11 @@ void Trainer::ConnectModel() {
   const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
   PrintLine(StrFormat(
       "phase=memory zero_stage=%d weights=%s grads=%s accumulator=%s optimizer_state=%s "
-      "comm_buffers=%s model_state_bytes=%.0f activations=%s communicated_per_step=%s "
-      "overlap=%s",
+      "optimizer_state_bytes=%.0f comm_buffers=%s model_state_bytes=%.0f activations=%s "
+      "communicated_per_step=%s overlap=%s",
       data_parallel_->zero_stage(), HumanBytes(weight_bytes).c_str(),
       HumanBytes(grad_bytes).c_str(), HumanBytes(accumulator_bytes).c_str(),
-      HumanBytes(4 * state_floats).c_str(), HumanBytes(buffers).c_str(), total,
+      HumanBytes(4 * state_floats).c_str(), 4 * state_floats, HumanBytes(buffers).c_str(), total,
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(),
       HumanBytes(static_cast<double>(
                      data_parallel_->CommunicatedBytesPerStep(training_.shape.accumulation)))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import STACKS, python_env, run_crucible
-from llama_reference import read_safetensors, write_safetensors
+from safetensors_io import read_safetensors, write_safetensors
 
 REFERENCE = "import sys, llama_reference; llama_reference.main(sys.argv[1:])"
 

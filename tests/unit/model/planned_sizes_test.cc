@@ -29,6 +29,16 @@ TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
     EXPECT_EQ(sizes.layer, static_cast<double>(table.units()[1].size())) << c.flavor;
     EXPECT_EQ(sizes.tail, static_cast<double>(table.units().back().size())) << c.flavor;
     EXPECT_EQ(sizes.largest_unit, static_cast<double>(table.max_unit_size())) << c.flavor;
+    // Per kind, as the optimizer state carried by some kinds only is planned.
+    const ParameterSizes planned = LlamaSpec(c).PlannedSizes();
+    std::array<double, kParamKindCount> elements{}, tensors{};
+    for (const ParamInfo& p : table.params()) {
+      elements[static_cast<size_t>(p.kind)] += static_cast<double>(p.numel);
+      tensors[static_cast<size_t>(p.kind)] += 1;
+    }
+    EXPECT_EQ(planned.kind_parameters, elements) << c.flavor;
+    EXPECT_EQ(planned.kind_tensors, tensors) << c.flavor;
+    EXPECT_EQ(planned.tensors, static_cast<double>(table.params().size())) << c.flavor;
   }
 }
 

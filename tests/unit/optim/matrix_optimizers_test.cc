@@ -183,8 +183,9 @@ TEST(Mano, StepsMatchThePublishedRuleInDoubleAlternatingColumnsAndRows) {
   }
 }
 
-// What the combination declares: the matrices optimizer's state names, then AdamW's; the names
-// are optimizer.safetensors' "<state>.<parameter>".
+// What the combination declares: the matrices optimizer's state names, carried by the hidden
+// matrices only, then AdamW's, carried by the other tensors only; the names are
+// optimizer.safetensors' "<state>.<parameter>".
 TEST(PerGroupOptimizer, DeclaresEachOptimizersStateNamesAndUpdatesWholeMatrices) {
   auto names = [](const std::string& optimizer) {
     std::vector<std::string> out;
@@ -199,6 +200,11 @@ TEST(PerGroupOptimizer, DeclaresEachOptimizersStateNamesAndUpdatesWholeMatrices)
                                                      "update_rms/1", "exp_avg", "exp_avg_sq"}));
   for (const char* name : {"Muon", "Mano"}) {
     const OptimizerConfig config = ConfigFor(name);
+    for (const StateSpec& spec : config.optimizer->state()) {
+      const bool adamw = spec.name == "exp_avg" || spec.name == "exp_avg_sq";
+      EXPECT_EQ(spec.carried_by, adamw ? kHiddenMatrices.Complement() : kHiddenMatrices)
+          << name << " " << spec.name;
+    }
     EXPECT_EQ(config.optimizer->shard_mode(), ShardMode::kWholeMatrix) << name;
     EXPECT_EQ(config.others, "AdamW") << name;
   }
@@ -245,19 +251,20 @@ TEST(Muon, Bf16NewtonSchulzDiffersFromFp32AndIsDeterministicForAnyThreadCount) {
 TEST(Muon, LogsTheLargestIterateAndTheDistanceFromOrthogonality) {
   const ParameterTable table = SmallTable();
   const StepsRun run = ThreeSteps("Muon", {}, 1.0f);
-  // Per-tensor state: index = tensor; layer.linear and layer.output are tensors 2 and 3.
-  for (size_t t : {2u, 3u}) {
+  // Per-tensor state, carried by the hidden matrices only: layer.linear and layer.output.
+  ASSERT_EQ(run.state[1].size(), 2u);  // the embedding, norms and head are AdamW's: none
+  for (size_t t : {0u, 1u}) {
     EXPECT_GT(run.state[1][t], 0.1f) << t;
     EXPECT_LT(run.state[1][t], 1.5f) << t;  // the quintic keeps singular values near 0.7..1.2
     EXPECT_LT(run.state[2][t], 0.6f) << t;  // |X X^T - I|_F / sqrt(5)
     EXPECT_GT(run.state[2][t], 0.0f) << t;  // five steps do not converge exactly
   }
-  EXPECT_EQ(run.state[1][0], 0.0f);  // the embedding is AdamW's
 }
 
 TEST(Mano, CountsItsUpdatesForTheParityAndLogsTheUpdateRms) {
   const StepsRun run = ThreeSteps("Mano", {}, 1.0f);
-  for (size_t t : {2u, 3u}) {
+  ASSERT_EQ(run.state[1].size(), 2u);
+  for (size_t t : {0u, 1u}) {
     EXPECT_EQ(run.state[1][t], 3.0f) << t;
     EXPECT_NEAR(run.state[2][t], 0.2f, 1e-4) << t;  // the published rescaling: update RMS 0.2
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/config.h"
+#include "common/error.h"
 #include "model/llama.h"
 #include "optim_test_util.h"
 
@@ -27,6 +28,17 @@ TEST(AssignMatrixOwners, LargestFirstToTheLeastLoadedRankLowestOnTies) {
   EXPECT_EQ(AssignMatrixOwners(table, 3), (std::vector<int>{2, 0, 2, 2, 1, 1}));
   EXPECT_EQ(Loads(table, AssignMatrixOwners(table, 3), 3), (std::vector<size_t>{9, 10, 10}));
   EXPECT_EQ(TensorsOwnedBy(AssignMatrixOwners(table, 3), 2), (std::vector<size_t>{0, 2, 3}));
+}
+
+TEST(AssignMatrixOwners, OnlyTheWholeTensorsGetOwnersAndOnlyTheyAreBalanced) {
+  // Of sizes 4 9 4 2 7 3, t1 and t5 are updated elementwise: t4 (7) -> 0, t0 (4) -> 1,
+  // t2 (4) -> 2, t3 (2) -> 1 (loads 7 4 4: the lowest of the least loaded): loads 7 6 4.
+  const ParameterTable table = TableOfSizes({4, 9, 4, 2, 7, 3});
+  const std::vector<int> owners =
+      AssignMatrixOwners(table, 3, {true, false, true, true, true, false});
+  EXPECT_EQ(owners, (std::vector<int>{1, kNoOwner, 2, 1, 0, kNoOwner}));
+  EXPECT_EQ(TensorsOwnedBy(owners, 1), (std::vector<size_t>{0, 3}));
+  EXPECT_THROW(AssignMatrixOwners(table, 3, {true}), Error);
 }
 
 TEST(AssignMatrixOwners, OneRankOwnsEverythingAndSpareRanksOwnNothing) {

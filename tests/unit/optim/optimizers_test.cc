@@ -158,7 +158,8 @@ TEST(AdamW, StepsMatchThePublishedRuleInDouble) {
 
 struct Result {
   std::vector<float> weights;
-  std::vector<std::vector<float>> state;  // per spec: the flat layout, or per tensor in order
+  // Per spec: the layout over [0, n), the carrying tensors' floats in table order.
+  std::vector<std::vector<float>> state;
 };
 
 // Three steps on SmallTable() by one shard holding everything.
@@ -215,13 +216,13 @@ Result RunOwners(const OptimizerConfig& config, const ParameterTable& table, int
                                     {grads.data() + p.offset, p.numel}, 1e-2, step);
     }
   }
-  // Back into table order: each tensor's state from its owner.
+  // Back into table order: each carrying tensor's state from its owner.
   const std::vector<StateSpec> specs = config.optimizer->state();
   r.state.resize(specs.size());
   for (size_t s = 0; s < specs.size(); ++s) {
     std::vector<size_t> used(world, 0);  // floats of each owner's buffer already taken
     for (size_t t = 0; t < table.params().size(); ++t) {
-      const size_t count = specs[s].per_tensor > 0 ? specs[s].per_tensor : table.params()[t].numel;
+      const size_t count = specs[s].FloatsOf(table.params()[t]);
       const std::vector<float>& owner = shards[owners[t]]->State()[s].values;
       r.state[s].insert(r.state[s].end(), owner.begin() + used[owners[t]],
                         owner.begin() + used[owners[t]] + count);
@@ -291,6 +292,51 @@ TEST(OptimizerShard, PerTensorStateIsForWholeMatrixOptimizersOnly) {
   EXPECT_EQ(exit_code, kExitFailure);
   OptimizerShard whole(Unregistered(ShardMode::kWholeMatrix, 2), table, 0, table.total());
   EXPECT_EQ(whole.State()[0].values.size(), 2 * table.params().size());
+}
+
+// An optimizer of these tests only: a state "m" of the hidden matrices and "e" of the rest; each
+// update checks that it sees exactly its tensor's states and writes tensor index + 1 into them.
+class Carrying final : public Optimizer {
+ public:
+  explicit Carrying(const ParameterTable& table) : table_(table) {}
+  ShardMode shard_mode() const override { return ShardMode::kElementwise; }
+  std::vector<StateSpec> state() const override {
+    return {{"m", 0, kHiddenMatrices}, {"e", 0, kHiddenMatrices.Complement()}};
+  }
+  void Update(const TensorUpdate& u) const override {
+    const bool matrix = IsHiddenMatrix(u.param.kind);
+    EXPECT_EQ(u.state[0].size(), matrix ? u.weights.size() : 0u) << u.param.name;
+    EXPECT_EQ(u.state[1].size(), matrix ? 0u : u.weights.size()) << u.param.name;
+    const float index = static_cast<float>(&u.param - table_.params().data()) + 1;
+    for (std::span<float> s : u.state) std::fill(s.begin(), s.end(), index);
+  }
+
+ private:
+  const ParameterTable& table_;
+};
+
+TEST(OptimizerShard, AStateCarriedBySomeTensorsIsAllocatedForThoseOnlyInSlotOrder) {
+  const ParameterTable table = SmallTable();  // embed [0,35) norm [35,40) linear [40,70)
+  OptimizerConfig config = ConfigFor("SGD");  // output [70,100) norm [100,105) head [105,140)
+  config.optimizer = std::make_shared<Carrying>(table);
+  OptimizerShard shard(config, table, 17, 80);
+  std::vector<float> w(63), g(63);
+  shard.Step(w.data(), g.data(), 1e-3, 1, 17);
+  std::vector<ShardState> state = shard.State();
+  std::vector<float> m(30, 3.0f), e(18, 1.0f);
+  m.insert(m.end(), 10, 4.0f);  // linear whole, then output's first 10
+  e.insert(e.end(), 5, 2.0f);   // embed's last 18, then layer.norm
+  EXPECT_EQ(state[0].values, m);
+  EXPECT_EQ(state[1].values, e);
+  // Over [0, n): the carrying tensors concatenated in table order.
+  const FullStateLayout full = LayOutFullState(state[0].spec, table);
+  const size_t none = FullStateLayout::kNotCarried;
+  EXPECT_EQ(full.offsets, (std::vector<size_t>{none, none, 0, 30, none, none}));
+  EXPECT_EQ(full.size, 60u);
+  EXPECT_EQ(LayOutFullState(state[1].spec, table).size, 80u);
+  OptimizerShard whole(config, table, 0, table.total());
+  EXPECT_EQ(whole.State()[0].values.size(), 60u);
+  EXPECT_EQ(whole.State()[1].values.size(), 80u);
 }
 
 TEST(OptimizerShard, AWholeMatrixOptimizerRefusesARangeThatCutsATensor) {
