@@ -2,7 +2,8 @@
 // Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded
 // OpenBLAS sgemm of the same product (the peer, not thread-count deterministic); counters:
 // GFLOP/s. The row kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and
-// RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention, forward and backward.
+// RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention (also at batch 2, seq 2048),
+// forward and backward.
 //
 //   build/kernels_bench [--benchmark_filter=...]     (OMP_NUM_THREADS sets the threads)
 #include <benchmark/benchmark.h>
@@ -134,20 +135,22 @@ void RopeForwardBackward(benchmark::State& state) {
   }
 }
 
+// Causal attention at (batch, seq_len) = (state.range(0), state.range(1)), small's heads.
 struct AttentionInputs {
-  std::vector<float> q = Filled(kTokens * kDim, 0.5f);
-  std::vector<float> k = Filled(kTokens * kKvHeads * kHeadDim, 0.4f);
-  std::vector<float> v = Filled(kTokens * kKvHeads * kHeadDim, 0.3f);
-  std::vector<float> out = std::vector<float>(kTokens * kDim);
-  std::vector<float> probs = std::vector<float>(kBatch * kHeads * kSeqLen * kSeqLen);
+  int64_t B, T, N = B * T;
+  std::vector<float> q = Filled(N * kDim, 0.5f);
+  std::vector<float> k = Filled(N * kKvHeads * kHeadDim, 0.4f);
+  std::vector<float> v = Filled(N * kKvHeads * kHeadDim, 0.3f);
+  std::vector<float> out = std::vector<float>(N * kDim);
+  std::vector<float> lse = std::vector<float>(B * kHeads * T);
   void Forward() {
-    crucible::kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(),
-                                         kBatch, kSeqLen, kHeads, kKvHeads, kHeadDim);
+    crucible::kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T,
+                                         kHeads, kKvHeads, kHeadDim);
   }
 };
 
 void AttentionForward(benchmark::State& state) {
-  AttentionInputs in;
+  AttentionInputs in{state.range(0), state.range(1)};
   for (auto _ : state) {
     in.Forward();
     benchmark::DoNotOptimize(in.out.data());
@@ -155,16 +158,14 @@ void AttentionForward(benchmark::State& state) {
 }
 
 void AttentionBackward(benchmark::State& state) {
-  AttentionInputs in;
+  AttentionInputs in{state.range(0), state.range(1)};
   in.Forward();
-  std::vector<float> dout = Filled(kTokens * kDim, 0.2f), dq(in.q.size()), dk(in.k.size()),
+  std::vector<float> dout = Filled(in.N * kDim, 0.2f), dq(in.q.size()), dk(in.k.size()),
                      dv(in.v.size());
-  std::vector<float> scratch(
-      crucible::kernels::attention_backward_scratch_floats(kBatch, kSeqLen, kKvHeads));
   for (auto _ : state) {
-    crucible::kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(),
-                                          dout.data(), in.probs.data(), in.q.data(), in.k.data(),
-                                          in.v.data(), kBatch, kSeqLen, kHeads, kKvHeads, kHeadDim);
+    crucible::kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(),
+                                          in.out.data(), in.lse.data(), in.q.data(), in.k.data(),
+                                          in.v.data(), in.B, in.T, kHeads, kKvHeads, kHeadDim);
     benchmark::DoNotOptimize(dq.data());
   }
 }
@@ -175,8 +176,16 @@ BENCHMARK(RmsnormForward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(RmsnormBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrossEntropyForward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(RopeForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(AttentionForward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(AttentionBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(AttentionForward)
+    ->Args({kBatch, kSeqLen})
+    ->Args({2, 2048})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(AttentionBackward)
+    ->Args({kBatch, kSeqLen})
+    ->Args({2, 2048})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(CrucibleForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -18,7 +18,7 @@ struct LlamaModel::Buffers {
     std::vector<float> x_in;              // (N,C) residual stream entering the layer
     std::vector<float> ln1, ln1_rstd;     // (N,C), (N)
     std::vector<float> q, k, v;           // (N,H*D), (N,KV*D) x2, after RoPE
-    std::vector<float> probs;             // (B,H,T,T)
+    std::vector<float> att_lse;           // (B,H,T) log-sum-exp of each attention row
     std::vector<float> att;               // (N,H*D) attention output before o_proj
     std::vector<float> x_mid;             // (N,C) residual after attention
     std::vector<float> ln2, ln2_rstd;     // (N,C), (N)
@@ -32,7 +32,7 @@ struct LlamaModel::Buffers {
   std::vector<float> rope_cos, rope_sin;  // (T,D/2)
   std::vector<int32_t> tokens, targets;   // (N)
   // Backward scratch.
-  std::vector<float> dx, dln, dq, dk, dv, datt, dgate, dup, dhidden, att_scratch;
+  std::vector<float> dx, dln, dq, dk, dv, datt, dgate, dup, dhidden;
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len)
@@ -52,7 +52,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
     layer.q.resize(N * H * D);
     layer.k.resize(N * KV * D);
     layer.v.resize(N * KV * D);
-    layer.probs.resize(B_ * H * T_ * T_);
+    layer.att_lse.resize(B_ * H * T_);
     layer.att.resize(N * H * D);
     layer.x_mid.resize(N * C);
     layer.ln2.resize(N * C);
@@ -81,7 +81,6 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.dgate.resize(N * F);
   b.dup.resize(N * F);
   b.dhidden.resize(N * F);
-  b.att_scratch.resize(k::attention_backward_scratch_floats(B_, T_, KV));
 
   const auto& units = table_.units();
   // Unit-relative offset of a tensor, which must lie inside unit `unit`.
@@ -119,12 +118,12 @@ size_t LlamaModel::activation_bytes() const {
   size_t floats = 0;
   for (const auto& l : b.layers)
     floats += l.x_in.size() + l.ln1.size() + l.ln1_rstd.size() + l.q.size() + l.k.size() +
-              l.v.size() + l.probs.size() + l.att.size() + l.x_mid.size() + l.ln2.size() +
+              l.v.size() + l.att_lse.size() + l.att.size() + l.x_mid.size() + l.ln2.size() +
               l.ln2_rstd.size() + l.gate.size() + l.up.size() + l.hidden.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
             b.losses.size() + b.lse.size() + b.dx.size() + b.dln.size() + b.dq.size() +
             b.dk.size() + b.dv.size() + b.datt.size() + b.dgate.size() + b.dup.size() +
-            b.dhidden.size() + b.att_scratch.size();
+            b.dhidden.size();
   return floats * sizeof(float);
 }
 
@@ -134,9 +133,8 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
   const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
   // The buffers of LlamaModel::LlamaModel, in floats.
   const double layer =
-      4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T * T + N * H * D + 3 * N * F;
-  const double rest =
-      4 * N * C + 3 * N + N * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F + B * KV * T * T;
+      4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T + N * H * D + 3 * N * F;
+  const double rest = 4 * N * C + 3 * N + N * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F;
   return 4 * (static_cast<double>(c.n_layers) * layer + rest);
 }
 
@@ -178,8 +176,8 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
     k::matmul_forward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
     k::rope_forward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     k::rope_forward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::attention_forward(Lb.att.data(), Lb.probs.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
-                         T_, H, KV, D);
+    k::attention_forward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(),
+                         B_, T_, H, KV, D);
     k::matmul_forward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N * C; ++i) Lb.x_mid[i] += Lb.x_in[i];
@@ -275,9 +273,9 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))).
     k::matmul_backward(b.datt.data(), g + o.o, b.dx.data(), Lb.att.data(), w + o.o, N, H * D, C,
                        false, false);
-    k::attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.att_scratch.data(),
-                          b.datt.data(), Lb.probs.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
-                          T_, H, KV, D);
+    k::attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), Lb.att.data(),
+                          Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_, T_, H, KV,
+                          D);
     k::rope_backward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     k::rope_backward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
     k::matmul_backward(b.dln.data(), g + o.q, b.dq.data(), Lb.ln1.data(), w + o.q, N, C, H * D,

@@ -54,19 +54,17 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D);
 
-// ---- causal grouped-query attention ----
-// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), probs (B,H,T,T): row i holds the softmax in
-// columns [0, i] and zeros in (i, r1), where [r0, r1) is the causal block of 128 rows that holds
-// i; columns from r1 on are not written (neither pass reads them).
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+// ---- causal grouped-query attention (flash style, kernels/cpu/attention.cc) ----
+// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), lse (B,H,T): the log-sum-exp of each query row's
+// scaled causal scores, all the backward pass keeps of the softmax (no (T,T) matrix is stored).
+// Query head h reads kv head h / (H/KV). Scratch is a few 64x64 tiles per thread, internal.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-// dout (B,T,H,D) -> dq (B,T,H,D), dk, dv (B,T,KV,D), all overwritten.
-// scratch: attention_backward_scratch_floats(B, T, KV) = B*KV*T*T floats, one (T,T) dS per
-// (batch, kv head).
-void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                        const float* probs, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-size_t attention_backward_scratch_floats(int64_t B, int64_t T, int64_t KV);
+// dout (B,T,H,D), and out, lse of the forward pass -> dq (B,T,H,D), dk, dv (B,T,KV,D), all
+// overwritten. The probabilities are recomputed tile by tile from q, k and lse.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t T, int64_t H, int64_t KV, int64_t D);
 
 // ---- SwiGLU ----
 // gate, up (N,F) -> out (N,F) = silu(gate) * up

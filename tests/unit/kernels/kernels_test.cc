@@ -42,16 +42,15 @@ TEST(Kernels, AttentionAndNormsAreThreadIndependent) {
   auto q = Random(B * T * H * D, 4), k = Random(B * T * KV * D, 5), v = Random(B * T * KV * D, 6);
   auto dout = Random(B * T * H * D, 7), x = Random(B * T * C, 8), w = Random(C, 9);
   ExpectThreadIndependent([&] {
-    std::vector<float> out(B * T * H * D), probs(B * H * T * T), dq(q.size()), dk(k.size()),
-        dv(v.size()), scratch(attention_backward_scratch_floats(B, T, KV));
-    attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
-    attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), probs.data(),
+    std::vector<float> out(B * T * H * D), lse(B * H * T), dq(q.size()), dk(k.size()), dv(v.size());
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
                        q.data(), k.data(), v.data(), B, T, H, KV, D);
     std::vector<float> y(B * T * C), rstd(B * T), dx(B * T * C), dw(C);
     rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), B * T, C, 1e-5f);
     rmsnorm_backward(dx.data(), dw.data(), y.data(), x.data(), w.data(), rstd.data(), B * T, C);
     std::vector<float> all = out;
-    for (auto* part : {&dq, &dk, &dv, &y, &dx, &dw})
+    for (auto* part : {&lse, &dq, &dk, &dv, &y, &dx, &dw})
       all.insert(all.end(), part->begin(), part->end());
     all.push_back(static_cast<float>(sum_of_squares(x.data(), x.size())));
     return all;
