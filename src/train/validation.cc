@@ -20,7 +20,6 @@ struct Validation::State {
 Validation::Validation(const Config& config, std::shared_ptr<const ModelSpec> model,
                        const std::string& run_dir, int64_t seq_len)
     : enabled_(config.Bool("validation.enable")),
-      freq_(config.Int("validation.freq")),
       limit_(config.Int("validation.steps")),
       gate_after_(config.Int("validation.gate_after_steps")),
       tasks_(config.StringList("validation.tasks")),
@@ -30,7 +29,6 @@ Validation::Validation(const Config& config, std::shared_ptr<const ModelSpec> mo
   if (action != "warn" && action != "stop")
     throw UsageError("validation.gate_action: expected warn or stop, got '" + action + "'");
   gate_stop_ = action == "stop";
-  if (freq_ < 1) throw UsageError("validation.freq: must be at least 1");
   if (tasks_.empty() && held_out_.empty())
     throw UsageError(
         "validation.enable is true but neither validation.tasks nor validation.held_out is set");

@@ -27,7 +27,7 @@ class Validation {
  private:
   struct State;
   bool enabled_ = false;
-  int64_t freq_ = 0, limit_ = 0, gate_after_ = 0;
+  int64_t limit_ = 0, gate_after_ = 0;  // (validation.freq >= 1: the schema checks it)
   bool gate_stop_ = false, gate_checked_ = false;
   std::vector<std::string> tasks_;
   std::string held_out_, log_path_;

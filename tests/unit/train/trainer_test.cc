@@ -4,7 +4,6 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
