@@ -41,7 +41,8 @@ CommandRun SetupLrFind(CLI::App& app) {
       "data (fresh weights, no warmup or decay), the loss smoothed by a bias-corrected EMA "
       "(--smoothing), stopped when the smoothed loss exceeds 4x its best or the loss is not "
       "finite. "
-      "Suggests blow-up/10 (the steepest-descent LR when the sweep never blew up). See "
+      "Suggests the smaller of blow-up/10 and the steepest-descent LR (the steepest descent "
+      "when the sweep never blew up). See "
       "docs/lr-find.md. Exit codes: 0 done, 2 usage or config error, 65 bad data, 74 I/O "
       "error.");
   return [options]() {

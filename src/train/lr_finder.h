@@ -16,9 +16,11 @@
 // the last of them), where the smoothed loss falls fastest against log(lr): the most negative
 // central difference (smoothed_{i+1} - smoothed_{i-1}) / (ln lr_{i+1} - ln lr_{i-1}).
 //
-// The suggestion is blow-up / 10 (the safe default of the reference team); when the
-// sweep never blew up it is the steepest-descent LR (blow-up / 10 is then unknown), and the
-// result says which rule chose it.
+// The suggestion is the smaller of blow-up / 10 (the safe default of the reference team)
+// and the steepest-descent LR (a short sweep's loss lags its LR, so blow-up / 10 can sit where
+// the loss already rises); when the sweep never blew up it is the steepest-descent LR, with a
+// blow-up but no steepest descent (too few points) blow-up / 10; the result says which rule
+// chose it.
 //
 // It writes nothing into the config's run directory: the Trainer runs in <out>/run (config.toml,
 // metrics.jsonl; checkpoints and validation off, no final weights), and rank 0 writes
@@ -80,7 +82,7 @@ struct LrFindResult {
   double blowup_lr = 0;               // when blowup_step
   std::optional<double> steepest_lr;  // none with fewer than three points before the blow-up
   double suggested_lr = 0;
-  std::string suggestion_rule;  // "blowup/10" or "steepest" (no blow-up in the sweep)
+  std::string suggestion_rule;  // "blowup/10" or "steepest"
 };
 
 // The steepest-descent LR, the blow-up and the suggestion of a sweep's points (the rules above).
