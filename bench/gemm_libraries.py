@@ -22,19 +22,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from llama_flavors import FLAVORS
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = Path(os.environ.get("CRUCIBLE_BUILD", ROOT / "build"))
 LIBRARIES = ["crucible", "openblas", "blis", "dnnl"]
-FLAVORS = {  # dim, heads, kv, ffn, vocab, layers, tied (src/model/llama_config.cc)
-    "tiny": (256, 8, 4, 688, 8192, 4, True),
-    "small": (512, 8, 4, 1376, 8192, 6, False),
-    "base": (768, 12, 4, 2048, 32000, 12, False),
-}
 
 
 def shapes_of(flavor):
     """(C, OC, count per step) of every linear layer and the head."""
-    dim, heads, kv, ffn, vocab, layers, _ = FLAVORS[flavor]
+    f = FLAVORS[flavor]
+    dim, heads, kv, ffn, vocab, layers = f["dim"], f["heads"], f["kv"], f["ffn"], f["vocab"], f["layers"]
     kv_dim = dim // heads * kv
     return [(dim, dim, 2 * layers), (dim, kv_dim, 2 * layers), (dim, ffn, 2 * layers),
             (ffn, dim, layers), (dim, vocab, 1)]

@@ -24,12 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-FLAVORS = {  # must match src/model/llama_config.cc (bench/train_vs_torch.py checks it)
-    "debug": dict(vocab=2048, dim=128, layers=2, heads=4, kv=2, ffn=352, tie=False),
-    "tiny": dict(vocab=8192, dim=256, layers=4, heads=8, kv=4, ffn=688, tie=True),
-    "small": dict(vocab=8192, dim=512, layers=6, heads=8, kv=4, ffn=1376, tie=False),
-    "base": dict(vocab=32000, dim=768, layers=12, heads=12, kv=4, ffn=2048, tie=False),
-}
+from llama_flavors import FLAVORS  # bench/, this file's folder, is on sys.path
 
 
 def rms_norm(x, w):

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+
+from llama_flavors import FLAVORS
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,24 +91,15 @@ def peer_run(args, variant, flavor, seq_len, batch):
     return result
 
 
-def peer_flavors():
-    """bench/torch_peer.py's FLAVORS table (read from its source: this script needs no torch)."""
-    text = PEER.read_text()
-    start = text.index("FLAVORS = {")
-    namespace = {}
-    exec(text[start:text.index("\n}\n", start) + 3], namespace)
-    return namespace["FLAVORS"]
-
-
 def check_same_model(run_dir, flavor):
     """The peer's model must be the one Crucible trained: compares with the run's config.toml."""
     model = tomllib.loads(Path(run_dir, "config.toml").read_text())["model"]
-    f = peer_flavors()[flavor]
+    f = FLAVORS[flavor]
     for key, value in [("dim", f["dim"]), ("n_layers", f["layers"]), ("n_heads", f["heads"]),
                        ("n_kv_heads", f["kv"]), ("vocab_size", f["vocab"]), ("ffn_hidden_dim", f["ffn"]),
                        ("tie_embeddings", str(f["tie"]).lower())]:
         if str(model[key]) != str(value):
-            sys.exit(f"train_vs_torch: bench/torch_peer.py's {flavor} has {key} = {value}, crucible's "
+            sys.exit(f"train_vs_torch: bench/llama_flavors.py's {flavor} has {key} = {value}, crucible's "
                      f"{model[key]} (src/model/llama_config.cc): make them agree")
 
 

@@ -194,7 +194,7 @@ double OptimizerShard::StepBytes() const {
 
 void OptimizerShard::Step(float* weights, const float* grads, double lr, int64_t step,
                           size_t base) {
-  ScopedKernelTimer profile_timer("optimizer", 0, StepBytes());
+  ScopedKernelTimer profile_timer("optimizer", 0, KernelProfileEnabled() ? StepBytes() : 0);
   ResetMetrics();
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].owned) continue;
