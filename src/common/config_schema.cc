@@ -101,6 +101,17 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"training.grad_norm_rise_warn", T::kFloat, V(0.0),
        "warn when the gradient norm rises more than this factor in one step; 0 disables", false,
        AtLeast(0)},
+      {"training.device", T::kString, V(std::string("cpu")),
+       "where the model computes: cpu, or cuda (the GPU LOCAL_RANK picks; a build with the CUDA "
+       "toolkit)",
+       true},
+      {"training.mixed_precision_param", T::kString, V(std::string("float32")),
+       "precision of the operands of the matrix products and attention: float32, or bfloat16 "
+       "(rounded to bf16, accumulated in float32; master weights and optimizer state stay float32)",
+       true},
+      {"training.mixed_precision_reduce", T::kString, V(std::string("float32")),
+       "precision of the gradient reductions: float32 (they are exact sums, see docs/distributed.md)",
+       true},
       {"training.master_dtype", T::kString, V(std::string("float32")),
        "storage of the master weights: float32, or bfloat16 (emulated: rounded after every "
        "update; small updates are lost, see the frozen-parameter detector)",

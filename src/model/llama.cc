@@ -6,81 +6,105 @@
 #include <vector>
 
 #include "common/error.h"
+#include "compute/backend.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
 
 namespace k = kernels;
 
-// Activations of one micro-batch, planned once. N = B*T rows.
+// Activations of one micro-batch, planned once, in the backend's memory. N = B*T rows.
 struct LlamaModel::Buffers {
+  using Floats = DeviceArray<float>;
   struct Layer {
-    std::vector<float> x_in;              // (N,C) residual stream entering the layer
-    std::vector<float> ln1, ln1_rstd;     // (N,C), (N)
-    std::vector<float> q, k, v;           // (N,H*D), (N,KV*D) x2, after RoPE
-    std::vector<float> att_lse;           // (B,H,T) log-sum-exp of each attention row
-    std::vector<float> att;               // (N,H*D) attention output before o_proj
-    std::vector<float> x_mid;             // (N,C) residual after attention
-    std::vector<float> ln2, ln2_rstd;     // (N,C), (N)
-    std::vector<float> gate, up, hidden;  // (N,F) each
+    Floats x_in;              // (N,C) residual stream entering the layer
+    Floats ln1, ln1_rstd;     // (N,C), (N)
+    Floats q, k, v;           // (N,H*D), (N,KV*D) x2, after RoPE
+    Floats att_lse;           // (B,H,T) log-sum-exp of each attention row
+    Floats att;               // (N,H*D) attention output before o_proj
+    Floats x_mid;             // (N,C) residual after attention
+    Floats ln2, ln2_rstd;     // (N,C), (N)
+    Floats gate, up, hidden;  // (N,F) each
   };
   std::vector<Layer> layers;
-  std::vector<float> x_final;             // (N,C) residual leaving the last layer
-  std::vector<float> lnf, lnf_rstd;       // (N,C), (N)
-  std::vector<float> logits;              // (N,V), reused for dlogits
-  std::vector<float> losses, lse;         // (N)
-  std::vector<float> rope_cos, rope_sin;  // (T,D/2)
-  std::vector<int32_t> tokens, targets;   // (N)
+  Floats x_final;             // (N,C) residual leaving the last layer
+  Floats lnf, lnf_rstd;       // (N,C), (N)
+  Floats logits;              // (N,V), reused for dlogits
+  Floats losses, lse;         // (N)
+  Floats rope_cos, rope_sin;  // (T,D/2)
+  DeviceArray<int32_t> tokens, targets;  // (N)
+  Floats loss_weights;                   // (N), a device copy (off the host only)
   // Backward scratch.
-  std::vector<float> dx, dln, dq, dk, dv, datt, dgate, dup, dhidden;
+  Floats dx, dln, dq, dk, dv, datt, dgate, dup, dhidden;
+  // On the host, copies of what callers read: the targets (always), the losses and the logits
+  // (off the host only; the logits copied when asked for).
+  std::vector<int32_t> host_targets;
+  std::vector<float> host_losses, host_logits;
+  bool host_logits_current = false;
+  // Off the host: each unit's weights and gradients in device memory, allocated at first use.
+  std::vector<Floats> unit_weights, unit_gradients;
 };
 
-LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len)
+LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len,
+                       std::shared_ptr<ComputeBackend> backend)
     : config_(config),
       table_(LlamaParameterTable(config)),
       B_(batch_size),
       T_(seq_len),
+      backend_(std::move(backend)),
       buffers_(new Buffers) {
   const int64_t N = B_ * T_, C = config.dim, H = config.n_heads, KV = config.n_kv_heads;
   const int64_t D = config.head_dim(), F = config.ffn_hidden_dim, V = config.vocab_size;
+  ComputeBackend& be = *backend_;
   Buffers& b = *buffers_;
+  auto floats = [&](int64_t n) { return Buffers::Floats(be, static_cast<size_t>(n)); };
   b.layers.resize(config.n_layers);
   for (auto& layer : b.layers) {
-    layer.x_in.resize(N * C);
-    layer.ln1.resize(N * C);
-    layer.ln1_rstd.resize(N);
-    layer.q.resize(N * H * D);
-    layer.k.resize(N * KV * D);
-    layer.v.resize(N * KV * D);
-    layer.att_lse.resize(B_ * H * T_);
-    layer.att.resize(N * H * D);
-    layer.x_mid.resize(N * C);
-    layer.ln2.resize(N * C);
-    layer.ln2_rstd.resize(N);
-    layer.gate.resize(N * F);
-    layer.up.resize(N * F);
-    layer.hidden.resize(N * F);
+    layer.x_in = floats(N * C);
+    layer.ln1 = floats(N * C);
+    layer.ln1_rstd = floats(N);
+    layer.q = floats(N * H * D);
+    layer.k = floats(N * KV * D);
+    layer.v = floats(N * KV * D);
+    layer.att_lse = floats(B_ * H * T_);
+    layer.att = floats(N * H * D);
+    layer.x_mid = floats(N * C);
+    layer.ln2 = floats(N * C);
+    layer.ln2_rstd = floats(N);
+    layer.gate = floats(N * F);
+    layer.up = floats(N * F);
+    layer.hidden = floats(N * F);
   }
-  b.x_final.resize(N * C);
-  b.lnf.resize(N * C);
-  b.lnf_rstd.resize(N);
-  b.logits.resize(N * V);
-  b.losses.resize(N);
-  b.lse.resize(N);
-  b.rope_cos.resize(T_ * D / 2);
-  b.rope_sin.resize(T_ * D / 2);
-  k::rope_tables(b.rope_cos.data(), b.rope_sin.data(), T_, D, config.rope_theta);
-  b.tokens.resize(N);
-  b.targets.resize(N);
-  b.dx.resize(N * C);
-  b.dln.resize(N * C);
-  b.dq.resize(N * H * D);
-  b.dk.resize(N * KV * D);
-  b.dv.resize(N * KV * D);
-  b.datt.resize(N * H * D);
-  b.dgate.resize(N * F);
-  b.dup.resize(N * F);
-  b.dhidden.resize(N * F);
+  b.x_final = floats(N * C);
+  b.lnf = floats(N * C);
+  b.lnf_rstd = floats(N);
+  b.logits = floats(N * V);
+  b.losses = floats(N);
+  b.lse = floats(N);
+  std::vector<float> cos_table(T_ * D / 2), sin_table(T_ * D / 2);
+  k::rope_tables(cos_table.data(), sin_table.data(), T_, D, config.rope_theta);
+  b.rope_cos = floats(T_ * D / 2);
+  b.rope_sin = floats(T_ * D / 2);
+  b.rope_cos.CopyFrom(cos_table.data(), cos_table.size());
+  b.rope_sin.CopyFrom(sin_table.data(), sin_table.size());
+  b.tokens = DeviceArray<int32_t>(be, N);
+  b.targets = DeviceArray<int32_t>(be, N);
+  b.host_targets.resize(N);
+  b.dx = floats(N * C);
+  b.dln = floats(N * C);
+  b.dq = floats(N * H * D);
+  b.dk = floats(N * KV * D);
+  b.dv = floats(N * KV * D);
+  b.datt = floats(N * H * D);
+  b.dgate = floats(N * F);
+  b.dup = floats(N * F);
+  b.dhidden = floats(N * F);
+  if (!be.host_memory()) {
+    b.loss_weights = floats(N);
+    b.host_losses.resize(N);
+    b.unit_weights.resize(table_.units().size());
+    b.unit_gradients.resize(table_.units().size());
+  }
 
   const auto& units = table_.units();
   // Unit-relative offset of a tensor, which must lie inside unit `unit`.
@@ -139,83 +163,117 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
 }
 
 const float* LlamaModel::logits() const {
-  return buffers_->logits.data();
+  Buffers& b = *buffers_;
+  if (backend_->host_memory()) return b.logits.data();
+  if (!b.host_logits_current) {
+    b.host_logits.resize(b.logits.size());
+    b.logits.CopyTo(b.host_logits.data(), b.logits.size());
+    b.host_logits_current = true;
+  }
+  return b.host_logits.data();
 }
 const float* LlamaModel::losses() const {
-  return buffers_->losses.data();
+  return backend_->host_memory() ? buffers_->losses.data() : buffers_->host_losses.data();
+}
+
+const float* LlamaModel::UnitWeights(ParameterAccess& access, int unit) {
+  const float* host = access.AcquireWeights(unit);
+  if (backend_->host_memory()) return host;
+  Buffers& b = *buffers_;
+  const ParamUnit& u = table_.units()[unit];
+  auto& device = b.unit_weights[unit];
+  if (!device.data()) device = DeviceArray<float>(*backend_, u.end - u.begin);
+  device.CopyFrom(host, u.end - u.begin);
+  return device.data();
+}
+
+float* LlamaModel::UnitGradients(ParameterAccess& access, int unit) {
+  float* host = access.Gradients(unit);
+  if (backend_->host_memory()) return host;
+  const ParamUnit& u = table_.units()[unit];
+  auto& device = buffers_->unit_gradients[unit];
+  if (!device.data()) device = DeviceArray<float>(*backend_, u.end - u.begin);
+  return device.data();
+}
+
+void LlamaModel::UnitGradientsReady(ParameterAccess& access, int unit) {
+  if (!backend_->host_memory()) {
+    const ParamUnit& u = table_.units()[unit];
+    buffers_->unit_gradients[unit].CopyTo(access.Gradients(unit), u.end - u.begin);
+  }
+  access.GradientsReady(unit);
 }
 
 LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                             const float* loss_weights) {
   Buffers& b = *buffers_;
+  ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
   const int64_t L = c.n_layers;
   const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
-  std::memcpy(b.tokens.data(), tokens, N * sizeof(int32_t));
-  std::memcpy(b.targets.data(), targets, N * sizeof(int32_t));
+  b.tokens.CopyFrom(tokens, N);
   loss_weights_ = loss_weights;
+  if (loss_weights && !be.host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
 
-  const float* unit0 = access.AcquireWeights(0);
+  const float* unit0 = UnitWeights(access, 0);
   access.Prefetch(L > 0 ? 1 : tail);
-  k::embedding_forward(b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data(), tokens,
-                       unit0 + embed_, N, C);
+  be.EmbeddingForward(b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data(),
+                      b.tokens.data(), unit0 + embed_, N, C);
   if (!c.tie_embeddings) access.ReleaseWeights(0);
   for (int64_t l = 0; l < L; ++l) {
     auto& Lb = b.layers[l];
     const int unit = static_cast<int>(1 + l);
-    const float* w = access.AcquireWeights(unit);
+    const float* w = UnitWeights(access, unit);
     access.Prefetch(l + 1 < L ? unit + 1 : tail);
     const LayerOffsets& o = layers_[l];  // unit-relative
     float* x_out = l + 1 < L ? b.layers[l + 1].x_in.data() : b.x_final.data();
-    k::rmsnorm_forward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
-    k::matmul_forward(Lb.q.data(), Lb.ln1.data(), w + o.q, N, C, H * D);
-    k::matmul_forward(Lb.k.data(), Lb.ln1.data(), w + o.k, N, C, KV * D);
-    k::matmul_forward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
-    k::rope_forward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
-    k::rope_forward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::attention_forward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(),
-                         B_, T_, H, KV, D);
-    k::matmul_forward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * C; ++i) Lb.x_mid[i] += Lb.x_in[i];
-    k::rmsnorm_forward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
-    k::matmul_forward(Lb.gate.data(), Lb.ln2.data(), w + o.gate, N, C, F);
-    k::matmul_forward(Lb.up.data(), Lb.ln2.data(), w + o.up, N, C, F);
-    k::swiglu_forward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, F);
-    k::matmul_forward(x_out, Lb.hidden.data(), w + o.down, N, F, C);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * C; ++i) x_out[i] += Lb.x_mid[i];
+    be.RmsnormForward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
+    be.MatmulForward(Lb.q.data(), Lb.ln1.data(), w + o.q, N, C, H * D);
+    be.MatmulForward(Lb.k.data(), Lb.ln1.data(), w + o.k, N, C, KV * D);
+    be.MatmulForward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
+    be.RopeForward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
+    be.RopeForward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
+    be.AttentionForward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(),
+                        B_, T_, H, KV, D);
+    be.MatmulForward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
+    be.Add(Lb.x_mid.data(), Lb.x_in.data(), N * C);
+    be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
+    be.MatmulForward(Lb.gate.data(), Lb.ln2.data(), w + o.gate, N, C, F);
+    be.MatmulForward(Lb.up.data(), Lb.ln2.data(), w + o.up, N, C, F);
+    be.SwigluForward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, F);
+    be.MatmulForward(x_out, Lb.hidden.data(), w + o.down, N, F, C);
+    be.Add(x_out, Lb.x_mid.data(), N * C);
     access.ReleaseWeights(unit);
   }
-  const float* wt = access.AcquireWeights(tail);
-  k::rmsnorm_forward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C,
-                     eps);
+  const float* wt = UnitWeights(access, tail);
+  be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C, eps);
   const float* head = c.tie_embeddings ? unit0 + embed_ : wt + head_;
-  k::matmul_forward(b.logits.data(), b.lnf.data(), head, N, C, V);
+  be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  return LossOfTargets();
+  return Retarget(targets);
 }
 
 LossSum LlamaModel::Retarget(const int32_t* targets) {
-  std::memcpy(buffers_->targets.data(), targets, B_ * T_ * sizeof(int32_t));
-  return LossOfTargets();
-}
-
-LossSum LlamaModel::LossOfTargets() {
   Buffers& b = *buffers_;
   const int64_t N = B_ * T_, V = config_.vocab_size;
-  const int32_t* targets = b.targets.data();
-  k::cross_entropy_forward(b.losses.data(), b.lse.data(), b.logits.data(), targets, N, V);
+  k::check_targets(targets, N, V);
+  std::memcpy(b.host_targets.data(), targets, N * sizeof(int32_t));
+  b.targets.CopyFrom(targets, N);
+  backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(),
+                                N, V);
+  b.host_logits_current = false;
+  if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
+  const float* losses = this->losses();
   // In position order; without weights each w_i is 1 and w_i * l_i is l_i exactly.
   LossSum sum;
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] < 0) continue;
     const double w = loss_weights_ ? static_cast<double>(loss_weights_[i]) : 1.0;
-    sum.loss += w * b.losses[i];
+    sum.loss += w * losses[i];
     sum.weight += w;
   }
   return sum;
@@ -223,6 +281,7 @@ LossSum LlamaModel::LossOfTargets() {
 
 void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   Buffers& b = *buffers_;
+  ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
@@ -230,73 +289,76 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   const int tail = table_.tail_unit();
 
   // Head and final norm (the tied head's weight and gradient live in the embedding unit).
-  const float* wt = access.AcquireWeights(tail);
-  const float* unit0 = c.tie_embeddings ? access.AcquireWeights(0) : nullptr;
+  const float* wt = UnitWeights(access, tail);
+  const float* unit0 = c.tie_embeddings ? UnitWeights(access, 0) : nullptr;
   if (L > 0) access.Prefetch(static_cast<int>(L));
-  float* gt = access.Gradients(tail);
-  float* g0 = c.tie_embeddings ? access.Gradients(0) : nullptr;
-  k::cross_entropy_backward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale,
-                            loss_weights_);
+  float* gt = UnitGradients(access, tail);
+  float* g0 = c.tie_embeddings ? UnitGradients(access, 0) : nullptr;
+  const float* weights =
+      loss_weights_ ? (be.host_memory() ? loss_weights_ : b.loss_weights.data()) : nullptr;
+  be.CrossEntropyBackward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale,
+                          weights);
+  b.host_logits_current = false;
   const float* dlogits = b.logits.data();
-  std::fill(b.dln.begin(), b.dln.end(), 0.0f);
+  be.Fill(b.dln.data(), b.dln.size(), 0.0f);
   if (c.tie_embeddings)
-    k::matmul_backward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
-                       false, false);
+    be.MatmulBackward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
+                      false, false);
   else
-    k::matmul_backward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
-                       false);
-  std::fill(b.dx.begin(), b.dx.end(), 0.0f);
-  k::rmsnorm_backward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(),
-                      wt + final_norm_, b.lnf_rstd.data(), N, C);
+    be.MatmulBackward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
+                      false);
+  be.Fill(b.dx.data(), b.dx.size(), 0.0f);
+  be.RmsnormBackward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(),
+                     wt + final_norm_, b.lnf_rstd.data(), N, C);
   access.ReleaseWeights(tail);
-  access.GradientsReady(tail);
+  UnitGradientsReady(access, tail);
 
   for (int64_t l = L - 1; l >= 0; --l) {
     auto& Lb = b.layers[l];
     const int unit = static_cast<int>(1 + l);
-    const float* w = access.AcquireWeights(unit);
+    const float* w = UnitWeights(access, unit);
     if (l > 0) access.Prefetch(unit - 1);  // the embedding's backward needs no weights
-    float* g = access.Gradients(unit);
+    float* g = UnitGradients(access, unit);
     const LayerOffsets& o = layers_[l];
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
-    k::matmul_backward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N,
-                       F, C, false, false);
-    k::swiglu_backward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(), Lb.up.data(),
-                       N, F);
-    k::matmul_backward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C, F,
-                       false, false);
-    k::matmul_backward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F, true,
-                       false);
+    be.MatmulBackward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N,
+                      F, C, false, false);
+    be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(),
+                      Lb.up.data(), N, F);
+    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C,
+                      F, false, false);
+    be.MatmulBackward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F,
+                      true, false);
     // dx (d x_mid) += rmsnorm backward
-    k::rmsnorm_backward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
-                        Lb.ln2_rstd.data(), N, C);
+    be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
+                       Lb.ln2_rstd.data(), N, C);
     // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))).
-    k::matmul_backward(b.datt.data(), g + o.o, b.dx.data(), Lb.att.data(), w + o.o, N, H * D, C,
-                       false, false);
-    k::attention_backward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), Lb.att.data(),
-                          Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_, T_, H, KV,
-                          D);
-    k::rope_backward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
-    k::rope_backward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    k::matmul_backward(b.dln.data(), g + o.q, b.dq.data(), Lb.ln1.data(), w + o.q, N, C, H * D,
-                       false, false);
-    k::matmul_backward(b.dln.data(), g + o.k, b.dk.data(), Lb.ln1.data(), w + o.k, N, C, KV * D,
-                       true, false);
-    k::matmul_backward(b.dln.data(), g + o.v, b.dv.data(), Lb.ln1.data(), w + o.v, N, C, KV * D,
-                       true, false);
+    be.MatmulBackward(b.datt.data(), g + o.o, b.dx.data(), Lb.att.data(), w + o.o, N, H * D, C,
+                      false, false);
+    be.AttentionBackward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), Lb.att.data(),
+                         Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_, T_, H, KV,
+                         D);
+    be.RopeBackward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
+    be.RopeBackward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
+    be.MatmulBackward(b.dln.data(), g + o.q, b.dq.data(), Lb.ln1.data(), w + o.q, N, C, H * D,
+                      false, false);
+    be.MatmulBackward(b.dln.data(), g + o.k, b.dk.data(), Lb.ln1.data(), w + o.k, N, C, KV * D,
+                      true, false);
+    be.MatmulBackward(b.dln.data(), g + o.v, b.dv.data(), Lb.ln1.data(), w + o.v, N, C, KV * D,
+                      true, false);
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
-    k::rmsnorm_backward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
-                        Lb.ln1_rstd.data(), N, C);
+    be.RmsnormBackward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
+                       Lb.ln1_rstd.data(), N, C);
     access.ReleaseWeights(unit);
-    access.GradientsReady(unit);
+    UnitGradientsReady(access, unit);
   }
   // Embedding: overwrite (untied) or add to the head's gradient (tied).
-  if (!g0) g0 = access.Gradients(0);
+  if (!g0) g0 = UnitGradients(access, 0);
   float* dembed = g0 + embed_;
-  if (!c.tie_embeddings) std::fill(dembed, dembed + table_.params()[0].numel, 0.0f);
-  k::embedding_backward(dembed, b.dx.data(), b.tokens.data(), N, C);
+  if (!c.tie_embeddings) be.Fill(dembed, table_.params()[0].numel, 0.0f);
+  be.EmbeddingBackward(dembed, b.dx.data(), b.tokens.data(), N, C);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  access.GradientsReady(0);
+  UnitGradientsReady(access, 0);
 }
 
 }  // namespace crucible

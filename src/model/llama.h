@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "compute/backend.h"
 #include "model/model.h"
 #include "model/parameters.h"
 
@@ -81,7 +82,9 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
                    float* out) const override;
   // 6 N + 6 L d T (N from FlopParams(), causal attention counted at half of the dense 12 L d T).
   double TrainFlopsPerToken(const ParameterTable& table, int64_t seq_len) const override;
-  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const override;
+  using ModelSpec::Build;
+  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
+                               std::shared_ptr<ComputeBackend> backend) const override;
   const HfMapping* hf() const override { return this; }
 
   // HfMapping (llama_hf.cc). A config.json is read as transformers 4 or 5 writes it (the RoPE
@@ -106,7 +109,9 @@ std::shared_ptr<const ModelSpec> ReadLlamaHfConfig(const nlohmann::json& config,
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len);
+  // Activations in `backend`'s memory, its kernels for every step.
+  LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len,
+             std::shared_ptr<ComputeBackend> backend);
   ~LlamaModel() override;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -134,8 +139,12 @@ class LlamaModel final : public Model {
 
  private:
   struct Buffers;
-  // The cross-entropies of the logits against the stored targets, and their loss sum.
-  LossSum LossOfTargets();
+  // A unit's weights and gradients as the backend's kernels read and write them: `access`'s own
+  // memory on the host; off the host, device copies (weights copied in when acquired, gradients
+  // copied out when ready).
+  const float* UnitWeights(ParameterAccess& access, int unit);
+  float* UnitGradients(ParameterAccess& access, int unit);
+  void UnitGradientsReady(ParameterAccess& access, int unit);
   LlamaConfig config_;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
@@ -144,6 +153,7 @@ class LlamaModel final : public Model {
   std::vector<LayerOffsets> layers_;
   int64_t B_, T_;
   const float* loss_weights_ = nullptr;  // of the last Forward, read by Backward
+  std::shared_ptr<ComputeBackend> backend_;
   Buffers* buffers_;
 };
 

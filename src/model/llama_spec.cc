@@ -79,8 +79,9 @@ BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {
   return {activations, activations + 4 * T * static_cast<double>(config_.head_dim()) + 8 * B * T};
 }
 
-std::unique_ptr<Model> LlamaSpec::Build(int64_t batch_size, int64_t seq_len) const {
-  return std::make_unique<LlamaModel>(config_, batch_size, seq_len);
+std::unique_ptr<Model> LlamaSpec::Build(int64_t batch_size, int64_t seq_len,
+                                        std::shared_ptr<ComputeBackend> backend) const {
+  return std::make_unique<LlamaModel>(config_, batch_size, seq_len, std::move(backend));
 }
 
 void LlamaSpec::InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "compute/backend.h"
 #include "model/parameters.h"
 
 namespace crucible {
@@ -139,7 +140,13 @@ class ModelSpec {
   virtual double TrainFlopsPerToken(const ParameterTable& table, int64_t seq_len) const = 0;
 
   // ---- the model ----
-  virtual std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const = 0;
+  // Its activations in `backend`'s memory, run by its kernels (compute/backend.h).
+  virtual std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
+                                       std::shared_ptr<ComputeBackend> backend) const = 0;
+  // On the fp32 CPU backend.
+  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const {
+    return Build(batch_size, seq_len, DefaultCpuBackend());
+  }
 
   // Its Hugging Face form; nullptr when it has none (export and initial_load_hf refuse it).
   virtual const HfMapping* hf() const { return nullptr; }

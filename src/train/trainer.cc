@@ -121,6 +121,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   rank_ = comm().rank();
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
+  backend_ = MakeBackend(training_.backend);  // a device this machine lacks fails here
   // SophiaG's Hessian is scaled by the tokens of a global batch, fixed for the run.
   if (optimizer_config_.optimizer->hessian_interval() > 0 && !training_.batches.constant())
     throw UsageError("training.batch_ramp: optimizer.name = " + optimizer_config_.name +
@@ -143,7 +144,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
 
 // The model, the flat buffers of this rank's part, the optimizer and the checkpoints.
 void Trainer::AllocateState() {
-  model_ = model_spec_->Build(training_.shape.micro_batch, training_.shape.seq_len);
+  model_ = model_spec_->Build(training_.shape.micro_batch, training_.shape.seq_len, backend_);
   const size_t n_params = table().total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   data_parallel_ =
@@ -238,11 +239,11 @@ void Trainer::Announce() {
   const TrainingShape& s = training_.shape;
   PrintLine(StrFormat(
       "phase=start run_dir=%s params=%zu %s seq_len=%lld global_batch=%lld micro_batch=%lld "
-      "accumulation=%lld ranks=%d zero_stage=%d threads=%d activations=%s peak_gflops=%.4g "
+      "accumulation=%lld ranks=%d zero_stage=%d %s threads=%d activations=%s peak_gflops=%.4g "
       "peak_source=%s data=%s%s",
       run_dir_.c_str(), table().total(), model_spec_->Summary().c_str(), (long long)s.seq_len,
       (long long)training_.global_batch, (long long)s.micro_batch, (long long)s.accumulation,
-      world_, data_parallel_->zero_stage(), omp_get_max_threads(),
+      world_, data_parallel_->zero_stage(), backend_->Summary().c_str(), omp_get_max_threads(),
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(), peak.gflops,
       peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str()));
 }

@@ -146,6 +146,7 @@ class Trainer {
   std::unique_ptr<RunLock> run_lock_;  // held until everything that writes in run_dir is gone
 
   // ---- model state ----
+  std::shared_ptr<ComputeBackend> backend_;  // what model_ computes on (training.device)
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> data_parallel_;
   bool sharded_ = false;  // ZeRO-3: weights_ and grads_ are this rank's shard

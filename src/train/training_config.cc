@@ -5,6 +5,8 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "launch/environment.h"
+#include "launch/rank_environment.h"
 
 namespace crucible {
 
@@ -112,6 +114,28 @@ GuardConfig BuildGuards(const Config& config) {
   return g;
 }
 
+// [training] device and mixed precision. The GPU of a rank is its local rank: LOCAL_RANK (what
+// `crucible launch` and torchrun set), else what the MPI launcher says.
+BackendOptions BuildBackendOptions(const Config& config) {
+  BackendOptions options;
+  options.device = config.String("training.device");
+  const std::string param = config.String("training.mixed_precision_param");
+  if (param == "bfloat16")
+    options.compute = ComputePrecision::kBfloat16;
+  else if (param != "float32")
+    throw UsageError("training.mixed_precision_param: expected float32 or bfloat16, got '" +
+                     param + "'");
+  const std::string reduce = config.String("training.mixed_precision_reduce");
+  if (reduce != "float32")
+    throw UsageError("training.mixed_precision_reduce: expected float32, got '" + reduce +
+                     "' (gradients are reduced as exact sums of float32 values)");
+  const Environment env = CurrentEnvironment();
+  const auto local = env.find("LOCAL_RANK");
+  options.local_rank = local != env.end() ? std::atoi(local->second.c_str())
+                                          : RankIdentityFromEnvironment(env, "").local_rank;
+  return options;
+}
+
 }  // namespace
 
 double TrainingConfig::LrFactor(int64_t step) const {
@@ -153,6 +177,7 @@ TrainingConfig BuildTrainingConfig(Config& config, int world) {
   t.consistency_check_steps = config.Int("parallelism.consistency_check_steps");
   t.validation_freq = config.Int("validation.freq");
   t.seed = static_cast<uint64_t>(config.Int("debug.seed"));
+  t.backend = BuildBackendOptions(config);
   t.metrics_jsonl = config.Bool("metrics.enable_jsonl");
   t.metrics_per_rank = config.Bool("metrics.per_rank");
   t.profile = config.Bool("metrics.profile");

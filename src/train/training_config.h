@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "compute/backend.h"
 #include "data/batch_schedule.h"
 
 namespace crucible {
@@ -51,6 +52,7 @@ struct TrainingConfig {
   int64_t consistency_check_steps = 0;
   int64_t validation_freq = 0;  // evaluation during training, when [validation] is enabled
   uint64_t seed = 0;            // of the weight init and the synthetic data
+  BackendOptions backend;       // training.device, mixed_precision_param; the local rank
   bool metrics_jsonl = true, metrics_per_rank = false, profile = false;
   bool checkpoint_enable = true;
   std::string init_weights, initial_load_hf;  // where the first weights come from, if not init

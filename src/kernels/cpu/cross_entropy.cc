@@ -19,16 +19,20 @@ inline float row_logsumexp(const float* row, int64_t V) {
 }
 }  // namespace
 
-int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
-                              const int32_t* targets, int64_t N, int64_t V) {
-  // Max, exp and sum over each row of logits: about 4 flops per logit (the exp counted as one).
-  ScopedKernelTimer profile_timer("cross_entropy", 4.0 * N * V, 4.0 * (1.0 * N * V + 3.0 * N));
+void check_targets(const int32_t* targets, int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] < -1 || targets[i] >= V)
       throw DataError(
           StrFormat("target token %d at position %lld is outside the vocabulary [0, %lld)",
                     targets[i], static_cast<long long>(i), static_cast<long long>(V)));
   }
+}
+
+int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
+                              const int32_t* targets, int64_t N, int64_t V) {
+  // Max, exp and sum over each row of logits: about 4 flops per logit (the exp counted as one).
+  ScopedKernelTimer profile_timer("cross_entropy", 4.0 * N * V, 4.0 * (1.0 * N * V + 3.0 * N));
+  check_targets(targets, N, V);
   int64_t valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : valid)
   for (int64_t i = 0; i < N; ++i) {

@@ -76,6 +76,9 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // ---- cross-entropy over the vocabulary ----
 // logits (N,V), targets (N) with -1 = ignore -> losses (N) (0 where ignored), lse (N).
 // Returns the number of valid targets. Throws DataError for a target outside [0,V).
+// check_targets alone is that check (DataError naming the first bad position), for code that
+// runs the loss on another backend.
+void check_targets(const int32_t* targets, int64_t N, int64_t V);
 int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
                               const int32_t* targets, int64_t N, int64_t V);
 // In place: logits (N,V) -> dlogits = (softmax - onehot(target)) * scale * weights[row]

@@ -100,7 +100,7 @@ TEST(LlamaLayout, EveryLayerReadsItsTensorsWhereTheTableLaysThemOutInItsUnit) {
   for (const char* flavor : {"debug", "tiny", "small"}) {
     Config config = Config::Defaults();
     config.ApplyOverride(std::string("model.flavor=") + flavor);
-    const LlamaModel model(BuildLlamaConfig(config), 1, 4);
+    const LlamaModel model(BuildLlamaConfig(config), 1, 4, DefaultCpuBackend());
     const ParameterTable& table = model.table();
     for (int64_t l = 0; l < model.config().n_layers; ++l) {
       const LlamaModel::LayerOffsets& o = model.layer_offsets(l);

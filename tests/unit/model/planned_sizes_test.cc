@@ -45,7 +45,7 @@ TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
 TEST(PlannedSizes, ActivationBytesAreWhatTheModelAllocates) {
   for (const LlamaConfig& c : Models()) {
     for (auto [batch, seq_len] : {std::pair<int64_t, int64_t>{1, 8}, {3, 16}}) {
-      const LlamaModel model(c, batch, seq_len);
+      const LlamaModel model(c, batch, seq_len, DefaultCpuBackend());
       EXPECT_EQ(PlannedLlamaActivationBytes(c, batch, seq_len),
                 static_cast<double>(model.activation_bytes()))
           << c.flavor << " " << batch << "x" << seq_len;

@@ -169,7 +169,10 @@ class ToySpec final : public ModelSpec {
   double TrainFlopsPerToken(const ParameterTable& table, int64_t) const override {
     return 6.0 * static_cast<double>(table.FlopParams());
   }
-  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const override {
+  using ModelSpec::Build;
+  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
+                               std::shared_ptr<ComputeBackend> backend) const override {
+    if (!backend->host_memory()) throw UsageError("the toy model runs on the CPU only");
     return std::make_unique<ToyModel>(shape_, batch_size, seq_len);
   }
 

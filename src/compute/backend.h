@@ -1,0 +1,164 @@
+// The compute backend: where a model's activations live and what runs its kernels. Model code is
+// written once against this interface (model/llama.cc); `[training] device` picks the
+// implementation:
+//
+//   "cpu"   compute/cpu_backend.cc: host memory, the OpenMP kernels of kernels/cpu/ (fp32, or
+//           bf16 operands with fp32 accumulation when the run asks for bfloat16 compute).
+//   "cuda"  compute/cuda/: device memory on the GPU that LOCAL_RANK picks, CUDA kernels and
+//           cuBLASLt. Registered only by a build made with the CUDA toolkit (-DCRUCIBLE_CUDA=ON,
+//           the default where nvcc is found); a build without it refuses "cuda" in one line.
+//
+// Every pointer a kernel takes is a device pointer of this backend: memory from Allocate (or a
+// DeviceArray), never host memory unless host_memory() says the two are the same. Shapes are
+// those of kernels/cpu/kernels.h, which documents each kernel; every backend keeps its
+// promises: bit-identical results run to run on one device model, independent of the thread
+// (or block) count, no floating-point atomics.
+//
+// Precision: `compute` is the precision of the operands of the matrix products and of
+// attention. kFloat32 is plain fp32. kBfloat16 rounds both operands of every product to
+// bfloat16 (ties to even) and accumulates in fp32; outputs, norms, softmax, RoPE, SwiGLU and
+// the loss stay fp32 (torchtitan's mixed_precision_param = "bfloat16" with fp32 reductions).
+// The CPU's bf16 path is the numerical oracle of the GPU's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+enum class ComputePrecision { kFloat32, kBfloat16 };
+const char* ComputePrecisionName(ComputePrecision precision);  // "float32", "bfloat16"
+
+struct BackendOptions {
+  std::string device = "cpu";  // the registered backend's name
+  int local_rank = 0;          // picks the GPU of a multi-GPU node (LOCAL_RANK)
+  ComputePrecision compute = ComputePrecision::kFloat32;
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // ---- what it is ----
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16 bf16_path=avx512_bf16".
+  virtual std::string Summary() const = 0;
+  virtual ComputePrecision compute() const = 0;
+  // True when device pointers are host pointers (the CPU): a model then reads weights and writes
+  // gradients in place instead of copying them through device buffers.
+  virtual bool host_memory() const = 0;
+
+  // ---- memory ----
+  // `bytes` of device memory, zero-filled; Error (exit 1) naming the size and what is free when
+  // the device has not enough.
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* pointer) noexcept = 0;
+  virtual void CopyToDevice(void* device, const void* host, size_t bytes) = 0;
+  virtual void CopyToHost(void* host, const void* device, size_t bytes) = 0;
+  // Waits for every kernel and copy issued so far (a no-op on the CPU).
+  virtual void Synchronize() = 0;
+
+  // ---- elementwise helpers ----
+  virtual void Fill(float* x, size_t n, float value) = 0;
+  // y[i] += x[i]
+  virtual void Add(float* y, const float* x, size_t n) = 0;
+
+  // ---- the kernels (shapes and contracts: kernels/cpu/kernels.h) ----
+  virtual void MatmulForward(float* out, const float* inp, const float* weight, int64_t N,
+                             int64_t C, int64_t OC) = 0;
+  virtual void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                              const float* weight, int64_t N, int64_t C, int64_t OC,
+                              bool accumulate_dinp, bool accumulate_dweight) = 0;
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                                int64_t C) = 0;
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
+                                 int64_t N, int64_t C) = 0;
+  virtual void RmsnormForward(float* out, float* rstd, const float* inp, const float* weight,
+                              int64_t N, int64_t C, float eps) = 0;
+  virtual void RmsnormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int64_t N, int64_t C) = 0;
+  // cos/sin (T, D/2) device tables, as kernels::rope_tables computes them on the host.
+  virtual void RopeForward(float* x, const float* cos_table, const float* sin_table, int64_t B,
+                           int64_t T, int64_t heads, int64_t D) = 0;
+  virtual void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
+                            int64_t T, int64_t heads, int64_t D) = 0;
+  virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
+                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D) = 0;
+  virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q,
+                                 const float* k, const float* v, int64_t B, int64_t T, int64_t H,
+                                 int64_t KV, int64_t D) = 0;
+  virtual void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
+                             int64_t F) = 0;
+  virtual void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,
+                              const float* up, int64_t N, int64_t F) = 0;
+  // Targets are checked by the caller: every one is -1 or in [0, V).
+  virtual void CrossEntropyForward(float* losses, float* lse, const float* logits,
+                                   const int32_t* targets, int64_t N, int64_t V) = 0;
+  virtual void CrossEntropyBackward(float* logits_to_dlogits, const float* lse,
+                                    const int32_t* targets, int64_t N, int64_t V, float scale,
+                                    const float* weights) = 0;
+};
+
+// An array of T in one backend's memory, zero-filled, freed with it. Movable, not copyable.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(ComputeBackend& backend, size_t size)
+      : backend_(&backend),
+        data_(size ? static_cast<T*>(backend.Allocate(size * sizeof(T))) : nullptr),
+        size_(size) {}
+  ~DeviceArray() {
+    if (data_) backend_->Free(data_);
+  }
+  DeviceArray(DeviceArray&& other) noexcept { *this = std::move(other); }
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    if (this != &other) {
+      if (data_) backend_->Free(data_);
+      backend_ = other.backend_;
+      data_ = other.data_;
+      size_ = other.size_;
+      other.data_ = nullptr;
+      other.size_ = 0;
+    }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  void CopyFrom(const T* host, size_t count) { backend_->CopyToDevice(data_, host, count * sizeof(T)); }
+  void CopyTo(T* host, size_t count) const { backend_->CopyToHost(host, data_, count * sizeof(T)); }
+
+ private:
+  ComputeBackend* backend_ = nullptr;
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// ---- the registry ----
+
+// Builds a backend; Error naming the device and what to do when it cannot run here (no GPU,
+// the GPU LOCAL_RANK names does not exist, a precision it lacks).
+using BackendFactory = std::unique_ptr<ComputeBackend> (*)(const BackendOptions& options);
+// A static instance in a backend's .cc file registers it under `name`.
+struct BackendRegistrar {
+  BackendRegistrar(const char* name, BackendFactory build);
+};
+std::vector<std::string> RegisteredBackends();  // sorted
+// The backend `options.device` names. UsageError (exit 2) for a name no backend has ("cuda" in
+// a build without the CUDA toolkit says how to build one).
+std::shared_ptr<ComputeBackend> MakeBackend(const BackendOptions& options);
+// The fp32 CPU backend, shared: what a model is built on when nobody asks for another (eval,
+// the `crucible model` tools, tests).
+std::shared_ptr<ComputeBackend> DefaultCpuBackend();
+
+}  // namespace crucible
