@@ -27,11 +27,11 @@ struct LlamaModel::Buffers {
     Floats gate, up, hidden;  // (N,F) each
   };
   std::vector<Layer> layers;
-  Floats x_final;             // (N,C) residual leaving the last layer
-  Floats lnf, lnf_rstd;       // (N,C), (N)
-  Floats logits;              // (N,V), reused for dlogits
-  Floats losses, lse;         // (N)
-  Floats rope_cos, rope_sin;  // (T,D/2)
+  Floats x_final;                        // (N,C) residual leaving the last layer
+  Floats lnf, lnf_rstd;                  // (N,C), (N)
+  Floats logits;                         // (N,V), reused for dlogits
+  Floats losses, lse;                    // (N)
+  Floats rope_cos, rope_sin;             // (T,D/2)
   DeviceArray<int32_t> tokens, targets;  // (N)
   Floats loss_weights;                   // (N), a device copy (off the host only)
   // Backward scratch.
@@ -236,8 +236,8 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
     be.MatmulForward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
     be.RopeForward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
     be.RopeForward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    be.AttentionForward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(),
-                        B_, T_, H, KV, D);
+    be.AttentionForward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
+                        T_, H, KV, D);
     be.MatmulForward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
     be.Add(Lb.x_mid.data(), Lb.x_in.data(), N * C);
     be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
@@ -263,8 +263,8 @@ LossSum LlamaModel::Retarget(const int32_t* targets) {
   k::check_targets(targets, N, V);
   std::memcpy(b.host_targets.data(), targets, N * sizeof(int32_t));
   b.targets.CopyFrom(targets, N);
-  backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(),
-                                N, V);
+  backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(), N,
+                                V);
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   const float* losses = this->losses();
@@ -321,14 +321,14 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     float* g = UnitGradients(access, unit);
     const LayerOffsets& o = layers_[l];
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
-    be.MatmulBackward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N,
-                      F, C, false, false);
-    be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(),
-                      Lb.up.data(), N, F);
-    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C,
-                      F, false, false);
-    be.MatmulBackward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F,
-                      true, false);
+    be.MatmulBackward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N, F,
+                      C, false, false);
+    be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(), Lb.up.data(),
+                      N, F);
+    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C, F,
+                      false, false);
+    be.MatmulBackward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F, true,
+                      false);
     // dx (d x_mid) += rmsnorm backward
     be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
                        Lb.ln2_rstd.data(), N, C);
