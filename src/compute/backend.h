@@ -61,6 +61,13 @@ class ComputeBackend {
   virtual void CopyToHost(void* host, const void* device, size_t bytes) = 0;
   // Waits for every kernel and copy issued so far (a no-op on the CPU).
   virtual void Synchronize() = 0;
+  // The free and total bytes of the device's own memory, and the device's name for messages
+  // ("GPU 0 (NVIDIA H200)"); false where device memory is the host's (the host's memory check
+  // covers it).
+  virtual bool DeviceMemory(double* free_bytes, double* total_bytes, std::string* where) const {
+    (void)free_bytes, (void)total_bytes, (void)where;
+    return false;
+  }
 
   // ---- elementwise helpers ----
   virtual void Fill(float* x, size_t n, float value) = 0;

@@ -227,4 +227,27 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
         B, T, B * T));
 }
 
+void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,
+                     const ComputeBackend& backend) {
+  double free_bytes = 0, total_bytes = 0;
+  std::string where;
+  if (!backend.DeviceMemory(&free_bytes, &total_bytes, &where)) return;
+  const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
+  const double activations = model.PlannedBuffers(B, T).total_bytes;
+  const double parameters = model.PlannedSizes().parameters;
+  const double copies = 2 * 4 * parameters;  // fp32 weights and gradients of every unit
+  const double asked = activations + copies;
+  if (asked <= free_bytes) return;
+  throw UsageError(StrFormat(
+      "training.device = \"%s\": the model needs %s of device memory (activations %s for "
+      "training.local_batch_size = %.0f x training.seq_len = %.0f with mixed_precision_param = "
+      "%s, weights and gradients %s for %s parameters of %s) but %s has %s free of %s: %s",
+      backend.name().c_str(), Bytes(asked).c_str(), Bytes(activations).c_str(), B, T,
+      ComputePrecisionName(backend.compute()), Bytes(copies).c_str(), Count(parameters).c_str(),
+      model.SizeKeys().c_str(), where.c_str(), Bytes(free_bytes).c_str(),
+      Bytes(total_bytes).c_str(),
+      activations >= copies ? "lower training.local_batch_size or training.seq_len"
+                            : "choose a smaller model (model.*)"));
+}
+
 }  // namespace crucible

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/config.h"
+#include "compute/backend.h"
 #include "distributed/communicator.h"
 #include "model/model.h"
 #include "train/training_config.h"
@@ -43,5 +44,12 @@ AvailableMemory MachineAvailableMemory();
 // prints the plan (phase=memory_check). A batch-size ramp is planned at its largest stage.
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
                        Communicator& comm);
+
+// The device side, for a backend whose memory is not the host's: a model built on it keeps its
+// activations (ModelSpec::PlannedBuffers) and a device copy of every unit's weights and gradients
+// there. UsageError naming the device, what is asked and what is free, and what to lower, when
+// that is more than the device has free; nothing on the host's backend.
+void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,
+                     const ComputeBackend& backend);
 
 }  // namespace crucible

@@ -131,6 +131,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm());
+  CheckDeviceFits(*model_spec_, training_.shape, *backend_);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
   // fit in memory.
   CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),

@@ -1,0 +1,50 @@
+// The device memory check: a model that would not fit a device's free memory is refused before
+// anything is allocated there, naming the device, what was asked and what is free.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "support/staged_backend.h"
+#include "train/memory_plan.h"
+
+namespace crucible {
+namespace {
+
+std::shared_ptr<const ModelSpec> Debug() {
+  Config config = Config::Defaults();
+  return BuildModelSpec(config);
+}
+
+TEST(DeviceMemory, AModelThatDoesNotFitTheDeviceIsRefusedNamingWhatIsAskedAndFree) {
+  const auto spec = Debug();
+  TrainingShape shape;
+  shape.micro_batch = 8, shape.seq_len = 256;
+  StagedBackend device;
+  const double needed =
+      spec->PlannedBuffers(8, 256).total_bytes + 8 * spec->PlannedSizes().parameters;
+  device.ReportDeviceMemory(needed, 2 * needed);  // exactly enough
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+  device.ReportDeviceMemory(needed - 1, 2 * needed);
+  try {
+    CheckDeviceFits(*spec, shape, device);
+    FAIL() << "a model larger than the device's free memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("training.device = \"staged\": the model needs"), std::string::npos) << m;
+    EXPECT_NE(m.find("but staged device 0 has"), std::string::npos) << m;
+    EXPECT_NE(m.find("mixed_precision_param = float32"), std::string::npos) << m;
+    EXPECT_NE(m.find("lower training.local_batch_size or training.seq_len"), std::string::npos)
+        << m;
+  }
+}
+
+TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
+  const auto spec = Debug();
+  TrainingShape shape;
+  shape.micro_batch = 8, shape.seq_len = 256;
+  StagedBackend device;  // reports no device memory
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+}
+
+}  // namespace
+}  // namespace crucible
