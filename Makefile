@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps venv current-env test unit-test py-test demo bench clean format asan
+.PHONY: all build build-mpich deps venv current-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
 
 all: build
 
@@ -49,6 +49,15 @@ py-test: build build-mpich venv current-env
 	  $(PYTHON) -m pytest -q tests/integration
 
 test: unit-test py-test
+
+# The GPU tests (tests/gpu/, a build with the CUDA backend): every kernel and a whole model step
+# against the CPU; without a GPU they are skipped in one line. On a lent GPU machine, run
+# scripts/gpu-check.sh (it unpacks what `make gpu-pack` built here).
+test-gpu: build
+	$(BUILD)/test_gpu
+
+gpu-pack: build
+	scripts/pack-gpu-build.sh $(BUILD) gpu-pack
 
 demo: build venv
 	@scripts/demo.sh

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The one prepared check for a lent GPU machine (one H200; CUDA toolkit, CMake, ninja, PyTorch;
+# none of Crucible's dev packages). Here: `make gpu-pack` (scripts/pack-gpu-build.sh); then the
+# device run, from the repository root:
+#   run(command="scripts/gpu-check.sh", carry=["gpu-pack"], timeout_s=540)
+# It unpacks gpu-pack/crucible-gpu.tar.gz, prints nvidia-smi, runs test_gpu, 50 steps of a small
+# `tiny` on cuda and on cpu (loss curves within tolerance), two cuda runs (same weights_xxh3),
+# a cuda resume (bit-exact), the frozen-RMSNorm detector under master_dtype = "bfloat16" on cuda
+# (and silent under fp32), and bench/gpu_train.py when present. Logs and summary.txt go to $OUT.
+# Every stage is capped so the whole stays under 8 minutes; a failing stage does not stop the next.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+stage() {  # stage NAME SECONDS COMMAND...: runs it with a cap, logs to $OUT/NAME.log
+  local name=$1 seconds=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$seconds" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  say "$name: $([[ $rc == 0 ]] && echo PASS || echo "FAIL rc=$rc") ($((SECONDS - start)) s, $name.log)"
+  return $rc
+}
+
+tar -C "$WORK" -xzf gpu-pack/crucible-gpu.tar.gz || { say "unpack: FAIL (run make gpu-pack here first)"; exit 1; }
+say "build commit $(cat "$WORK/commit"), tree $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+cuda_lib=$(dirname "$(ldconfig -p | awk '/libcublasLt\.so\.13 /{print $NF; exit}')" 2>/dev/null)
+for dir in "$cuda_lib" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -n $dir && -d $dir ]] && CUDA_LIBS=${CUDA_LIBS:+$CUDA_LIBS:}$dir
+done
+export LD_LIBRARY_PATH="$WORK/lib:${CUDA_LIBS:-}:${LD_LIBRARY_PATH:-}"
+CRUCIBLE=$WORK/bin/crucible
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; head -15 "$OUT/nvidia-smi.txt"
+ldd "$CRUCIBLE" > "$OUT/ldd.txt" 2>&1
+grep -q "not found" "$OUT/ldd.txt" && say "ldd: FAIL $(grep 'not found' "$OUT/ldd.txt" | tr '\n' ' ')"
+
+stage test_gpu 150 "$WORK/bin/test_gpu" --gtest_output=xml:"$OUT/test_gpu.xml"
+
+# A small tiny: 50 steps, seq 256, batch 4, no validation; the cpu run is the reference curve.
+TINY=(-c configs/tiny.toml --set training.steps=50 --set training.seq_len=256
+      --set training.local_batch_size=4 --set checkpoint.interval=25)
+train() {  # train NAME DEVICE [--set ...]
+  local name=$1 device=$2
+  shift 2
+  "$CRUCIBLE" train "${TINY[@]}" --set training.device="$device" --set job.dump_folder="$WORK/$name" "$@"
+}
+xxh() { grep -o 'weights_xxh3=[0-9a-f]*' "$OUT/$1.log" | tail -1; }
+stage train_cpu 120 train cpu cpu
+stage train_cuda 60 train cuda cuda
+stage train_cuda_again 60 train cuda_again cuda
+stage train_cuda_bf16 60 train cuda_bf16 cuda --set training.mixed_precision_param=bfloat16
+python3 - "$OUT" > "$OUT/curves.txt" 2>&1 <<'PY'
+import re, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def losses(name):
+    text = (out / f"{name}.log").read_text() if (out / f"{name}.log").exists() else ""
+    return [float(m) for m in re.findall(r"^step=\d+ loss=(\S+)", text, re.M)]
+cpu = losses("train_cpu")
+for name, tol in (("train_cuda", 2e-3), ("train_cuda_bf16", 3e-2)):
+    gpu = losses(name)
+    if not cpu or len(gpu) != len(cpu):
+        print(f"{name}: FAIL {len(gpu)} steps vs {len(cpu)} on cpu"); continue
+    worst = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
+    print(f"{name}: {'PASS' if worst <= tol else 'FAIL'} worst relative loss difference {worst:.2e} "
+          f"(tolerance {tol}) final cuda {gpu[-1]:.6f} cpu {cpu[-1]:.6f}")
+PY
+cat "$OUT/curves.txt" | tee -a "$SUMMARY"
+a=$(xxh train_cuda) b=$(xxh train_cuda_again)
+say "cuda run to run: $([[ -n $a && $a == "$b" ]] && echo PASS || echo FAIL) ($a vs $b)"
+
+# Resume on cuda: the straight run wrote ckpt/step-25; a copy resumed from it must end the same.
+if [[ -d $WORK/cuda/ckpt/step-25 ]]; then
+  cp -r "$WORK/cuda" "$WORK/cuda_resumed" && rm -rf "$WORK/cuda_resumed/ckpt/step-50"
+  stage train_cuda_resumed 60 train cuda_resumed cuda --resume "$WORK/cuda_resumed/ckpt/step-25"
+  c=$(xxh train_cuda_resumed)
+  say "cuda resume: $([[ -n $c && $c == "$a" ]] && echo PASS || echo FAIL) ($c vs $a)"
+else
+  say "cuda resume: FAIL (no ckpt/step-25 from the straight cuda run)"
+fi
+
+# The frozen-RMSNorm detector on cuda: fires under bf16 master weights, silent under fp32.
+DETECT=(--set model.flavor=debug --set training.steps=12 --set debug.frozen_steps=5
+        --set optimizer.lr=1e-3 --set lr_scheduler.warmup_steps=0 --set checkpoint.enable=false)
+stage detector_bf16_master 60 train detect_bf16 cuda "${DETECT[@]}" --set training.master_dtype=bfloat16
+stage detector_fp32_master 60 train detect_fp32 cuda "${DETECT[@]}"
+fired=$(grep -c "model.norm.weight.*below half a bfloat16 ULP" "$OUT/detector_bf16_master.log")
+quiet=$(grep -c "^warning:" "$OUT/detector_fp32_master.log")
+say "frozen-RMSNorm detector on cuda: $([[ $fired -ge 1 && $quiet == 0 ]] && echo PASS || echo FAIL) (bf16 master: $fired warnings on model.norm.weight; fp32 master: $quiet warnings)"
+
+if [[ -f bench/gpu_train.py ]]; then
+  CRUCIBLE=$CRUCIBLE stage bench_gpu_train 150 python3 bench/gpu_train.py --out "$OUT"
+fi
+say "gpu-check: $(grep -c FAIL "$SUMMARY") failing checks"
+rm -rf "$WORK"
