@@ -36,6 +36,9 @@ struct BackendOptions {
   std::string device = "cpu";  // the registered backend's name
   int local_rank = 0;          // picks the GPU of a multi-GPU node (LOCAL_RANK)
   ComputePrecision compute = ComputePrecision::kFloat32;
+  // [debug] portable_exact: the kernels of compute/portable/ (fixed order, no BLAS, no libm), the
+  // same bits on every device. The CPU backend then builds compute/portable_backend.h's.
+  bool portable_exact = false;
 };
 
 class ComputeBackend {
@@ -44,7 +47,8 @@ class ComputeBackend {
 
   // ---- what it is ----
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16 bf16_path=avx512_bf16".
+  // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16
+  // bf16_path=avx512_bf16".
   virtual std::string Summary() const = 0;
   virtual ComputePrecision compute() const = 0;
   // True when device pointers are host pointers (the CPU): a model then reads weights and writes
@@ -74,8 +78,8 @@ class ComputeBackend {
                               bool accumulate_dinp, bool accumulate_dweight) = 0;
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
                                 int64_t C) = 0;
-  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
-                                 int64_t N, int64_t C) = 0;
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                                 int64_t C) = 0;
   virtual void RmsnormForward(float* out, float* rstd, const float* inp, const float* weight,
                               int64_t N, int64_t C, float eps) = 0;
   virtual void RmsnormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -89,9 +93,9 @@ class ComputeBackend {
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
                                 int64_t D) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* out, const float* lse, const float* q,
-                                 const float* k, const float* v, int64_t B, int64_t T, int64_t H,
-                                 int64_t KV, int64_t D) = 0;
+                                 const float* out, const float* lse, const float* q, const float* k,
+                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) = 0;
   virtual void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                              int64_t F) = 0;
   virtual void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,
@@ -135,7 +139,9 @@ class DeviceArray {
   const T* data() const { return data_; }
   size_t size() const { return size_; }
   size_t bytes() const { return size_ * sizeof(T); }
-  void CopyFrom(const T* host, size_t count) { backend_->CopyToDevice(data_, host, count * sizeof(T)); }
+  void CopyFrom(const T* host, size_t count) {
+    backend_->CopyToDevice(data_, host, count * sizeof(T));
+  }
   void CopyTo(T* host, size_t count) const { backend_->CopyToHost(host, data_, count * sizeof(T)); }
 
  private:

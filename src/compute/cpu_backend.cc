@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "compute/backend.h"
+#include "compute/portable_backend.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -86,8 +87,8 @@ class CpuBackend final : public ComputeBackend {
                    int64_t heads, int64_t D) override {
     k::rope_forward(x, cos_table, sin_table, B, T, heads, D);
   }
-  void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
-                    int64_t T, int64_t heads, int64_t D) override {
+  void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                    int64_t heads, int64_t D) override {
     k::rope_backward(dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -121,6 +122,7 @@ class CpuBackend final : public ComputeBackend {
 };
 
 std::unique_ptr<ComputeBackend> BuildCpuBackend(const BackendOptions& options) {
+  if (options.portable_exact) return BuildPortableBackend(options);
   return std::make_unique<CpuBackend>(options);
 }
 

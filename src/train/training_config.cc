@@ -119,12 +119,13 @@ GuardConfig BuildGuards(const Config& config) {
 BackendOptions BuildBackendOptions(const Config& config) {
   BackendOptions options;
   options.device = config.String("training.device");
+  options.portable_exact = config.Bool("debug.portable_exact");
   const std::string param = config.String("training.mixed_precision_param");
   if (param == "bfloat16")
     options.compute = ComputePrecision::kBfloat16;
   else if (param != "float32")
-    throw UsageError("training.mixed_precision_param: expected float32 or bfloat16, got '" +
-                     param + "'");
+    throw UsageError("training.mixed_precision_param: expected float32 or bfloat16, got '" + param +
+                     "'");
   const std::string reduce = config.String("training.mixed_precision_reduce");
   if (reduce != "float32")
     throw UsageError("training.mixed_precision_reduce: expected float32, got '" + reduce +
