@@ -1,4 +1,4 @@
-// crucible smoke [--golden FILE] [--ranks N] [--update]
+// crucible smoke [--golden FILE] [--ranks N] [--update] [--portable]
 #include "eval/smoke.h"
 
 #include <memory>
@@ -10,9 +10,12 @@ namespace {
 
 CommandRun SetupSmoke(CLI::App& app) {
   auto options = std::make_shared<SmokeOptions>();
-  options->golden = "tests/golden/smoke.json";
-  app.add_option("--golden", options->golden, "golden file to compare with (or write)")
-      ->capture_default_str();
+  app.add_option("--golden", options->golden,
+                 "golden file to compare with (or write); default tests/golden/smoke.json, with "
+                 "--portable tests/golden/smoke-portable.json");
+  app.add_flag("--portable", options->portable,
+               "debug.portable_exact = true: fixed-order kernels and portable math, one golden for "
+               "every device (slow)");
   app.add_option("--ranks", options->ranks,
                  "MPI ranks (mpirun); the golden is the same for any count")
       ->check(CLI::Range(1, 64));
@@ -23,7 +26,12 @@ CommandRun SetupSmoke(CLI::App& app) {
   app.footer(
       "Exit codes: 0 bit-identical to the golden, 1 a difference (the first differing step "
       "and tensor are printed), 2 usage error.");
-  return [options]() { return RunSmoke(*options); };
+  return [options]() {
+    if (options->golden.empty())
+      options->golden =
+          options->portable ? "tests/golden/smoke-portable.json" : "tests/golden/smoke.json";
+    return RunSmoke(*options);
+  };
 }
 
 CommandRegistrar smoke_registrar("smoke",

@@ -110,7 +110,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "(rounded to bf16, accumulated in float32; master weights and optimizer state stay float32)",
        true},
       {"training.mixed_precision_reduce", T::kString, V(std::string("float32")),
-       "precision of the gradient reductions: float32 (they are exact sums, see docs/distributed.md)",
+       "precision of the gradient reductions: float32 (they are exact sums, see "
+       "docs/distributed.md)",
        true},
       {"training.master_dtype", T::kString, V(std::string("float32")),
        "storage of the master weights: float32, or bfloat16 (emulated: rounded after every "
@@ -257,6 +258,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"debug.seed", T::kInt, V(int64_t{0}), "seed of weight init and synthetic data", true, kAny},
       {"debug.detectors", T::kBool, V(true),
        "silent-bug detectors: frozen parameters, step-1 loss vs ln(vocab), non-finite gradients"},
+      {"debug.portable_exact", T::kBool, V(false),
+       "run every kernel and the host math in the portable fixed-order form (compute/portable/): "
+       "the same bits on every device, slowly (crucible smoke --portable)",
+       true},
       {"debug.frozen_steps", T::kInt, V(int64_t{20}),
        "warn when a parameter tensor is unchanged for this many consecutive steps; 0 disables",
        false, AtLeast(0)},

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/host_math.h"
+
 namespace crucible {
 
 using PhiloxBlock = std::array<uint32_t, 4>;
@@ -61,11 +63,12 @@ class Philox {
       if (static_cast<uint64_t>(m) >= threshold) return static_cast<uint64_t>(m >> 64);
     }
   }
-  // Standard normal by Box-Muller in double precision (one value per call, deterministic).
+  // Standard normal by Box-Muller in double precision (one value per call, deterministic; log
+  // and cos from common/host_math.h).
   double NextNormal() {
     double u1 = (static_cast<double>(NextU64() >> 11) + 1.0) * (1.0 / 9007199254740993.0);
     double u2 = static_cast<double>(NextU64() >> 11) * (1.0 / 9007199254740992.0);
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    return std::sqrt(-2.0 * HostLog(u1)) * HostCos(6.283185307179586 * u2);
   }
 
  private:

@@ -36,6 +36,9 @@ struct BackendOptions {
   std::string device = "cpu";  // the registered backend's name
   int local_rank = 0;          // picks the GPU of a multi-GPU node (LOCAL_RANK)
   ComputePrecision compute = ComputePrecision::kFloat32;
+  // [debug] portable_exact: the kernels of compute/portable/ (fixed order, no BLAS, no libm), the
+  // same bits on every device. The CPU backend then builds compute/portable_backend.h's.
+  bool portable_exact = false;
 };
 
 class ComputeBackend {

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "compute/backend.h"
+#include "compute/portable_backend.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -121,6 +122,7 @@ class CpuBackend final : public ComputeBackend {
 };
 
 std::unique_ptr<ComputeBackend> BuildCpuBackend(const BackendOptions& options) {
+  if (options.portable_exact) return BuildPortableBackend(options);
   return std::make_unique<CpuBackend>(options);
 }
 

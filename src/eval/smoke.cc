@@ -21,8 +21,8 @@
 
 namespace crucible {
 
-const char* SmokeConfig() {
-  return R"([job]
+std::string SmokeConfig(bool portable) {
+  return std::string(R"([job]
 name = "smoke"
 
 [model]
@@ -58,7 +58,7 @@ peak_gflops = 1.0
 
 [debug]
 seed = 1234
-)";
+)") + (portable ? "portable_exact = true\n" : "");
 }
 
 namespace {
@@ -141,12 +141,17 @@ int RunSmoke(const SmokeOptions& options) {
   MakeDirectories(work);
   const std::string config_path = JoinPath(work, "smoke.toml");
   const std::string run_dir = JoinPath(work, "run");
-  AtomicWriteFile(config_path, std::string(SmokeConfig()));
+  const std::string config = SmokeConfig(options.portable);
+  AtomicWriteFile(config_path, config);
   const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
   // Pin OpenBLAS to one kernel family so the golden holds on any x86-64-v3 CPU, and fix the
   // thread count (results do not depend on it, but the run should be the same run).
+  // CRUCIBLE_SMOKE_THREADS overrides the count (tests run the portable gate on 1 and 2 threads).
+  const char* threads = std::getenv("CRUCIBLE_SMOKE_THREADS");
   std::vector<std::string> env = {"OPENBLAS_CORETYPE=Haswell",
-                                  options.ranks > 1 ? "OMP_NUM_THREADS=1" : "OMP_NUM_THREADS=2"};
+                                  std::string("OMP_NUM_THREADS=") + (threads             ? threads
+                                                                     : options.ranks > 1 ? "1"
+                                                                                         : "2")};
   std::vector<std::string> argv;
   if (options.ranks > 1) {
     env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
@@ -173,8 +178,12 @@ int RunSmoke(const SmokeOptions& options) {
   int result = 0;
   if (options.update) {
     nlohmann::ordered_json golden;
-    golden["about"] = "crucible smoke golden file: regenerate only with `crucible smoke --update`";
-    golden["config"] = SmokeConfig();
+    golden["about"] =
+        options.portable
+            ? "crucible smoke --portable golden file (one for every device): regenerate only with "
+              "`crucible smoke --portable --update`"
+            : "crucible smoke golden file: regenerate only with `crucible smoke --update`";
+    golden["config"] = config;
     golden["steps"] = observed["steps"];
     golden["tensors"] = observed["tensors"];
     MakeDirectories(ParentDirectory(options.golden));
@@ -182,15 +191,15 @@ int RunSmoke(const SmokeOptions& options) {
     PrintLine("smoke: golden written to " + options.golden);
   } else {
     if (!FileExists(options.golden))
-      throw UsageError(options.golden +
-                       ": golden file not found (create it with crucible smoke --update)");
+      throw UsageError(options.golden + ": golden file not found (create it with crucible smoke " +
+                       (options.portable ? "--portable " : "") + "--update)");
     nlohmann::json golden;
     try {
       golden = nlohmann::json::parse(ReadFile(options.golden));
     } catch (const nlohmann::json::exception& e) {
       throw DataError(options.golden + ": not valid JSON: " + e.what());
     }
-    if (golden.value("config", "") != std::string(SmokeConfig()))
+    if (golden.value("config", "") != config)
       PrintLine("smoke: note: the golden was made with a different smoke config");
     const auto& want_steps = golden["steps"];
     const auto& got_steps = observed["steps"];

@@ -14,12 +14,15 @@ struct SmokeOptions {
   bool update = false;   // rewrite the golden instead of comparing
   std::string work_dir;  // where the run goes; empty: a temporary folder, removed after
   std::string binary;    // the crucible binary to run; empty: this one
+  // Run with debug.portable_exact = true (compute/portable/): the same bits on every device,
+  // compared with its own golden (tests/golden/smoke-portable.json).
+  bool portable = false;
 };
 
 // Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch.
 int RunSmoke(const SmokeOptions& options);
 
-// The fixed configuration of the smoke run (TOML).
-const char* SmokeConfig();
+// The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true.
+std::string SmokeConfig(bool portable = false);
 
 }  // namespace crucible

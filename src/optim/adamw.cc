@@ -4,6 +4,7 @@
 //   w = w (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 #include <cmath>
 
+#include "common/host_math.h"
 #include "optim/optimizer.h"
 
 namespace crucible {
@@ -17,9 +18,9 @@ class AdamW final : public Optimizer {
   void Update(const TensorUpdate& u) const override {
     const GroupSettings& g = u.group;
     const FloatSettings s(u);
-    const float bias1 = static_cast<float>(1.0 - std::pow(g.beta1, static_cast<double>(u.step)));
+    const float bias1 = static_cast<float>(1.0 - HostPow(g.beta1, static_cast<double>(u.step)));
     const float bias2_sqrt =
-        static_cast<float>(std::sqrt(1.0 - std::pow(g.beta2, static_cast<double>(u.step))));
+        static_cast<float>(std::sqrt(1.0 - HostPow(g.beta2, static_cast<double>(u.step))));
     const float step_size = s.lr / bias1;
     float* params = u.weights.data();
     float* m = u.state[0].data();

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/host_math.h"
 #include "common/strings.h"
 
 namespace crucible {
@@ -51,7 +52,7 @@ double LearningRate(const LrScheduleConfig& s, int64_t step) {
   if (s.decay_type == "constant") return s.lr;
   if (s.decay_type == "linear") return floor + (s.lr - floor) * (1.0 - progress);
   if (s.decay_type == "cosine")
-    return floor + (s.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    return floor + (s.lr - floor) * 0.5 * (1.0 + HostCos(M_PI * progress));
   // wsd: hold the peak, then decay linearly over the last decay_ratio of all steps.
   const int64_t decay_start = WsdDecayStart(s);
   if (step <= decay_start) return s.lr;

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/host_math.h"
 #include "common/log.h"
 #include "common/profile.h"
 #include "common/strings.h"
@@ -122,6 +123,8 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
   backend_ = MakeBackend(training_.backend);  // a device this machine lacks fails here
+  // Before the model is built: weight init, the RoPE tables, the schedule and the optimizer.
+  SetPortableHostMath(training_.backend.portable_exact);
   // SophiaG's Hessian is scaled by the tokens of a global batch, fixed for the run.
   if (optimizer_config_.optimizer->hessian_interval() > 0 && !training_.batches.constant())
     throw UsageError("training.batch_ramp: optimizer.name = " + optimizer_config_.name +

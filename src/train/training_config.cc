@@ -119,6 +119,7 @@ GuardConfig BuildGuards(const Config& config) {
 BackendOptions BuildBackendOptions(const Config& config) {
   BackendOptions options;
   options.device = config.String("training.device");
+  options.portable_exact = config.Bool("debug.portable_exact");
   const std::string param = config.String("training.mixed_precision_param");
   if (param == "bfloat16")
     options.compute = ComputePrecision::kBfloat16;

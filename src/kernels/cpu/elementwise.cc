@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/host_math.h"
 #include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
@@ -92,11 +93,11 @@ void rope_tables(float* cos_table, float* sin_table, int64_t T, int64_t D, doubl
   int64_t half = D / 2;
   for (int64_t i = 0; i < half; ++i) {
     // As Hugging Face computes it: inv_freq in float32, angle = t * inv_freq in float32.
-    float inv_freq = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / D));
+    float inv_freq = static_cast<float>(1.0 / HostPow(theta, static_cast<double>(2 * i) / D));
     for (int64_t t = 0; t < T; ++t) {
       float angle = static_cast<float>(t) * inv_freq;
-      cos_table[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sin_table[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      cos_table[t * half + i] = static_cast<float>(HostCos(static_cast<double>(angle)));
+      sin_table[t * half + i] = static_cast<float>(HostSin(static_cast<double>(angle)));
     }
   }
 }

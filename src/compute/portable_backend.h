@@ -1,0 +1,15 @@
+// The portable exact CPU backend (compute/portable_backend.cc): what the "cpu" device builds when
+// BackendOptions::portable_exact is set. Its kernels are compute/portable/portable_kernels.h, the
+// same source a GPU backend compiles, so `crucible smoke --portable` has one golden for every
+// device. float32 compute only (UsageError, exit 2, for bfloat16).
+#pragma once
+
+#include <memory>
+
+#include "compute/backend.h"
+
+namespace crucible {
+
+std::unique_ptr<ComputeBackend> BuildPortableBackend(const BackendOptions& options);
+
+}  // namespace crucible
