@@ -110,7 +110,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "(rounded to bf16, accumulated in float32; master weights and optimizer state stay float32)",
        true},
       {"training.mixed_precision_reduce", T::kString, V(std::string("float32")),
-       "precision of the gradient reductions: float32 (they are exact sums, see docs/distributed.md)",
+       "precision of the gradient reductions: float32 (they are exact sums, see "
+       "docs/distributed.md)",
        true},
       {"training.master_dtype", T::kString, V(std::string("float32")),
        "storage of the master weights: float32, or bfloat16 (emulated: rounded after every "
@@ -278,6 +279,11 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        false, AtLeast(0)},
       {"debug.scale_loss_factor", T::kFloat, V(1.0), "test only: see debug.scale_loss_step", false,
        Above(0)},
+      {"debug.bf16_path", T::kString, V(std::string("auto")),
+       "bf16 compute on the CPU: auto (AVX-512 BF16 for the linear layers where the CPU has it), "
+       "emulated (the exact emulation everywhere), native (error where the CPU lacks AVX-512 "
+       "BF16)",
+       true},
       {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
        "test only: this rank flips one bit of its parameters at debug.corrupt_step", false,
        AtLeast(-1)},

@@ -18,7 +18,16 @@
 // attention. kFloat32 is plain fp32. kBfloat16 rounds both operands of every product to
 // bfloat16 (ties to even) and accumulates in fp32; outputs, norms, softmax, RoPE, SwiGLU and
 // the loss stay fp32 (torchtitan's mixed_precision_param = "bfloat16" with fp32 reductions).
-// The CPU's bf16 path is the numerical oracle of the GPU's.
+// The CPU's bf16 path is the numerical oracle of the GPU's. Exactly, the rounded operands are:
+//   MatmulForward   inp, weight            MatmulBackward  dout, weight (dinp); dout, inp (dweight)
+//   AttentionForward  Q K^T: q, k;  P V: v and P = exp(s - m), the tile's unnormalised
+//                     probabilities, rounded after their fp32 row sum (flash style)
+//   AttentionBackward dO V^T: dout, v;  P^T dO: P = exp(s - lse), dout;  dS K, dS^T Q: the score
+//                     gradient dS = P (dP - delta) / sqrt(D), k, q; delta = rowsum(dout * out)
+//                     in fp32 on the unrounded values
+// Every output and gradient buffer stays fp32. The CPU runs this as exact emulation (bf16 values
+// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 CPUs, the linear layers natively
+// ([debug] bf16_path; kernels/cpu/gemm_bf16.h states how its sums differ).
 #pragma once
 
 #include <cstddef>
@@ -36,6 +45,9 @@ struct BackendOptions {
   std::string device = "cpu";  // the registered backend's name
   int local_rank = 0;          // picks the GPU of a multi-GPU node (LOCAL_RANK)
   ComputePrecision compute = ComputePrecision::kFloat32;
+  // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AVX-512 BF16),
+  // "emulated", "native" (refused where the CPU lacks it).
+  std::string bf16_path = "auto";
 };
 
 class ComputeBackend {
@@ -44,7 +56,8 @@ class ComputeBackend {
 
   // ---- what it is ----
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16 bf16_path=avx512_bf16".
+  // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16
+  // bf16_path=avx512_bf16".
   virtual std::string Summary() const = 0;
   virtual ComputePrecision compute() const = 0;
   // True when device pointers are host pointers (the CPU): a model then reads weights and writes
@@ -74,8 +87,8 @@ class ComputeBackend {
                               bool accumulate_dinp, bool accumulate_dweight) = 0;
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
                                 int64_t C) = 0;
-  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens,
-                                 int64_t N, int64_t C) = 0;
+  virtual void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                                 int64_t C) = 0;
   virtual void RmsnormForward(float* out, float* rstd, const float* inp, const float* weight,
                               int64_t N, int64_t C, float eps) = 0;
   virtual void RmsnormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -89,9 +102,9 @@ class ComputeBackend {
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
                                 int64_t D) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* out, const float* lse, const float* q,
-                                 const float* k, const float* v, int64_t B, int64_t T, int64_t H,
-                                 int64_t KV, int64_t D) = 0;
+                                 const float* out, const float* lse, const float* q, const float* k,
+                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) = 0;
   virtual void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                              int64_t F) = 0;
   virtual void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,
@@ -135,7 +148,9 @@ class DeviceArray {
   const T* data() const { return data_; }
   size_t size() const { return size_; }
   size_t bytes() const { return size_ * sizeof(T); }
-  void CopyFrom(const T* host, size_t count) { backend_->CopyToDevice(data_, host, count * sizeof(T)); }
+  void CopyFrom(const T* host, size_t count) {
+    backend_->CopyToDevice(data_, host, count * sizeof(T));
+  }
   void CopyTo(T* host, size_t count) const { backend_->CopyToHost(host, data_, count * sizeof(T)); }
 
  private:
