@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/strings.h"
+#include "train/training_config.h"
 
 namespace crucible {
 namespace {
@@ -85,7 +86,9 @@ CommandRun SetupModel(CLI::App& app) {
       throw DataError(o->batch +
                       ": expected I32 tensors 'tokens' and 'targets' of the same shape [B, T]");
     const int64_t B = tokens->shape[0], T = tokens->shape[1];
-    const std::unique_ptr<Model> model = spec->Build(B, T);
+    // [training] device and mixed_precision_param pick the backend, as in training.
+    const std::unique_ptr<Model> model =
+        spec->Build(B, T, MakeBackend(BuildBackendOptions(config)));
     const ParameterTable& table = model->table();
     const int64_t V = spec->vocab_size();
     std::vector<float> weights(table.total()), gradients(table.total());

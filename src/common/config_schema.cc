@@ -283,6 +283,11 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        false, AtLeast(0)},
       {"debug.scale_loss_factor", T::kFloat, V(1.0), "test only: see debug.scale_loss_step", false,
        Above(0)},
+      {"debug.bf16_path", T::kString, V(std::string("auto")),
+       "bf16 compute on the CPU: auto (AVX-512 BF16 for the linear layers where the CPU has it), "
+       "emulated (the exact emulation everywhere), native (error where the CPU lacks AVX-512 "
+       "BF16)",
+       true},
       {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
        "test only: this rank flips one bit of its parameters at debug.corrupt_step", false,
        AtLeast(-1)},

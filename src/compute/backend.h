@@ -18,7 +18,16 @@
 // attention. kFloat32 is plain fp32. kBfloat16 rounds both operands of every product to
 // bfloat16 (ties to even) and accumulates in fp32; outputs, norms, softmax, RoPE, SwiGLU and
 // the loss stay fp32 (torchtitan's mixed_precision_param = "bfloat16" with fp32 reductions).
-// The CPU's bf16 path is the numerical oracle of the GPU's.
+// The CPU's bf16 path is the numerical oracle of the GPU's. Exactly, the rounded operands are:
+//   MatmulForward   inp, weight            MatmulBackward  dout, weight (dinp); dout, inp (dweight)
+//   AttentionForward  Q K^T: q, k;  P V: v and P = exp(s - m), the tile's unnormalised
+//                     probabilities, rounded after their fp32 row sum (flash style)
+//   AttentionBackward dO V^T: dout, v;  P^T dO: P = exp(s - lse), dout;  dS K, dS^T Q: the score
+//                     gradient dS = P (dP - delta) / sqrt(D), k, q; delta = rowsum(dout * out)
+//                     in fp32 on the unrounded values
+// Every output and gradient buffer stays fp32. The CPU runs this as exact emulation (bf16 values
+// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 CPUs, the linear layers natively
+// ([debug] bf16_path; kernels/cpu/gemm_bf16.h states how its sums differ).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +48,9 @@ struct BackendOptions {
   // [debug] portable_exact: the kernels of compute/portable/ (fixed order, no BLAS, no libm), the
   // same bits on every device. The CPU backend then builds compute/portable_backend.h's.
   bool portable_exact = false;
+  // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AVX-512 BF16),
+  // "emulated", "native" (refused where the CPU lacks it).
+  std::string bf16_path = "auto";
 };
 
 class ComputeBackend {

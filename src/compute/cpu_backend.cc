@@ -1,13 +1,23 @@
 // The CPU backend: host memory and the OpenMP kernels of kernels/cpu/ (their contracts and
 // determinism: kernels/cpu/kernels.h).
+//
+// bf16 compute (compute/backend.h "Precision") takes one of two paths, chosen once from
+// [debug] bf16_path and cpuid and named in Summary():
+//   emulated     the linear layers' operands are rounded to bf16 into scratch this backend owns
+//                (grown to the largest product, then reused), then the fp32 kernels run on them;
+//   avx512_bf16  the linear layers run kernels/cpu/gemm_bf16.h's vdpbf16ps tiles.
+// Attention rounds its operands inside the kernel (bf16_operands) on both paths.
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
+#include "common/bfloat16.h"
 #include "common/error.h"
 #include "common/strings.h"
 #include "compute/backend.h"
 #include "compute/portable_backend.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -18,15 +28,19 @@ namespace k = kernels;
 class CpuBackend final : public ComputeBackend {
  public:
   explicit CpuBackend(const BackendOptions& options) : compute_(options.compute) {
-    if (compute_ != ComputePrecision::kFloat32)
-      throw UsageError(std::string("training.mixed_precision_param = \"") +
-                       ComputePrecisionName(compute_) +
-                       "\": the CPU backend computes in float32 only");
+    if (compute_ != ComputePrecision::kBfloat16) return;
+    if (options.bf16_path == "native" && !k::cpu_has_avx512_bf16())
+      throw UsageError(
+          "debug.bf16_path = \"native\": this CPU has no AVX-512 BF16 (cpuid); use \"auto\" or "
+          "\"emulated\"");
+    native_ = options.bf16_path != "emulated" && k::cpu_has_avx512_bf16();
   }
 
   std::string name() const override { return "cpu"; }
   std::string Summary() const override {
-    return std::string("device=cpu compute=") + ComputePrecisionName(compute_);
+    std::string summary = std::string("device=cpu compute=") + ComputePrecisionName(compute_);
+    if (bf16()) summary += native_ ? " bf16_path=avx512_bf16" : " bf16_path=emulated";
+    return summary;
   }
   ComputePrecision compute() const override { return compute_; }
   bool host_memory() const override { return true; }
@@ -59,13 +73,22 @@ class CpuBackend final : public ComputeBackend {
 
   void MatmulForward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                      int64_t OC) override {
-    k::matmul_forward(out, inp, weight, N, C, OC);
+    if (bf16() && !native_) {
+      inp = Rounded(0, inp, N * C);
+      weight = Rounded(1, weight, OC * C);
+    }
+    k::matmul_forward(out, inp, weight, N, C, OC, native_);
   }
   void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                       bool accumulate_dweight) override {
+    if (bf16() && !native_) {
+      dout = Rounded(0, dout, N * OC);
+      inp = Rounded(1, inp, N * C);
+      if (dinp) weight = Rounded(2, weight, OC * C);
+    }
     k::matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp,
-                       accumulate_dweight);
+                       accumulate_dweight, native_);
   }
   void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
                         int64_t C) override {
@@ -93,12 +116,12 @@ class CpuBackend final : public ComputeBackend {
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D);
+    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D, bf16());
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
+    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16());
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {
@@ -118,7 +141,20 @@ class CpuBackend final : public ComputeBackend {
   }
 
  private:
+  bool bf16() const {
+    return compute_ == ComputePrecision::kBfloat16;
+  }
+  // x[0, n) rounded to bf16 into scratch slot `slot` (one per operand of a product).
+  const float* Rounded(int slot, const float* x, int64_t n) {
+    std::vector<float>& buffer = scratch_[slot];
+    if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
+    RoundToBfloat16(x, buffer.data(), n);
+    return buffer.data();
+  }
+
   ComputePrecision compute_;
+  bool native_ = false;  // bf16 linear layers on AVX-512 BF16
+  std::vector<float> scratch_[3];
 };
 
 std::unique_ptr<ComputeBackend> BuildCpuBackend(const BackendOptions& options) {

@@ -114,6 +114,8 @@ GuardConfig BuildGuards(const Config& config) {
   return g;
 }
 
+}  // namespace
+
 // [training] device and mixed precision. The GPU of a rank is its local rank: LOCAL_RANK (what
 // `crucible launch` and torchrun set), else what the MPI launcher says.
 BackendOptions BuildBackendOptions(const Config& config) {
@@ -126,6 +128,11 @@ BackendOptions BuildBackendOptions(const Config& config) {
   else if (param != "float32")
     throw UsageError("training.mixed_precision_param: expected float32 or bfloat16, got '" + param +
                      "'");
+  options.bf16_path = config.String("debug.bf16_path");
+  if (options.bf16_path != "auto" && options.bf16_path != "emulated" &&
+      options.bf16_path != "native")
+    throw UsageError("debug.bf16_path: expected auto, emulated or native, got '" +
+                     options.bf16_path + "'");
   const std::string reduce = config.String("training.mixed_precision_reduce");
   if (reduce != "float32")
     throw UsageError("training.mixed_precision_reduce: expected float32, got '" + reduce +
@@ -136,8 +143,6 @@ BackendOptions BuildBackendOptions(const Config& config) {
                                           : RankIdentityFromEnvironment(env, "").local_rank;
   return options;
 }
-
-}  // namespace
 
 double TrainingConfig::LrFactor(int64_t step) const {
   const double ratio =

@@ -17,9 +17,35 @@ import torch
 from safetensors_io import read_safetensors
 
 
+def round_bf16(x):
+    """x rounded to bfloat16 as Crucible rounds its float32 values (through float32, ties to even)."""
+    return x.float().bfloat16().to(x.dtype)
+
+
+class Bf16Matmul(torch.autograd.Function):
+    """a @ b with both operands of the product and of each backward product rounded to bf16
+    (compute/backend.h "Precision"): forward r(a) r(b); backward da = r(g) r(b)^T, db = r(a)^T r(g)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return round_bf16(a) @ round_bf16(b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        g = round_bf16(g)
+        da = g @ round_bf16(b).transpose(-1, -2)
+        if b.dim() == 2:  # a weight shared by every row of a batched a
+            return da, round_bf16(a).reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+        return da, round_bf16(a).transpose(-1, -2) @ g
+
+
 class LlamaReference(torch.nn.Module):
-    def __init__(self, weights, n_heads, n_kv_heads, rope_theta=10000.0, eps=1e-5, dtype=torch.float64):
+    def __init__(self, weights, n_heads, n_kv_heads, rope_theta=10000.0, eps=1e-5, dtype=torch.float64,
+                 bf16=False):
         super().__init__()
+        self.mm = Bf16Matmul.apply if bf16 else torch.matmul
         self.params = torch.nn.ParameterDict()
         self.names = list(weights.keys())
         for name, array in weights.items():
@@ -54,27 +80,27 @@ class LlamaReference(torch.nn.Module):
         for l in range(self.n_layers):
             pre = f"model.layers.{l}."
             h = self.rmsnorm(x, self.p(pre + "input_layernorm.weight"))
-            q = (h @ self.p(pre + "self_attn.q_proj.weight").T).view(B, T, H, -1)
-            k = (h @ self.p(pre + "self_attn.k_proj.weight").T).view(B, T, KV, -1)
-            v = (h @ self.p(pre + "self_attn.v_proj.weight").T).view(B, T, KV, -1)
+            q = self.mm(h, self.p(pre + "self_attn.q_proj.weight").T).view(B, T, H, -1)
+            k = self.mm(h, self.p(pre + "self_attn.k_proj.weight").T).view(B, T, KV, -1)
+            v = self.mm(h, self.p(pre + "self_attn.v_proj.weight").T).view(B, T, KV, -1)
             D = q.shape[-1]
             q, k = self.rope(q, T), self.rope(k, T)
             k = k.repeat_interleave(H // KV, dim=2)
             v = v.repeat_interleave(H // KV, dim=2)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+            scores = self.mm(q, k.transpose(-1, -2)) / math.sqrt(D)
             mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
             scores = scores.masked_fill(mask, float("-inf"))
-            att = torch.softmax(scores, dim=-1) @ v
+            att = self.mm(torch.softmax(scores, dim=-1), v)
             att = att.transpose(1, 2).reshape(B, T, H * D)
-            x = x + att @ self.p(pre + "self_attn.o_proj.weight").T
+            x = x + self.mm(att, self.p(pre + "self_attn.o_proj.weight").T)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))
-            gate = h @ self.p(pre + "mlp.gate_proj.weight").T
-            up = h @ self.p(pre + "mlp.up_proj.weight").T
-            x = x + (torch.nn.functional.silu(gate) * up) @ self.p(pre + "mlp.down_proj.weight").T
+            gate = self.mm(h, self.p(pre + "mlp.gate_proj.weight").T)
+            up = self.mm(h, self.p(pre + "mlp.up_proj.weight").T)
+            x = x + self.mm(torch.nn.functional.silu(gate) * up, self.p(pre + "mlp.down_proj.weight").T)
         x = self.rmsnorm(x, self.p("model.norm.weight"))
         head = self.p("model.embed_tokens.weight") if self.tied else self.p("lm_head.weight")
-        return x @ head.T
+        return self.mm(x, head.T)
 
     def loss(self, tokens, targets):
         logits = self.forward(tokens)
@@ -82,12 +108,13 @@ class LlamaReference(torch.nn.Module):
                                                  ignore_index=-1, reduction="mean"), logits
 
 
-def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads):
+def gradients(weights_path, batch_path, out_path, n_heads, n_kv_heads, precision="float32"):
     """Loss, logits and every parameter's gradient (float64) of the batch's tokens/targets, into
-    the .npz out_path as loss, logits and grad.<name>."""
+    the .npz out_path as loss, logits and grad.<name>. precision "bfloat16": every product's
+    operands rounded to bf16 (Bf16Matmul), the rest float64."""
     weights, _ = read_safetensors(weights_path)
     batch, _ = read_safetensors(batch_path)
-    ref = LlamaReference(weights, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    ref = LlamaReference(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, bf16=precision == "bfloat16")
     loss, logits = ref.loss(torch.tensor(batch["tokens"], dtype=torch.long),
                             torch.tensor(batch["targets"], dtype=torch.long))
     loss.backward()
@@ -329,7 +356,7 @@ def train_losses(weights_path, stream_path, settings_path, out_path):
 def main(argv):
     command, *args = argv
     if command == "grads":
-        gradients(args[0], args[1], args[2], int(args[3]), int(args[4]))
+        gradients(args[0], args[1], args[2], int(args[3]), int(args[4]), *args[5:])
     elif command == "train":
         train_losses(*args)
     else:

@@ -142,3 +142,55 @@ def test_ten_steps_of_each_optimizer_match_pytorch(tmp_path, torch_env, optimize
     diffs = [abs(a - b) for a, b in zip(ours, expected)]
     print(f"{torch_env.stack} ({version}): max |loss difference| over 10 {optimizer} steps {extra}:", max(diffs))
     assert max(diffs) < 1e-5, list(zip(ours, expected))
+
+
+def grads_of(tmp_path, torch_env, crucible_sets, reference_precision):
+    """Crucible's `model grads` (with crucible_sets) and the reference's (float64, products at
+    reference_precision) on one batch: (ours, reference) as dicts of arrays."""
+    weights_path = tmp_path / "init.safetensors"
+    run_crucible("model", "init", *sets(MODEL), "--out", weights_path)
+    rng = np.random.default_rng(2)
+    B, T = 2, 96  # two query tiles of the attention kernel
+    tokens = rng.integers(0, 512, size=(B, T), dtype=np.int32)
+    targets = rng.integers(0, 512, size=(B, T), dtype=np.int32)
+    batch_path = tmp_path / "batch.safetensors"
+    write_safetensors(batch_path, {"tokens": tokens, "targets": targets})
+    out_path = tmp_path / "out.safetensors"
+    run_crucible("model", "grads", *sets(MODEL + crucible_sets), "--weights", weights_path, "--batch", batch_path,
+                 "--out", out_path)
+    torch_env.run(REFERENCE, "grads", weights_path, batch_path, tmp_path / "ref.npz", 4, 2, reference_precision)
+    return read_safetensors(out_path)[0], dict(np.load(tmp_path / "ref.npz"))
+
+
+def worst_errors(ours, ref):
+    """|loss error| and each gradient's max-abs error relative to its max-abs value."""
+    grads = {k: np.max(np.abs(ours[k] - ref[k])) / np.max(np.abs(ref[k])) for k in ref if k.startswith("grad.")}
+    return abs(float(ours["loss"]) - float(ref["loss"])), grads
+
+
+# bf16 compute (compute/backend.h "Precision") against the reference with the same operands
+# rounded to bf16 (Bf16Matmul): the remaining differences are fp32 accumulation and where the
+# attention's probabilities are rounded (Crucible: the tile's unnormalised exp(s - m), flash
+# style; the reference: the normalised softmax), so loss within 1e-4 and each gradient within
+# 1e-2 of its largest magnitude. The fp32 run is compared with the same bf16 reference to show
+# the test can fail: its loss is farther off than the bound.
+# OPEN: today the bf16 run is no closer to this reference than the fp32 run (max |logit error|
+# 3.3e-3 vs 3.3e-3, loss 3.5e-5 vs 2.6e-5 on this batch), while the unit tests pass
+# (tests/unit/kernels/bf16_test.cc); the reference or the model's bf16 path rounds something the
+# other does not. Marked xfail(strict) until found: a pass means it was fixed.
+@pytest.mark.xfail(strict=True, reason="bf16 run not closer to the bf16 reference than fp32 (see above)")
+@pytest.mark.parametrize("path", ["emulated", "native"])
+def test_bf16_compute_matches_pytorch_with_the_same_roundings(tmp_path, torch_env, path):
+    if path == "native" and "avx512_bf16" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    bf16 = ["training.mixed_precision_param=bfloat16", f"debug.bf16_path={path}"]
+    ours, ref = grads_of(tmp_path, torch_env, bf16, "bfloat16")
+    loss_error, grads = worst_errors(ours, ref)
+    fp32_loss_error, fp32_grads = worst_errors(grads_of(tmp_path, torch_env, [], "float32")[0], ref)
+    worst = max(grads, key=grads.get)
+    print(f"{torch_env.stack} bf16 {path}: |loss error| {loss_error:.2e} (fp32 run: {fp32_loss_error:.2e}), "
+          f"worst gradient {grads[worst]:.2e} ({worst}; fp32 run: {max(fp32_grads.values()):.2e})")
+    assert loss_error < 1e-4
+    for name, error in grads.items():
+        assert error < 1e-2, f"{name}: relative max error {error:.3g}"
+    assert fp32_loss_error > 1e-4, "the fp32 run is as close to the bf16 reference as the bf16 run"

@@ -9,6 +9,13 @@
 // kv head) that owns dK and dV of that head and adds its query heads' contributions in head
 // order, query tile by query tile, key tile by key tile; dQ rows of a query head belong to one
 // task. Grouped query heads read K and V of their kv head in place.
+//
+// bf16 operands (bf16_operands = true, compute/backend.h "Precision"): each tile of Q, K, V and
+// dO is rounded to bf16 into the thread's scratch before it enters a product, and so are the
+// probabilities P (after their fp32 row sum, before P V and P^T dO) and the score gradient dS
+// (before dS K and dS^T Q); the products accumulate in fp32 as before. The softmax, the
+// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, no tile is
+// copied and the products read the inputs in place (the fp32 bits of before).
 #include <cblas.h>
 
 #include <algorithm>
@@ -16,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/bfloat16.h"
 #include "common/profile.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
@@ -26,10 +34,23 @@ namespace {
 // Rows of a query tile and columns of a key tile. Equal sizes put every diagonal tile's first
 // key at or before each of its rows, so no row of a visited tile is fully masked.
 constexpr int64_t kTile = 64;
+
+// The operand of a product: rows x D values at `src` with leading dimension `ld`, read in place,
+// or rounded to bf16 into `scratch` (leading dimension D) when `round`.
+struct Operand {
+  const float* data;
+  int64_t ld;
+};
+Operand TileOperand(const float* src, int64_t ld, int64_t rows, int64_t D, bool round,
+                    float* scratch) {
+  if (!round) return {src, ld};
+  for (int64_t i = 0; i < rows; ++i) RoundToBfloat16(src + i * ld, scratch + i * D, D);
+  return {scratch, D};
+}
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
   // The causal half of Q K^T and P V: 2 x 2 B H D T(T+1)/2 flops.
   ScopedKernelTimer profile_timer(
       "attention", 2.0 * B * H * D * T * (T + 1.0),
@@ -41,6 +62,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   {
     // S: scores, then probabilities of one tile; acc: the unnormalised output of one query tile.
     std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
+    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), k_tile(q_tile.size()),
+        v_tile(q_tile.size());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
@@ -51,10 +74,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       float* L = lse + bh * T;
       for (int64_t r0 = 0; r0 < T; r0 += kTile) {
         const int64_t rows = std::min(kTile, T - r0);
+        const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
         for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
           const int64_t cols = std::min(kTile, T - c0);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Q + r0 * ldq,
-                      ldq, K + c0 * ldk, ldk, 0.0f, S.data(), kTile);
+          const Operand Kt = TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
+          const Operand Vt = TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Qt.data, Qt.ld,
+                      Kt.data, Kt.ld, 0.0f, S.data(), kTile);
           for (int64_t i = 0; i < rows; ++i) {
             float* row = S.data() + i * kTile;
             const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
@@ -63,6 +89,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
             for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
             const float sum = lane_sum(row, n);
+            if (bf16_operands) RoundToBfloat16(row, row, n);
             if (c0 == 0) {
               run_sum[i] = sum;
             } else {
@@ -73,7 +100,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             run_max[i] = m;
           }
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, S.data(),
-                      kTile, V + c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, acc.data(), D);
+                      kTile, Vt.data, Vt.ld, c0 == 0 ? 0.0f : 1.0f, acc.data(), D);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / run_sum[i];
@@ -87,7 +114,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D) {
+                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
   // Five causal products (S recomputed, dP, dV, dQ, dK): 2.5 times the forward's.
   ScopedKernelTimer profile_timer(
       "attention_backward", 5.0 * B * H * D * T * (T + 1.0),
@@ -100,6 +127,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     // P: recomputed probabilities of one tile; dS: dP = dO V^T, then the score gradient;
     // delta: rowsum(dO * O) of the query tile.
     std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
+    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), do_tile(q_tile.size()),
+        k_tile(q_tile.size()), v_tile(q_tile.size());
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
@@ -121,12 +150,19 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const int64_t rows = std::min(kTile, T - r0);
           for (int64_t i = 0; i < rows; ++i)
             delta[i] = lane_dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, D);
+          const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
+          const Operand dOt =
+              TileOperand(dO + r0 * ldq, ldq, rows, D, bf16_operands, do_tile.data());
           for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
             const int64_t cols = std::min(kTile, T - c0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Q + r0 * ldq,
-                        ldq, K + c0 * ldk, ldk, 0.0f, P.data(), kTile);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, dO + r0 * ldq,
-                        ldq, V + c0 * ldk, ldk, 0.0f, dS.data(), kTile);
+            const Operand Kt =
+                TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
+            const Operand Vt =
+                TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Qt.data,
+                        Qt.ld, Kt.data, Kt.ld, 0.0f, P.data(), kTile);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, dOt.data,
+                        dOt.ld, Vt.data, Vt.ld, 0.0f, dS.data(), kTile);
             for (int64_t i = 0; i < rows; ++i) {
               float* p = P.data() + i * kTile;
               float* ds = dS.data() + i * kTile;
@@ -137,14 +173,18 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                 ds[j] = p[j] * (ds[j] - dl) * scale;
               }
               for (int64_t j = n; j < cols; ++j) p[j] = ds[j] = 0.0f;
+              if (bf16_operands) {
+                RoundToBfloat16(p, p, n);
+                RoundToBfloat16(ds, ds, n);
+              }
             }
             // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, P.data(),
-                        kTile, dO + r0 * ldq, ldq, 1.0f, dV + c0 * ldk, ldk);
+                        kTile, dOt.data, dOt.ld, 1.0f, dV + c0 * ldk, ldk);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, dS.data(),
-                        kTile, Q + r0 * ldq, ldq, 1.0f, dK + c0 * ldk, ldk);
+                        kTile, Qt.data, Qt.ld, 1.0f, dK + c0 * ldk, ldk);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, dS.data(),
-                        kTile, K + c0 * ldk, ldk, c0 == 0 ? 0.0f : 1.0f, dQ + r0 * ldq, ldq);
+                        kTile, Kt.data, Kt.ld, c0 == 0 ? 0.0f : 1.0f, dQ + r0 * ldq, ldq);
           }
         }
       }

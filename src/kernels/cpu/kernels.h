@@ -20,14 +20,16 @@ namespace crucible::kernels {
 extern bool g_perturb_rmsnorm_for_tests;
 
 // ---- matmul (a linear layer without bias, Hugging Face weight layout (OC, C)) ----
+// native_bf16: the operands rounded to bf16 and multiplied with AVX-512 BF16 instructions
+// (kernels/cpu/gemm_bf16.h, which states the arithmetic); only where cpu_has_avx512_bf16().
 // inp (N,C), weight (OC,C) -> out (N,OC)
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
-                    int64_t OC);
+                    int64_t OC, bool native_bf16 = false);
 // dout (N,OC) -> dinp (N,C) (overwritten, or added to when accumulate_dinp) and
 // dweight (OC,C) (overwritten, or added to when accumulate_dweight). dinp may be null.
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
-                     bool accumulate_dweight);
+                     bool accumulate_dweight, bool native_bf16 = false);
 
 // ---- embedding ----
 // tokens (N) -> out (N,C) = table[tokens]
@@ -58,13 +60,16 @@ void rope_backward(float* dx, const float* cos_table, const float* sin_table, in
 // q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), lse (B,H,T): the log-sum-exp of each query row's
 // scaled causal scores, all the backward pass keeps of the softmax (no (T,T) matrix is stored).
 // Query head h reads kv head h / (H/KV). Scratch is a few 64x64 tiles per thread, internal.
+// bf16_operands: every operand of every product (Q, K, V, dO, the probabilities, the score
+// gradient) rounded to bf16, fp32 accumulation (compute/backend.h "Precision"; attention.cc).
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                       bool bf16_operands = false);
 // dout (B,T,H,D), and out, lse of the forward pass -> dq (B,T,H,D), dk, dv (B,T,KV,D), all
 // overwritten. The probabilities are recomputed tile by tile from q, k and lse.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D);
+                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands = false);
 
 // ---- SwiGLU ----
 // gate, up (N,F) -> out (N,F) = silu(gate) * up

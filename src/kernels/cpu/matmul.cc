@@ -9,11 +9,15 @@
 // A region of one thread while more are asked for (OMP_THREAD_LIMIT=1 while
 // omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own threads and waits for
 // them forever.
+//
+// native_bf16: the same tiles, each computed by gemm_bf16_tile (AVX-512 BF16, gemm_bf16.h) instead
+// of sgemm; the caller checks cpu_has_avx512_bf16().
 #include <cblas.h>
 
 #include <algorithm>
 
 #include "common/profile.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible::kernels {
@@ -51,7 +55,8 @@ Tiles ChooseTiles(int64_t M, int64_t N) {
 
 // C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major, tiled over C.
 void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                bool native_bf16) {
   const Tiles t = ChooseTiles(M, N);
   const int64_t row_tiles = (M + t.rows - 1) / t.rows;
   const int64_t col_tiles = (N + t.cols - 1) / t.cols;
@@ -61,6 +66,11 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
     const int64_t rows = std::min(t.rows, M - i0), cols = std::min(t.cols, N - j0);
     const float* a = trans_a ? A + i0 : A + i0 * lda;
     const float* b = trans_b ? B + j0 * ldb : B + j0;
+    if (native_bf16) {
+      gemm_bf16_tile(trans_a, trans_b, rows, cols, K, a, lda, b, ldb, beta != 0.0f,
+                     C + i0 * ldc + j0, ldc);
+      continue;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, rows, cols, K, 1.0f, a, lda, b, ldb, beta,
                 C + i0 * ldc + j0, ldc);
@@ -70,24 +80,26 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
-                    int64_t OC) {
+                    int64_t OC, bool native_bf16) {
   ScopedKernelTimer profile_timer("matmul", 2.0 * N * C * OC,
                                   4.0 * (1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC));
-  gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
+  gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, native_bf16);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
-                     bool accumulate_dweight) {
+                     bool accumulate_dweight, bool native_bf16) {
   // dinp and dweight: two products of 2 N C OC each, reading dout twice.
   ScopedKernelTimer profile_timer(
       "matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
       4.0 * ((dinp ? 2.0 : 1.0) * N * OC + 1.0 * N * C * (dinp ? 2 : 1) + 2.0 * OC * C));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
-    gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C,
+               native_bf16);
   // dweight (OC,C) = dout^T (OC,N) @ inp (N,C)
-  gemm_tiled(true, false, OC, C, N, dout, OC, inp, C, accumulate_dweight ? 1.0f : 0.0f, dweight, C);
+  gemm_tiled(true, false, OC, C, N, dout, OC, inp, C, accumulate_dweight ? 1.0f : 0.0f, dweight, C,
+             native_bf16);
 }
 
 }  // namespace crucible::kernels
