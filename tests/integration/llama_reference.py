@@ -41,10 +41,64 @@ class Bf16Matmul(torch.autograd.Function):
         return da, round_bf16(a).transpose(-1, -2) @ g
 
 
+class Bf16FlashAttention(torch.autograd.Function):
+    """Causal attention of q, k, v (B, H, T, D; k and v already repeated per query head) with the
+    roundings of Crucible's bf16 attention (compute/backend.h "Precision"), which depend on the
+    kernel's 64-key tiles: the forward rounds each tile's unnormalised probabilities
+    exp(s - m), m the running maximum over the key tiles seen so far, after their sum is taken
+    unrounded; the backward recomputes P = exp(s - lse), forms dS = P (dP - delta) / sqrt(D)
+    with delta = rowsum(dO * O) unrounded, and rounds P and dS (and q, k, v, dO) as the operands
+    of the products. The rest in the tensors' precision (float64)."""
+
+    TILE = 64
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        B, H, T, D = q.shape
+        scale = 1.0 / math.sqrt(D)
+        rq, rk, rv = round_bf16(q), round_bf16(k), round_bf16(v)
+        s = (rq @ rk.transpose(-1, -2)) * scale
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        s = s.masked_fill(~causal, float("-inf"))
+        rows = torch.arange(T)
+        m = torch.full((B, H, T), float("-inf"), dtype=q.dtype)
+        total = torch.zeros((B, H, T), dtype=q.dtype)
+        acc = torch.zeros_like(q)
+        for c0 in range(0, T, Bf16FlashAttention.TILE):
+            c1 = min(T, c0 + Bf16FlashAttention.TILE)
+            active = (rows >= c0)[None, None, :]  # rows that visit this key tile
+            tile = s[..., c0:c1]
+            new_m = torch.where(active, torch.maximum(m, tile.max(-1).values), m)
+            p = torch.exp(tile - new_m[..., None]).masked_fill(~active[..., None], 0.0)
+            alpha = torch.where(active & (c0 > 0), torch.exp(m - new_m), torch.ones_like(m))
+            total = total * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + round_bf16(p) @ rv[..., c0:c1, :]
+            m = new_m
+        out = acc / total[..., None]
+        lse = m + torch.log(total)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        T, D = q.shape[-2], q.shape[-1]
+        scale = 1.0 / math.sqrt(D)
+        rq, rk, rv, rdo = round_bf16(q), round_bf16(k), round_bf16(v), round_bf16(dout)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        s = (rq @ rk.transpose(-1, -2)) * scale
+        p = torch.exp(s - lse[..., None]).masked_fill(~causal, 0.0)
+        delta = (dout * out).sum(-1, keepdim=True)
+        ds = p * ((rdo @ rv.transpose(-1, -2)) - delta) * scale
+        rp, rds = round_bf16(p), round_bf16(ds)
+        return rds @ rk, rds.transpose(-1, -2) @ rq, rp.transpose(-1, -2) @ rdo
+
+
 class LlamaReference(torch.nn.Module):
     def __init__(self, weights, n_heads, n_kv_heads, rope_theta=10000.0, eps=1e-5, dtype=torch.float64,
                  bf16=False):
         super().__init__()
+        self.bf16 = bf16
         self.mm = Bf16Matmul.apply if bf16 else torch.matmul
         self.params = torch.nn.ParameterDict()
         self.names = list(weights.keys())
@@ -88,10 +142,13 @@ class LlamaReference(torch.nn.Module):
             k = k.repeat_interleave(H // KV, dim=2)
             v = v.repeat_interleave(H // KV, dim=2)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-            scores = self.mm(q, k.transpose(-1, -2)) / math.sqrt(D)
-            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-            scores = scores.masked_fill(mask, float("-inf"))
-            att = self.mm(torch.softmax(scores, dim=-1), v)
+            if self.bf16:
+                att = Bf16FlashAttention.apply(q, k, v)
+            else:
+                scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+                mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+                scores = scores.masked_fill(mask, float("-inf"))
+                att = torch.softmax(scores, dim=-1) @ v
             att = att.transpose(1, 2).reshape(B, T, H * D)
             x = x + self.mm(att, self.p(pre + "self_attn.o_proj.weight").T)
             h = self.rmsnorm(x, self.p(pre + "post_attention_layernorm.weight"))

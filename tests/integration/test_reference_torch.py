@@ -169,16 +169,16 @@ def worst_errors(ours, ref):
 
 
 # bf16 compute (compute/backend.h "Precision") against the reference with the same operands
-# rounded to bf16 (Bf16Matmul): the remaining differences are fp32 accumulation and where the
-# attention's probabilities are rounded (Crucible: the tile's unnormalised exp(s - m), flash
-# style; the reference: the normalised softmax), so loss within 1e-4 and each gradient within
-# 1e-2 of its largest magnitude. The fp32 run is compared with the same bf16 reference to show
-# the test can fail: its loss is farther off than the bound.
-# OPEN: today the bf16 run is no closer to this reference than the fp32 run (max |logit error|
-# 3.3e-3 vs 3.3e-3, loss 3.5e-5 vs 2.6e-5 on this batch), while the unit tests pass
-# (tests/unit/kernels/bf16_test.cc); the reference or the model's bf16 path rounds something the
-# other does not. Marked xfail(strict) until found: a pass means it was fixed.
-@pytest.mark.xfail(strict=True, reason="bf16 run not closer to the bf16 reference than fp32 (see above)")
+# rounded to bf16: Bf16Matmul for the linear layers, Bf16FlashAttention for attention (the
+# kernel's 64-key tiles decide which probabilities are rounded). The forward then agrees to fp32
+# accumulation error (logits within 1e-5 where the fp32 run is 3.6e-3 off), the loss within 1e-6.
+# Gradients agree less closely the farther they flow back: each product rounds its inputs, and
+# an input computed in fp32 (Crucible) or float64 (the reference) that lies next to a bf16
+# rounding boundary rounds to neighbouring bf16 values, one bf16 ulp (2^-8 relative) apart; the
+# flips add up layer by layer (the last layer's gradients within 2e-5 of their largest
+# magnitude, the first layer's within 1.1e-3 on this batch). So each gradient within 3e-3 of its
+# largest magnitude, and the fp32 run at least twice as far off on the worst one: the test fails
+# when a rounding the contract names is missing or extra.
 @pytest.mark.parametrize("path", ["emulated", "native"])
 def test_bf16_compute_matches_pytorch_with_the_same_roundings(tmp_path, torch_env, path):
     if path == "native" and "avx512_bf16" not in open("/proc/cpuinfo").read():
@@ -186,11 +186,17 @@ def test_bf16_compute_matches_pytorch_with_the_same_roundings(tmp_path, torch_en
     bf16 = ["training.mixed_precision_param=bfloat16", f"debug.bf16_path={path}"]
     ours, ref = grads_of(tmp_path, torch_env, bf16, "bfloat16")
     loss_error, grads = worst_errors(ours, ref)
-    fp32_loss_error, fp32_grads = worst_errors(grads_of(tmp_path, torch_env, [], "float32")[0], ref)
+    fp32 = grads_of(tmp_path, torch_env, [], "float32")[0]
+    fp32_loss_error, fp32_grads = worst_errors(fp32, ref)
+    logit_error = np.max(np.abs(ours["logits"] - ref["logits"]))
+    fp32_logit_error = np.max(np.abs(fp32["logits"] - ref["logits"]))
     worst = max(grads, key=grads.get)
     print(f"{torch_env.stack} bf16 {path}: |loss error| {loss_error:.2e} (fp32 run: {fp32_loss_error:.2e}), "
+          f"logits {logit_error:.2e} (fp32 run: {fp32_logit_error:.2e}), "
           f"worst gradient {grads[worst]:.2e} ({worst}; fp32 run: {max(fp32_grads.values()):.2e})")
-    assert loss_error < 1e-4
+    assert loss_error < 1e-6
+    assert logit_error < 1e-5
     for name, error in grads.items():
-        assert error < 1e-2, f"{name}: relative max error {error:.3g}"
-    assert fp32_loss_error > 1e-4, "the fp32 run is as close to the bf16 reference as the bf16 run"
+        assert error < 3e-3, f"{name}: relative max error {error:.3g}"
+    assert fp32_logit_error > 1e-3, "the fp32 run's logits are as close to the bf16 reference"
+    assert max(fp32_grads.values()) > 2 * grads[worst], "the fp32 run's gradients are as close"
