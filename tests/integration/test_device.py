@@ -2,9 +2,11 @@
 build or this machine cannot run, an unknown device, a precision no backend has: one line on
 stderr, exit 2, and no run directory. The seam itself (a model off the host gets the CPU's bits)
 is tests/unit/compute/backend_test.cc; the GPU's own tests are tests/gpu/ (make test-gpu)."""
+import numpy as np
 import pytest
 
-from conftest import run_crucible
+from conftest import crucible_binary, run_crucible
+from rank_runs import mpirun_train, steps_and_digest
 
 DEBUG = ["--set", "training.steps=1", "--set", "training.seq_len=16",
          "--set", "training.local_batch_size=1"]
@@ -48,3 +50,67 @@ def test_the_start_line_names_the_device_and_the_compute_precision(tmp_path):
                         timeout=120)
     start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start"))
     assert " device=cpu compute=float32 " in start, start
+
+
+# ---- bf16 compute on the CPU: trains, and keeps the promises of the fp32 path ----
+
+BF16 = ["training.mixed_precision_param=bfloat16", "training.seq_len=64", "training.local_batch_size=2",
+        "training.global_batch_size=8", "optimizer.lr=3e-3", "lr_scheduler.warmup_steps=2",
+        "model.vocab_size=256", "training.dataset=tokens", "lr_scheduler.decay_type=constant"]
+
+
+@pytest.fixture
+def text_tokens(tmp_path):
+    """The bytes of a real English text as uint16 tokens (vocab 256): something to learn."""
+    text = open("/usr/share/common-licenses/GPL-3", "rb").read()
+    path = tmp_path / "gpl.u16"
+    np.frombuffer(text, dtype=np.uint8).astype(np.uint16).tofile(path)
+    return f"training.dataset_path={path}"
+
+
+def bf16_path_available(path):
+    return path == "emulated" or "avx512_bf16" in open("/proc/cpuinfo").read()
+
+
+@pytest.mark.parametrize("path", ["emulated", "native"])
+def test_bf16_compute_trains_and_its_bits_depend_neither_on_threads_nor_ranks(tmp_path, text_tokens, path):
+    if not bf16_path_available(path):
+        pytest.skip("this CPU has no AVX-512 BF16")
+    settings = BF16 + [text_tokens, f"debug.bf16_path={path}", "training.steps=12"]
+    runs = {}
+    for threads, np in [(2, 1), (1, 1), (1, 2)]:
+        run_dir = tmp_path / f"t{threads}-np{np}"
+        if np == 1:
+            proc = run_crucible("train", *sum((["--set", s] for s in settings), []),
+                                "--set", f"job.dump_folder={run_dir}", env={"OMP_NUM_THREADS": str(threads)},
+                                timeout=300)
+        else:
+            proc = mpirun_train([crucible_binary(), "train"], np, run_dir, settings)
+        start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start"))
+        expected = "bf16_path=avx512_bf16" if path == "native" else "bf16_path=emulated"
+        assert f"compute=bfloat16 {expected}" in start, start
+        runs[(threads, np)] = steps_and_digest(proc, run_dir, ["loss"])
+    steps, digest = runs[(2, 1)]
+    assert steps[-1][1] < steps[0][1] - 1.0, f"bf16 training did not learn: {steps}"
+    for layout, (other_steps, other_digest) in runs.items():
+        assert other_steps == steps and other_digest == digest, f"{layout} differs from 2 threads, 1 rank"
+    # It follows the fp32 run's curve closely, but it is not the fp32 run.
+    fp32 = run_crucible("train", *sum((["--set", s] for s in settings[1:]), []),
+                        "--set", f"job.dump_folder={tmp_path / 'fp32'}", timeout=300)
+    fp32_steps, fp32_digest = steps_and_digest(fp32, tmp_path / "fp32", ["loss"])
+    assert fp32_digest != digest
+    assert max(abs(a[1] - b[1]) for a, b in zip(steps, fp32_steps)) < 0.05, (steps, fp32_steps)
+
+
+def test_bf16_compute_resumes_bit_exactly(tmp_path, text_tokens):
+    settings = BF16 + [text_tokens, "debug.bf16_path=emulated", "checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
+    sets_ = lambda items: sum((["--set", s] for s in items), [])
+    straight = run_crucible("train", *sets_(settings + ["training.steps=6"]),
+                            "--set", f"job.dump_folder={tmp_path / 'straight'}", timeout=300)
+    run_crucible("train", *sets_(settings + ["training.steps=3"]), "--set", f"job.dump_folder={tmp_path / 'r'}",
+                 timeout=300)
+    resumed = run_crucible("train", *sets_(settings + ["training.steps=6"]),
+                           "--set", f"job.dump_folder={tmp_path / 'r'}", timeout=300)
+    assert "resumed" in resumed.stdout or "resume" in resumed.stdout
+    assert steps_and_digest(straight, tmp_path / "straight", ["loss"])[1] == \
+        steps_and_digest(resumed, tmp_path / "r", ["loss"])[1]
