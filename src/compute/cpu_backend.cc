@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "compute/backend.h"
+#include "compute/host_backend.h"
 #include "compute/portable_backend.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
@@ -25,7 +26,7 @@ namespace {
 
 namespace k = kernels;
 
-class CpuBackend final : public ComputeBackend {
+class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(const BackendOptions& options) : compute_(options.compute) {
     if (compute_ != ComputePrecision::kBfloat16) return;
@@ -43,28 +44,7 @@ class CpuBackend final : public ComputeBackend {
     return summary;
   }
   ComputePrecision compute() const override { return compute_; }
-  bool host_memory() const override { return true; }
 
-  void* Allocate(size_t bytes) override {
-    // 64-byte aligned (one cache line, one AVX-512 vector), zeroed like std::vector's floats.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* pointer = std::aligned_alloc(64, rounded);
-    if (!pointer) throw std::bad_alloc();
-    std::memset(pointer, 0, rounded);
-    return pointer;
-  }
-  void Free(void* pointer) noexcept override { std::free(pointer); }
-  void CopyToDevice(void* device, const void* host, size_t bytes) override {
-    if (device != host) std::memcpy(device, host, bytes);
-  }
-  void CopyToHost(void* host, const void* device, size_t bytes) override {
-    if (device != host) std::memcpy(host, device, bytes);
-  }
-  void Synchronize() override {}
-
-  void Fill(float* x, size_t n, float value) override {
-    for (size_t i = 0; i < n; ++i) x[i] = value;
-  }
   void Add(float* y, const float* x, size_t n) override {
     const int64_t count = static_cast<int64_t>(n);
 #pragma omp parallel for schedule(static)

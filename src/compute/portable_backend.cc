@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "compute/host_backend.h"
 #include "compute/portable/portable_kernels.h"
 
 namespace crucible {
@@ -19,7 +20,7 @@ namespace {
 
 namespace p = portable;
 
-class PortableBackend final : public ComputeBackend {
+class PortableBackend final : public HostMemoryBackend {
  public:
   explicit PortableBackend(const BackendOptions& options) {
     if (options.compute != ComputePrecision::kFloat32)
@@ -32,27 +33,7 @@ class PortableBackend final : public ComputeBackend {
   std::string name() const override { return "cpu"; }
   std::string Summary() const override { return "device=cpu compute=float32 portable_exact=true"; }
   ComputePrecision compute() const override { return ComputePrecision::kFloat32; }
-  bool host_memory() const override { return true; }
 
-  void* Allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* pointer = std::aligned_alloc(64, rounded);
-    if (!pointer) throw std::bad_alloc();
-    std::memset(pointer, 0, rounded);
-    return pointer;
-  }
-  void Free(void* pointer) noexcept override { std::free(pointer); }
-  void CopyToDevice(void* device, const void* host, size_t bytes) override {
-    if (device != host) std::memcpy(device, host, bytes);
-  }
-  void CopyToHost(void* host, const void* device, size_t bytes) override {
-    if (device != host) std::memcpy(host, device, bytes);
-  }
-  void Synchronize() override {}
-
-  void Fill(float* x, size_t n, float value) override {
-    for (size_t i = 0; i < n; ++i) x[i] = value;
-  }
   void Add(float* y, const float* x, size_t n) override {
     const int64_t count = static_cast<int64_t>(n);
 #pragma omp parallel for schedule(static)
