@@ -3,7 +3,8 @@
 # none of Crucible's dev packages). Here: `make gpu-pack` (scripts/pack-gpu-build.sh); then the
 # device run, from the repository root:
 #   run(command="scripts/gpu-check.sh", carry=["gpu-pack"], timeout_s=540)
-# It unpacks gpu-pack/crucible-gpu.tar.gz, prints nvidia-smi, runs test_gpu, 50 steps of a small
+# It unpacks gpu-pack/crucible-gpu.tar.gz, prints nvidia-smi, runs test_gpu, `crucible smoke
+# --portable --device cuda` against the CPU's golden, 50 steps of a small
 # `tiny` on cuda and on cpu (loss curves within tolerance), two cuda runs (same weights_xxh3),
 # a cuda resume (bit-exact), the frozen-RMSNorm detector under master_dtype = "bfloat16" on cuda
 # (and silent under fp32), and bench/gpu_train.py when present. Logs and summary.txt go to $OUT.
@@ -38,6 +39,9 @@ ldd "$CRUCIBLE" > "$OUT/ldd.txt" 2>&1
 grep -q "not found" "$OUT/ldd.txt" && say "ldd: FAIL $(grep 'not found' "$OUT/ldd.txt" | tr '\n' ' ')"
 
 stage test_gpu 150 "$WORK/bin/test_gpu" --gtest_output=xml:"$OUT/test_gpu.xml"
+# The portable exact mode on the GPU against the golden the CPU made, bit for bit.
+stage smoke_portable_cuda 90 "$CRUCIBLE" smoke --portable --device cuda \
+  --golden tests/golden/smoke-portable.json --work-dir "$WORK/smoke_portable"
 
 # A small tiny: 50 steps, seq 256, batch 4, no validation; the cpu run is the reference curve.
 TINY=(-c configs/tiny.toml --set training.steps=50 --set training.seq_len=256
