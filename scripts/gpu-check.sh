@@ -3,10 +3,12 @@
 # none of Crucible's dev packages). Here: `make gpu-pack` (scripts/pack-gpu-build.sh); then the
 # device run, from the repository root:
 #   run(command="scripts/gpu-check.sh", carry=["gpu-pack"], timeout_s=540)
-# It unpacks gpu-pack/crucible-gpu.tar.gz, prints nvidia-smi, runs test_gpu, 50 steps of a small
-# `tiny` on cuda and on cpu (loss curves within tolerance), two cuda runs (same weights_xxh3),
-# a cuda resume (bit-exact), the frozen-RMSNorm detector under master_dtype = "bfloat16" on cuda
-# (and silent under fp32), and bench/gpu_train.py when present. Logs and summary.txt go to $OUT.
+# It unpacks gpu-pack/crucible-gpu.tar.gz, prints nvidia-smi, runs test_gpu, `crucible smoke
+# --portable --device cuda` against the CPU's golden, 50 steps of a small `tiny` on cuda and on
+# cpu (loss curves within tolerance), two cuda runs (same weights_xxh3), a cuda resume
+# (bit-exact), checkpoints across devices (cuda -> cpu, cpu -> cuda, losses within tolerance),
+# the frozen-RMSNorm detector under master_dtype = "bfloat16" on cuda (and silent under fp32),
+# and bench/gpu_train.py when present. Logs and summary.txt go to $OUT.
 # Every stage is capped so the whole stays under 8 minutes; a failing stage does not stop the next.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -38,6 +40,9 @@ ldd "$CRUCIBLE" > "$OUT/ldd.txt" 2>&1
 grep -q "not found" "$OUT/ldd.txt" && say "ldd: FAIL $(grep 'not found' "$OUT/ldd.txt" | tr '\n' ' ')"
 
 stage test_gpu 150 "$WORK/bin/test_gpu" --gtest_output=xml:"$OUT/test_gpu.xml"
+# The portable exact mode on the GPU against the golden the CPU made, bit for bit.
+stage smoke_portable_cuda 90 "$CRUCIBLE" smoke --portable --device cuda \
+  --golden tests/golden/smoke-portable.json --work-dir "$WORK/smoke_portable"
 
 # A small tiny: 50 steps, seq 256, batch 4, no validation; the cpu run is the reference curve.
 TINY=(-c configs/tiny.toml --set training.steps=50 --set training.seq_len=256
@@ -80,6 +85,42 @@ if [[ -d $WORK/cuda/ckpt/step-25 ]]; then
 else
   say "cuda resume: FAIL (no ckpt/step-25 from the straight cuda run)"
 fi
+
+# Checkpoints across devices (the files are the same format): step-25 of the cuda run resumes on
+# cpu and step-25 of the cpu run on cuda; steps 26-50 must follow the writer's curve within the
+# cpu-vs-cuda curve tolerance, and the resumed run must list the device change as allowed.
+cross() {  # cross NAME WRITER DEVICE SECONDS
+  local name=$1 writer=$2 device=$3 seconds=$4
+  if [[ -d $WORK/$writer/ckpt/step-25 ]]; then
+    cp -r "$WORK/$writer" "$WORK/$name" && rm -rf "$WORK/$name/ckpt/step-50"
+    stage "$name" "$seconds" train "$name" "$device" --resume "$WORK/$name/ckpt/step-25"
+  else
+    say "$name: FAIL (no ckpt/step-25 from the $writer run)"
+  fi
+}
+cross resume_cuda_on_cpu cuda cpu 90
+cross resume_cpu_on_cuda cpu cuda 60
+python3 - "$OUT" > "$OUT/cross_device.txt" 2>&1 <<'PY'
+import re, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def log(name):
+    path = out / f"{name}.log"
+    return path.read_text() if path.exists() else ""
+def losses(name):
+    return {int(s): float(l) for s, l in re.findall(r"^step=(\d+) loss=(\S+)", log(name), re.M)}
+for name, writer in (("resume_cuda_on_cpu", "train_cuda"), ("resume_cpu_on_cuda", "train_cpu")):
+    got, want = losses(name), losses(writer)
+    steps = [s for s in range(26, 51)]
+    if not all(s in got and s in want for s in steps):
+        print(f"{name}: FAIL steps 26-50 missing ({len(got)} resumed, {len(want)} from {writer})")
+        continue
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
+    allowed = "config changed (allowed): training.device" in log(name)
+    ok = worst <= 2e-3 and allowed
+    print(f"{name}: {'PASS' if ok else 'FAIL'} worst relative loss difference {worst:.2e} vs "
+          f"{writer} over steps 26-50 (tolerance 2e-3); device change listed as allowed: {allowed}")
+PY
+cat "$OUT/cross_device.txt" | tee -a "$SUMMARY"
 
 # The frozen-RMSNorm detector on cuda: fires under bf16 master weights, silent under fp32.
 DETECT=(--set model.flavor=debug --set training.steps=12 --set debug.frozen_steps=5

@@ -1,9 +1,10 @@
-// crucible smoke [--golden FILE] [--ranks N] [--update] [--portable]
+// crucible smoke [--golden FILE] [--ranks N] [--update] [--portable] [--device cpu|cuda]
 #include "eval/smoke.h"
 
 #include <memory>
 
 #include "cli/command.h"
+#include "common/error.h"
 
 namespace crucible {
 namespace {
@@ -16,6 +17,9 @@ CommandRun SetupSmoke(CLI::App& app) {
   app.add_flag("--portable", options->portable,
                "debug.portable_exact = true: fixed-order kernels and portable math, one golden for "
                "every device (slow)");
+  app.add_option("--device", options->device,
+                 "training.device of the run (cpu, cuda); with --portable the golden is the "
+                 "CPU's, bit for bit; other devices need --portable or their own --golden");
   app.add_option("--ranks", options->ranks,
                  "MPI ranks (mpirun); the golden is the same for any count")
       ->check(CLI::Range(1, 64));
@@ -27,6 +31,11 @@ CommandRun SetupSmoke(CLI::App& app) {
       "Exit codes: 0 bit-identical to the golden, 1 a difference (the first differing step "
       "and tensor are printed), 2 usage error.");
   return [options]() {
+    if (options->device != "cpu" && !options->portable && options->golden.empty())
+      throw UsageError("smoke --device " + options->device +
+                       ": tests/golden/smoke.json holds the CPU's fp32 bits, which another "
+                       "device's kernels do not reproduce; add --portable (one golden for every "
+                       "device) or name that device's own --golden");
     if (options->golden.empty())
       options->golden =
           options->portable ? "tests/golden/smoke-portable.json" : "tests/golden/smoke.json";

@@ -103,8 +103,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        AtLeast(0)},
       {"training.device", T::kString, V(std::string("cpu")),
        "where the model computes: cpu, or cuda (the GPU LOCAL_RANK picks; a build with the CUDA "
-       "toolkit)",
-       true},
+       "toolkit); a checkpoint resumes on either (the files are the same)",
+       false},
       {"training.mixed_precision_param", T::kString, V(std::string("float32")),
        "precision of the operands of the matrix products and attention: float32, or bfloat16 "
        "(rounded to bf16, accumulated in float32; master weights and optimizer state stay float32)",

@@ -22,13 +22,7 @@ namespace p = portable;
 
 class PortableBackend final : public HostMemoryBackend {
  public:
-  explicit PortableBackend(const BackendOptions& options) {
-    if (options.compute != ComputePrecision::kFloat32)
-      throw UsageError(std::string("training.mixed_precision_param = \"") +
-                       ComputePrecisionName(options.compute) +
-                       "\": debug.portable_exact computes in float32 only; set "
-                       "mixed_precision_param = \"float32\" or portable_exact = false");
-  }
+  explicit PortableBackend(const BackendOptions& options) { RequirePortableFloat32(options); }
 
   std::string name() const override { return "cpu"; }
   std::string Summary() const override { return "device=cpu compute=float32 portable_exact=true"; }
@@ -153,6 +147,15 @@ class PortableBackend final : public HostMemoryBackend {
 };
 
 }  // namespace
+
+const BackendOptions& RequirePortableFloat32(const BackendOptions& options) {
+  if (options.compute != ComputePrecision::kFloat32)
+    throw UsageError(std::string("training.mixed_precision_param = \"") +
+                     ComputePrecisionName(options.compute) +
+                     "\": debug.portable_exact computes in float32 only; set "
+                     "mixed_precision_param = \"float32\" or portable_exact = false");
+  return options;
+}
 
 std::unique_ptr<ComputeBackend> BuildPortableBackend(const BackendOptions& options) {
   return std::make_unique<PortableBackend>(options);

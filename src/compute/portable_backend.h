@@ -12,4 +12,8 @@ namespace crucible {
 
 std::unique_ptr<ComputeBackend> BuildPortableBackend(const BackendOptions& options);
 
+// `options` when its compute is float32; UsageError (exit 2) naming the keys otherwise. Every
+// portable backend (this one, the GPU's in compute/cuda/) checks its options with it.
+const BackendOptions& RequirePortableFloat32(const BackendOptions& options);
+
 }  // namespace crucible

@@ -167,13 +167,21 @@ int RunSmoke(const SmokeOptions& options) {
        {binary, std::string("train"), std::string("--config"), config_path, std::string("--set"),
         "job.dump_folder=" + run_dir, std::string("--resume"), std::string("none")})
     argv.push_back(a);
+  if (options.device != "cpu") {
+    argv.push_back("--set");
+    argv.push_back("training.device=" + options.device);
+  }
   const std::string log_path = JoinPath(work, "train.log");
-  PrintLine(
-      StrFormat("phase=smoke status=training ranks=%d log=%s", options.ranks, log_path.c_str()));
+  PrintLine(StrFormat("phase=smoke status=training ranks=%d device=%s log=%s", options.ranks,
+                      options.device.c_str(), log_path.c_str()));
   int status = RunChild(argv, env, log_path);
-  if (status != 0)
-    throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d; see %s",
-                                        status, log_path.c_str()));
+  if (status != 0) {
+    std::string last_line;
+    for (const std::string& line : Split(ReadFile(log_path), '\n'))
+      if (!Trim(line).empty()) last_line = line;
+    throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d (%s); see %s",
+                                        status, last_line.c_str(), log_path.c_str()));
+  }
   nlohmann::ordered_json observed = Observe(run_dir);
   int result = 0;
   if (options.update) {
@@ -239,9 +247,10 @@ int RunSmoke(const SmokeOptions& options) {
       }
     }
     if (result == 0)
-      PrintLine(StrFormat("smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d)",
-                          got_steps.size(), observed["tensors"].size(), options.golden.c_str(),
-                          options.ranks));
+      PrintLine(StrFormat(
+          "smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d device=%s)",
+          got_steps.size(), observed["tensors"].size(), options.golden.c_str(), options.ranks,
+          options.device.c_str()));
   }
   if (temporary) {
     std::error_code error;

@@ -17,6 +17,10 @@ struct SmokeOptions {
   // Run with debug.portable_exact = true (compute/portable/): the same bits on every device,
   // compared with its own golden (tests/golden/smoke-portable.json).
   bool portable = false;
+  // training.device of the run ("cpu", "cuda"): the config (and so the golden) stays the same;
+  // the device is passed as --set training.device. Only --portable promises one golden for
+  // every device.
+  std::string device = "cpu";
 };
 
 // Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch.

@@ -73,6 +73,19 @@ inline void ExpectSameBits(const std::string& what, const std::vector<float>& a,
     }
 }
 
+// Every element of `got` (the GPU) has the bits of `want` (the CPU); the failure names the first
+// element that does not.
+inline void ExpectBitIdentical(const std::string& what, const std::vector<float>& got,
+                               const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << " on the GPU, " << want[i]
+                    << " on the CPU (not the same bits)";
+      return;
+    }
+}
+
 inline std::shared_ptr<ComputeBackend> Cuda(ComputePrecision compute) {
   BackendOptions options;
   options.device = "cuda";

@@ -1,6 +1,7 @@
 // Every CUDA kernel against the CPU backend on random inputs (fp32 within the stated tolerance;
-// bf16 against the CPU in fp32 on operands rounded to bf16), and each run twice on the GPU for
-// the same bits. Shapes are not multiples of the kernels' tiles (32 keys, 64 rows, 256 threads).
+// bf16 matmul against the CPU in fp32 on operands rounded to bf16, bf16 attention against the
+// CPU's bf16 attention), and each run twice on the GPU for the same bits. Shapes are not
+// multiples of the kernels' tiles (64 and 32 keys, 64 rows, 256 threads).
 #include "kernels/cpu/kernels.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,12 @@ constexpr auto kBf16 = ComputePrecision::kBfloat16;
 class GpuKernels : public ::testing::Test {
  protected:
   std::shared_ptr<ComputeBackend> cpu_ = DefaultCpuBackend();
+  std::shared_ptr<ComputeBackend> cpu_bf16_ = [] {
+    BackendOptions options;
+    options.compute = ComputePrecision::kBfloat16;
+    options.bf16_path = "emulated";
+    return MakeBackend(options);
+  }();
   std::shared_ptr<ComputeBackend> gpu_ = Cuda(kF32);
   std::shared_ptr<ComputeBackend> gpu_bf16_ = Cuda(kBf16);
 };
@@ -199,8 +206,27 @@ TEST_F(GpuKernels, CrossEntropyMatchesTheCpu) {
     ExpectSameBits("cross-entropy output " + std::to_string(i), first[i], second[i]);
 }
 
-// q (B,T,H,D), k, v (B,T,KV,D). bf16: the oracle is the CPU in fp32 on bf16-rounded q, k, v and
-// dout; the GPU also rounds P and dS, so the tolerance is that of bf16 (2^-8 relative).
+// bf16 attention against the CPU's bf16 attention: both round the same operands at the same
+// places (q, k, v, dO; P~ per 64-key tile under the running max; P and dS in the backward), so
+// what is left is fp32 rounding (sum orders, expf against exp_fast) and, where that moves a value
+// across a bf16 rounding boundary, one bf16 ulp (2^-8) of that one probability or score
+// gradient. Stated tolerance: every element within 4e-3 + 4e-3 |want| (a few such flips, each
+// at most 2^-8 of one term; the test compared the GPU with the CPU in fp32 within 2e-2 before
+// the roundings agreed), and at least 90% of them within 1e-5 + 1e-4 |want| (fp32 alone).
+void ExpectBf16Agreement(const std::string& what, const std::vector<float>& got,
+                         const std::vector<float>& want) {
+  ExpectClose(what, got, want, 4e-3, 4e-3);
+  size_t apart = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= 1e-5 + 1e-4 * std::fabs(want[i])))
+      ++apart;
+  EXPECT_LE(apart, got.size() / 10) << what << ": " << apart << " of " << got.size()
+                                    << " elements differ from the CPU's bf16 by more than fp32 "
+                                       "rounding (1e-5 + 1e-4 |want|)";
+}
+
+// q (B,T,H,D), k, v (B,T,KV,D). fp32: the CPU's fp32 attention. bf16: the CPU's bf16 attention
+// (`cpu` a bf16 CPU backend) on the same unrounded inputs, compared by ExpectBf16Agreement.
 void CheckAttention(ComputeBackend& gpu, ComputeBackend& cpu, bool bf16, int64_t B, int64_t T,
                     int64_t H, int64_t KV, int64_t D) {
   const std::string tag = std::string(bf16 ? "bf16" : "fp32") +
@@ -209,12 +235,11 @@ void CheckAttention(ComputeBackend& gpu, ComputeBackend& cpu, bool bf16, int64_t
   auto q = Random(B * T * H * D, 21), k = Random(B * T * KV * D, 22),
        v = Random(B * T * KV * D, 23);
   auto dout = Random(B * T * H * D, 24);
-  auto rq = bf16 ? RoundedToBfloat16(q) : q, rk = bf16 ? RoundedToBfloat16(k) : k,
-       rv = bf16 ? RoundedToBfloat16(v) : v, rdo = bf16 ? RoundedToBfloat16(dout) : dout;
+  ASSERT_EQ(cpu.compute() == ComputePrecision::kBfloat16, bf16) << tag;
   std::vector<float> out(B * T * H * D), lse(B * H * T), dq(q.size()), dk(k.size()), dv(v.size());
-  cpu.AttentionForward(out.data(), lse.data(), rq.data(), rk.data(), rv.data(), B, T, H, KV, D);
-  cpu.AttentionBackward(dq.data(), dk.data(), dv.data(), rdo.data(), out.data(), lse.data(),
-                        rq.data(), rk.data(), rv.data(), B, T, H, KV, D);
+  cpu.AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+  cpu.AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                        q.data(), k.data(), v.data(), B, T, H, KV, D);
   auto run = [&] {
     auto g_q = Upload(gpu, q), g_k = Upload(gpu, k), g_v = Upload(gpu, v), g_do = Upload(gpu, dout);
     DeviceArray<float> g_out(gpu, out.size()), g_lse(gpu, lse.size()), g_dq(gpu, q.size()),
@@ -227,13 +252,16 @@ void CheckAttention(ComputeBackend& gpu, ComputeBackend& cpu, bool bf16, int64_t
                                            Download(g_dk), Download(g_dv)};
   };
   auto first = run(), second = run();
-  const double atol = bf16 ? 2e-2 : 2e-5, rtol = bf16 ? 2e-2 : 1e-4;
-  ExpectClose(tag + " out", first[0], out, atol, rtol);
-  ExpectClose(tag + " lse", first[1], lse, bf16 ? 1e-2 : 1e-5, 1e-5);
-  ExpectClose(tag + " dq", first[2], dq, atol, rtol);
-  ExpectClose(tag + " dk", first[3], dk, atol, rtol);
-  ExpectClose(tag + " dv", first[4], dv, atol, rtol);
   const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  const std::vector<float>* want[] = {&out, &lse, &dq, &dk, &dv};
+  for (int i = 0; i < 5; ++i) {
+    if (bf16)
+      ExpectBf16Agreement(tag + " " + names[i], first[i], *want[i]);
+    else if (i == 1)
+      ExpectClose(tag + " lse", first[1], lse, 1e-5, 1e-5);  // lse is not rounded in bf16
+    else
+      ExpectClose(tag + " " + names[i], first[i], *want[i], 2e-5, 1e-4);
+  }
   for (int i = 0; i < 5; ++i) ExpectSameBits(tag + " " + names[i], first[i], second[i]);
 }
 
@@ -241,9 +269,10 @@ TEST_F(GpuKernels, AttentionMatchesTheCpuInFp32AndBf16) {
   for (auto [T, H, KV, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{70, 4, 2, 16},
                              {33, 2, 2, 64},
                              {100, 6, 1, 128},
-                             {5, 4, 4, 8}}) {
+                             {5, 4, 4, 8},
+                             {200, 4, 2, 32}}) {  // 4 key tiles: the running max moves
     CheckAttention(*gpu_, *cpu_, false, 2, T, H, KV, D);
-    CheckAttention(*gpu_bf16_, *cpu_, true, 2, T, H, KV, D);
+    CheckAttention(*gpu_bf16_, *cpu_bf16_, true, 2, T, H, KV, D);
   }
 }
 

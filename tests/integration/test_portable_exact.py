@@ -35,6 +35,20 @@ def test_portable_golden_differs_from_fp32_and_update_reproduces_it(tmp_path):
     run_crucible("smoke", "--golden", FP32)  # the fp32 gate still holds its own golden
 
 
+def test_smoke_on_another_device_without_portable_is_refused_and_cuda_says_why_it_cannot_run():
+    proc = run_crucible("smoke", "--device", "cuda", check=False)
+    assert proc.returncode == 2 and "add --portable" in proc.stderr, proc.stderr
+    # With a GPU the CPU's golden must hold; without one (or without the CUDA backend) the smoke
+    # fails in one line that carries the training run's reason.
+    proc = run_crucible("smoke", "--portable", "--device", "cuda", check=False)
+    if proc.returncode == 0:
+        assert "smoke: PASS" in proc.stdout and "device=cuda" in proc.stdout, proc.stdout
+    else:
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+        assert 'training.device = "cuda"' in lines[0], lines[0]
+
+
 def test_portable_bfloat16_is_refused_in_one_line(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('[model]\nflavor = "debug"\n[training]\nsteps = 1\nseq_len = 16\n'

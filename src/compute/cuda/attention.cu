@@ -1,11 +1,13 @@
 // Causal grouped-query attention, flash style: no (T,T) matrix in memory. One warp per query row
 // keeps an online softmax (running max m, running sum l, the output accumulator) over the keys
-// in tiles of 32, lane j scoring key j0 + j; the backward recomputes P = exp(S - lse) the same
-// way. dQ is owned per query row (one warp), dK and dV per key row (one warp, adding the group's
-// query heads in head order), so nothing is combined with atomics. Each lane owns the output
-// dimensions lane, lane + 32, ... (at most kMaxHeadDim / 32 of them, held in registers).
-// A first version for correctness: the key and query rows are read from global memory by each
-// lane, not staged in shared tiles, and no tensor cores are used.
+// in tiles of 64, the CPU's tile (kernels/cpu/attention.cc), lanes scoring keys j0 + lane and
+// j0 + 32 + lane: the running max after each tile, so the unnormalised probabilities exp(s - m)
+// that bf16 rounds, are the CPU's up to fp32 rounding. The backward recomputes P = exp(S - lse) in
+// tiles of 32. dQ is owned per query row (one warp), dK and dV per key row (one warp, adding the
+// group's query heads in head order), so nothing is combined with atomics. Each lane owns the
+// output dimensions lane, lane + 32, ... (at most kMaxHeadDim / 32 of them, held in registers). A
+// first version for correctness: the key and query rows are read from global memory by each lane,
+// not staged in shared tiles, and no tensor cores are used.
 #include <cuda_bf16.h>
 
 #include "compute/cuda/cuda_check.h"
@@ -15,6 +17,10 @@ namespace crucible::cuda {
 namespace {
 
 constexpr int kWarp = 32;
+// Keys per tile of the forward: kernels/cpu/attention.cc's kTile, which the bf16 contract's
+// rounding of exp(s - m) depends on (compute/backend.h, "Precision"). Two keys per lane.
+constexpr int kKeyTile = 64;
+constexpr int kKeysPerLane = kKeyTile / kWarp;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kSlots = static_cast<int>(kMaxHeadDim / kWarp);
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -67,33 +73,51 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
   for (int64_t d = lane; d < D; d += kWarp) qs[d] = operand<kBf16>(Q[d]);
   __syncwarp();
 
+  // Per 64-key tile, as the CPU: the tile's scores s, m_new = max(m, tile max), P~ = exp(s -
+  // m_new), l = l exp(m - m_new) + sum(P~) over the fp32 P~, then P~ rounded (bf16) for P~ V and
+  // acc = acc exp(m - m_new) + P~ V.
   float m = -INFINITY, l = 0.0f, acc[kSlots];
 #pragma unroll
   for (int e = 0; e < kSlots; ++e) acc[e] = 0.0f;
-  for (int64_t j0 = 0; j0 <= i; j0 += kWarp) {
-    const int64_t j = j0 + lane;
-    float s = -INFINITY;
-    if (j <= i) {
-      float dot = 0.0f;
-      for (int64_t d = 0; d < D; ++d) dot += qs[d] * operand<kBf16>(K[j * ldk + d]);
-      s = shape.scale * dot;
+  for (int64_t j0 = 0; j0 <= i; j0 += kKeyTile) {
+    float s[kKeysPerLane], p[kKeysPerLane];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int half = 0; half < kKeysPerLane; ++half) {
+      const int64_t j = j0 + half * kWarp + lane;
+      s[half] = -INFINITY;
+      if (j <= i) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += qs[d] * operand<kBf16>(K[j * ldk + d]);
+        s[half] = shape.scale * dot;
+      }
+      tile_max = fmaxf(tile_max, s[half]);
     }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float p = j <= i ? expf(s - m_new) : 0.0f;
+    const float m_new = fmaxf(m, warp_max(tile_max));  // finite: key j0 <= i is in the tile
+    float p_sum = 0.0f;
+#pragma unroll
+    for (int half = 0; half < kKeysPerLane; ++half) {
+      p[half] = j0 + half * kWarp + lane <= i ? expf(s[half] - m_new) : 0.0f;
+      p_sum += p[half];
+    }
     const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    l = l * alpha + warp_sum(p);
+    l = l * alpha + warp_sum(p_sum);
     m = m_new;
-    const float p_operand = operand<kBf16>(p);
-    const int count = TileCount(i - j0 + 1);
 #pragma unroll
     for (int e = 0; e < kSlots; ++e) acc[e] *= alpha;
-    for (int u = 0; u < count; ++u) {
-      const float pu = __shfl_sync(kFullMask, p_operand, u);
-      const float* Vrow = V + (j0 + u) * ldk;
 #pragma unroll
-      for (int e = 0; e < kSlots; ++e) {
-        const int64_t d = lane + e * kWarp;
-        if (d < D) acc[e] += pu * operand<kBf16>(Vrow[d]);
+    for (int half = 0; half < kKeysPerLane; ++half) {
+      const int64_t u0 = j0 + half * kWarp;
+      const float p_operand = operand<kBf16>(p[half]);
+      const int count = u0 <= i ? TileCount(i - u0 + 1) : 0;
+      for (int u = 0; u < count; ++u) {
+        const float pu = __shfl_sync(kFullMask, p_operand, u);
+        const float* Vrow = V + (u0 + u) * ldk;
+#pragma unroll
+        for (int e = 0; e < kSlots; ++e) {
+          const int64_t d = lane + e * kWarp;
+          if (d < D) acc[e] += pu * operand<kBf16>(Vrow[d]);
+        }
       }
     }
   }

@@ -7,6 +7,8 @@
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/gemm.h"
+#include "compute/cuda/portable_launch.h"
+#include "compute/portable_backend.h"
 
 namespace crucible::cuda {
 namespace {
@@ -19,9 +21,12 @@ std::string Gib(size_t bytes) {
   return text;
 }
 
-class CudaBackend final : public ComputeBackend, private Workspace {
+// The GPU's memory, stream, copies and errors, and the fast kernels (cuda_kernels.h, cuBLASLt).
+// PortableCudaBackend below replaces the kernels and keeps the rest.
+class CudaBackend : public ComputeBackend, protected Workspace {
  public:
-  explicit CudaBackend(const BackendOptions& options)
+  // with_gemm false: no cuBLASLt handle or workspace (a subclass that does its own products).
+  explicit CudaBackend(const BackendOptions& options, bool with_gemm = true)
       : compute_(options.compute), gpu_(options.local_rank) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
@@ -46,6 +51,7 @@ class CudaBackend final : public ComputeBackend, private Workspace {
     total_bytes_ = properties.totalGlobalMem;
     CRUCIBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     slots_.assign(kSlotCount, {nullptr, 0});
+    if (!with_gemm) return;
     gemm_workspace_ = Allocate(kGemmWorkspaceBytes);
     gemm_ = std::make_unique<LtGemm>(stream_, gemm_workspace_, kGemmWorkspaceBytes);
   }
@@ -172,7 +178,7 @@ class CudaBackend final : public ComputeBackend, private Workspace {
     cuda::CrossEntropyBackward(stream_, logits_to_dlogits, lse, targets, N, V, scale, weights);
   }
 
- private:
+ protected:
   bool bf16() const { return compute_ == ComputePrecision::kBfloat16; }
 
   // The operand of a product: `x` itself in fp32, its bf16 copy in `slot` in bf16.
@@ -197,6 +203,9 @@ class CudaBackend final : public ComputeBackend, private Workspace {
     return pointer;
   }
 
+  cudaStream_t stream() const { return stream_; }
+
+ private:
   ComputePrecision compute_;
   int gpu_;
   std::string gpu_name_;
@@ -206,6 +215,78 @@ class CudaBackend final : public ComputeBackend, private Workspace {
   std::vector<std::pair<void*, size_t>> slots_;
   void* gemm_workspace_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
+};
+
+// [debug] portable_exact on the GPU: the kernels of compute/portable/ (portable_launch.h), one
+// thread per output element or row, so every kernel gives the CPU portable backend's bits and
+// `crucible smoke --portable --device cuda` the CPU's golden. Memory, copies, Fill and Add (one
+// IEEE addition per element, as the CPU's) are CudaBackend's; no cuBLASLt. float32 only.
+class PortableCudaBackend final : public CudaBackend {
+ public:
+  explicit PortableCudaBackend(const BackendOptions& options)
+      : CudaBackend(RequirePortableFloat32(options), /*with_gemm=*/false) {}
+
+  std::string Summary() const override { return CudaBackend::Summary() + " portable_exact=true"; }
+
+  void MatmulForward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+                     int64_t OC) override {
+    PortableMatmulForward(stream(), out, inp, weight, N, C, OC);
+  }
+  void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
+                      bool accumulate_dweight) override {
+    PortableMatmulBackward(stream(), dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp,
+                           accumulate_dweight);
+  }
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                        int64_t C) override {
+    PortableEmbeddingForward(stream(), out, tokens, table, N, C);
+  }
+  void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                         int64_t C) override {
+    PortableEmbeddingBackward(stream(), dtable, dout, tokens, N, C);
+  }
+  void RmsnormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps) override {
+    PortableRmsnormForward(stream(), out, rstd, inp, weight, N, C, eps);
+  }
+  void RmsnormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C) override {
+    PortableRmsnormBackward(stream(), dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void RopeForward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                   int64_t heads, int64_t D) override {
+    PortableRope(stream(), x, cos_table, sin_table, B, T, heads, D, 1.0f);
+  }
+  void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                    int64_t heads, int64_t D) override {
+    PortableRope(stream(), dx, cos_table, sin_table, B, T, heads, D, -1.0f);
+  }
+  void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    PortableAttentionForward(stream(), out, lse, q, k, v, B, T, H, KV, D);
+  }
+  void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                         const float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    PortableAttentionBackward(stream(), *this, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
+  }
+  void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
+                     int64_t F) override {
+    PortableSwigluForward(stream(), out, gate, up, N, F);
+  }
+  void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,
+                      const float* up, int64_t N, int64_t F) override {
+    PortableSwigluBackward(stream(), dgate, dup, dout, gate, up, N, F);
+  }
+  void CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int64_t N, int64_t V) override {
+    PortableCrossEntropyForward(stream(), losses, lse, logits, targets, N, V);
+  }
+  void CrossEntropyBackward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+                            int64_t N, int64_t V, float scale, const float* weights) override {
+    PortableCrossEntropyBackward(stream(), logits_to_dlogits, lse, targets, N, V, scale, weights);
+  }
 };
 
 std::unique_ptr<ComputeBackend> BuildCudaBackend(const BackendOptions& options) {
@@ -226,6 +307,7 @@ bool GpuAvailable(std::string* why) {
 }
 
 std::unique_ptr<ComputeBackend> MakeCudaBackend(const BackendOptions& options) {
+  if (options.portable_exact) return std::make_unique<PortableCudaBackend>(options);
   return std::make_unique<CudaBackend>(options);
 }
 

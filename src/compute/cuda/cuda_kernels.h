@@ -17,9 +17,16 @@
 //   - Attention: one warp per query row (forward, dQ) or per key row (dK, dV); scores, exps and
 //     products are taken key by key (query by query) in index order; dK/dV add the group's query
 //     heads in head order. No atomics, so no second pass is needed to combine partials.
-// Precision: with bf16 set, attention rounds q, k, v, dO, P and dS to bfloat16 (ties to even)
-// where they are operands of a product, and accumulates in fp32 (compute/backend.h, "Precision").
-// The row sum of P that normalises the output is taken over the fp32 P (FlashAttention's rule).
+// Precision: with bf16 set, attention rounds exactly the operands of compute/backend.h's
+// "Precision" contract, as the CPU does (kernels/cpu/attention.cc), and accumulates in fp32:
+//   forward   q, k, v; and per 64-key tile (the CPU's tile, keys in order) P~ = exp(s - m), m the
+//             running max over the tiles seen so far, rounded after its fp32 sum is added to the
+//             running sum l (which stays fp32) and before P~ V; acc is rescaled by exp(m_old - m).
+//   backward  P = exp(s - lse) (for P^T dO), dS = P (dP - delta) / sqrt(D) (for dS K, dS^T Q),
+//             dO, q, k, v; delta = rowsum(dO * O) in fp32 on the unrounded values.
+// What still differs from the CPU is fp32 rounding alone (the order of the dot products' sums,
+// expf against the CPU's exp_fast), which can move a value across a bf16 rounding boundary: one
+// bf16 ulp of that one probability or score gradient.
 #pragma once
 
 #include <cuda_runtime.h>

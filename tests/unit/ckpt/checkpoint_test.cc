@@ -347,6 +347,19 @@ TEST_F(CheckpointTest, ConfigChangesAreSplitIntoBreakingAndHarmless) {
   EXPECT_EQ(changes.harmless[0], "training.steps: 100 -> 7");
 }
 
+// A checkpoint written on the GPU resumes on the CPU and back: the files do not depend on the
+// device, so changing it is harmless (scripts/gpu-check.sh resumes across devices on a GPU).
+TEST_F(CheckpointTest, ChangingTheDeviceOnResumeIsHarmless) {
+  Config on_gpu = config_;
+  on_gpu.ApplyOverride("training.device=cuda");
+  for (const auto& [saved, current] : {std::pair{on_gpu, config_}, std::pair{config_, on_gpu}}) {
+    ConfigChanges changes = CompareResumeConfigs(saved, current);
+    EXPECT_TRUE(changes.breaking.empty()) << changes.breaking[0];
+    ASSERT_EQ(changes.harmless.size(), 1u);
+    EXPECT_NE(changes.harmless[0].find("training.device"), std::string::npos);
+  }
+}
+
 TEST(IntervalTest, YoungDalyAndMtbfFromAttempts) {
   EXPECT_DOUBLE_EQ(YoungDalyIntervalSeconds(2.0, 3600.0), std::sqrt(2.0 * 2.0 * 3600.0));
   EXPECT_NEAR(ExpectedLostFraction(2.0, 120.0, 3600.0), 2.0 / 120 + 122.0 / 7200, 1e-12);
