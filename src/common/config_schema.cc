@@ -262,6 +262,9 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "run every kernel and the host math in the portable fixed-order form (compute/portable/): "
        "the same bits on every device, slowly (crucible smoke --portable)",
        true},
+      {"debug.share_gpu", T::kBool, V(false),
+       "test only: ranks on a node with more ranks than GPUs share them (GPU = local rank modulo "
+       "the GPU count) instead of being refused"},
       {"debug.frozen_steps", T::kInt, V(int64_t{20}),
        "warn when a parameter tensor is unchanged for this many consecutive steps; 0 disables",
        false, AtLeast(0)},

@@ -48,6 +48,9 @@ struct BackendOptions {
   // [debug] portable_exact: the kernels of compute/portable/ (fixed order, no BLAS, no libm), the
   // same bits on every device. The CPU backend then builds compute/portable_backend.h's.
   bool portable_exact = false;
+  // [debug] share_gpu (tests): ranks on a node with more ranks than GPUs share them (GPU =
+  // local rank modulo the GPU count) instead of being refused.
+  bool share_gpu = false;
   // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AVX-512 BF16),
   // "emulated", "native" (refused where the CPU lacks it).
   std::string bf16_path = "auto";

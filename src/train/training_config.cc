@@ -122,6 +122,7 @@ BackendOptions BuildBackendOptions(const Config& config) {
   BackendOptions options;
   options.device = config.String("training.device");
   options.portable_exact = config.Bool("debug.portable_exact");
+  options.share_gpu = config.Bool("debug.share_gpu");
   const std::string param = config.String("training.mixed_precision_param");
   if (param == "bfloat16")
     options.compute = ComputePrecision::kBfloat16;

@@ -36,11 +36,12 @@ class CudaBackend : public ComputeBackend, protected Workspace {
                        (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status)) +
                        "); set training.device = \"cpu\" or run where an NVIDIA GPU and its "
                        "driver are present");
+    if (options.share_gpu && gpu_ >= 0) gpu_ %= count;  // tests: ranks share the GPUs there are
     if (gpu_ < 0 || gpu_ >= count)
       throw UsageError("training.device = \"cuda\": LOCAL_RANK " + std::to_string(gpu_) +
                        " names GPU " + std::to_string(gpu_) + " but cudaGetDeviceCount found " +
                        std::to_string(count) + "; start at most " + std::to_string(count) +
-                       " ranks per node");
+                       " ranks per node (or, for tests, set debug.share_gpu = true)");
     CRUCIBLE_CUDA_CHECK(cudaSetDevice(gpu_));
     cudaDeviceProp properties{};
     CRUCIBLE_CUDA_CHECK(cudaGetDeviceProperties(&properties, gpu_));
@@ -102,6 +103,13 @@ class CudaBackend : public ComputeBackend, protected Workspace {
     Synchronize();
   }
   void Synchronize() override { CRUCIBLE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  bool DeviceMemory(double* free_bytes, double* total_bytes, std::string* where) const override {
+    size_t free_now = 0, total = 0;
+    CRUCIBLE_CUDA_CHECK(cudaMemGetInfo(&free_now, &total));
+    *free_bytes = static_cast<double>(free_now), *total_bytes = static_cast<double>(total);
+    *where = "GPU " + std::to_string(gpu_) + " (" + gpu_name_ + ")";
+    return true;
+  }
 
   void Fill(float* x, size_t n, float value) override { cuda::Fill(stream_, x, n, value); }
   void Add(float* y, const float* x, size_t n) override { cuda::Add(stream_, y, x, n); }
