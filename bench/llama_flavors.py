@@ -5,4 +5,5 @@ FLAVORS = {
     "tiny": dict(vocab=8192, dim=256, layers=4, heads=8, kv=4, ffn=688, tie=True),
     "small": dict(vocab=8192, dim=512, layers=6, heads=8, kv=4, ffn=1376, tie=False),
     "base": dict(vocab=32000, dim=768, layers=12, heads=12, kv=4, ffn=2048, tie=False),
+    "1b": dict(vocab=32000, dim=2048, layers=16, heads=32, kv=8, ffn=8192, tie=False),
 }

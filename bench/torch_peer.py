@@ -13,8 +13,15 @@ torch.optim.AdamW (fused=False, foreach defaults) and clip_grad_norm_, in float3
 torch.set_num_threads(--threads). --compile wraps the model (not the optimizer) in
 torch.compile (inductor; its cache directory is TORCHINDUCTOR_CACHE_DIR, which the orchestrator
 keeps outside the clone). The first --warmup steps (compilation included) are not timed.
+
+On a GPU (bench/gpu_train.py): --device cuda places the model and the batches there (fp32
+master weights, torch.optim.AdamW fused) and --autocast bf16 runs the forward under
+torch.autocast("cuda", torch.bfloat16), as a user trains in mixed precision today; steps are
+timed after torch.cuda.synchronize(), and the report adds the peak of
+torch.cuda.max_memory_allocated().
 """
 import argparse
+import contextlib
 import json
 import math
 import resource
@@ -105,23 +112,35 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--attention", choices=["naive", "sdpa"], default="sdpa")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--autocast", choices=["none", "bf16"], default="none")
     args = parser.parse_args()
     f = FLAVORS[args.flavor]
+    cuda = args.device == "cuda"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = Llama(f, args.seq_len, args.attention)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    model = Llama(f, args.seq_len, args.attention).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            **({"fused": True} if cuda else {}))
     step_fn = torch.compile(model) if args.compile else model
     generator = torch.Generator().manual_seed(1)
+    autocast = (torch.autocast(args.device, dtype=torch.bfloat16) if args.autocast == "bf16"
+                else contextlib.nullcontext())
     times, losses = [], []
     for step in range(args.warmup + args.steps):
-        tokens = torch.randint(0, f["vocab"], (args.batch, args.seq_len + 1), generator=generator)
+        tokens = torch.randint(0, f["vocab"], (args.batch, args.seq_len + 1),
+                               generator=generator).to(args.device)
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = step_fn(tokens[:, :-1], tokens[:, 1:])
+        with autocast:
+            loss = step_fn(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         losses.append(loss.item())
         print(f"torch_peer step={step + 1} loss={losses[-1]:.4f} seconds={seconds:.3f}"
@@ -135,6 +154,7 @@ def main():
         "tokens_per_second": tokens_per_step * len(times) / sum(times),
         "final_loss": losses[-1],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        **({"peak_gpu_bytes": torch.cuda.max_memory_allocated()} if cuda else {}),
     }))
 
 

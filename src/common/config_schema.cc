@@ -42,7 +42,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       // [model]
       {"model.name", T::kString, V(std::string("llama")), "model family (only llama)", true},
       {"model.flavor", T::kString, V(std::string("debug")),
-       "size preset: debug (~1M params), tiny (~5M), small (~25M), base (~125M)", true},
+       "size preset: debug (~1M params), tiny (~5M), small (~25M), base (~125M), 1b (~1.1B)", true},
       {"model.vocab_size", T::kInt, V(int64_t{0}), "vocabulary size; 0 takes the flavor's", true,
        kDimension},
       {"model.dim", T::kInt, V(int64_t{0}), "hidden size; 0 takes the flavor's", true, kDimension},
