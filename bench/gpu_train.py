@@ -26,9 +26,11 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -149,6 +151,7 @@ def main():
         fail(f"crucible binary not found at {binary}; set CRUCIBLE")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-train-"))  # run directories: weights, not results
     flavors = args.flavors.split(",")
     for flavor in flavors:
         if flavor not in FLAVORS:
@@ -162,7 +165,7 @@ def main():
     rows, skipped = [], []
     for flavor, batch in zip(flavors, batches):
         sides = [("crucible", lambda: crucible_side(binary, flavor, args.seq_len, batch, args.steps,
-                                                    args.warmup, out / f"run-{flavor}")),
+                                                    args.warmup, work / f"run-{flavor}")),
                  ("torch eager", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, False)),
                  ("torch compile", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, True))]
         flops = flops_per_token(binary, flavor, args.seq_len)
@@ -180,7 +183,7 @@ def main():
                      f"peak GPU memory {result['peak_gpu_bytes'] / 2 ** 30:.2f} GiB"), flush=True)
         if time.perf_counter() - began <= args.budget_s:
             profiled = crucible_side(binary, flavor, args.seq_len, batch, args.steps, 0,
-                                     out / f"profile-{flavor}", profile=True)
+                                     work / f"profile-{flavor}", profile=True)
             table = [l for l in profiled.get("stdout", "").splitlines() if "kernel" in l or "profile" in l]
             (out / f"kernels-{flavor}.txt").write_text("\n".join(table) + "\n")
         else:
@@ -200,6 +203,7 @@ def main():
         {"ceiling_tflops": ceiling, "rows": [dict(flavor=f, batch=b, side=n, **{k: v for k, v in r.items()
                                                                                 if k != "stdout"})
                                              for f, b, n, r, _ in rows], "skipped": skipped}, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

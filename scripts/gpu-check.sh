@@ -14,6 +14,9 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
+# The run tool returns at most 8 files from $OUT: the logs go into one archive at the end.
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
@@ -25,7 +28,7 @@ stage() {  # stage NAME SECONDS COMMAND...: runs it with a cap, logs to $OUT/NAM
   # script's train function and the variables it reads.
   local definitions
   definitions="$(declare -f train)"$'\n'"$(declare -p TINY CRUCIBLE WORK 2>/dev/null)"
-  timeout "$seconds" bash -c "$definitions"$'\n''"$@"' stage "$@" > "$OUT/$name.log" 2>&1
+  timeout "$seconds" bash -c "$definitions"$'\n''"$@"' stage "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   say "$name: $([[ $rc == 0 ]] && echo PASS || echo "FAIL rc=$rc") ($((SECONDS - start)) s, $name.log)"
   return $rc
@@ -39,11 +42,11 @@ for dir in "$cuda_lib" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linu
 done
 export LD_LIBRARY_PATH="$WORK/lib:${CUDA_LIBS:-}:${LD_LIBRARY_PATH:-}"
 CRUCIBLE=$WORK/bin/crucible
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; head -15 "$OUT/nvidia-smi.txt"
-ldd "$CRUCIBLE" > "$OUT/ldd.txt" 2>&1
-grep -q "not found" "$OUT/ldd.txt" && say "ldd: FAIL $(grep 'not found' "$OUT/ldd.txt" | tr '\n' ' ')"
+nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1; head -15 "$LOGS/nvidia-smi.txt"
+ldd "$CRUCIBLE" > "$LOGS/ldd.txt" 2>&1
+grep -q "not found" "$LOGS/ldd.txt" && say "ldd: FAIL $(grep 'not found' "$LOGS/ldd.txt" | tr '\n' ' ')"
 
-stage test_gpu 150 "$WORK/bin/test_gpu" --gtest_output=xml:"$OUT/test_gpu.xml"
+stage test_gpu 150 "$WORK/bin/test_gpu" --gtest_output=xml:"$LOGS/test_gpu.xml"
 # The portable exact mode on the GPU against the golden the CPU made, bit for bit.
 stage smoke_portable_cuda 90 "$CRUCIBLE" smoke --portable --device cuda \
   --golden tests/golden/smoke-portable.json --work-dir "$WORK/smoke_portable"
@@ -56,12 +59,12 @@ train() {  # train NAME DEVICE [--set ...]
   shift 2
   "$CRUCIBLE" train "${TINY[@]}" --set training.device="$device" --set job.dump_folder="$WORK/$name" "$@"
 }
-xxh() { grep -o 'weights_xxh3=[0-9a-f]*' "$OUT/$1.log" | tail -1; }
+xxh() { grep -o 'weights_xxh3=[0-9a-f]*' "$LOGS/$1.log" | tail -1; }
 stage train_cpu 150 train cpu cpu
 stage train_cuda 60 train cuda cuda
 stage train_cuda_again 60 train cuda_again cuda
 stage train_cuda_bf16 60 train cuda_bf16 cuda --set training.mixed_precision_param=bfloat16
-python3 - "$OUT" > "$OUT/curves.txt" 2>&1 <<'PY'
+python3 - "$LOGS" > "$LOGS/curves.txt" 2>&1 <<'PY'
 import re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 def losses(name):
@@ -76,7 +79,7 @@ for name, tol in (("train_cuda", 2e-3), ("train_cuda_bf16", 3e-2)):
     print(f"{name}: {'PASS' if worst <= tol else 'FAIL'} worst relative loss difference {worst:.2e} "
           f"(tolerance {tol}) final cuda {gpu[-1]:.6f} cpu {cpu[-1]:.6f}")
 PY
-cat "$OUT/curves.txt" | tee -a "$SUMMARY"
+cat "$LOGS/curves.txt" | tee -a "$SUMMARY"
 a=$(xxh train_cuda) b=$(xxh train_cuda_again)
 say "cuda run to run: $([[ -n $a && $a == "$b" ]] && echo PASS || echo FAIL) ($a vs $b)"
 
@@ -104,7 +107,7 @@ cross() {  # cross NAME WRITER DEVICE SECONDS
 }
 cross resume_cuda_on_cpu cuda cpu 90
 cross resume_cpu_on_cuda cpu cuda 60
-python3 - "$OUT" > "$OUT/cross_device.txt" 2>&1 <<'PY'
+python3 - "$LOGS" > "$LOGS/cross_device.txt" 2>&1 <<'PY'
 import re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 def log(name):
@@ -124,19 +127,22 @@ for name, writer in (("resume_cuda_on_cpu", "train_cuda"), ("resume_cpu_on_cuda"
     print(f"{name}: {'PASS' if ok else 'FAIL'} worst relative loss difference {worst:.2e} vs "
           f"{writer} over steps 26-50 (tolerance 2e-3); device change listed as allowed: {allowed}")
 PY
-cat "$OUT/cross_device.txt" | tee -a "$SUMMARY"
+cat "$LOGS/cross_device.txt" | tee -a "$SUMMARY"
 
 # The frozen-RMSNorm detector on cuda: fires under bf16 master weights, silent under fp32.
 DETECT=(--set model.flavor=debug --set training.steps=12 --set debug.frozen_steps=5
         --set optimizer.lr=1e-3 --set lr_scheduler.warmup_steps=0 --set checkpoint.enable=false)
 stage detector_bf16_master 60 train detect_bf16 cuda "${DETECT[@]}" --set training.master_dtype=bfloat16
 stage detector_fp32_master 60 train detect_fp32 cuda "${DETECT[@]}"
-fired=$(grep -c "model.norm.weight.*below half a bfloat16 ULP" "$OUT/detector_bf16_master.log")
-quiet=$(grep -c "^warning:" "$OUT/detector_fp32_master.log")
+fired=$(grep -c "model.norm.weight.*below half a bfloat16 ULP" "$LOGS/detector_bf16_master.log")
+quiet=$(grep -c "^warning:" "$LOGS/detector_fp32_master.log")
 say "frozen-RMSNorm detector on cuda: $([[ $fired -ge 1 && $quiet == 0 ]] && echo PASS || echo FAIL) (bf16 master: $fired warnings on model.norm.weight; fp32 master: $quiet warnings)"
 
 if [[ -f bench/gpu_train.py ]]; then
-  CRUCIBLE=$CRUCIBLE stage bench_gpu_train 170 python3 bench/gpu_train.py --budget-s 140 --out "$OUT/bench"
+  CRUCIBLE=$CRUCIBLE stage bench_gpu_train 170 python3 bench/gpu_train.py --budget-s 140 --out "$LOGS/bench"
 fi
 say "gpu-check: $(grep -c FAIL "$SUMMARY") failing checks"
+cp "$SUMMARY" "$LOGS/"
+tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .
+[[ -f $LOGS/bench/gpu_train.json ]] && cp "$LOGS/bench/gpu_train.json" "$OUT/"
 rm -rf "$WORK"
