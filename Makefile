@@ -33,10 +33,11 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The crucible binary built against MPICH instead of Open MPI, and the communicator tests of
-# tests/mpi/ (tests/integration/test_mpich.py).
+# tests/mpi/ (tests/integration/test_mpich.py); without the CUDA backend, which $(BUILD) compiles.
 MPICH_BUILD ?= build-mpich
 $(MPICH_BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(MPICH_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUCIBLE_MPI=mpich
+	cmake -S . -B $(MPICH_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUCIBLE_MPI=mpich \
+	  -DCRUCIBLE_CUDA=OFF
 
 build-mpich: deps $(MPICH_BUILD)/build.ninja
 	cmake --build $(MPICH_BUILD) -j $(JOBS) --target crucible test_mpi
@@ -66,7 +67,8 @@ bench: build venv current-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) bench/train_vs_torch.py
 
 asan: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_SANITIZE=ON
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_SANITIZE=ON \
+	  -DCRUCIBLE_CUDA=OFF
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS)
 
