@@ -28,9 +28,17 @@ std::vector<KernelTotals> KernelProfileTotals();
 // ceiling > 0).
 void PrintKernelProfile(double ceiling_gflops = 0);
 
+// A kernel's name in the table, its flops and its bytes at least (kernels/kernel_costs.h).
+struct KernelCost {
+  const char* name;
+  double flops = 0, bytes = 0;
+};
+
 class ScopedKernelTimer {
  public:
   explicit ScopedKernelTimer(const char* name, double flops = 0, double bytes = 0);
+  explicit ScopedKernelTimer(const KernelCost& cost)
+      : ScopedKernelTimer(cost.name, cost.flops, cost.bytes) {}
   ~ScopedKernelTimer();
 
  private:

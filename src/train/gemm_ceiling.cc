@@ -100,6 +100,23 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
   return rates;
 }
 
+double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes) {
+  double best = 0;
+  for (const GemmShape& s : shapes) {
+    DeviceArray<float> a(backend, s.rows * s.in), w(backend, s.out * s.in),
+        c(backend, s.rows * s.out);
+    backend.Fill(a.data(), a.size(), 0.1f);
+    backend.Fill(w.data(), w.size(), 0.1f);
+    auto run = [&] {
+      backend.MatmulForward(c.data(), a.data(), w.data(), s.rows, s.in, s.out);
+      backend.Synchronize();
+    };
+    run();  // untimed: the library's first call picks its algorithm
+    best = std::max(best, BestRate(2.0 * s.rows * s.in * s.out, run));
+  }
+  return best;
+}
+
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes) {
   const auto [model, features] = CpuDescription();
   std::string key = StrFormat(

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "compute/backend.h"
 #include "model/parameters.h"
 
 namespace crucible {
@@ -41,6 +42,11 @@ struct GemmShapeRate {
 
 // Measures every shape (collective-free; each call takes about a second or two).
 std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shapes);
+
+// A backend whose memory is not the host's (a GPU): the best GFLOP/s of its MatmulForward
+// (compute/backend.h, in its compute precision) over `shapes`, each timed between two
+// Synchronize calls after one untimed run. Not cached: it takes well under a second.
+double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes);
 
 // This machine's key: "cpu=...;features=...;blas=...;threads=N;ranks_on_host=R;shapes=...".
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);

@@ -11,9 +11,17 @@
 namespace crucible {
 
 PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm,
-                           const std::vector<GemmShape>& shapes) {
+                           const std::vector<GemmShape>& shapes, ComputeBackend& backend) {
   const double configured = config.Float("metrics.peak_gflops");
   if (configured > 0) return {configured * comm.size(), "config"};
+  if (!backend.host_memory()) {
+    const double mine = MeasureBackendGemmCeiling(backend, shapes);
+    std::vector<double> all(comm.size());
+    comm.AllGatherDouble(&mine, all.data(), 1, "peak-flops all-gather");
+    double total = 0;
+    for (double g : all) total += g;
+    return {total, "device"};
+  }
   const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "peak-flops hosts");
   const int ranks_on_host = static_cast<int>(std::count(hosts.begin(), hosts.end(), comm.host()));
   const std::string key = GemmCeilingKey(ranks_on_host, shapes), path = GemmCeilingCachePath();

@@ -15,15 +15,18 @@
 namespace crucible {
 
 struct PeakFlops {
-  double gflops = 0;   // of the whole job
-  std::string source;  // "config", "cached" (every rank's) or "measured" (some rank measured)
+  double gflops = 0;  // of the whole job
+  // "config", "cached" (every rank's), "measured" (some rank measured) or "device" (measured on
+  // each rank's device)
+  std::string source;
 };
 
 // Collective: metrics.peak_gflops x ranks, or the sum of every rank's GEMM ceiling for `shapes`
-// (train/gemm_ceiling.h: cached, or measured by the ranks that lack it, at the same time, so
-// the shares of a shared host add up).
+// (train/gemm_ceiling.h: on the host, cached, or measured by the ranks that lack it, at the same
+// time, so the shares of a shared host add up; on a device, measured through `backend` at every
+// start, source "device").
 PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm,
-                           const std::vector<GemmShape>& shapes);
+                           const std::vector<GemmShape>& shapes, ComputeBackend& backend);
 
 class MfuMeter {
  public:

@@ -236,7 +236,7 @@ void Trainer::Announce() {
   // Peak of the whole job: every rank measures its own share of the machine at the same time.
   const PeakFlops peak = ResolvePeakFlops(
       config_, comm(),
-      ModelGemmShapes(table(), training_.shape.micro_batch * training_.shape.seq_len));
+      ModelGemmShapes(table(), training_.shape.micro_batch * training_.shape.seq_len), *backend_);
   mfu_meter_ = std::make_unique<MfuMeter>(
       peak, model_spec_->TrainFlopsPerToken(table(), training_.shape.seq_len));
   if (!leader()) return;

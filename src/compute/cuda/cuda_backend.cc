@@ -2,13 +2,16 @@
 #include "compute/cuda/cuda_backend.h"
 
 #include <cstdio>
+#include <optional>
 #include <vector>
 
+#include "common/profile.h"
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/gemm.h"
 #include "compute/cuda/portable_launch.h"
 #include "compute/portable_backend.h"
+#include "kernels/kernel_costs.h"
 
 namespace crucible::cuda {
 namespace {
@@ -117,6 +120,7 @@ class CudaBackend : public ComputeBackend, protected Workspace {
   // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) inp^T, with W^T stored.
   void MatmulForward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                      int64_t OC) override {
+    Timed timed(*this, kernels::MatmulForwardCost(N, C, OC));
     const void* a = Operand(kSlotBf16A, weight, OC * C);
     const void* b = Operand(kSlotBf16B, inp, N * C);
     gemm_->Multiply(bf16(), true, false, OC, N, C, a, C, b, C, out, OC, 0.0f);
@@ -125,6 +129,7 @@ class CudaBackend : public ComputeBackend, protected Workspace {
   void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                       bool accumulate_dweight) override {
+    Timed timed(*this, kernels::MatmulBackwardCost(N, C, OC, dinp != nullptr));
     const void* d = Operand(kSlotBf16A, dout, N * OC);
     if (dinp) {
       const void* w = Operand(kSlotBf16B, weight, OC * C);
@@ -137,56 +142,90 @@ class CudaBackend : public ComputeBackend, protected Workspace {
   }
   void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
                         int64_t C) override {
+    Timed timed(*this, kernels::EmbeddingForwardCost(N, C));
     cuda::EmbeddingForward(stream_, out, tokens, table, N, C);
   }
   void EmbeddingBackward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
                          int64_t C) override {
+    Timed timed(*this, kernels::EmbeddingBackwardCost(N, C));
     cuda::EmbeddingBackward(stream_, *this, dtable, dout, tokens, N, C);
   }
   void RmsnormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                       int64_t C, float eps) override {
+    Timed timed(*this, kernels::RmsnormForwardCost(N, C));
     cuda::RmsnormForward(stream_, out, rstd, inp, weight, N, C, eps);
   }
   void RmsnormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override {
+    Timed timed(*this, kernels::RmsnormBackwardCost(N, C));
     cuda::RmsnormBackward(stream_, *this, dinp, dweight, dout, inp, weight, rstd, N, C);
   }
   void RopeForward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D) override {
+    Timed timed(*this, kernels::RopeCost(false, B, T, heads, D));
     cuda::RopeForward(stream_, x, cos_table, sin_table, B, T, heads, D);
   }
   void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                     int64_t heads, int64_t D) override {
+    Timed timed(*this, kernels::RopeCost(true, B, T, heads, D));
     cuda::RopeBackward(stream_, dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    Timed timed(*this, kernels::AttentionForwardCost(B, T, H, KV, D));
     cuda::AttentionForward(stream_, bf16(), out, lse, q, k, v, B, T, H, KV, D);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    Timed timed(*this, kernels::AttentionBackwardCost(B, T, H, KV, D));
     cuda::AttentionBackward(stream_, *this, bf16(), dq, dk, dv, dout, out, lse, q, k, v, B, T, H,
                             KV, D);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {
+    Timed timed(*this, kernels::SwigluForwardCost(N, F));
     cuda::SwigluForward(stream_, out, gate, up, N, F);
   }
   void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,
                       const float* up, int64_t N, int64_t F) override {
+    Timed timed(*this, kernels::SwigluBackwardCost(N, F));
     cuda::SwigluBackward(stream_, dgate, dup, dout, gate, up, N, F);
   }
   void CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                            int64_t N, int64_t V) override {
+    Timed timed(*this, kernels::CrossEntropyForwardCost(N, V));
     cuda::CrossEntropyForward(stream_, losses, lse, logits, targets, N, V);
   }
   void CrossEntropyBackward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                             int64_t N, int64_t V, float scale, const float* weights) override {
+    Timed timed(*this, kernels::CrossEntropyBackwardCost(N, V));
     cuda::CrossEntropyBackward(stream_, logits_to_dlogits, lse, targets, N, V, scale, weights);
   }
 
  protected:
+  // metrics.profile: a kernel is timed on the host between two waits for the stream, so the
+  // profile holds the GPU's time of each kernel (launches are serialised while profiling; with
+  // the profile off nothing waits).
+  class Timed {
+   public:
+    Timed(CudaBackend& backend, const KernelCost& cost)
+        : stream_(KernelProfileEnabled() ? backend.stream_ : nullptr) {
+      if (!stream_) return;
+      backend.Synchronize();
+      timer_.emplace(cost);
+    }
+    ~Timed() {
+      if (!stream_) return;
+      cudaStreamSynchronize(stream_);  // an error here is reported by the next checked call
+      timer_.reset();
+    }
+
+   private:
+    cudaStream_t stream_;
+    std::optional<ScopedKernelTimer> timer_;
+  };
+
   bool bf16() const { return compute_ == ComputePrecision::kBfloat16; }
 
   // The operand of a product: `x` itself in fp32, its bf16 copy in `slot` in bf16.

@@ -28,6 +28,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/kernel_costs.h"
 
 namespace crucible::kernels {
 namespace {
@@ -51,10 +52,7 @@ Operand TileOperand(const float* src, int64_t ld, int64_t rows, int64_t D, bool 
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
-  // The causal half of Q K^T and P V: 2 x 2 B H D T(T+1)/2 flops.
-  ScopedKernelTimer profile_timer(
-      "attention", 2.0 * B * H * D * T * (T + 1.0),
-      4.0 * (2.0 * B * T * H * D + 2.0 * B * T * KV * D + 1.0 * B * H * T));
+  ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D;
@@ -115,10 +113,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
-  // Five causal products (S recomputed, dP, dV, dQ, dK): 2.5 times the forward's.
-  ScopedKernelTimer profile_timer(
-      "attention_backward", 5.0 * B * H * D * T * (T + 1.0),
-      4.0 * (4.0 * B * T * H * D + 4.0 * B * T * KV * D + 1.0 * B * H * T));
+  ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D;

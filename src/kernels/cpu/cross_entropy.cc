@@ -9,6 +9,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/kernel_costs.h"
 
 namespace crucible::kernels {
 namespace {
@@ -30,8 +31,7 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V) {
 
 int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
                               const int32_t* targets, int64_t N, int64_t V) {
-  // Max, exp and sum over each row of logits: about 4 flops per logit (the exp counted as one).
-  ScopedKernelTimer profile_timer("cross_entropy", 4.0 * N * V, 4.0 * (1.0 * N * V + 3.0 * N));
+  ScopedKernelTimer profile_timer(CrossEntropyForwardCost(N, V));
   check_targets(targets, N, V);
   int64_t valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : valid)
@@ -50,8 +50,7 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
 
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                             int64_t N, int64_t V, float scale, const float* weights) {
-  ScopedKernelTimer profile_timer("cross_entropy_backward", 3.0 * N * V,
-                                  4.0 * (2.0 * N * V + 3.0 * N));
+  ScopedKernelTimer profile_timer(CrossEntropyBackwardCost(N, V));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* row = logits_to_dlogits + i * V;

@@ -8,6 +8,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/kernel_costs.h"
 
 namespace crucible::kernels {
 
@@ -20,7 +21,7 @@ constexpr int64_t kRowChunk = 64;
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
                        int64_t C) {
-  ScopedKernelTimer profile_timer("embedding", 0, 4.0 * (2.0 * N * C + N));
+  ScopedKernelTimer profile_timer(EmbeddingForwardCost(N, C));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i)
     std::memcpy(out + i * C, table + static_cast<int64_t>(tokens[i]) * C, C * sizeof(float));
@@ -28,7 +29,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
                         int64_t C) {
-  ScopedKernelTimer profile_timer("embedding_backward", 1.0 * N * C, 4.0 * (2.0 * N * C + N));
+  ScopedKernelTimer profile_timer(EmbeddingBackwardCost(N, C));
   // Each thread owns a slice of channels and adds the rows in token order.
   constexpr int64_t kSlice = 64;
   int64_t slices = (C + kSlice - 1) / kSlice;
@@ -46,7 +47,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                      int64_t C, float eps) {
   // x^2 sums, the scale and the weight: about 4 flops per element.
-  ScopedKernelTimer profile_timer("rmsnorm", 4.0 * N * C, 4.0 * (2.0 * N * C + C + N));
+  ScopedKernelTimer profile_timer(RmsnormForwardCost(N, C));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
@@ -62,8 +63,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t N, int64_t C) {
-  ScopedKernelTimer profile_timer("rmsnorm_backward", 8.0 * N * C,
-                                  4.0 * (4.0 * N * C + 2.0 * C + N));
+  ScopedKernelTimer profile_timer(RmsnormBackwardCost(N, C));
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   std::vector<float> partial(static_cast<size_t>(chunks * C), 0.0f);
 #pragma omp parallel for schedule(static)
@@ -129,20 +129,18 @@ void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64
 void rope_forward(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                   int64_t heads, int64_t D) {
   // In place: each pair rotated with 4 multiplies and 2 adds, the tables read once per row.
-  ScopedKernelTimer profile_timer("rope", 3.0 * B * T * heads * D,
-                                  4.0 * (2.0 * B * T * heads * D + T * D));
+  ScopedKernelTimer profile_timer(RopeCost(false, B, T, heads, D));
   rope_rotate(x, cos_table, sin_table, B, T, heads, D, 1.0f);
 }
 
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D) {
-  ScopedKernelTimer profile_timer("rope_backward", 3.0 * B * T * heads * D,
-                                  4.0 * (2.0 * B * T * heads * D + T * D));
+  ScopedKernelTimer profile_timer(RopeCost(true, B, T, heads, D));
   rope_rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {
-  ScopedKernelTimer profile_timer("swiglu", 5.0 * N * F, 4.0 * 3.0 * N * F);
+  ScopedKernelTimer profile_timer(SwigluForwardCost(N, F));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * F;
@@ -154,7 +152,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, i
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t N, int64_t F) {
-  ScopedKernelTimer profile_timer("swiglu_backward", 10.0 * N * F, 4.0 * 5.0 * N * F);
+  ScopedKernelTimer profile_timer(SwigluBackwardCost(N, F));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * F;

@@ -19,6 +19,7 @@
 #include "common/profile.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/kernel_costs.h"
 
 namespace crucible::kernels {
 namespace {
@@ -81,18 +82,14 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC, bool native_bf16) {
-  ScopedKernelTimer profile_timer("matmul", 2.0 * N * C * OC,
-                                  4.0 * (1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC));
+  ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
   gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, native_bf16);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                      bool accumulate_dweight, bool native_bf16) {
-  // dinp and dweight: two products of 2 N C OC each, reading dout twice.
-  ScopedKernelTimer profile_timer(
-      "matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
-      4.0 * ((dinp ? 2.0 : 1.0) * N * OC + 1.0 * N * C * (dinp ? 2 : 1) + 2.0 * OC * C));
+  ScopedKernelTimer profile_timer(MatmulBackwardCost(N, C, OC, dinp != nullptr));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
     gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C,

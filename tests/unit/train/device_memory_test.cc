@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "support/staged_backend.h"
+#include "train/gemm_ceiling.h"
 #include "train/memory_plan.h"
 
 namespace crucible {
@@ -44,6 +45,20 @@ TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
   shape.micro_batch = 8, shape.seq_len = 256;
   StagedBackend device;  // reports no device memory
   EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+}
+
+}  // namespace
+}  // namespace crucible
+
+namespace crucible {
+namespace {
+
+TEST(DeviceGemmCeiling, IsMeasuredThroughTheBackendsOwnProducts) {
+  StagedBackend device;  // every product it runs checks that its operands are device memory
+  const std::vector<GemmShape> shapes = {{64, 128, 96}, {64, 96, 128}};
+  const double gflops = MeasureBackendGemmCeiling(device, shapes);
+  EXPECT_GT(gflops, 0.0);
+  EXPECT_LT(gflops, 1e5);  // a CPU behind the wall: far below 100 TFLOP/s
 }
 
 }  // namespace
