@@ -22,6 +22,7 @@ namespace {
 #define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 constexpr int kRows = 6;              // rows of the micro-kernel
+constexpr int64_t kStripCols = 128;   // columns of C per strip
 constexpr int64_t kBlockPairs = 128;  // pairs of K per block
 
 // 16 floats rounded to bf16 as RoundToBfloat16 rounds (nearest even; inf and NaN cut), the bf16
@@ -209,19 +210,22 @@ void gemm_bf16_tile(const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0, int6
       for (int64_t i = 0; i < rows; ++i) std::fill(C + i * ldc, C + i * ldc + cols, 0.0f);
     return;
   }
+  // Column strips of kStripCols: the strip of C (at most 256 x 128 fp32) stays in L2 while the
+  // K blocks pass through it; each block's B panel stays in L1 while the rows sweep it.
   const int64_t pairs = (K + 1) / 2;
-  for (int64_t p0 = 0; p0 < pairs; p0 += kBlockPairs) {
-    const int64_t block = std::min(kBlockPairs, pairs - p0);
-    const bool accumulate = beta || p0 > 0;
-    for (int64_t j = 0; j < cols; j += kBf16Panel) {
-      const uint32_t* panel = b.words + (j0 + j) / kBf16Panel * b.panel_stride + p0 * kBf16Panel;
-      for (int64_t i = 0; i < rows; i += kRows)
-        RunRows(
-            static_cast<int>(std::min<int64_t>(kRows, rows - i)),
-            {a.words + (i0 + i) * a.row_stride + p0 * a.pair_stride, a.row_stride, a.pair_stride},
-            panel, block, C + i * ldc + j, ldc, std::min(kBf16Panel, cols - j), accumulate);
+  for (int64_t strip = 0; strip < cols; strip += kStripCols)
+    for (int64_t p0 = 0; p0 < pairs; p0 += kBlockPairs) {
+      const int64_t block = std::min(kBlockPairs, pairs - p0);
+      const bool accumulate = beta || p0 > 0;
+      for (int64_t j = strip; j < std::min(cols, strip + kStripCols); j += kBf16Panel) {
+        const uint32_t* panel = b.words + (j0 + j) / kBf16Panel * b.panel_stride + p0 * kBf16Panel;
+        for (int64_t i = 0; i < rows; i += kRows)
+          RunRows(
+              static_cast<int>(std::min<int64_t>(kRows, rows - i)),
+              {a.words + (i0 + i) * a.row_stride + p0 * a.pair_stride, a.row_stride, a.pair_stride},
+              panel, block, C + i * ldc + j, ldc, std::min(kBf16Panel, cols - j), accumulate);
+      }
     }
-  }
 }
 
 }  // namespace crucible::kernels
