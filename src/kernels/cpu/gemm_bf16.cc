@@ -1,11 +1,11 @@
-// The AVX-512 BF16 tile (gemm_bf16.h). K is cut into blocks of kBlockK values (even, so every
-// block starts on a pair). Each block packs its operands once into bf16 pair words, vectorised:
-// A as rows of pairs (pair-major when A is transposed, so both packings store whole vectors) and
-// B as panels of 32 columns, each pair's 32 words contiguous (odd K padded with a zero). A 6 x 32
-// micro-kernel keeps 12 accumulators in registers and walks the block's pairs in order; between
+// The AVX-512 BF16 product (gemm_bf16.h). Each operand is packed once per product into bf16 pair
+// words, vectorised: A row-major (pair-major when A is transposed, so both packings store whole
+// vectors), B as panels of 32 columns, each pair's 32 words contiguous (odd K padded with a zero).
+// A tile is walked in column strips of 128 and, inside a strip, K blocks of 128 pairs; a 6 x 32
+// micro-kernel keeps 12 accumulators in registers and walks a block's pairs in order. Between
 // blocks the accumulators go through C in fp32, which is exact, so every output's chain is the
-// same as with one block. A block's B panel (kBlockK / 2 x 128 bytes) stays in L1 while the
-// micro-kernel sweeps the tile's rows; the packed block stays in L2.
+// same as with one block. A block of a B panel (16 KiB) stays in L1 while the rows sweep it, the
+// strip of C (at most 256 x 128 fp32) in L2 while the blocks pass.
 //
 // The build targets x86-64-v3: only the functions marked AVX512_BF16 use the wider instructions,
 // and they run only after cpu_has_avx512_bf16() (every such CPU also has AVX-512 BW).

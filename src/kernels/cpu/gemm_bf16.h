@@ -32,7 +32,7 @@ constexpr int64_t kBf16Panel = 32;
 // Storage for a packed operand, 64-byte aligned, grown to the largest request and then reused.
 class Bf16PackBuffer {
  public:
-  uint32_t* Words(int64_t n);  // n words; the previous contents are not kept in order
+  uint32_t* Words(int64_t n);  // n words, contents unspecified; valid until the next call
 
  private:
   std::vector<uint32_t> storage_;
