@@ -1,6 +1,7 @@
 // The kernels of the `small` flavor at seq_len 512, batch 8 (N = 4096 tokens). The linear layers:
 // Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded
-// OpenBLAS sgemm of the same product (the peer, not thread-count deterministic); counters:
+// OpenBLAS sgemm of the same product (the peer, not thread-count deterministic) and the native
+// bf16 tiles (kernels/cpu/gemm_bf16.h, on AVX-512 BF16 CPUs); counters:
 // GFLOP/s. The row kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and
 // RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention (also at batch 2, seq 2048),
 // forward and backward.
@@ -11,6 +12,7 @@
 
 #include <vector>
 
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
 
 namespace {
@@ -35,7 +37,7 @@ std::vector<float> Filled(size_t n, float seed) {
   return v;
 }
 
-void Forward(benchmark::State& state, bool peer) {
+void Forward(benchmark::State& state, bool peer, bool native_bf16 = false) {
   const Shape& s = kShapes[state.range(0)];
   std::vector<float> x = Filled(kTokens * s.in, 0.5f), w = Filled(s.out * s.in, 0.4f);
   std::vector<float> y(kTokens * s.out);
@@ -44,7 +46,8 @@ void Forward(benchmark::State& state, bool peer) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kTokens, s.out, s.in, 1.0f, x.data(),
                   s.in, w.data(), s.in, 0.0f, y.data(), s.out);
     else
-      crucible::kernels::matmul_forward(y.data(), x.data(), w.data(), kTokens, s.in, s.out);
+      crucible::kernels::matmul_forward(y.data(), x.data(), w.data(), kTokens, s.in, s.out,
+                                        native_bf16);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(s.name);
@@ -53,7 +56,7 @@ void Forward(benchmark::State& state, bool peer) {
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
-void Backward(benchmark::State& state, bool peer) {
+void Backward(benchmark::State& state, bool peer, bool native_bf16 = false) {
   const Shape& s = kShapes[state.range(0)];
   std::vector<float> x = Filled(kTokens * s.in, 0.5f), w = Filled(s.out * s.in, 0.4f);
   std::vector<float> dy = Filled(kTokens * s.out, 0.3f), dx(kTokens * s.in), dw(s.out * s.in);
@@ -65,7 +68,7 @@ void Backward(benchmark::State& state, bool peer) {
                   s.out, x.data(), s.in, 0.0f, dw.data(), s.in);
     } else {
       crucible::kernels::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
-                                         kTokens, s.in, s.out, false, false);
+                                         kTokens, s.in, s.out, false, false, native_bf16);
     }
     benchmark::DoNotOptimize(dw.data());
   }
@@ -80,6 +83,14 @@ void CrucibleForward(benchmark::State& state) {
 }
 void OpenblasForward(benchmark::State& state) {
   Forward(state, true);
+}
+void Bf16NativeForward(benchmark::State& state) {
+  if (!crucible::kernels::cpu_has_avx512_bf16()) return state.SkipWithError("no AVX-512 BF16");
+  Forward(state, false, true);
+}
+void Bf16NativeBackward(benchmark::State& state) {
+  if (!crucible::kernels::cpu_has_avx512_bf16()) return state.SkipWithError("no AVX-512 BF16");
+  Backward(state, false, true);
 }
 void CrucibleBackward(benchmark::State& state) {
   Backward(state, false);
@@ -188,6 +199,8 @@ BENCHMARK(AttentionBackward)
     ->UseRealTime();
 BENCHMARK(CrucibleForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(Bf16NativeForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(Bf16NativeBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 

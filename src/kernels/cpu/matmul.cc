@@ -10,8 +10,10 @@
 // omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own threads and waits for
 // them forever.
 //
-// native_bf16: the same tiles, each computed by gemm_bf16_tile (AVX-512 BF16, gemm_bf16.h) instead
-// of sgemm; the caller checks cpu_has_avx512_bf16().
+// native_bf16: both operands are packed once per product into bf16 pair words (gemm_bf16.h; the
+// buffers are this file's, grown to the largest product and reused, so products must not run
+// concurrently), then the same tiles are each computed by gemm_bf16_tile instead of sgemm; the
+// caller checks cpu_has_avx512_bf16().
 #include <cblas.h>
 
 #include <algorithm>
@@ -61,17 +63,24 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
   const Tiles t = ChooseTiles(M, N);
   const int64_t row_tiles = (M + t.rows - 1) / t.rows;
   const int64_t col_tiles = (N + t.cols - 1) / t.cols;
+  static Bf16PackBuffer a_buffer, b_buffer;
+  Bf16PackedA a_packed{};
+  Bf16PackedB b_packed{};
+  if (native_bf16) {
+    a_packed = pack_bf16_a(trans_a, M, K, A, lda, a_buffer);
+    b_packed = pack_bf16_b(trans_b, N, K, B, ldb, b_buffer);
+  }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t tile = 0; tile < row_tiles * col_tiles; ++tile) {
     const int64_t i0 = (tile / col_tiles) * t.rows, j0 = (tile % col_tiles) * t.cols;
     const int64_t rows = std::min(t.rows, M - i0), cols = std::min(t.cols, N - j0);
-    const float* a = trans_a ? A + i0 : A + i0 * lda;
-    const float* b = trans_b ? B + j0 * ldb : B + j0;
     if (native_bf16) {
-      gemm_bf16_tile(trans_a, trans_b, rows, cols, K, a, lda, b, ldb, beta != 0.0f,
-                     C + i0 * ldc + j0, ldc);
+      gemm_bf16_tile(a_packed, b_packed, i0, j0, rows, cols, K, beta != 0.0f, C + i0 * ldc + j0,
+                     ldc);
       continue;
     }
+    const float* a = trans_a ? A + i0 : A + i0 * lda;
+    const float* b = trans_b ? B + j0 * ldb : B + j0;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, rows, cols, K, 1.0f, a, lda, b, ldb, beta,
                 C + i0 * ldc + j0, ldc);

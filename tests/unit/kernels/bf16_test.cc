@@ -158,6 +158,47 @@ TEST(Bf16Matmul, NativeWithinSumOrderBoundOfEmulated) {
   EXPECT_TRUE(any_different);
 }
 
+// C = op(A) op(B) + (beta ? C : 0) through gemm_bf16.h's packing and one tile covering C;
+// a_values (M,K) and b_values (N,K) are stored transposed or not as trans_a, trans_b ask.
+void NativeProduct(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   const std::vector<float>& a_values, const std::vector<float>& b_values,
+                   int64_t k0, int64_t k1, bool beta, std::vector<float>& C) {
+  const std::vector<float> A = trans_a ? Transposed(a_values, M, K) : a_values;
+  const std::vector<float> B = trans_b ? b_values : Transposed(b_values, N, K);
+  // The columns k0 .. k1 of op(A) and rows k0 .. k1 of op(B).
+  const float* a = trans_a ? A.data() + k0 * M : A.data() + k0;
+  const float* b = trans_b ? B.data() + k0 : B.data() + k0 * N;
+  Bf16PackBuffer a_buffer, b_buffer;
+  const Bf16PackedA pa = pack_bf16_a(trans_a, M, k1 - k0, a, trans_a ? M : K, a_buffer);
+  const Bf16PackedB pb = pack_bf16_b(trans_b, N, k1 - k0, b, trans_b ? K : N, b_buffer);
+  gemm_bf16_tile(pa, pb, 0, 0, M, N, k1 - k0, beta, C.data(), N);
+}
+
+TEST(Bf16Matmul, NativeEveryLayoutOddShapesAndKBlocksMatchDoubleProduct) {
+  SKIP_WITHOUT_AVX512_BF16();
+  constexpr int64_t M = 37, N = 70, K = 601;  // K: three blocks of 128 pairs, the last one odd
+  const auto a = Rounded(Random(M * K, 21)), b = Rounded(Random(N * K, 22));
+  const Reference ref = Product(a, b, M, N, K);
+  for (const bool trans_a : {false, true})
+    for (const bool trans_b : {false, true}) {
+      std::vector<float> C(M * N, 7.0f);  // beta 0 ignores it
+      NativeProduct(trans_a, trans_b, M, N, K, a, b, 0, K, false, C);
+      ExpectWithin(C, ref, nullptr, trans_a ? (trans_b ? "TT" : "TN") : (trans_b ? "NT" : "NN"));
+    }
+}
+
+TEST(Bf16Matmul, NativeKBlocksChainExactlyThroughC) {
+  SKIP_WITHOUT_AVX512_BF16();
+  // The first block alone, then the rest accumulated into C: the same bits as one product.
+  constexpr int64_t M = 13, N = 40, K = 517;
+  const auto a = Random(M * K, 23), b = Random(N * K, 24);
+  std::vector<float> whole(M * N), split(M * N);
+  NativeProduct(false, true, M, N, K, a, b, 0, K, false, whole);
+  NativeProduct(false, true, M, N, K, a, b, 0, 256, false, split);
+  NativeProduct(false, true, M, N, K, a, b, 256, K, true, split);
+  EXPECT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * 4), 0);
+}
+
 TEST(Bf16Matmul, AccumulatesIntoDinpAndDweight) {
   for (const char* path : {"emulated", "native"}) {
     if (std::string(path) == "native" && !cpu_has_avx512_bf16()) continue;
