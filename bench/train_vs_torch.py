@@ -4,7 +4,7 @@ shape, optimizer and thread count, each run in its own process, interleaved, rep
 
     python3 bench/train_vs_torch.py [--configs small:512:8,tiny:256:8] [--all] [--repeats 3]
         [--steps 6] [--warmup 2] [--threads 2] [--variants eager,eager+sdpa,compile,compile+sdpa]
-        [--peer-python PATH] [--json OUT.json]
+        [--precision fp32|bf16] [--peer-python PATH] [--json OUT.json]
 
 The peer is PyPI's current torch (the "current" environment of scripts/setup-current.sh, a venv
 under ~/.cache/crucible built once per machine; pip's default wheel bundles the CUDA libraries, a
@@ -24,6 +24,10 @@ best peer's median, with the range of the per-repeat ratios.
 
 --configs: FLAVOR:SEQ_LEN:BATCH,... (default small:512:8,tiny:256:8); --all adds small:2048:2
 and base:1024:4 (base takes minutes per run on 2 cores).
+
+--precision bf16: mixed precision on both sides, as each side's user would run it: Crucible with
+training.mixed_precision_param = "bfloat16" (fp32 master weights; bf16 operands, on AVX-512 BF16
+CPUs the native vdpbf16ps products), the peer under torch.autocast("cpu", torch.bfloat16).
 """
 import argparse
 import json
@@ -66,6 +70,8 @@ def crucible_run(args, flavor, seq_len, batch):
                "--set", f"training.seq_len={seq_len}", "--set", f"training.local_batch_size={batch}",
                "--set", f"training.steps={args.warmup + args.steps}", "--set", f"job.dump_folder={run_dir}",
                "--set", "checkpoint.enable=false", "--set", "validation.enable=false"]
+        if args.precision == "bf16":
+            cmd += ["--set", "training.mixed_precision_param=bfloat16"]
         code, out, err, rss = run_measured(cmd, env)
         if code != 0:
             sys.exit(f"train_vs_torch: crucible train exited {code}:\n{err[-2000:]}")
@@ -82,7 +88,8 @@ def crucible_run(args, flavor, seq_len, batch):
 def peer_run(args, variant, flavor, seq_len, batch):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(args.inductor_cache), OMP_NUM_THREADS=str(args.threads))
     cmd = [args.peer_python, PEER, "--flavor", flavor, "--seq-len", seq_len, "--batch", batch,
-           "--steps", args.steps, "--warmup", args.warmup, "--threads", args.threads, *VARIANTS[variant]]
+           "--steps", args.steps, "--warmup", args.warmup, "--threads", args.threads, *VARIANTS[variant],
+           "--autocast", "bf16" if args.precision == "bf16" else "none"]
     code, out, err, rss = run_measured(cmd, env)
     if code != 0:
         sys.exit(f"train_vs_torch: torch_peer.py {variant} exited {code}:\n{err[-3000:]}")
@@ -139,6 +146,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible")))
     parser.add_argument("--peer-python", help="default: the environment scripts/setup-current.sh builds")
     parser.add_argument("--json", help="also write every run here")
