@@ -160,7 +160,6 @@ class DeviceArray {
   T* data() { return data_; }
   const T* data() const { return data_; }
   size_t size() const { return size_; }
-  size_t bytes() const { return size_ * sizeof(T); }
   void CopyFrom(const T* host, size_t count) {
     backend_->CopyToDevice(data_, host, count * sizeof(T));
   }

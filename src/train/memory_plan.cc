@@ -46,7 +46,7 @@ double ReadNumber(const std::string& path) {
 }  // namespace
 
 MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
-                      int rank, int world) {
+                      int rank, int world, bool activations_on_host) {
   const ParameterSizes sizes = model.PlannedSizes();
   const double P = sizes.parameters, U = sizes.largest_unit;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
@@ -95,7 +95,9 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   }
 
   MemoryPlan plan;
-  plan.activations = model.PlannedBuffers(B, T).total_bytes;
+  // Off the host (a GPU) the activations are the device's (CheckDeviceFits); the host keeps the
+  // model's copies of the targets and the per-position losses.
+  plan.activations = activations_on_host ? model.PlannedBuffers(B, T).total_bytes : 8 * B * T;
   // The loader holds two batches (the step's and the next, read ahead), each an int32 input and
   // target per position (and a float loss weight, for a weighted source), plus one sample.
   plan.batch = 2 * 12 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
@@ -160,7 +162,7 @@ AvailableMemory MachineAvailableMemory() {
 }
 
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm) {
+                       Communicator& comm, const ComputeBackend& backend) {
   // The loader's batches are the largest stage's (a batch ramp's last; the one global batch
   // without a ramp).
   TrainingShape shape = training.shape;
@@ -175,7 +177,8 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
         steps, global_batch, T, steps * global_batch * T));
 
   // Ranks on one host share its memory.
-  const MemoryPlan plan = PlanMemory(config, model, shape, comm.rank(), comm.size());
+  const MemoryPlan plan =
+      PlanMemory(config, model, shape, comm.rank(), comm.size(), backend.host_memory());
   const AvailableMemory available = MachineAvailableMemory();
   const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "memory check");
   const double mine[2] = {plan.total(), available.bytes};
@@ -202,7 +205,7 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
     if (first_rank[host] != r || asked[host] <= host_available) continue;
     // The parts of the first rank of that host (its ranks differ only in their shard, and rank
     // 0 in its checkpoint buffers); every rank computes the same message.
-    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.size());
+    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.size(), backend.host_memory());
     const double largest = std::max({p.activations, p.batch, p.model_state, p.checkpoint});
     const char* advice =
         largest == p.activations ? "lower training.local_batch_size or training.seq_len"

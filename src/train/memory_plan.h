@@ -26,9 +26,11 @@ struct MemoryPlan {
   double total() const { return activations + batch + model_state + checkpoint; }
 };
 
-// The plan of rank `rank` of `world` for the resolved `config`.
+// The plan of rank `rank` of `world` for the resolved `config`. `activations_on_host` false (a
+// model built on a device backend): the host holds only the model's copies of the targets and
+// losses; the activations are CheckDeviceFits' to check.
 MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
-                      int rank, int world);
+                      int rank, int world, bool activations_on_host = true);
 
 // What this machine can still give: MemAvailable of /proc/meminfo, or less where a cgroup limit
 // is lower. `bytes` is infinite where neither can be read.
@@ -41,9 +43,10 @@ AvailableMemory MachineAvailableMemory();
 // Collective. Throws UsageError on every rank when the ranks of some host together plan more
 // than that host has available, or when a product the trainer keeps in an integer exceeds its
 // type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
-// prints the plan (phase=memory_check). A batch-size ramp is planned at its largest stage.
+// prints the plan (phase=memory_check). A batch-size ramp is planned at its largest stage. The
+// activations count on the host only when `backend`'s memory is the host's.
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm);
+                       Communicator& comm, const ComputeBackend& backend);
 
 // The device side, for a backend whose memory is not the host's: a model built on it keeps its
 // activations (ModelSpec::PlannedBuffers) and a device copy of every unit's weights and gradients

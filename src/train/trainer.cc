@@ -133,7 +133,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   optimizer_config_.batch_tokens = static_cast<double>(training_.tokens_per_step(1));
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
-  CheckTrainingFits(config_, *model_spec_, training_, comm());
+  CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_);
   CheckDeviceFits(*model_spec_, training_.shape, *backend_);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
   // fit in memory.

@@ -63,3 +63,22 @@ TEST(DeviceGemmCeiling, IsMeasuredThroughTheBackendsOwnProducts) {
 
 }  // namespace
 }  // namespace crucible
+
+namespace crucible {
+namespace {
+
+TEST(DeviceMemory, TheHostPlanLeavesADevicesActivationsToTheDeviceCheck) {
+  Config config = Config::Defaults();
+  const auto spec = BuildModelSpec(config);
+  TrainingShape shape;
+  shape.micro_batch = 8, shape.seq_len = 256, shape.accumulation = 1;
+  const MemoryPlan host = PlanMemory(config, *spec, shape, 0, 1);
+  const MemoryPlan device = PlanMemory(config, *spec, shape, 0, 1, /*activations_on_host=*/false);
+  EXPECT_EQ(host.activations, spec->PlannedBuffers(8, 256).total_bytes);
+  EXPECT_EQ(device.activations, 8.0 * 8 * 256);  // the targets and losses the host keeps
+  EXPECT_EQ(device.model_state, host.model_state);
+  EXPECT_EQ(device.batch, host.batch);
+}
+
+}  // namespace
+}  // namespace crucible
