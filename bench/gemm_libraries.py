@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Which fp32 GEMM library for Crucible's matrix products, measured on one model's own shapes:
 OpenBLAS, BLIS and oneDNN as Debian ships them (libopenblas-openmp-dev, libblis-dev with
-libblis4-openmp, libdnnl-dev: `scripts/install-deps.sh libblis-dev libblis4-openmp libdnnl-dev`),
-each called once per product on all threads, against Crucible's own tiled products over OpenBLAS
-(kernels::matmul_forward / matmul_backward, the ones the trainer runs).
+libblis4-openmp, libdnnl-dev (a dependency of Crucible itself): `scripts/install-deps.sh
+libblis-dev libblis4-openmp`), each called once per product on all threads, against Crucible's own
+tiled products on the libraries its `auto` rule picks (kernels::matmul_forward / matmul_backward,
+the ones the trainer runs; kernels/cpu/gemm_library.h).
 
     python3 bench/gemm_libraries.py [--flavor small] [--rows 4096] [--repeats 5] [--rounds 3]
 

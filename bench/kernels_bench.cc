@@ -1,18 +1,22 @@
 // The kernels of the `small` flavor at seq_len 512, batch 8 (N = 4096 tokens). The linear layers:
-// Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc) side by side with one threaded
-// OpenBLAS sgemm of the same product (the peer, not thread-count deterministic) and the native
-// bf16 tiles (kernels/cpu/gemm_bf16.h, on AVX-512 BF16 CPUs); counters:
-// GFLOP/s. The row kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and
-// RoPE: RMSNorm, cross-entropy over the vocabulary, causal attention (also at batch 2, seq 2048),
-// forward and backward.
+// Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc, on the libraries of
+// kernels/cpu/gemm_library.h's table, or GEMM_LIBRARY=openblas|onednn for all) side by side with
+// one threaded OpenBLAS sgemm of the same product (the peer, not thread-count deterministic) and
+// the native bf16 tiles (kernels/cpu/gemm_bf16.h, on AVX-512 BF16 CPUs); counters: GFLOP/s. The row
+// kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and RoPE: RMSNorm,
+// cross-entropy over the vocabulary, causal attention (also at batch 2, seq 2048), forward and
+// backward.
 //
-//   build/kernels_bench [--benchmark_filter=...]     (OMP_NUM_THREADS sets the threads)
+//   [GEMM_LIBRARY=auto|openblas|onednn] build/kernels_bench [--benchmark_filter=...]
+//   (OMP_NUM_THREADS sets the threads; GEMM_LIBRARY is [debug] gemm_library's rule)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
 
 namespace {
@@ -29,6 +33,11 @@ constexpr Shape kShapes[] = {{"q_o_proj", 512, 512},
                              {"gate_up_proj", 512, 1376},
                              {"down_proj", 1376, 512},
                              {"lm_head", 512, 8192}};
+
+const bool kGemmRuleSet = [] {
+  if (const char* rule = std::getenv("GEMM_LIBRARY")) crucible::kernels::SetGemmLibraryRule(rule);
+  return true;
+}();
 
 std::vector<float> Filled(size_t n, float seed) {
   std::vector<float> v(n);

@@ -4,7 +4,7 @@
 set -euo pipefail
 default_packages=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-openmp-dev libopenblas0-openmp
+  libopenblas-openmp-dev libopenblas0-openmp libdnnl-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
   libopenmpi-dev openmpi-bin mpich libmpich-dev
   slurm-wlm munge

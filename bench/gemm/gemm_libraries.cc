@@ -2,7 +2,8 @@
 // (which builds nothing: CMake builds this file once per library found, as gemm_openblas,
 // gemm_blis and gemm_dnnl, each linking only its own library so no two export cblas_sgemm into
 // one process; and as gemm_crucible, Crucible's own tiled kernels::matmul_forward and
-// matmul_backward over OpenBLAS, whose backward computes dinp and dweight in one call).
+// matmul_backward, whose backward computes dinp and dweight in one call, on the libraries the
+// trainer's `auto` picks (kernels/cpu/gemm_library.h), so its column is what the trainer runs).
 //
 //   gemm_<library> N C OC [repeats]
 //

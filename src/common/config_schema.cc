@@ -291,6 +291,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "emulated (the exact emulation everywhere), native (error where the CPU lacks AVX-512 "
        "BF16)",
        true},
+      {"debug.gemm_library", T::kString, V(std::string("auto")),
+       "the fp32 products' library on the CPU: auto (the measured table for this CPU's vector ISA "
+       "and the product's shape), openblas, onednn (every product)",
+       true},
       {"debug.corrupt_rank", T::kInt, V(int64_t{-1}),
        "test only: this rank flips one bit of its parameters at debug.corrupt_step", false,
        AtLeast(-1)},

@@ -54,6 +54,9 @@ struct BackendOptions {
   // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AVX-512 BF16),
   // "emulated", "native" (refused where the CPU lacks it).
   std::string bf16_path = "auto";
+  // The fp32 products' library ([debug] gemm_library, kernels/cpu/gemm_library.h): "auto" (the
+  // measured table for this CPU's ISA and the product's shape), "openblas", "onednn".
+  std::string gemm_library = "auto";
 };
 
 class ComputeBackend {
@@ -63,7 +66,7 @@ class ComputeBackend {
   // ---- what it is ----
   virtual std::string name() const = 0;  // "cpu", "cuda"
   // key=value pairs for the phase=start line, e.g. "device=cpu compute=bfloat16
-  // bf16_path=avx512_bf16".
+  // bf16_path=avx512_bf16" or "device=cpu compute=float32 gemm=auto gemm_isa=avx512".
   virtual std::string Summary() const = 0;
   virtual ComputePrecision compute() const = 0;
   // True when device pointers are host pointers (the CPU): a model then reads weights and writes

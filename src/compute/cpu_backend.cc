@@ -6,6 +6,8 @@
 //   emulated     the linear layers' operands are rounded to bf16 into scratch this backend owns
 //                (grown to the largest product, then reused), then the fp32 kernels run on them;
 //   avx512_bf16  the linear layers run kernels/cpu/gemm_bf16.h's vdpbf16ps tiles.
+// The fp32 products' library ([debug] gemm_library) is set process-wide here (gemm_library.h) and
+// named in Summary() ("gemm=auto gemm_isa=avx512").
 // Attention rounds its operands inside the kernel (bf16_operands) on both paths.
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include "compute/host_backend.h"
 #include "compute/portable_backend.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -29,6 +32,7 @@ namespace k = kernels;
 class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(const BackendOptions& options) : compute_(options.compute) {
+    k::SetGemmLibraryRule(options.gemm_library);
     if (compute_ != ComputePrecision::kBfloat16) return;
     if (options.bf16_path == "native" && !k::cpu_has_avx512_bf16())
       throw UsageError(
@@ -41,6 +45,7 @@ class CpuBackend final : public HostMemoryBackend {
   std::string Summary() const override {
     std::string summary = std::string("device=cpu compute=") + ComputePrecisionName(compute_);
     if (bf16()) summary += native_ ? " bf16_path=avx512_bf16" : " bf16_path=emulated";
+    if (!native_) summary += " " + k::GemmLibrarySummary();  // the native path has its own
     return summary;
   }
   ComputePrecision compute() const override { return compute_; }

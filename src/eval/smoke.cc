@@ -144,11 +144,13 @@ int RunSmoke(const SmokeOptions& options) {
   const std::string config = SmokeConfig(options.portable);
   AtomicWriteFile(config_path, config);
   const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
-  // Pin OpenBLAS to one kernel family so the golden holds on any x86-64-v3 CPU, and fix the
-  // thread count (results do not depend on it, but the run should be the same run).
-  // CRUCIBLE_SMOKE_THREADS overrides the count (tests run the portable gate on 1 and 2 threads).
+  // Pin OpenBLAS and oneDNN to one kernel family each so the golden holds on any x86-64-v3 CPU
+  // (with oneDNN at AVX2, the products take the AVX2 row of kernels/cpu/gemm_library.h's table,
+  // what an AVX2-only machine runs), and fix the thread count (results do not depend on it, but the
+  // run should be the same run). CRUCIBLE_SMOKE_THREADS overrides the count (tests run the portable
+  // gate on 1 and 2 threads).
   const char* threads = std::getenv("CRUCIBLE_SMOKE_THREADS");
-  std::vector<std::string> env = {"OPENBLAS_CORETYPE=Haswell",
+  std::vector<std::string> env = {"OPENBLAS_CORETYPE=Haswell", "DNNL_MAX_CPU_ISA=AVX2",
                                   std::string("OMP_NUM_THREADS=") + (threads             ? threads
                                                                      : options.ranks > 1 ? "1"
                                                                                          : "2")};
@@ -157,7 +159,8 @@ int RunSmoke(const SmokeOptions& options) {
     env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
     env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
     argv = {"mpirun", "--oversubscribe",   "-np", std::to_string(options.ranks),
-            "-x",     "OPENBLAS_CORETYPE", "-x",  "OMP_NUM_THREADS"};
+            "-x",     "OPENBLAS_CORETYPE", "-x",  "DNNL_MAX_CPU_ISA",
+            "-x",     "OMP_NUM_THREADS"};
     if (std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL")) {
       argv.push_back("-x");
       argv.push_back("CRUCIBLE_TEST_PERTURB_KERNEL");

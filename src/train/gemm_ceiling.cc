@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/timer.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
 
 extern "C" char* openblas_get_config(void);
@@ -95,7 +97,11 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.rows, s.out, s.in, 1.0f, a.data(),
                   s.in, w.data(), s.in, 0.0f, c.data(), s.out);
     });
-    rates.push_back({s, std::max(tiled, blas)});
+    const double onednn = BestRate(flops, [&] {
+      dnnl_sgemm('N', 'T', s.rows, s.out, s.in, 1.0f, a.data(), s.in, w.data(), s.in, 0.0f,
+                 c.data(), s.out);
+    });
+    rates.push_back({s, std::max({tiled, blas, onednn})});
   }
   return rates;
 }
@@ -119,9 +125,13 @@ double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<Gemm
 
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes) {
   const auto [model, features] = CpuDescription();
+  const dnnl_version_t* onednn = dnnl_version();
   std::string key = StrFormat(
-      "cpu=%s;features=%s;blas=%s;threads=%d;ranks_on_host=%d;shapes=", model.c_str(),
-      features.c_str(), Trim(openblas_get_config()).c_str(), omp_get_max_threads(), ranks_on_host);
+      "v2;cpu=%s;features=%s;blas=%s;onednn=%d.%d.%d "
+      "%s;gemm=%s;threads=%d;ranks_on_host=%d;shapes=",
+      model.c_str(), features.c_str(), Trim(openblas_get_config()).c_str(), onednn->major,
+      onednn->minor, onednn->patch, kernels::GemmIsaName(kernels::gemm_isa()),
+      kernels::GemmLibraryRule().c_str(), omp_get_max_threads(), ranks_on_host);
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (i > 0) key += ',';
     key += ShapeName(shapes[i]);

@@ -5,15 +5,18 @@
 //
 // Measured: for each distinct (in, out) shape of the model's matrix products (the linear layers
 // and the head, kernels::matmul_forward's (N,C) x (OC,C)^T with N = min(rows, 1024) rows), the
-// best of several runs of both Crucible's tiled matmul_forward and one multithreaded
-// cblas_sgemm over the same operands; the ceiling is the best of all of them. Every local rank
+// best of several runs of Crucible's tiled matmul_forward (on the libraries it chose), one
+// multithreaded cblas_sgemm and one multithreaded dnnl_sgemm over the same operands; the ceiling
+// is the best of all of them, so it stays the best any library reaches here. Every local rank
 // measures at the same time, so the shares of a shared machine add up.
 //
 // Cached in <cache>/gemm-ceiling.json (<cache>: $CRUCIBLE_CACHE, else $XDG_CACHE_HOME/crucible,
-// else ~/.cache/crucible), one entry per key: the CPU model, its vector features (avx2, avx512f,
-// avx512_bf16, amx), the BLAS build, the OpenMP threads, the ranks sharing the host, and the
-// shapes. A key present is used as is ("cached"); delete the file (or the entry) to measure again.
-// A cache that cannot be read or written costs a warning and a measurement, never the run.
+// else ~/.cache/crucible), one entry per key: a version ("v2": entries measured before oneDNN
+// took part are not reused), the CPU model, its vector features (avx2, avx512f, avx512_bf16,
+// amx), the BLAS build, oneDNN's version and ISA, the products' library rule, the OpenMP threads,
+// the ranks sharing the host, and the shapes. A key present is used as is ("cached"); delete the
+// file (or the entry) to measure again. A cache that cannot be read or written costs a warning and
+// a measurement, never the run.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +51,8 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
 // Synchronize calls after one untimed run. Not cached: it takes well under a second.
 double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes);
 
-// This machine's key: "cpu=...;features=...;blas=...;threads=N;ranks_on_host=R;shapes=...".
+// This machine's key: "v2;cpu=...;features=...;blas=...;onednn=2.6.3 avx512;gemm=auto;threads=N;
+// ranks_on_host=R;shapes=...".
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);
 // The cache file's path.
 std::string GemmCeilingCachePath();

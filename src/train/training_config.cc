@@ -134,6 +134,11 @@ BackendOptions BuildBackendOptions(const Config& config) {
       options.bf16_path != "native")
     throw UsageError("debug.bf16_path: expected auto, emulated or native, got '" +
                      options.bf16_path + "'");
+  options.gemm_library = config.String("debug.gemm_library");
+  if (options.gemm_library != "auto" && options.gemm_library != "openblas" &&
+      options.gemm_library != "onednn")
+    throw UsageError("debug.gemm_library: expected auto, openblas or onednn, got '" +
+                     options.gemm_library + "'");
   const std::string reduce = config.String("training.mixed_precision_reduce");
   if (reduce != "float32")
     throw UsageError("training.mixed_precision_reduce: expected float32, got '" + reduce +

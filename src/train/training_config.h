@@ -76,7 +76,8 @@ struct TrainingConfig {
 // when a batch_ramp stage is malformed, out of order, not such a multiple or never reached, and
 // when guard keys contradict each other.
 TrainingConfig BuildTrainingConfig(Config& config, int world);
-// [training] device, mixed_precision_param/_reduce, [debug] bf16_path and the local rank, as
+// [training] device, mixed_precision_param/_reduce, [debug] bf16_path, gemm_library and the local
+// rank, as
 // BuildTrainingConfig reads them (also for `crucible model grads`). UsageError for a bad value.
 BackendOptions BuildBackendOptions(const Config& config);
 

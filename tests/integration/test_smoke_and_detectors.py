@@ -12,16 +12,25 @@ SMALL = ["--set", "model.flavor=debug", "--set", "training.seq_len=32", "--set",
          "--set", "metrics.peak_gflops=100000", "--set", "checkpoint.enable=false"]
 
 
-def test_smoke_gate_passes_on_a_clean_tree():
-    proc = run_crucible("smoke", "--golden", GOLDEN)
+def expect_the_pinned_gemm_path(work):
+    # The golden holds on AVX2-only and AVX-512 machines because every rank runs the AVX2 row of
+    # the GEMM library table (DNNL_MAX_CPU_ISA=AVX2, passed through mpirun -x).
+    start = [l for l in (work / "train.log").read_text().splitlines() if l.startswith("phase=start")]
+    assert start and " gemm=auto gemm_isa=avx2" in start[0], start
+
+
+def test_smoke_gate_passes_on_a_clean_tree(tmp_path):
+    proc = run_crucible("smoke", "--golden", GOLDEN, "--work-dir", tmp_path)
     assert "smoke: PASS" in proc.stdout
+    expect_the_pinned_gemm_path(tmp_path)
 
 
-def test_smoke_gate_passes_with_two_ranks_against_the_same_golden():
+def test_smoke_gate_passes_with_two_ranks_against_the_same_golden(tmp_path):
     if not shutil.which("mpirun"):
         pytest.skip("mpirun is not installed")
-    proc = run_crucible("smoke", "--golden", GOLDEN, "--ranks", "2")
+    proc = run_crucible("smoke", "--golden", GOLDEN, "--ranks", "2", "--work-dir", tmp_path)
     assert "smoke: PASS" in proc.stdout
+    expect_the_pinned_gemm_path(tmp_path)
 
 
 def test_smoke_gate_fails_when_a_kernel_changes_its_rounding_by_one_ulp():

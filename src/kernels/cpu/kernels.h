@@ -7,7 +7,8 @@
 // a row (RMSNorm, softmax, log-sum-exp) take the 16-lane order of lanes.h; reductions over rows
 // (weight gradients) use fixed-size chunks whose partial sums are combined in chunk order.
 // Matrix products are cut into output tiles of shape-determined size, each one single-threaded
-// OpenBLAS sgemm (see matmul.cc); tests/unit/kernels checks thread independence on every build.
+// OpenBLAS or oneDNN sgemm (see matmul.cc; which library: gemm_library.h, fixed per ISA and
+// shape); tests/unit/kernels checks thread independence on every build.
 #pragma once
 
 #include <cstddef>

@@ -1,25 +1,25 @@
-// Linear layers through OpenBLAS sgemm (row-major, Hugging Face weight layout (OC, C)).
+// Linear layers through OpenBLAS or oneDNN sgemm (row-major, Hugging Face weight layout (OC, C));
+// which library computes a product's tiles is gemm_library.h's choice, fixed per ISA and shape.
 //
 // OpenBLAS's own threading does not give the same bits for every thread count: for some shapes
 // the threaded driver blocks the inner dimension differently from the single-threaded one
 // (tests/unit/kernels shows a 200x96x1000 case). So every product here is cut into output
 // tiles whose sizes depend only on the matrix shape; each tile is one single-threaded sgemm
 // (OpenBLAS's OpenMP build runs single-threaded inside an active parallel region, one of two or
-// more threads), and the OpenMP loop over tiles decides only who computes a tile, never how.
-// A region of one thread while more are asked for (OMP_THREAD_LIMIT=1 while
-// omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own threads and waits for
-// them forever.
+// more threads; oneDNN's is held to one thread by gemm_tile), and the OpenMP loop over tiles
+// decides only who computes a tile, never how. A region of one thread while more are asked for
+// (OMP_THREAD_LIMIT=1 while omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own
+// threads and waits for them forever.
 //
 // native_bf16: both operands are packed once per product into bf16 pair words (gemm_bf16.h; the
 // buffers are this file's, grown to the largest product and reused, so products must not run
 // concurrently), then the same tiles are each computed by gemm_bf16_tile instead of sgemm; the
 // caller checks cpu_has_avx512_bf16().
-#include <cblas.h>
-
 #include <algorithm>
 
 #include "common/profile.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/kernel_costs.h"
 
@@ -29,7 +29,8 @@ namespace {
 // Output tiles start at 256 x 512 (large enough that OpenBLAS's packing of the operands is a
 // small share of a tile's work) and are halved, the larger side first, until the product has at
 // least kMinTiles of them (so a small output with a long inner dimension, like the weight
-// gradient of a key projection, still keeps every thread busy). A pure function of the shape.
+// gradient of a key projection, still keeps every thread busy). A pure function of the shape; the
+// same for both libraries (oneDNN measured no faster with other sizes: docs/performance.md).
 constexpr int64_t kMaxTileRows = 256;
 constexpr int64_t kMaxTileCols = 512;
 constexpr int64_t kMinTileSide = 64;
@@ -57,9 +58,10 @@ Tiles ChooseTiles(int64_t M, int64_t N) {
 }
 
 // C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major, tiled over C.
-void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                bool native_bf16) {
+void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc, bool native_bf16) {
+  const GemmLibrary library = GemmLibraryFor(product, M, N, K);
   const Tiles t = ChooseTiles(M, N);
   const int64_t row_tiles = (M + t.rows - 1) / t.rows;
   const int64_t col_tiles = (N + t.cols - 1) / t.cols;
@@ -81,9 +83,8 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
     }
     const float* a = trans_a ? A + i0 : A + i0 * lda;
     const float* b = trans_b ? B + j0 * ldb : B + j0;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, rows, cols, K, 1.0f, a, lda, b, ldb, beta,
-                C + i0 * ldc + j0, ldc);
+    gemm_tile(library, trans_a, trans_b, rows, cols, K, a, lda, b, ldb, beta, C + i0 * ldc + j0,
+              ldc);
   }
 }
 
@@ -92,7 +93,8 @@ void gemm_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC, bool native_bf16) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
-  gemm_tiled(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, native_bf16);
+  gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC,
+             native_bf16);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -101,11 +103,11 @@ void matmul_backward(float* dinp, float* dweight, const float* dout, const float
   ScopedKernelTimer profile_timer(MatmulBackwardCost(N, C, OC, dinp != nullptr));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
-    gemm_tiled(false, false, N, C, OC, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C,
-               native_bf16);
+    gemm_tiled(GemmProduct::kDinp, false, false, N, C, OC, dout, OC, weight, C,
+               accumulate_dinp ? 1.0f : 0.0f, dinp, C, native_bf16);
   // dweight (OC,C) = dout^T (OC,N) @ inp (N,C)
-  gemm_tiled(true, false, OC, C, N, dout, OC, inp, C, accumulate_dweight ? 1.0f : 0.0f, dweight, C,
-             native_bf16);
+  gemm_tiled(GemmProduct::kDweight, true, false, OC, C, N, dout, OC, inp, C,
+             accumulate_dweight ? 1.0f : 0.0f, dweight, C, native_bf16);
 }
 
 }  // namespace crucible::kernels

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/philox.h"
+#include "kernels/cpu/gemm_library.h"
 #include "model/llama.h"
 #include "support/staged_backend.h"
 
@@ -35,7 +36,8 @@ TEST(BackendRegistry, TheCpuBackendIsRegisteredAndAnUnknownDeviceListsTheKnownOn
   }
   EXPECT_EQ(DefaultCpuBackend()->name(), "cpu");
   EXPECT_TRUE(DefaultCpuBackend()->host_memory());
-  EXPECT_EQ(DefaultCpuBackend()->Summary(), "device=cpu compute=float32");
+  EXPECT_EQ(DefaultCpuBackend()->Summary(),
+            "device=cpu compute=float32 " + kernels::GemmLibrarySummary());
 }
 
 TEST(DeviceArray, IsZeroFilledAndMovesItsMemory) {

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "compute/backend.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels_test_util.h"
 
@@ -233,10 +234,12 @@ TEST(Bf16Matmul, NativeThreadIndependent) {
 }
 
 TEST(Bf16Backend, SummaryNamesThePathThatRuns) {
-  EXPECT_EQ(Bf16Backend("emulated")->Summary(), "device=cpu compute=bfloat16 bf16_path=emulated");
+  const std::string gemm = " " + GemmLibrarySummary();  // the emulated path runs the fp32 products
+  EXPECT_EQ(Bf16Backend("emulated")->Summary(),
+            "device=cpu compute=bfloat16 bf16_path=emulated" + gemm);
   EXPECT_EQ(Bf16Backend("auto")->Summary(),
             cpu_has_avx512_bf16() ? "device=cpu compute=bfloat16 bf16_path=avx512_bf16"
-                                  : "device=cpu compute=bfloat16 bf16_path=emulated");
+                                  : "device=cpu compute=bfloat16 bf16_path=emulated" + gemm);
   if (!cpu_has_avx512_bf16()) {
     EXPECT_THROW(Bf16Backend("native"), Error);
   }

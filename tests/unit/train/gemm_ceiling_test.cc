@@ -48,6 +48,9 @@ TEST(GemmCeiling, AMeasurementIsCachedUnderItsKeyAndOtherEntriesStay) {
   const std::vector<GemmShape> shapes = {{64, 32, 48}};
   const std::string key = GemmCeilingKey(1, shapes);
   EXPECT_NE(key.find("threads="), std::string::npos);
+  EXPECT_EQ(key.rfind("v2;", 0), 0u) << key;  // entries from before oneDNN took part are not reused
+  EXPECT_NE(key.find(";onednn="), std::string::npos) << key;
+  EXPECT_NE(key.find(";gemm=auto;"), std::string::npos) << key;
   EXPECT_NE(key.find(";shapes=64x32x48"), std::string::npos) << key;
   EXPECT_NE(key, GemmCeilingKey(2, shapes));     // ranks sharing the host change the share
   EXPECT_EQ(LookupGemmCeiling(path, key), 0.0);  // no file yet
