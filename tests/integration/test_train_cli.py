@@ -45,12 +45,30 @@ def test_two_runs_are_bit_identical(tmp_path):
     assert hash_a == hash_b
 
 
-def test_thread_count_does_not_change_the_result(tmp_path):
-    _, losses_1, hash_1 = train(tmp_path / "t1", threads=1)
-    _, losses_2, hash_2 = train(tmp_path / "t2", threads=2)
-    _, losses_3, hash_3 = train(tmp_path / "t3", threads=3)
+@pytest.mark.parametrize("library", ["auto", "openblas", "onednn"])
+def test_thread_count_does_not_change_the_result(tmp_path, library):
+    gemm = ["--set", f"debug.gemm_library={library}"]
+    proc, losses_1, hash_1 = train(tmp_path / "t1", *gemm, threads=1)
+    _, losses_2, hash_2 = train(tmp_path / "t2", *gemm, threads=2)
+    _, losses_3, hash_3 = train(tmp_path / "t3", *gemm, threads=3)
     assert losses_1 == losses_2 == losses_3
     assert hash_1 == hash_2 == hash_3
+    start = next(line for line in proc.stdout.splitlines() if line.startswith("phase=start"))
+    assert f" gemm={library} gemm_isa=" in start, start
+
+
+def test_the_two_gemm_libraries_give_close_but_their_own_bits(tmp_path):
+    _, losses_a, hash_a = train(tmp_path / "a", "--set", "debug.gemm_library=openblas")
+    _, losses_b, hash_b = train(tmp_path / "b", "--set", "debug.gemm_library=onednn")
+    assert np.allclose(losses_a, losses_b, rtol=0, atol=1e-4)
+    assert hash_a != hash_b  # they add in different orders: the choice is part of the bits
+
+
+def test_an_unknown_gemm_library_is_a_config_error(tmp_path):
+    proc = run_crucible("train", *SMALL, "--set", f"job.dump_folder={tmp_path / 'run'}",
+                        "--set", "debug.gemm_library=mkl", check=False)
+    assert proc.returncode == 2
+    assert "debug.gemm_library" in proc.stderr and "auto, openblas or onednn" in proc.stderr
 
 
 def test_gradient_accumulation_equals_one_big_micro_batch_sum(tmp_path):
