@@ -45,7 +45,7 @@ class CpuBackend final : public HostMemoryBackend {
   std::string Summary() const override {
     std::string summary = std::string("device=cpu compute=") + ComputePrecisionName(compute_);
     if (bf16()) summary += native_ ? " bf16_path=avx512_bf16" : " bf16_path=emulated";
-    if (!native_) summary += " " + k::GemmLibrarySummary();  // the native path has its own
+    if (!native_) summary.append(" ").append(k::GemmLibrarySummary());  // native: its own
     return summary;
   }
   ComputePrecision compute() const override { return compute_; }
