@@ -9,8 +9,12 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -114,6 +118,24 @@ int ThreadsOfThisProcess() {
   return count;
 }
 
+// The most threads this process had at once while `run` ran (sampled every ~50 us from a thread of
+// its own, which is counted too), so threads that a library starts and ends inside one call show.
+template <typename Fn>
+int PeakThreadsDuring(Fn run) {
+  std::atomic<bool> done{false};
+  std::atomic<int> peak{0};
+  std::thread sampler([&] {
+    do {  // at least one sample, however short `run` is
+      peak = std::max(peak.load(), ThreadsOfThisProcess());
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } while (!done.load());
+  });
+  run();
+  done = true;
+  sampler.join();
+  return peak.load();
+}
+
 TEST_P(GemmLibraryTest, TilesRunOnTheirOwnThreadOnly) {
   ScopedRule rule(GetParam());
   struct Restore {
@@ -131,11 +153,15 @@ TEST_P(GemmLibraryTest, TilesRunOnTheirOwnThreadOnly) {
     ASSERT_EQ(testing::ThreadsOfAParallelRegion(), threads);
     // A library that opened a region of its own inside a tile would now get new threads.
     omp_set_max_active_levels(2);
-    const int before = ThreadsOfThisProcess();
-    matmul_forward(out.data(), inp.data(), weight.data(), N, C, OC);
-    matmul_backward(nullptr, out.data(), out.data(), inp.data(), weight.data(), N, C, OC, false,
-                    false);
-    EXPECT_EQ(ThreadsOfThisProcess(), before) << threads << " threads";
+    const int idle = PeakThreadsDuring([] {});  // this process's threads and the sampler
+    const int busy = PeakThreadsDuring([&] {
+      for (int repeat = 0; repeat < 5; ++repeat) {
+        matmul_forward(out.data(), inp.data(), weight.data(), N, C, OC);
+        matmul_backward(nullptr, out.data(), out.data(), inp.data(), weight.data(), N, C, OC, false,
+                        false);
+      }
+    });
+    EXPECT_EQ(busy, idle) << threads << " threads";
     // ... and the tile's own thread setting did not leak out of the region.
     EXPECT_EQ(omp_get_max_threads(), threads);
     omp_set_max_active_levels(1);
