@@ -65,6 +65,53 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
   if (round)
     for (int64_t d = 0; d < D; ++d) RoundToBfloat16(dst + d * ldt, dst + d * ldt, T);
 }
+
+// One tile of the forward's online softmax: turns the scores S (rows x cols, leading dimension
+// kTile) of query rows r0.. and keys c0.. into probabilities against the running maximum
+// (zero past the diagonal, rounded to bf16 when `round`), updates each row's running maximum and
+// sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved.
+[[gnu::always_inline]] inline void OnlineSoftmaxRows(float* S, int64_t rows, int64_t cols,
+                                                     int64_t r0, int64_t c0, bool round,
+                                                     float* run_max, float* run_sum, float* acc,
+                                                     int64_t D) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = S + i * kTile;
+    const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
+    const float tile_max = lane_max(row, n);
+    const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
+    for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
+    for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
+    const float sum = lane_sum(row, n);
+    if (round) RoundToBfloat16(row, row, n);
+    if (c0 == 0) {
+      run_sum[i] = sum;
+    } else {
+      const float alpha = exp_fast(run_max[i] - m);
+      run_sum[i] = run_sum[i] * alpha + sum;
+      for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
+    }
+    run_max[i] = m;
+  }
+}
+
+// The same loop compiled for AVX-512 (16-lane exp) and for the build's AVX2, chosen with the tile
+// products (tile_isa()): the same operations on each element and the same 16-lane sums
+// (lanes.h), so the same bits; the test of attention_tiles.h runs both.
+__attribute__((target("avx512f"))) void OnlineSoftmaxAvx512(float* S, int64_t rows, int64_t cols,
+                                                            int64_t r0, int64_t c0, bool round,
+                                                            float* run_max, float* run_sum,
+                                                            float* acc, int64_t D) {
+  OnlineSoftmaxRows(S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
+void OnlineSoftmaxAvx2(float* S, int64_t rows, int64_t cols, int64_t r0, int64_t c0, bool round,
+                       float* run_max, float* run_sum, float* acc, int64_t D) {
+  OnlineSoftmaxRows(S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
+void OnlineSoftmax(float* S, int64_t rows, int64_t cols, int64_t r0, int64_t c0, bool round,
+                   float* run_max, float* run_sum, float* acc, int64_t D) {
+  (tile_isa() == TileIsa::kAvx512 ? OnlineSoftmaxAvx512 : OnlineSoftmaxAvx2)(
+      S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -97,24 +144,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const Operand Vt = TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
           tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, S.data(), kTile, rows, cols, D,
                         false, scale});
-          for (int64_t i = 0; i < rows; ++i) {
-            float* row = S.data() + i * kTile;
-            const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
-            const float tile_max = lane_max(row, n);
-            const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
-            for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
-            for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
-            const float sum = lane_sum(row, n);
-            if (bf16_operands) RoundToBfloat16(row, row, n);
-            if (c0 == 0) {
-              run_sum[i] = sum;
-            } else {
-              const float alpha = exp_fast(run_max[i] - m);
-              run_sum[i] = run_sum[i] * alpha + sum;
-              for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
-            }
-            run_max[i] = m;
-          }
+          OnlineSoftmax(S.data(), rows, cols, r0, c0, bf16_operands, run_max.data(), run_sum.data(),
+                        acc.data(), D);
           tile_product({S.data(), kTile, 1, Vt.data, Vt.ld, acc.data(), D, rows, D, cols, c0 != 0});
         }
         for (int64_t i = 0; i < rows; ++i) {
