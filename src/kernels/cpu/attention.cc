@@ -142,11 +142,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
           const int64_t cols = std::min(kTile, T - c0);
           const Operand Vt = TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
+          const bool diagonal = c0 == r0;  // the one tile the causal mask cuts
           tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, S.data(), kTile, rows, cols, D,
-                        false, scale});
+                        false, scale, diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
           OnlineSoftmax(S.data(), rows, cols, r0, c0, bf16_operands, run_max.data(), run_sum.data(),
                         acc.data(), D);
-          tile_product({S.data(), kTile, 1, Vt.data, Vt.ld, acc.data(), D, rows, D, cols, c0 != 0});
+          tile_product({S.data(), kTile, 1, Vt.data, Vt.ld, acc.data(), D, rows, D, cols, c0 != 0,
+                        1.0f, diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone});
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / run_sum[i];
@@ -204,10 +206,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const int64_t cols = std::min(kTile, T - c0);
             const Operand Kt =
                 TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
+            // The diagonal tile: outputs past the diagonal and zero terms of P and dS are skipped.
+            const bool diagonal = c0 == r0;
+            const TileCausal outputs = diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone,
+                             up_to_row = diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone,
+                             from_row = diagonal ? TileCausal::kInnerFromRow : TileCausal::kNone;
             tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, P.data(), kTile, rows, cols, D,
-                          false, scale});
+                          false, scale, outputs});
             tile_product({dOt.data, dOt.ld, 1, value_t.data() + c0, ldt, dS.data(), kTile, rows,
-                          cols, D, false});
+                          cols, D, false, 1.0f, outputs});
             for (int64_t i = 0; i < rows; ++i) {
               float* p = P.data() + i * kTile;
               float* ds = dS.data() + i * kTile;
@@ -224,12 +231,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               }
             }
             // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
-            tile_product(
-                {P.data(), 1, kTile, dOt.data, dOt.ld, dV + c0 * ldk, ldk, cols, D, rows, true});
-            tile_product(
-                {dS.data(), 1, kTile, Qt.data, Qt.ld, dK + c0 * ldk, ldk, cols, D, rows, true});
-            tile_product(
-                {dS.data(), kTile, 1, Kt.data, Kt.ld, dQ + r0 * ldq, ldq, rows, D, cols, c0 != 0});
+            tile_product({P.data(), 1, kTile, dOt.data, dOt.ld, dV + c0 * ldk, ldk, cols, D, rows,
+                          true, 1.0f, from_row});
+            tile_product({dS.data(), 1, kTile, Qt.data, Qt.ld, dK + c0 * ldk, ldk, cols, D, rows,
+                          true, 1.0f, from_row});
+            tile_product({dS.data(), kTile, 1, Kt.data, Kt.ld, dQ + r0 * ldq, ldq, rows, D, cols,
+                          c0 != 0, 1.0f, up_to_row});
           }
         }
       }

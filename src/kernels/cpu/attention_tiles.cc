@@ -22,11 +22,14 @@ namespace {
 #define AVX512 __attribute__((target("avx512f")))
 
 constexpr int kRows = 6;
-using BlockFn = void (*)(const TileProduct&, int64_t i0, int64_t j0, int64_t cols);
+// Rows [i0, i0 + R) and columns [j0, j0 + cols) of C, the chain over p in [p_begin, p_end).
+using BlockFn = void (*)(const TileProduct&, int64_t i0, int64_t j0, int64_t cols, int64_t p_begin,
+                         int64_t p_end);
 
 // ---- AVX-512: NV vectors of 16 columns, the last masked to `cols` - 16 (NV - 1) ----
 template <int R, int NV>
-AVX512 void Block512(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols) {
+AVX512 void Block512(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols, int64_t p_begin,
+                     int64_t p_end) {
   __mmask16 mask[NV];
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
@@ -45,10 +48,9 @@ AVX512 void Block512(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols)
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_maskz_loadu_ps(mask[v], c + r * ldc + 16 * v);
-  const float* a = t.a + i0 * a_row;
-  const float* b = t.b + j0;
-  const int64_t inner = t.inner;
-  for (int64_t p = 0; p < inner; ++p, a += a_inner, b += ldb) {
+  const float* a = t.a + i0 * a_row + p_begin * a_inner;
+  const float* b = t.b + j0 + p_begin * ldb;
+  for (int64_t p = p_begin; p < p_end; ++p, a += a_inner, b += ldb) {
     __m512 bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], b + 16 * v);
@@ -74,7 +76,8 @@ inline __m256 Load256(const float* x, __m256i mask) {
 }
 
 template <int R, int NV, bool Masked>
-void Block256(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols) {
+void Block256(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols, int64_t p_begin,
+              int64_t p_end) {
   const int64_t tail = cols - 8 * (NV - 1);  // columns of the last vector, 1..8
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(tail)),
                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -93,10 +96,9 @@ void Block256(const TileProduct& t, int64_t i0, int64_t j0, int64_t cols) {
         const float* x = c + r * ldc + 8 * v;
         acc[r][v] = v == NV - 1 ? Load256<Masked>(x, mask) : _mm256_loadu_ps(x);
       }
-  const float* a = t.a + i0 * a_row;
-  const float* b = t.b + j0;
-  const int64_t inner = t.inner;
-  for (int64_t p = 0; p < inner; ++p, a += a_inner, b += ldb) {
+  const float* a = t.a + i0 * a_row + p_begin * a_inner;
+  const float* b = t.b + j0 + p_begin * ldb;
+  for (int64_t p = p_begin; p < p_end; ++p, a += a_inner, b += ldb) {
     __m256 bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
@@ -158,17 +160,24 @@ void set_tile_isa(TileIsa isa) {
 void tile_product(const TileProduct& t) {
   const bool wide = tile_isa() == TileIsa::kAvx512;
   const int64_t block_cols = wide ? 64 : 16;
-  for (int64_t j0 = 0; j0 < t.cols; j0 += block_cols) {
-    const int64_t cols = std::min(block_cols, t.cols - j0);
-    const int64_t vectors = wide ? (cols + 15) / 16 : (cols + 7) / 8;
-    const int masked = wide ? 0 : cols % 8 != 0;
+  for (int64_t j0 = 0; j0 < t.cols; j0 += block_cols)
     for (int64_t i0 = 0; i0 < t.rows; i0 += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, t.rows - i0);
+      int64_t cols = std::min(block_cols, t.cols - j0), p_begin = 0, p_end = t.inner;
+      if (t.causal == TileCausal::kOutputsUpToRow) {
+        cols = std::min(cols, i0 + rows - j0);
+        if (cols <= 0) continue;
+      } else if (t.causal == TileCausal::kInnerUpToRow) {
+        p_end = std::min(t.inner, i0 + rows);
+      } else if (t.causal == TileCausal::kInnerFromRow) {
+        p_begin = std::min(t.inner, i0);
+      }
+      const int64_t vectors = wide ? (cols + 15) / 16 : (cols + 7) / 8;
+      const int masked = wide ? 0 : cols % 8 != 0;
       const BlockFn block =
           wide ? kTable512[rows - 1][vectors - 1] : kTable256[rows - 1][2 * masked + vectors - 1];
-      block(t, i0, j0, cols);
+      block(t, i0, j0, cols, p_begin, p_end);
     }
-  }
 }
 
 namespace {

@@ -15,6 +15,18 @@
 
 namespace crucible::kernels {
 
+// What a product on a diagonal tile of causal attention (rows and columns, or rows and the inner
+// index, number the same positions) may skip. The terms skipped are products with a zero of A,
+// so a result differs from the full chain at most in the sign of a zero (or where B holds an
+// inf or NaN). The skips follow the row blocks of 6, the same on both paths, so the bits do not
+// depend on the vector width either.
+enum class TileCausal {
+  kNone,
+  kOutputsUpToRow,  // only C[i][j] for j <= i are needed: blocks past the diagonal are not written
+  kInnerUpToRow,    // A(i, p) = 0 for p > i: a row block's chain stops after its last row
+  kInnerFromRow,    // A(i, p) = 0 for p < i: a row block's chain starts at its first row
+};
+
 // C (rows x cols, leading dimension ldc) = scale * ([C] + A B), A rows x inner read as
 // a[i * a_row + p * a_inner] (a_row = 1 reads A transposed), B inner x cols row-major.
 struct TileProduct {
@@ -27,6 +39,7 @@ struct TileProduct {
   int64_t rows, cols, inner;
   bool accumulate;     // the chain starts at C's value, else at 0
   float scale = 1.0f;  // applied once, after the chain
+  TileCausal causal = TileCausal::kNone;
 };
 void tile_product(const TileProduct& product);
 

@@ -1,8 +1,8 @@
 // The attention tile products (kernels/cpu/attention_tiles.h): each output is exactly the
 // documented chain of fmas (bit for bit against a scalar std::fma loop), on the AVX2 path and,
-// where the CPU has it, the AVX-512 path; the transposed packing; and the whole attention forward
-// and backward, fp32 and bf16, gives the same bits on both paths at shapes that cross tile and
-// block borders.
+// where the CPU has it, the AVX-512 path; the diagonal tiles' skips; the transposed packing; and
+// the whole attention forward and backward, fp32 and bf16, gives the same bits on both paths at
+// shapes that cross tile and block borders.
 #include "kernels/cpu/attention_tiles.h"
 
 #include <gtest/gtest.h>
@@ -72,6 +72,39 @@ TEST(AttentionTiles, EachOutputIsTheFmaChainOverTheInnerIndex) {
       tile_product({a.data(), a_row, a_inner, b.data(), ldb, got.data(), ldc, k.rows, k.cols,
                     k.inner, k.accumulate, k.scale});
       EXPECT_TRUE(SameBits(got, want)) << "isa " << static_cast<int>(isa);
+    }
+  }
+}
+
+// A diagonal tile's skips (TileCausal) leave every needed output equal to the full chain when A
+// holds the zeros each mode promises (compared as values: a zero's sign may differ).
+TEST(AttentionTiles, CausalSkipsKeepTheNeededOutputs) {
+  for (const int64_t n : {64, 37, 1, 13}) {
+    for (const TileCausal mode :
+         {TileCausal::kOutputsUpToRow, TileCausal::kInnerUpToRow, TileCausal::kInnerFromRow}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " mode=" << static_cast<int>(mode));
+      const int64_t ld = n + 2;
+      auto a = Random(n * ld, 21), b = Random(n * ld, 22);
+      const auto c0 = Random(n * ld, 23);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t p = 0; p < n; ++p)
+          if ((mode == TileCausal::kInnerUpToRow && p > i) ||
+              (mode == TileCausal::kInnerFromRow && p < i))
+            a[i * ld + p] = 0.0f;
+      for (TileIsa isa : IsasHere()) {
+        ScopedIsa scoped(isa);
+        std::vector<float> full = c0, skipped = c0;
+        tile_product({a.data(), ld, 1, b.data(), ld, full.data(), ld, n, n, n, true, 0.5f});
+        tile_product(
+            {a.data(), ld, 1, b.data(), ld, skipped.data(), ld, n, n, n, true, 0.5f, mode});
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            if (mode != TileCausal::kOutputsUpToRow || j <= i) {
+              ASSERT_EQ(skipped[i * ld + j], full[i * ld + j]) << i << "," << j;
+            }
+          }
+        }
+      }
     }
   }
 }
