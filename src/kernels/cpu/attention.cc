@@ -17,8 +17,8 @@
 // dO is rounded to bf16 into the thread's scratch before it enters a product, and so are the
 // probabilities P (after their fp32 row sum, before P V and P^T dO) and the score gradient dS
 // (before dS K and dS^T Q); the products accumulate in fp32 as before. The softmax, the
-// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, no tile is
-// copied and the products read the inputs in place.
+// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, the tiles are
+// copied as they are (TileOperand).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,16 +38,22 @@ namespace {
 // key at or before each of its rows, so no row of a visited tile is fully masked.
 constexpr int64_t kTile = 64;
 
-// The operand of a product: rows x D values at `src` with leading dimension `ld`, read in place,
-// or rounded to bf16 into `scratch` (leading dimension D) when `round`.
+// The operand of a product: rows x D values at `src` with leading dimension `ld`, copied into
+// `scratch` (leading dimension D), rounded to bf16 when `round`. Read in place, a tile's rows sit
+// H·D or KV·D floats apart (1 or 2 KiB on `small`) and fall into a few L1 sets, so the row
+// blocks that re-read a tile would fetch it from L2 again; copied, the tile stays in L1.
 struct Operand {
   const float* data;
   int64_t ld;
 };
 Operand TileOperand(const float* src, int64_t ld, int64_t rows, int64_t D, bool round,
                     float* scratch) {
-  if (!round) return {src, ld};
-  for (int64_t i = 0; i < rows; ++i) RoundToBfloat16(src + i * ld, scratch + i * D, D);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (round)
+      RoundToBfloat16(src + i * ld, scratch + i * D, D);
+    else
+      std::memcpy(scratch + i * D, src + i * ld, D * sizeof(float));
+  }
   return {scratch, D};
 }
 
@@ -126,7 +132,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     // key_t: the head's keys transposed (D x ldt).
     std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile),
         key_t(D * ldt);
-    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), v_tile(q_tile.size());
+    std::vector<float> q_tile(kTile * D), v_tile(q_tile.size());
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
@@ -174,8 +180,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     // key_t, value_t: the kv head's keys and values transposed (D x ldt).
     std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile), key_t(D * ldt),
         value_t(D * ldt);
-    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), do_tile(q_tile.size()),
-        k_tile(q_tile.size());
+    std::vector<float> q_tile(kTile * D), do_tile(q_tile.size()), k_tile(q_tile.size());
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
