@@ -132,7 +132,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     // key_t: the head's keys transposed (D x ldt).
     std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile),
         key_t(D * ldt);
-    std::vector<float> q_tile(kTile * D), v_tile(q_tile.size());
+    std::vector<float> q_tile(kTile * D), v_head(T * D);  // v_head: the head's V, contiguous
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
@@ -142,12 +142,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       float* O = out + b * T * ldq + h * D;
       float* L = lse + bh * T;
       PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
+      const Operand Vh = TileOperand(V, ldk, T, D, bf16_operands, v_head.data());
       for (int64_t r0 = 0; r0 < T; r0 += kTile) {
         const int64_t rows = std::min(kTile, T - r0);
         const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
         for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
           const int64_t cols = std::min(kTile, T - c0);
-          const Operand Vt = TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
+          const Operand Vt{Vh.data + c0 * D, D};
           const bool diagonal = c0 == r0;  // the one tile the causal mask cuts
           tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, S.data(), kTile, rows, cols, D,
                         false, scale, diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
@@ -180,7 +181,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     // key_t, value_t: the kv head's keys and values transposed (D x ldt).
     std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile), key_t(D * ldt),
         value_t(D * ldt);
-    std::vector<float> q_tile(kTile * D), do_tile(q_tile.size()), k_tile(q_tile.size());
+    std::vector<float> q_tile(kTile * D), do_tile(q_tile.size()), k_head(T * D);  // K, contiguous
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
@@ -194,6 +195,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       }
       PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
       PackHeadTransposed(V, ldk, T, D, bf16_operands, value_t.data(), ldt);
+      const Operand Kh = TileOperand(K, ldk, T, D, bf16_operands, k_head.data());
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const float* Q = q + b * T * ldq + h * D;
         const float* dO = dout + b * T * ldq + h * D;
@@ -209,8 +211,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               TileOperand(dO + r0 * ldq, ldq, rows, D, bf16_operands, do_tile.data());
           for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
             const int64_t cols = std::min(kTile, T - c0);
-            const Operand Kt =
-                TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
+            const Operand Kt{Kh.data + c0 * D, D};
             // The diagonal tile: outputs past the diagonal and zero terms of P and dS are skipped.
             const bool diagonal = c0 == r0;
             const TileCausal outputs = diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone,
