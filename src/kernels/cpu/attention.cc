@@ -3,22 +3,22 @@
 // softmax (running max and sum) and keeps only each row's log-sum-exp; the backward pass
 // recomputes every tile's probabilities from Q, K and that log-sum-exp. The products inside a
 // tile are the register-blocked micro-kernels of attention_tiles.h (the same bits on AVX2 and
-// AVX-512), single-threaded inside one OpenMP loop. Each task packs its head's keys transposed
-// once (K^T for the scores; the backward also V^T for dP = dO V^T), the other operands are read
-// in place. Each thread's scratch is a few tiles and one or two D x T transposed heads,
-// allocated per call.
+// AVX-512), single-threaded inside one OpenMP loop. Each task copies its head once: K transposed
+// for the scores and V as it is (forward); K and V transposed for the scores and dP = dO V^T and
+// K as it is for dQ (backward); Q and dO are copied per query tile. Each thread's scratch is a
+// few tiles and those D x T heads, allocated per call.
 //
 // Determinism: the forward pass has one task per (batch, head), the backward pass one per (batch,
 // kv head) that owns dK and dV of that head and adds its query heads' contributions in head
 // order, query tile by query tile, key tile by key tile; dQ rows of a query head belong to one
-// task. Grouped query heads read K and V of their kv head in place.
+// task. Grouped query heads read K and V of their kv head (no per-head copy of the inputs).
 //
-// bf16 operands (bf16_operands = true, compute/backend.h "Precision"): each tile of Q, K, V and
-// dO is rounded to bf16 into the thread's scratch before it enters a product, and so are the
+// bf16 operands (bf16_operands = true, compute/backend.h "Precision"): Q, K, V and dO are rounded
+// to bf16 as they are copied into the thread's scratch, before they enter a product, and so are the
 // probabilities P (after their fp32 row sum, before P V and P^T dO) and the score gradient dS
 // (before dS K and dS^T Q); the products accumulate in fp32 as before. The softmax, the
-// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, the tiles are
-// copied as they are (TileOperand).
+// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, the copies are
+// exact (TileOperand).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
