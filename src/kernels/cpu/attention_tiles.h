@@ -1,13 +1,13 @@
 // The products inside attention's tiles (kernels/cpu/attention.cc): register-blocked
-// micro-kernels for the small shapes flash attention multiplies (at most 64 x 64 outputs, an
-// inner dimension of 64 keys or D), instead of a library sgemm whose call and packing cost more
-// than such a tile's arithmetic.
+// micro-kernels for the small shapes flash attention multiplies (64 x 64 or 64 x D outputs, an
+// inner dimension of 64 keys or D), instead of a library sgemm whose call and packing are large
+// next to such a tile's arithmetic (bench/kernels_bench AttentionTileProduct compares the two).
 //
 // The bits: every output is one fixed chain over the inner index, c = fma(a(i,p), b(p,j), c) for
 // p = 0, 1, ..., inner - 1, starting at 0 (or at C's value when accumulating), then times `scale`.
 // The kernels vectorise across output columns only, so the chain, and with it the result, is the
-// same for the AVX-512 path (16 lanes, 6 x 64 blocks) and the AVX2 path (8 lanes, 6 x 16 blocks),
-// for any blocking and on any machine: tests/unit/kernels/attention_tiles_test.cc runs both here.
+// same for the AVX-512 path (16 lanes, 6 x 64 blocks) and the AVX2 path (8 lanes, 6 x 16 blocks)
+// on any machine: tests/unit/kernels/attention_tiles_test.cc runs both here.
 // Each call is single-threaded.
 #pragma once
 
