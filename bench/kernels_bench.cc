@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
@@ -190,8 +191,32 @@ void AttentionBackward(benchmark::State& state) {
   }
 }
 
+// One 64 x 64 x 64 product of attention's tiles, operands in L1 (the scores S = Q K^T of
+// attention.cc): arg 0 = tile_product with K packed transposed (the CPU's path), 1 = OpenBLAS
+// sgemm reading K in place (what the tiles used before), 2 = tile_product on the AVX2 path.
+// Items = flops.
+void AttentionTileProduct(benchmark::State& state) {
+  constexpr int64_t n = 64;
+  std::vector<float> q = Filled(n * n, 0.5f), k = Filled(n * n, 0.4f), k_t(n * n), s(n * n);
+  crucible::kernels::transpose_tile(k.data(), n, n, n, k_t.data(), n);
+  const crucible::kernels::TileIsa isa = crucible::kernels::tile_isa();
+  if (state.range(0) == 2) crucible::kernels::set_tile_isa(crucible::kernels::TileIsa::kAvx2);
+  for (auto _ : state) {
+    if (state.range(0) != 1)
+      crucible::kernels::tile_product(
+          {q.data(), n, 1, k_t.data(), n, s.data(), n, n, n, n, false, 0.125f});
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 0.125f, q.data(), n, k.data(),
+                  n, 0.0f, s.data(), n);
+    benchmark::DoNotOptimize(s.data());
+  }
+  crucible::kernels::set_tile_isa(isa);
+  state.SetItemsProcessed(state.iterations() * 2 * n * n * n);
+}
+
 }  // namespace
 
+BENCHMARK(AttentionTileProduct)->DenseRange(0, 2);
 BENCHMARK(RmsnormForward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(RmsnormBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrossEntropyForward)->Unit(benchmark::kMillisecond)->UseRealTime();

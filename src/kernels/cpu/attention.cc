@@ -2,22 +2,23 @@
 // pass walks, per (batch, head) and query tile, the key tiles up to the diagonal with an online
 // softmax (running max and sum) and keeps only each row's log-sum-exp; the backward pass
 // recomputes every tile's probabilities from Q, K and that log-sum-exp. The products inside a
-// tile are single-threaded sgemm calls inside one OpenMP loop; each thread's scratch is a few
-// tiles, allocated per call.
+// tile are the register-blocked micro-kernels of attention_tiles.h (the same bits on AVX2 and
+// AVX-512), single-threaded inside one OpenMP loop. Each task copies its head once: K transposed
+// for the scores and V as it is (forward); K and V transposed for the scores and dP = dO V^T and
+// K as it is for dQ (backward); Q and dO are copied per query tile. Each thread's scratch is a
+// few tiles and those D x T heads, allocated per call.
 //
 // Determinism: the forward pass has one task per (batch, head), the backward pass one per (batch,
 // kv head) that owns dK and dV of that head and adds its query heads' contributions in head
 // order, query tile by query tile, key tile by key tile; dQ rows of a query head belong to one
-// task. Grouped query heads read K and V of their kv head in place.
+// task. Grouped query heads read K and V of their kv head (no per-head copy of the inputs).
 //
-// bf16 operands (bf16_operands = true, compute/backend.h "Precision"): each tile of Q, K, V and
-// dO is rounded to bf16 into the thread's scratch before it enters a product, and so are the
+// bf16 operands (bf16_operands = true, compute/backend.h "Precision"): Q, K, V and dO are rounded
+// to bf16 as they are copied into the thread's scratch, before they enter a product, and so are the
 // probabilities P (after their fp32 row sum, before P V and P^T dO) and the score gradient dS
 // (before dS K and dS^T Q); the products accumulate in fp32 as before. The softmax, the
-// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, no tile is
-// copied and the products read the inputs in place (the fp32 bits of before).
-#include <cblas.h>
-
+// log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, the copies are
+// exact (TileOperand).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,6 +26,7 @@
 
 #include "common/bfloat16.h"
 #include "common/profile.h"
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec_math.h"
@@ -36,17 +38,85 @@ namespace {
 // key at or before each of its rows, so no row of a visited tile is fully masked.
 constexpr int64_t kTile = 64;
 
-// The operand of a product: rows x D values at `src` with leading dimension `ld`, read in place,
-// or rounded to bf16 into `scratch` (leading dimension D) when `round`.
+// The operand of a product: rows x D values at `src` with leading dimension `ld`, copied into
+// `scratch` (leading dimension D), rounded to bf16 when `round`. Read in place, a tile's rows sit
+// H·D or KV·D floats apart (1 or 2 KiB on `small`) and fall into a few L1 sets, so the row
+// blocks that re-read a tile would fetch it from L2 again; copied, the tile stays in L1.
 struct Operand {
   const float* data;
   int64_t ld;
 };
 Operand TileOperand(const float* src, int64_t ld, int64_t rows, int64_t D, bool round,
                     float* scratch) {
-  if (!round) return {src, ld};
-  for (int64_t i = 0; i < rows; ++i) RoundToBfloat16(src + i * ld, scratch + i * D, D);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (round)
+      RoundToBfloat16(src + i * ld, scratch + i * D, D);
+    else
+      std::memcpy(scratch + i * D, src + i * ld, D * sizeof(float));
+  }
   return {scratch, D};
+}
+
+// Leading dimension of a head's keys or values packed transposed (D rows of T): T rounded up to
+// 16 columns plus 16, so that the rows a product walks do not share L1 sets at a 4 KiB stride.
+int64_t TransposedStride(int64_t T) {
+  return (T + 15) / 16 * 16 + 16;
+}
+
+// The head's T x D keys (or values) at src, leading dimension ld, transposed into dst (D x ldt),
+// each value rounded to bf16 when `round`.
+void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool round, float* dst,
+                        int64_t ldt) {
+  transpose_tile(src, ld, T, D, dst, ldt);
+  if (round)
+    for (int64_t d = 0; d < D; ++d) RoundToBfloat16(dst + d * ldt, dst + d * ldt, T);
+}
+
+// One tile of the forward's online softmax: turns the scores S (rows x cols, leading dimension
+// kTile) of query rows r0.. and keys c0.. into probabilities against the running maximum
+// (zero past the diagonal, rounded to bf16 when `round`), updates each row's running maximum and
+// sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved.
+[[gnu::always_inline]] inline void OnlineSoftmaxRows(float* S, int64_t rows, int64_t cols,
+                                                     int64_t r0, int64_t c0, bool round,
+                                                     float* run_max, float* run_sum, float* acc,
+                                                     int64_t D) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = S + i * kTile;
+    const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
+    const float tile_max = lane_max(row, n);
+    const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
+    for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
+    for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
+    const float sum = lane_sum(row, n);
+    if (round) RoundToBfloat16(row, row, n);
+    if (c0 == 0) {
+      run_sum[i] = sum;
+    } else {
+      const float alpha = exp_fast(run_max[i] - m);
+      run_sum[i] = run_sum[i] * alpha + sum;
+      for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
+    }
+    run_max[i] = m;
+  }
+}
+
+// The same loop compiled for AVX-512 (16-lane exp) and for the build's AVX2, chosen with the tile
+// products (tile_isa()): the same operations on each element and the same 16-lane sums
+// (lanes.h), so the same bits; the test of attention_tiles.h runs both.
+__attribute__((target("avx512f"))) void OnlineSoftmaxAvx512(float* S, int64_t rows, int64_t cols,
+                                                            int64_t r0, int64_t c0, bool round,
+                                                            float* run_max, float* run_sum,
+                                                            float* acc, int64_t D) {
+  OnlineSoftmaxRows(S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
+void OnlineSoftmaxAvx2(float* S, int64_t rows, int64_t cols, int64_t r0, int64_t c0, bool round,
+                       float* run_max, float* run_sum, float* acc, int64_t D) {
+  OnlineSoftmaxRows(S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
+void OnlineSoftmax(float* S, int64_t rows, int64_t cols, int64_t r0, int64_t c0, bool round,
+                   float* run_max, float* run_sum, float* acc, int64_t D) {
+  (tile_isa() == TileIsa::kAvx512 ? OnlineSoftmaxAvx512 : OnlineSoftmaxAvx2)(
+      S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
 }
 }  // namespace
 
@@ -55,13 +125,14 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);
 #pragma omp parallel
   {
     // S: scores, then probabilities of one tile; acc: the unnormalised output of one query tile.
-    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
-    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), k_tile(q_tile.size()),
-        v_tile(q_tile.size());
+    // key_t: the head's keys transposed (D x ldt).
+    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile),
+        key_t(D * ldt);
+    std::vector<float> q_tile(kTile * D), v_head(T * D);  // v_head: the head's V, contiguous
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
@@ -70,35 +141,21 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const float* V = v + b * T * ldk + g * D;
       float* O = out + b * T * ldq + h * D;
       float* L = lse + bh * T;
+      PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
+      const Operand Vh = TileOperand(V, ldk, T, D, bf16_operands, v_head.data());
       for (int64_t r0 = 0; r0 < T; r0 += kTile) {
         const int64_t rows = std::min(kTile, T - r0);
         const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
         for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
           const int64_t cols = std::min(kTile, T - c0);
-          const Operand Kt = TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
-          const Operand Vt = TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Qt.data, Qt.ld,
-                      Kt.data, Kt.ld, 0.0f, S.data(), kTile);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* row = S.data() + i * kTile;
-            const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
-            const float tile_max = lane_max(row, n);
-            const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
-            for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
-            for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
-            const float sum = lane_sum(row, n);
-            if (bf16_operands) RoundToBfloat16(row, row, n);
-            if (c0 == 0) {
-              run_sum[i] = sum;
-            } else {
-              const float alpha = exp_fast(run_max[i] - m);
-              run_sum[i] = run_sum[i] * alpha + sum;
-              for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
-            }
-            run_max[i] = m;
-          }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, S.data(),
-                      kTile, Vt.data, Vt.ld, c0 == 0 ? 0.0f : 1.0f, acc.data(), D);
+          const Operand Vt{Vh.data + c0 * D, D};
+          const bool diagonal = c0 == r0;  // the one tile the causal mask cuts
+          tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, S.data(), kTile, rows, cols, D,
+                        false, scale, diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
+          OnlineSoftmax(S.data(), rows, cols, r0, c0, bf16_operands, run_max.data(), run_sum.data(),
+                        acc.data(), D);
+          tile_product({S.data(), kTile, 1, Vt.data, Vt.ld, acc.data(), D, rows, D, cols, c0 != 0,
+                        1.0f, diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone});
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / run_sum[i];
@@ -116,14 +173,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);
 #pragma omp parallel
   {
     // P: recomputed probabilities of one tile; dS: dP = dO V^T, then the score gradient;
     // delta: rowsum(dO * O) of the query tile.
-    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
-    std::vector<float> q_tile(bf16_operands ? kTile * D : 0), do_tile(q_tile.size()),
-        k_tile(q_tile.size()), v_tile(q_tile.size());
+    // key_t, value_t: the kv head's keys and values transposed (D x ldt).
+    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile), key_t(D * ldt),
+        value_t(D * ldt);
+    std::vector<float> q_tile(kTile * D), do_tile(q_tile.size()), k_head(T * D);  // K, contiguous
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
@@ -135,6 +193,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         std::memset(dK + t * ldk, 0, D * sizeof(float));
         std::memset(dV + t * ldk, 0, D * sizeof(float));
       }
+      PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
+      PackHeadTransposed(V, ldk, T, D, bf16_operands, value_t.data(), ldt);
+      const Operand Kh = TileOperand(K, ldk, T, D, bf16_operands, k_head.data());
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const float* Q = q + b * T * ldq + h * D;
         const float* dO = dout + b * T * ldq + h * D;
@@ -150,14 +211,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               TileOperand(dO + r0 * ldq, ldq, rows, D, bf16_operands, do_tile.data());
           for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
             const int64_t cols = std::min(kTile, T - c0);
-            const Operand Kt =
-                TileOperand(K + c0 * ldk, ldk, cols, D, bf16_operands, k_tile.data());
-            const Operand Vt =
-                TileOperand(V + c0 * ldk, ldk, cols, D, bf16_operands, v_tile.data());
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, scale, Qt.data,
-                        Qt.ld, Kt.data, Kt.ld, 0.0f, P.data(), kTile);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, dOt.data,
-                        dOt.ld, Vt.data, Vt.ld, 0.0f, dS.data(), kTile);
+            const Operand Kt{Kh.data + c0 * D, D};
+            // The diagonal tile: outputs past the diagonal and zero terms of P and dS are skipped.
+            const bool diagonal = c0 == r0;
+            const TileCausal outputs = diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone,
+                             up_to_row = diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone,
+                             from_row = diagonal ? TileCausal::kInnerFromRow : TileCausal::kNone;
+            tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, P.data(), kTile, rows, cols, D,
+                          false, scale, outputs});
+            tile_product({dOt.data, dOt.ld, 1, value_t.data() + c0, ldt, dS.data(), kTile, rows,
+                          cols, D, false, 1.0f, outputs});
             for (int64_t i = 0; i < rows; ++i) {
               float* p = P.data() + i * kTile;
               float* ds = dS.data() + i * kTile;
@@ -174,12 +237,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               }
             }
             // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, P.data(),
-                        kTile, dOt.data, dOt.ld, 1.0f, dV + c0 * ldk, ldk);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, dS.data(),
-                        kTile, Qt.data, Qt.ld, 1.0f, dK + c0 * ldk, ldk);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, dS.data(),
-                        kTile, Kt.data, Kt.ld, c0 == 0 ? 0.0f : 1.0f, dQ + r0 * ldq, ldq);
+            tile_product({P.data(), 1, kTile, dOt.data, dOt.ld, dV + c0 * ldk, ldk, cols, D, rows,
+                          true, 1.0f, from_row});
+            tile_product({dS.data(), 1, kTile, Qt.data, Qt.ld, dK + c0 * ldk, ldk, cols, D, rows,
+                          true, 1.0f, from_row});
+            tile_product({dS.data(), kTile, 1, Kt.data, Kt.ld, dQ + r0 * ldq, ldq, rows, D, cols,
+                          c0 != 0, 1.0f, up_to_row});
           }
         }
       }
