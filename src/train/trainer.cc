@@ -418,10 +418,15 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
       replicated_->SetTestNan(nan_at);
     }
     if (sharded_access_) sharded_access_->SetTestNan(nan_at);
-    micro_losses_[m] = model_
-                           ->Forward(*access_, batch.inputs_at(m * rows),
-                                     batch.targets_at(m * rows), batch.loss_weights_at(m * rows))
-                           .loss;
+    // The fused head (its backward during Forward) unless the targets are resampled from the
+    // whole logits.
+    const ForwardOptions options =
+        sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
+    micro_losses_[m] =
+        model_
+            ->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
+                      batch.loss_weights_at(m * rows), options)
+            .loss;
     if (sampled_targets) {
       SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
                     model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,
