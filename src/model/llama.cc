@@ -155,11 +155,11 @@ size_t LlamaModel::activation_bytes() const {
 
 namespace {
 
-// FusedHeadRows in double, for planned sizes: chunks of logits within 16 MiB (measured on
-// `small` and `base`, docs/performance.md), yet at least 256 rows, the inner dimension of the
-// chunk's weight-gradient product, so that product stays near the GEMM ceiling.
+// FusedHeadRows in double, for planned sizes: chunks of logits within 16 MiB, yet at least 512
+// rows, the inner dimension of the chunk's weight-gradient product (fewer rows slow the head:
+// bench/fused_head_bench.cc, docs/performance.md).
 double FusedRows(double N, double V) {
-  constexpr double kChunkFloats = 4.0 * 1024 * 1024, kMinRows = 256;
+  constexpr double kChunkFloats = 4.0 * 1024 * 1024, kMinRows = 512;
   return std::min(N, std::max(kMinRows, std::floor(kChunkFloats / std::max(1.0, V))));
 }
 

@@ -133,11 +133,11 @@ TEST(StagedBackend, ALlamaOffTheHostGivesTheCpuBitsAndHandsItsKernelsOnlyDeviceM
 
 // The fused head against the whole logits: the loss sum, every position's loss and every
 // gradient, tied and untied, weighted and not (weights 0 and ignored targets included), in one
-// chunk and in two (vocabulary 20000: 256-row chunks of 320 rows, the second ragged). The bits
+// chunk and in two (vocabulary 20000: 512-row chunks of 640 rows, the second ragged). The bits
 // differ only where the order of a sum changed: the head's weight gradient adds chunk by chunk,
 // and a chunk's products may block their rows differently from the whole product's.
 TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
-  for (const int64_t T : {int64_t{8}, int64_t{160}}) {
+  for (const int64_t T : {int64_t{8}, int64_t{320}}) {
     for (const bool tied : {false, true}) {
       for (const bool weighted : {false, true}) {
         SCOPED_TRACE(std::string(tied ? "tied" : "untied") + (weighted ? ", weighted" : "") +

@@ -124,7 +124,7 @@ TEST_F(LlamaPasses, AFusedForwardKeepsNoLogitsAndRefusesWhatWouldNeedThem) {
 
 TEST(LlamaFusedHead, ChunksAreAFunctionOfTheShapesWithinTheirBounds) {
   EXPECT_EQ(FusedHeadRows(4096, 8192), 512);   // small: 16 MiB of logits a chunk
-  EXPECT_EQ(FusedHeadRows(4096, 32000), 256);  // base: at least 256 rows
+  EXPECT_EQ(FusedHeadRows(4096, 32000), 512);  // base: at least 512 rows
   EXPECT_EQ(FusedHeadRows(16, 64), 16);        // never more than the rows
 }
 
