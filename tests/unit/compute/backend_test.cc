@@ -133,7 +133,7 @@ TEST(StagedBackend, ALlamaOffTheHostGivesTheCpuBitsAndHandsItsKernelsOnlyDeviceM
 
 // The fused head against the whole logits: the loss sum, every position's loss and every
 // gradient, tied and untied, weighted and not (weights 0 and ignored targets included), in one
-// chunk and in two (vocabulary 20000: 512-row chunks of 640 rows, the second ragged). The bits
+// chunk and in two (vocabulary 8192: 512-row chunks of 640 rows, the second ragged). The bits
 // differ only where the order of a sum changed: the head's weight gradient adds chunk by chunk,
 // and a chunk's products may block their rows differently from the whole product's.
 TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
@@ -144,7 +144,7 @@ TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
                      ", T=" + std::to_string(T));
         std::vector<std::string> overrides = kUntied;
         if (tied) overrides.back() = "model.tie_embeddings=true";
-        if (T > 8) overrides.front() = "model.vocab_size=20000";
+        if (T > 8) overrides.front() = "model.vocab_size=8192";
         const Pass whole = RunLlama(overrides, DefaultCpuBackend(), weighted,
                                     ForwardOptions::Head::kLogits, false, T);
         const Pass fused = RunLlama(overrides, DefaultCpuBackend(), weighted,
