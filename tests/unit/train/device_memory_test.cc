@@ -80,5 +80,18 @@ TEST(DeviceMemory, TheHostPlanLeavesADevicesActivationsToTheDeviceCheck) {
   EXPECT_EQ(device.batch, host.batch);
 }
 
+TEST(MemoryPlan, TheWholeLogitsArePlannedOnlyForAnOptimizerThatSamplesTargetsFromThem) {
+  Config config = Config::Defaults();
+  const auto spec = BuildModelSpec(config);
+  TrainingShape shape;
+  shape.micro_batch = 8, shape.seq_len = 256, shape.accumulation = 1;
+  const BufferSizes buffers = spec->PlannedBuffers(8, 256);
+  EXPECT_EQ(buffers.whole_logits_bytes, 4.0 * 8 * 256 * static_cast<double>(spec->vocab_size()));
+  EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations, buffers.total_bytes);
+  config.ApplyOverride("optimizer.name=SophiaG");
+  EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations,
+            buffers.total_bytes + buffers.whole_logits_bytes);
+}
+
 }  // namespace
 }  // namespace crucible
