@@ -235,12 +235,13 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
 }
 
 void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,
-                     const ComputeBackend& backend) {
+                     const ComputeBackend& backend, bool whole_logits) {
   double free_bytes = 0, total_bytes = 0;
   std::string where;
   if (!backend.DeviceMemory(&free_bytes, &total_bytes, &where)) return;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
-  const double activations = model.PlannedBuffers(B, T).total_bytes;
+  const BufferSizes buffers = model.PlannedBuffers(B, T);
+  const double activations = buffers.total_bytes + (whole_logits ? buffers.whole_logits_bytes : 0);
   const double parameters = model.PlannedSizes().parameters;
   const double copies = 2 * 4 * parameters;  // fp32 weights and gradients of every unit
   const double asked = activations + copies;

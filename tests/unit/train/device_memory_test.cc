@@ -23,10 +23,10 @@ TEST(DeviceMemory, AModelThatDoesNotFitTheDeviceIsRefusedNamingWhatIsAskedAndFre
   const double needed =
       spec->PlannedBuffers(8, 256).total_bytes + 8 * spec->PlannedSizes().parameters;
   device.ReportDeviceMemory(needed, 2 * needed);  // exactly enough
-  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, false));
   device.ReportDeviceMemory(needed - 1, 2 * needed);
   try {
-    CheckDeviceFits(*spec, shape, device);
+    CheckDeviceFits(*spec, shape, device, false);
     FAIL() << "a model larger than the device's free memory was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), kExitUsage);
@@ -37,6 +37,11 @@ TEST(DeviceMemory, AModelThatDoesNotFitTheDeviceIsRefusedNamingWhatIsAskedAndFre
     EXPECT_NE(m.find("lower training.local_batch_size or training.seq_len"), std::string::npos)
         << m;
   }
+  // An optimizer that samples targets keeps the whole logits too.
+  device.ReportDeviceMemory(needed, 2 * needed);
+  EXPECT_THROW(CheckDeviceFits(*spec, shape, device, true), Error);
+  device.ReportDeviceMemory(needed + spec->PlannedBuffers(8, 256).whole_logits_bytes, 2 * needed);
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, true));
 }
 
 TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
@@ -44,7 +49,7 @@ TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
   TrainingShape shape;
   shape.micro_batch = 8, shape.seq_len = 256;
   StagedBackend device;  // reports no device memory
-  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, false));
 }
 
 }  // namespace
