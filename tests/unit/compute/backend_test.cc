@@ -133,9 +133,10 @@ TEST(StagedBackend, ALlamaOffTheHostGivesTheCpuBitsAndHandsItsKernelsOnlyDeviceM
 
 // The fused head against the whole logits: the loss sum, every position's loss and every
 // gradient, tied and untied, weighted and not (weights 0 and ignored targets included), in one
-// chunk and in two (vocabulary 8192: 512-row chunks of 640 rows, the second ragged). The bits
-// differ only where the order of a sum changed: the head's weight gradient adds chunk by chunk,
-// and a chunk's products may block their rows differently from the whole product's.
+// chunk and in two (vocabulary 8192: 512-row chunks of 640 rows, the second ragged). The losses
+// come from the same row kernels: the same bits. In one chunk every gradient has the bits of the
+// whole product; in two the head's weight gradient adds its rows chunk by chunk, a different
+// summation order (observed: 4.3e-7 of the largest gradient at most).
 TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
   for (const int64_t T : {int64_t{8}, int64_t{320}}) {
     for (const bool tied : {false, true}) {
@@ -150,16 +151,17 @@ TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
         const Pass fused = RunLlama(overrides, DefaultCpuBackend(), weighted,
                                     ForwardOptions::Head::kFused, false, T);
         EXPECT_EQ(whole.sum.weight, fused.sum.weight);
-        EXPECT_NEAR(whole.sum.loss, fused.sum.loss, 1e-6 * std::fabs(whole.sum.loss));
-        ASSERT_EQ(whole.losses.size(), fused.losses.size());
-        for (size_t i = 0; i < whole.losses.size(); ++i)
-          EXPECT_NEAR(whole.losses[i], fused.losses[i], 1e-5f) << "position " << i;
+        EXPECT_EQ(std::memcmp(&whole.sum.loss, &fused.sum.loss, sizeof(double)), 0);
+        EXPECT_TRUE(SameBits(whole.losses, fused.losses));
+        if (T == 8) {
+          EXPECT_TRUE(SameBits(whole.grads, fused.grads));
+        }
         float largest = 0;
         for (float g : whole.grads) largest = std::max(largest, std::fabs(g));
         ASSERT_GT(largest, 0.0f);
         ASSERT_EQ(whole.grads.size(), fused.grads.size());
         for (size_t i = 0; i < whole.grads.size(); ++i)
-          ASSERT_NEAR(whole.grads[i], fused.grads[i], 1e-5f * largest) << "parameter " << i;
+          ASSERT_NEAR(whole.grads[i], fused.grads[i], 2e-6f * largest) << "parameter " << i;
         // Off the host: the CPU's fused bits, through device memory only.
         auto staged = std::make_shared<StagedBackend>();
         const Pass off =
