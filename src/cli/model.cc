@@ -101,7 +101,8 @@ CommandRun SetupModel(CLI::App& app) {
         throw DataError(o->batch + ": token id " + std::to_string(t) +
                         " is outside the vocabulary");
     FlatParameterAccess access(table, weights.data(), gradients.data());
-    const LossSum sum = model->Forward(access, token_ids.data(), target_ids.data(), nullptr);
+    const LossSum sum = model->Forward(access, token_ids.data(), target_ids.data(), nullptr,
+                                       ForwardOptions::Logits());
     const int64_t valid = static_cast<int64_t>(sum.weight);  // the count: no loss weights
     std::vector<float> logits(model->logits(), model->logits() + B * T * V);
     std::vector<float> losses(model->losses(), model->losses() + B * T);

@@ -73,7 +73,7 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
       }
     }
     FlatParameterAccess access(built->table(), model.weights.data(), nullptr);
-    built->Forward(access, tokens.data(), targets.data(), nullptr);
+    built->Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Logits());
     const float* losses = built->losses();
     const float* logits = built->logits();
     for (int64_t row = 0; row < end - begin; ++row) {

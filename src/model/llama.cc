@@ -2,6 +2,7 @@
 #include "model/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -29,7 +30,8 @@ struct LlamaModel::Buffers {
   std::vector<Layer> layers;
   Floats x_final;                        // (N,C) residual leaving the last layer
   Floats lnf, lnf_rstd;                  // (N,C), (N)
-  Floats logits;                         // (N,V), reused for dlogits
+  Floats logits;                         // (N,V), reused for dlogits; at the first kLogits Forward
+  Floats head_chunk;                     // (FusedHeadRows, V): the fused head's logits, dlogits
   Floats losses, lse;                    // (N)
   Floats rope_cos, rope_sin;             // (T,D/2)
   DeviceArray<int32_t> tokens, targets;  // (N)
@@ -78,7 +80,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.x_final = floats(N * C);
   b.lnf = floats(N * C);
   b.lnf_rstd = floats(N);
-  b.logits = floats(N * V);
+  b.head_chunk = floats(FusedHeadRows(N, V) * V);
   b.losses = floats(N);
   b.lse = floats(N);
   std::vector<float> cos_table(T_ * D / 2), sin_table(T_ * D / 2);
@@ -145,10 +147,26 @@ size_t LlamaModel::activation_bytes() const {
               l.v.size() + l.att_lse.size() + l.att.size() + l.x_mid.size() + l.ln2.size() +
               l.ln2_rstd.size() + l.gate.size() + l.up.size() + l.hidden.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
-            b.losses.size() + b.lse.size() + b.dx.size() + b.dln.size() + b.dq.size() +
-            b.dk.size() + b.dv.size() + b.datt.size() + b.dgate.size() + b.dup.size() +
-            b.dhidden.size();
+            b.head_chunk.size() + b.losses.size() + b.lse.size() + b.dx.size() + b.dln.size() +
+            b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() + b.dgate.size() +
+            b.dup.size() + b.dhidden.size();
   return floats * sizeof(float);
+}
+
+namespace {
+
+// FusedHeadRows in double, for planned sizes: chunks of logits within 16 MiB, yet at least 512
+// rows, the inner dimension of the chunk's weight-gradient product (fewer rows slow the head:
+// bench/fused_head_bench.cc, docs/performance.md).
+double FusedRows(double N, double V) {
+  constexpr double kChunkFloats = 4.0 * 1024 * 1024, kMinRows = 512;
+  return std::min(N, std::max(kMinRows, std::floor(kChunkFloats / std::max(1.0, V))));
+}
+
+}  // namespace
+
+int64_t FusedHeadRows(int64_t N, int64_t V) {
+  return static_cast<int64_t>(FusedRows(static_cast<double>(N), static_cast<double>(V)));
 }
 
 double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
@@ -158,12 +176,17 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
   // The buffers of LlamaModel::LlamaModel, in floats.
   const double layer =
       4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T + N * H * D + 3 * N * F;
-  const double rest = 4 * N * C + 3 * N + N * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F;
+  const double rest =
+      4 * N * C + 3 * N + FusedRows(N, V) * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F;
   return 4 * (static_cast<double>(c.n_layers) * layer + rest);
 }
 
 const float* LlamaModel::logits() const {
   Buffers& b = *buffers_;
+  if (fused_ || !b.logits.data())
+    throw Error(kExitFailure,
+                "internal: logits() after a fused forward (ForwardOptions::Fused keeps no logits; "
+                "ask Forward for ForwardOptions::Logits())");
   if (backend_->host_memory()) return b.logits.data();
   if (!b.host_logits_current) {
     b.host_logits.resize(b.logits.size());
@@ -205,7 +228,7 @@ void LlamaModel::UnitGradientsReady(ParameterAccess& access, int unit) {
 }
 
 LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                            const float* loss_weights) {
+                            const float* loss_weights, const ForwardOptions& options) {
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
@@ -251,22 +274,77 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   const float* wt = UnitWeights(access, tail);
   be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C, eps);
   const float* head = c.tie_embeddings ? unit0 + embed_ : wt + head_;
-  be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
+  LossSum sum;
+  if (options.head == ForwardOptions::Head::kFused) {
+    sum = FusedHead(access, head, targets, options.loss_scale);
+  } else {
+    fused_ = false;
+    if (!b.logits.data()) b.logits = Buffers::Floats(be, static_cast<size_t>(N * V));
+    be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
+    sum = Retarget(targets);
+  }
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  return Retarget(targets);
+  return sum;
+}
+
+LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const int32_t* targets,
+                              float loss_scale) {
+  Buffers& b = *buffers_;
+  ComputeBackend& be = *backend_;
+  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size;
+  SetTargets(targets);
+  // The head's weight gradient opens here and is made ready by Backward, with the final norm's
+  // (the tail unit) or after the embedding's backward adds to it (tied: unit 0).
+  const int unit = config_.tie_embeddings ? 0 : table_.tail_unit();
+  float* dhead = UnitGradients(access, unit) + (config_.tie_embeddings ? embed_ : head_);
+  const float* weights =
+      loss_weights_ ? (be.host_memory() ? loss_weights_ : b.loss_weights.data()) : nullptr;
+  const int64_t rows = FusedHeadRows(N, V);
+  float* chunk = b.head_chunk.data();
+  // Per chunk: logits, losses and lse, dlogits in place, then d lnf rows = dlogits W and the
+  // head's gradient += dlogits^T lnf (the first chunk overwrites it).
+  for (int64_t r = 0; r < N; r += rows) {
+    const int64_t n = std::min(rows, N - r);
+    const float* lnf = b.lnf.data() + r * C;
+    be.MatmulForward(chunk, lnf, head, n, C, V);
+    be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, chunk, b.targets.data() + r, n,
+                           V);
+    be.CrossEntropyBackward(chunk, b.lse.data() + r, b.targets.data() + r, n, V, loss_scale,
+                            weights ? weights + r : nullptr);
+    be.MatmulBackward(b.dln.data() + r * C, dhead, chunk, lnf, head, n, C, V, false, r > 0);
+  }
+  fused_ = true;
+  fused_scale_ = loss_scale;
+  if (!be.host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
+  return SumLosses(targets);
+}
+
+void LlamaModel::SetTargets(const int32_t* targets) {
+  Buffers& b = *buffers_;
+  const int64_t N = B_ * T_;
+  k::check_targets(targets, N, config_.vocab_size);
+  std::memcpy(b.host_targets.data(), targets, N * sizeof(int32_t));
+  b.targets.CopyFrom(targets, N);
 }
 
 LossSum LlamaModel::Retarget(const int32_t* targets) {
   Buffers& b = *buffers_;
   const int64_t N = B_ * T_, V = config_.vocab_size;
-  k::check_targets(targets, N, V);
-  std::memcpy(b.host_targets.data(), targets, N * sizeof(int32_t));
-  b.targets.CopyFrom(targets, N);
+  if (fused_ || !b.logits.data())
+    throw Error(kExitFailure,
+                "internal: Retarget after a fused forward (its head's backward is done; ask "
+                "Forward for ForwardOptions::Logits())");
+  SetTargets(targets);
   backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(), N,
                                 V);
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
+  return SumLosses(targets);
+}
+
+LossSum LlamaModel::SumLosses(const int32_t* targets) const {
+  const int64_t N = B_ * T_;
   const float* losses = this->losses();
   // In position order; without weights each w_i is 1 and w_i * l_i is l_i exactly.
   LossSum sum;
@@ -294,19 +372,26 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   if (L > 0) access.Prefetch(static_cast<int>(L));
   float* gt = UnitGradients(access, tail);
   float* g0 = c.tie_embeddings ? UnitGradients(access, 0) : nullptr;
-  const float* weights =
-      loss_weights_ ? (be.host_memory() ? loss_weights_ : b.loss_weights.data()) : nullptr;
-  be.CrossEntropyBackward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale,
-                          weights);
-  b.host_logits_current = false;
-  const float* dlogits = b.logits.data();
-  be.Fill(b.dln.data(), b.dln.size(), 0.0f);
-  if (c.tie_embeddings)
-    be.MatmulBackward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
-                      false, false);
-  else
-    be.MatmulBackward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
-                      false);
+  if (fused_) {  // the head's backward ran in Forward, with its loss scale
+    if (loss_scale != fused_scale_)
+      throw Error(kExitFailure,
+                  "internal: Backward's loss scale differs from the fused forward's (ask Forward "
+                  "for ForwardOptions::Fused with the scale Backward will get)");
+  } else {
+    const float* weights =
+        loss_weights_ ? (be.host_memory() ? loss_weights_ : b.loss_weights.data()) : nullptr;
+    be.CrossEntropyBackward(b.logits.data(), b.lse.data(), b.targets.data(), N, V, loss_scale,
+                            weights);
+    b.host_logits_current = false;
+    const float* dlogits = b.logits.data();
+    if (c.tie_embeddings)
+      be.MatmulBackward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
+                        false, false);
+    else
+      be.MatmulBackward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
+                        false);
+  }
+  fused_ = false;
   be.Fill(b.dx.data(), b.dx.size(), 0.0f);
   be.RmsnormBackward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(),
                      wt + final_norm_, b.lnf_rstd.data(), N, C);

@@ -58,6 +58,10 @@ struct LlamaSizes {
 };
 LlamaSizes PlannedLlamaSizes(const LlamaConfig& config);
 double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len);
+// The token rows of one chunk of the fused head (ForwardOptions::kFused) for N rows of a
+// vocabulary of V: a pure function of the shapes, so every thread count and rank layout gets
+// the same chunks (and the same bits). Its logits scratch is rows x V floats.
+int64_t FusedHeadRows(int64_t N, int64_t V);
 
 // The Llama ModelSpec, and its Hugging Face mapping (LlamaForCausalLM; tensor names are the
 // table's, and rotary embeddings use the same rotate-half layout, so no tensor is permuted).
@@ -123,7 +127,7 @@ class LlamaModel final : public Model {
   size_t activation_bytes() const override;
 
   LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                  const float* loss_weights) override;
+                  const float* loss_weights, const ForwardOptions& options) override;
   const float* logits() const override;
   LossSum Retarget(const int32_t* targets) override;
   const float* losses() const override;
@@ -145,6 +149,14 @@ class LlamaModel final : public Model {
   const float* UnitWeights(ParameterAccess& access, int unit);
   float* UnitGradients(ParameterAccess& access, int unit);
   void UnitGradientsReady(ParameterAccess& access, int unit);
+  // Copies `targets` (host) to the model's buffers, checked against the vocabulary.
+  void SetTargets(const int32_t* targets);
+  // The loss sum of the losses of the last Forward against `targets`.
+  LossSum SumLosses(const int32_t* targets) const;
+  // ForwardOptions::kFused's head and cross-entropy with their backward, chunk by chunk: the
+  // losses and lse, dln (d final-norm output) and the head's weight gradient.
+  LossSum FusedHead(ParameterAccess& access, const float* head, const int32_t* targets,
+                    float loss_scale);
   LlamaConfig config_;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
@@ -153,6 +165,9 @@ class LlamaModel final : public Model {
   std::vector<LayerOffsets> layers_;
   int64_t B_, T_;
   const float* loss_weights_ = nullptr;  // of the last Forward, read by Backward
+  // The last Forward was kFused, with this loss scale (its head's backward is done).
+  bool fused_ = false;
+  float fused_scale_ = 0;
   std::shared_ptr<ComputeBackend> backend_;
   Buffers* buffers_;
 };

@@ -76,7 +76,8 @@ ParameterSizes LlamaSpec::PlannedSizes() const {
 BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {
   const double activations = PlannedLlamaActivationBytes(config_, B, T);
   // Besides the activations: the RoPE tables (T, D/2) x 2 and the copies of tokens and targets.
-  return {activations, activations + 4 * T * static_cast<double>(config_.head_dim()) + 8 * B * T};
+  return {activations, activations + 4 * T * static_cast<double>(config_.head_dim()) + 8 * B * T,
+          4 * B * T * static_cast<double>(config_.vocab_size)};
 }
 
 std::unique_ptr<Model> LlamaSpec::Build(int64_t batch_size, int64_t seq_len,

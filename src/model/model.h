@@ -40,6 +40,23 @@ struct LossSum {
   double weight = 0;
 };
 
+// How a Forward ends. kLogits keeps the whole (B*T, V) logits: logits(), Retarget and a Backward
+// with any loss scale may follow (eval, `crucible model`, SophiaG's sampled targets). kFused is
+// the training forward: the head and the cross-entropy run over chunks of token rows, each
+// chunk's backward at once with `loss_scale` (Liger-kernel style, nothing recomputed), so the
+// whole logits never exist and the head's weight gradient is written during Forward, through
+// ParameterAccess::Gradients of its unit (GradientsReady waits for Backward). The Backward that
+// follows must get the same loss scale; logits() and Retarget are refused (internal error). A
+// model may serve kFused as kLogits (its whole head in Backward): the gradient is the same.
+struct ForwardOptions {
+  enum class Head { kLogits, kFused };
+  Head head = Head::kLogits;
+  float loss_scale = 0;  // kFused: what the following Backward will be given
+
+  static ForwardOptions Logits() { return {}; }
+  static ForwardOptions Fused(float loss_scale) { return {Head::kFused, loss_scale}; }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -47,23 +64,26 @@ class Model {
   virtual const ParameterTable& table() const = 0;
   virtual int64_t batch_size() const = 0;
   virtual int64_t seq_len() const = 0;
-  // The activation buffers of one micro-batch (ModelSpec::PlannedBuffers().activation_bytes).
+  // The activation buffers of one micro-batch (ModelSpec::PlannedBuffers().activation_bytes,
+  // plus whole_logits_bytes once a kLogits Forward has run).
   virtual size_t activation_bytes() const = 0;
 
   // tokens, targets, loss_weights (B,T); a target -1 is ignored. loss_weights nullptr weighs
   // every position 1 (pre-training); SFT masks and RL objectives pass their own (any finite
   // value). Keeps what Backward needs; `loss_weights` is read again by Backward, so it must stay
-  // valid and unchanged until then.
+  // valid and unchanged until then. `options`: how it ends (above).
   virtual LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                          const float* loss_weights) = 0;
-  // Logits (B*T, vocab) of the last Forward, valid until Backward (which overwrites them).
+                          const float* loss_weights, const ForwardOptions& options) = 0;
+  // Logits (B*T, vocab) of the last kLogits Forward, valid until Backward (which overwrites
+  // them).
   virtual const float* logits() const = 0;
   // Per-position cross-entropies l_i (B*T) of the last Forward, unweighted; 0 where ignored.
   virtual const float* losses() const = 0;
-  // Replaces the targets of the last Forward (before its Backward): the next Backward is the
-  // gradient against `targets` (B,T; -1 ignored), with the same loss weights; returns their loss
-  // sum. For a Hessian pass against targets sampled from logits() (train/sampled_targets.h). A
-  // model without it refuses an optimizer that needs it (the default: an error naming it).
+  // Replaces the targets of the last kLogits Forward (before its Backward): the next Backward is
+  // the gradient against `targets` (B,T; -1 ignored), with the same loss weights; returns their
+  // loss sum. For a Hessian pass against targets sampled from logits()
+  // (train/sampled_targets.h). A model without it refuses an optimizer that needs it (the
+  // default: an error naming it).
   virtual LossSum Retarget(const int32_t* targets);
   // The gradient of loss_scale * (the loss sum of the last Forward), written over every unit's
   // gradient through `access`.
@@ -85,8 +105,11 @@ struct ParameterSizes {
 
 // Bytes Build(batch_size, seq_len) allocates, in double.
 struct BufferSizes {
-  double activation_bytes = 0;  // exactly Model::activation_bytes()
+  double activation_bytes = 0;  // exactly Model::activation_bytes() of a model just built
   double total_bytes = 0;       // everything: activations, scratch, tables, copies of the inputs
+  // What the first kLogits Forward allocates besides (the whole logits); the training forward
+  // (kFused) never does, so a run plans it only when its optimizer samples targets.
+  double whole_logits_bytes = 0;
 };
 
 // How a model is written as a Hugging Face transformers folder and read back from one. Data

@@ -70,7 +70,9 @@ class ParameterTable {
 // reducing a unit's gradient as soon as it is ready, while the backward pass goes on with the
 // units below it. What ZeRO-3 can hold at once: three acquired units (its gather buffers), and
 // two open gradients, unit 0's (a decoder's embedding, written again by a tied head) and one
-// other unit's.
+// other unit's. A unit's gradient may open during Forward (the fused head writes its weight
+// gradient there, model.h ForwardOptions) and stay open until Backward makes it ready: nothing
+// but the model touches an open gradient.
 class ParameterAccess {
  public:
   virtual ~ParameterAccess() = default;

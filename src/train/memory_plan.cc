@@ -97,7 +97,11 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   MemoryPlan plan;
   // Off the host (a GPU) the activations are the device's (CheckDeviceFits); the host keeps the
   // model's copies of the targets and the per-position losses.
-  plan.activations = activations_on_host ? model.PlannedBuffers(B, T).total_bytes : 8 * B * T;
+  // The training forward keeps a chunk of the logits, not the whole (ForwardOptions::kFused); an
+  // optimizer that samples targets from the logits (SophiaG's Hessian pass) keeps them whole.
+  const BufferSizes buffers = model.PlannedBuffers(B, T);
+  const double whole_logits = optimizer->hessian_interval() > 0 ? buffers.whole_logits_bytes : 0;
+  plan.activations = activations_on_host ? buffers.total_bytes + whole_logits : 8 * B * T;
   // The loader holds two batches (the step's and the next, read ahead), each an int32 input and
   // target per position (and a float loss weight, for a weighted source), plus one sample.
   plan.batch = 2 * 12 * static_cast<double>(shape.accumulation) * B * T + 4 * (T + 1);
@@ -231,12 +235,13 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
 }
 
 void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,
-                     const ComputeBackend& backend) {
+                     const ComputeBackend& backend, bool whole_logits) {
   double free_bytes = 0, total_bytes = 0;
   std::string where;
   if (!backend.DeviceMemory(&free_bytes, &total_bytes, &where)) return;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
-  const double activations = model.PlannedBuffers(B, T).total_bytes;
+  const BufferSizes buffers = model.PlannedBuffers(B, T);
+  const double activations = buffers.total_bytes + (whole_logits ? buffers.whole_logits_bytes : 0);
   const double parameters = model.PlannedSizes().parameters;
   const double copies = 2 * 4 * parameters;  // fp32 weights and gradients of every unit
   const double asked = activations + copies;

@@ -50,9 +50,10 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
 
 // The device side, for a backend whose memory is not the host's: a model built on it keeps its
 // activations (ModelSpec::PlannedBuffers) and a device copy of every unit's weights and gradients
-// there. UsageError naming the device, what is asked and what is free, and what to lower, when
-// that is more than the device has free; nothing on the host's backend.
+// there (and the whole logits with `whole_logits`: an optimizer that samples targets from them).
+// UsageError naming the device, what is asked and what is free, and what to lower, when that is
+// more than the device has free; nothing on the host's backend.
 void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,
-                     const ComputeBackend& backend);
+                     const ComputeBackend& backend, bool whole_logits);
 
 }  // namespace crucible

@@ -134,7 +134,8 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_);
-  CheckDeviceFits(*model_spec_, training_.shape, *backend_);
+  CheckDeviceFits(*model_spec_, training_.shape, *backend_,
+                  /*whole_logits=*/optimizer_config_.optimizer->hessian_interval() > 0);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
   // fit in memory.
   CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),
@@ -418,10 +419,15 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
       replicated_->SetTestNan(nan_at);
     }
     if (sharded_access_) sharded_access_->SetTestNan(nan_at);
-    micro_losses_[m] = model_
-                           ->Forward(*access_, batch.inputs_at(m * rows),
-                                     batch.targets_at(m * rows), batch.loss_weights_at(m * rows))
-                           .loss;
+    // The fused head (its backward during Forward) unless the targets are resampled from the
+    // whole logits.
+    const ForwardOptions options =
+        sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
+    micro_losses_[m] =
+        model_
+            ->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
+                      batch.loss_weights_at(m * rows), options)
+            .loss;
     if (sampled_targets) {
       SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
                     model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,

@@ -43,7 +43,8 @@ class GpuModel : public ::testing::Test {
     Pass pass;
     pass.grads.assign(weights_.size(), 0.0f);
     FlatParameterAccess access(model->table(), weights_.data(), pass.grads.data());
-    pass.sum = model->Forward(access, tokens_.data(), targets_.data(), nullptr);
+    pass.sum =
+        model->Forward(access, tokens_.data(), targets_.data(), nullptr, ForwardOptions::Logits());
     model->Backward(access, 1.0f / static_cast<float>(pass.sum.weight));
     return pass;
   }

@@ -50,7 +50,8 @@ class LlamaPasses : public ::testing::Test {
     Pass pass;
     pass.grads.assign(weights_.size(), 0.0f);
     FlatParameterAccess access(model_->table(), weights_.data(), pass.grads.data());
-    pass.sum = model_->Forward(access, tokens_.data(), targets.data(), loss_weights);
+    pass.sum = model_->Forward(access, tokens_.data(), targets.data(), loss_weights,
+                               ForwardOptions::Fused(loss_scale));
     model_->Backward(access, loss_scale);
     return pass;
   }
@@ -94,6 +95,37 @@ TEST_F(LlamaPasses, AWeightScalesItsTokensLossAndGradient) {
   std::vector<float> one(B * T, 1.0f);
   one[0] = 3.0f;
   EXPECT_FALSE(SameBits(Run(targets_, one.data(), 0.1f).grads, Run(targets_, nullptr, 0.1f).grads));
+}
+
+TEST_F(LlamaPasses, AFusedForwardKeepsNoLogitsAndRefusesWhatWouldNeedThem) {
+  std::vector<float> grads(weights_.size());
+  FlatParameterAccess access(model_->table(), weights_.data(), grads.data());
+  const size_t planned = model_->activation_bytes();
+  model_->Forward(access, tokens_.data(), targets_.data(), nullptr, ForwardOptions::Fused(0.5f));
+  EXPECT_EQ(model_->activation_bytes(), planned);  // no whole logits
+  auto refused = [](auto call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " was served after a fused forward";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitFailure);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { model_->logits(); }, "logits()");
+  refused([&] { model_->Retarget(targets_.data()); }, "Retarget");
+  refused([&] { model_->Backward(access, 0.25f); }, "loss scale");
+  // A whole-logits forward allocates them once, as the plan says.
+  model_->Forward(access, tokens_.data(), targets_.data(), nullptr, ForwardOptions::Logits());
+  EXPECT_EQ(static_cast<double>(model_->activation_bytes() - planned),
+            spec_->PlannedBuffers(B, T).whole_logits_bytes);
+  EXPECT_NE(model_->logits(), nullptr);
+}
+
+TEST(LlamaFusedHead, ChunksAreAFunctionOfTheShapesWithinTheirBounds) {
+  EXPECT_EQ(FusedHeadRows(4096, 8192), 512);   // small: 16 MiB of logits a chunk
+  EXPECT_EQ(FusedHeadRows(4096, 32000), 512);  // base: at least 512 rows
+  EXPECT_EQ(FusedHeadRows(16, 64), 16);        // never more than the rows
 }
 
 TEST(LlamaLayout, EveryLayerReadsItsTensorsWhereTheTableLaysThemOutInItsUnit) {

@@ -52,8 +52,9 @@ class ToyModel final : public Model {
     return 4 * (logits_.size() + losses_.size()) + 8 * (hidden_.size() + dhidden_.size());
   }
 
+  // Serves ForwardOptions::kFused as kLogits: its whole head runs in Backward.
   LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
-                  const float* loss_weights) override {
+                  const float* loss_weights, const ForwardOptions&) override {
     const int64_t N = B_ * T_, V = shape_.V, C = shape_.C;
     std::copy(tokens, tokens + N, tokens_.begin());
     std::copy(targets, targets + N, targets_.begin());
@@ -272,15 +273,18 @@ TEST(ToyModel, GradientsThroughAUnitByUnitAccessMatchFiniteDifferences) {
   const std::vector<float> loss_weights = {1.0f, 9.0f, 0.5f, 2.0f, 0.0f, -1.0f};
   const float loss_scale = 0.25f;
   UnitByUnitAccess access(table, weights);
-  const LossSum sum = model->Forward(access, tokens.data(), targets.data(), loss_weights.data());
+  const LossSum sum = model->Forward(access, tokens.data(), targets.data(), loss_weights.data(),
+                                     ForwardOptions::Fused(loss_scale));
   EXPECT_DOUBLE_EQ(sum.weight, 1.0 + 0.5 + 2.0 + 0.0 - 1.0);  // the ignored target's 9 is not
   model->Backward(access, loss_scale);
   EXPECT_EQ(access.ready, (std::map<int, int>{{0, 1}, {1, 1}}));
   // loss_scale * sum of w_i l_i, differentiated by central differences.
   auto loss_at = [&](const std::vector<float>& w) {
     UnitByUnitAccess probe(table, w);
-    return loss_scale *
-           model->Forward(probe, tokens.data(), targets.data(), loss_weights.data()).loss;
+    return loss_scale * model
+                            ->Forward(probe, tokens.data(), targets.data(), loss_weights.data(),
+                                      ForwardOptions::Logits())
+                            .loss;
   };
   double largest = 0;
   for (float g : access.grads) largest = std::max(largest, std::fabs(double(g)));

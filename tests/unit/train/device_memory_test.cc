@@ -23,10 +23,10 @@ TEST(DeviceMemory, AModelThatDoesNotFitTheDeviceIsRefusedNamingWhatIsAskedAndFre
   const double needed =
       spec->PlannedBuffers(8, 256).total_bytes + 8 * spec->PlannedSizes().parameters;
   device.ReportDeviceMemory(needed, 2 * needed);  // exactly enough
-  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, false));
   device.ReportDeviceMemory(needed - 1, 2 * needed);
   try {
-    CheckDeviceFits(*spec, shape, device);
+    CheckDeviceFits(*spec, shape, device, false);
     FAIL() << "a model larger than the device's free memory was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), kExitUsage);
@@ -37,6 +37,11 @@ TEST(DeviceMemory, AModelThatDoesNotFitTheDeviceIsRefusedNamingWhatIsAskedAndFre
     EXPECT_NE(m.find("lower training.local_batch_size or training.seq_len"), std::string::npos)
         << m;
   }
+  // An optimizer that samples targets keeps the whole logits too.
+  device.ReportDeviceMemory(needed, 2 * needed);
+  EXPECT_THROW(CheckDeviceFits(*spec, shape, device, true), Error);
+  device.ReportDeviceMemory(needed + spec->PlannedBuffers(8, 256).whole_logits_bytes, 2 * needed);
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, true));
 }
 
 TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
@@ -44,7 +49,7 @@ TEST(DeviceMemory, ABackendOnHostMemoryIsLeftToTheHostCheck) {
   TrainingShape shape;
   shape.micro_batch = 8, shape.seq_len = 256;
   StagedBackend device;  // reports no device memory
-  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device));
+  EXPECT_NO_THROW(CheckDeviceFits(*spec, shape, device, false));
 }
 
 }  // namespace
@@ -78,6 +83,19 @@ TEST(DeviceMemory, TheHostPlanLeavesADevicesActivationsToTheDeviceCheck) {
   EXPECT_EQ(device.activations, 8.0 * 8 * 256);  // the targets and losses the host keeps
   EXPECT_EQ(device.model_state, host.model_state);
   EXPECT_EQ(device.batch, host.batch);
+}
+
+TEST(MemoryPlan, TheWholeLogitsArePlannedOnlyForAnOptimizerThatSamplesTargetsFromThem) {
+  Config config = Config::Defaults();
+  const auto spec = BuildModelSpec(config);
+  TrainingShape shape;
+  shape.micro_batch = 8, shape.seq_len = 256, shape.accumulation = 1;
+  const BufferSizes buffers = spec->PlannedBuffers(8, 256);
+  EXPECT_EQ(buffers.whole_logits_bytes, 4.0 * 8 * 256 * static_cast<double>(spec->vocab_size()));
+  EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations, buffers.total_bytes);
+  config.ApplyOverride("optimizer.name=SophiaG");
+  EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations,
+            buffers.total_bytes + buffers.whole_logits_bytes);
 }
 
 }  // namespace
