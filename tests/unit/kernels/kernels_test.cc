@@ -21,21 +21,7 @@ namespace {
 using testing::ExpectThreadIndependent;
 using testing::Random;
 
-TEST(Kernels, MatmulWeightGradientIsThreadIndependent) {
-  // The inner dimension of the weight gradient is the token count: OpenBLAS must not split it.
-  const int64_t N = 1000, C = 96, OC = 200;
-  auto dout = Random(N * OC, 1), inp = Random(N * C, 2), weight = Random(OC * C, 3);
-  ExpectThreadIndependent([&] {
-    std::vector<float> dinp(N * C), dweight(OC * C), out(N * OC);
-    matmul_forward(out.data(), inp.data(), weight.data(), N, C, OC);
-    matmul_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), N, C, OC,
-                    false, false);
-    std::vector<float> all = out;
-    all.insert(all.end(), dinp.begin(), dinp.end());
-    all.insert(all.end(), dweight.begin(), dweight.end());
-    return all;
-  });
-}
+// The products' thread independence, per GEMM library: gemm_library_test.cc.
 
 TEST(Kernels, AttentionAndNormsAreThreadIndependent) {
   const int64_t B = 2, T = 200, H = 4, KV = 2, D = 16, C = 64;
