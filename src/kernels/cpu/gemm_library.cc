@@ -40,8 +40,9 @@ GemmIsa gemm_isa() {
 // Measured per tile (docs/performance.md "GEMM libraries": `small`'s shapes, 4096 rows, tiles of
 // 256 x 512, one thread per tile). AVX-512: oneDNN's avx512_core kernels were as fast or faster
 // than OpenBLAS's SkylakeX ones on every shape but the head's weight gradient (a tie), so oneDNN
-// everywhere. AVX2: OpenBLAS's Haswell kernels and oneDNN's avx2 ones were within the noise of
-// each other, so OpenBLAS (the library the golden was made with) everywhere.
+// everywhere. AVX2: OpenBLAS's Haswell kernels and oneDNN's avx2 ones were within 5% of each
+// other on the forward and dinp products, and oneDNN's weight gradients were far slower (its
+// 8192 x 512 one less than half OpenBLAS's rate), so OpenBLAS (the golden's library) everywhere.
 GemmLibrary ChooseGemmLibrary(GemmIsa isa, GemmProduct product, int64_t M, int64_t N, int64_t K) {
   (void)product, (void)M, (void)N, (void)K;
   return isa == GemmIsa::kAvx512 ? GemmLibrary::kOnednn : GemmLibrary::kOpenblas;
