@@ -4,7 +4,9 @@
 // second SIGTERM or SIGINT while that is under way kills the process at once, by that signal,
 // leaving no checkpoint that looks complete (saves publish by rename, so a half-written one has
 // a temporary name); a repeated SIGUSR1 is ignored, up to the exit. SIGXFSZ is ignored so that
-// exceeding a file-size limit surfaces as EFBIG, an I/O error (74).
+// exceeding a file-size limit surfaces as EFBIG, an I/O error (74). The handler runs on an
+// alternate signal stack in the constructing thread and in each OpenMP thread (oneDNN's sgemm did
+// not survive a signal frame on its own stack).
 #pragma once
 
 namespace crucible {
