@@ -3,7 +3,8 @@
 //
 // The choice is fixed per machine and shape, never timed at run time: a pure function of the
 // vector ISA the libraries run at, the product (forward, dinp, dweight) and its shape, read from a
-// table measured on the development machine (docs/performance.md "GEMM libraries"). So a product
+// table measured on the development machine (docs/performance.md "GEMM libraries"); today's table
+// depends on the ISA alone (no product or shape stood out in the measurements). So a product
 // is a pure function of (inputs, shapes, ISA, library), and two runs on one machine give the same
 // bits. `[debug] gemm_library` can force one library for every product.
 //
