@@ -29,6 +29,7 @@
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
+#include "kernels/cpu/vec16.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel_costs.h"
 
@@ -75,7 +76,9 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
 // One tile of the forward's online softmax: turns the scores S (rows x cols, leading dimension
 // kTile) of query rows r0.. and keys c0.. into probabilities against the running maximum
 // (zero past the diagonal, rounded to bf16 when `round`), updates each row's running maximum and
-// sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved.
+// sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved. The
+// row loops are vec16.h's: exp_fast, lane_max and lane_sum bit for bit, in one pass for the
+// exponentials and their sum. alpha = 1 (the maximum did not move) skips a multiplication by 1.
 [[gnu::always_inline]] inline void OnlineSoftmaxRows(float* S, int64_t rows, int64_t cols,
                                                      int64_t r0, int64_t c0, bool round,
                                                      float* run_max, float* run_sum, float* acc,
@@ -83,26 +86,57 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
   for (int64_t i = 0; i < rows; ++i) {
     float* row = S + i * kTile;
     const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
-    const float tile_max = lane_max(row, n);
+    const float tile_max = vec16::Max(row, n);
     const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
-    for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - m);
+    const float sum = vec16::ExpShiftedSum(row, row, n, m);
     for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
-    const float sum = lane_sum(row, n);
     if (round) RoundToBfloat16(row, row, n);
     if (c0 == 0) {
       run_sum[i] = sum;
     } else {
       const float alpha = exp_fast(run_max[i] - m);
       run_sum[i] = run_sum[i] * alpha + sum;
-      for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
+      if (alpha != 1.0f)
+        for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
     }
     run_max[i] = m;
   }
 }
 
-// The same loop compiled for AVX-512 (16-lane exp) and for the build's AVX2, chosen with the tile
-// products (tile_isa()): the same operations on each element and the same 16-lane sums
-// (lanes.h), so the same bits; the test of attention_tiles.h runs both.
+// The backward's recomputed probabilities and score gradient of one tile, in place: per row i,
+// P = exp(S - lse) and dS = P * (dP - delta) * scale for the keys up to the diagonal, zero past
+// it, both rounded to bf16 when `round`.
+[[gnu::always_inline]] inline void ScoreGradientRows(float* P, float* dS, int64_t rows, int64_t cols,
+                                                     int64_t r0, int64_t c0, bool round,
+                                                     const float* lse, const float* delta,
+                                                     float scale) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* p = P + i * kTile;
+    float* ds = dS + i * kTile;
+    const int64_t n = std::min(cols, r0 + i - c0 + 1);
+    const float l = lse[i], dl = delta[i];
+    int64_t j = 0;
+    for (; j + vec16::kWidth <= n; j += vec16::kWidth) {
+      const vec16::F e = vec16::Exp(vec16::Load(p + j) - l);
+      vec16::Store(p + j, e);
+      vec16::Store(ds + j, e * (vec16::Load(ds + j) - dl) * scale);
+    }
+    if (j < n) {
+      const vec16::F e = vec16::Exp(vec16::LoadFirst(p + j, n - j) - l);
+      vec16::StoreFirst(p + j, e, n - j);
+      vec16::StoreFirst(ds + j, e * (vec16::LoadFirst(ds + j, n - j) - dl) * scale, n - j);
+    }
+    for (j = n; j < cols; ++j) p[j] = ds[j] = 0.0f;
+    if (round) {
+      RoundToBfloat16(p, p, n);
+      RoundToBfloat16(ds, ds, n);
+    }
+  }
+}
+
+// Both loops compiled for AVX-512 (one zmm per vec16 vector) and for the build's AVX2 (two ymm),
+// chosen with the tile products (tile_isa()): the same bits (vec16.h; the test of
+// attention_tiles.h runs both).
 __attribute__((target("avx512f"))) void OnlineSoftmaxAvx512(float* S, int64_t rows, int64_t cols,
                                                             int64_t r0, int64_t c0, bool round,
                                                             float* run_max, float* run_sum,
@@ -117,6 +151,21 @@ void OnlineSoftmax(float* S, int64_t rows, int64_t cols, int64_t r0, int64_t c0,
                    float* run_max, float* run_sum, float* acc, int64_t D) {
   (tile_isa() == TileIsa::kAvx512 ? OnlineSoftmaxAvx512 : OnlineSoftmaxAvx2)(
       S, rows, cols, r0, c0, round, run_max, run_sum, acc, D);
+}
+__attribute__((target("avx512f"))) void ScoreGradientAvx512(float* P, float* dS, int64_t rows,
+                                                            int64_t cols, int64_t r0, int64_t c0,
+                                                            bool round, const float* lse,
+                                                            const float* delta, float scale) {
+  ScoreGradientRows(P, dS, rows, cols, r0, c0, round, lse, delta, scale);
+}
+void ScoreGradientAvx2(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                       bool round, const float* lse, const float* delta, float scale) {
+  ScoreGradientRows(P, dS, rows, cols, r0, c0, round, lse, delta, scale);
+}
+void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                   bool round, const float* lse, const float* delta, float scale) {
+  (tile_isa() == TileIsa::kAvx512 ? ScoreGradientAvx512 : ScoreGradientAvx2)(
+      P, dS, rows, cols, r0, c0, round, lse, delta, scale);
 }
 }  // namespace
 
@@ -221,21 +270,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                           false, scale, outputs});
             tile_product({dOt.data, dOt.ld, 1, value_t.data() + c0, ldt, dS.data(), kTile, rows,
                           cols, D, false, 1.0f, outputs});
-            for (int64_t i = 0; i < rows; ++i) {
-              float* p = P.data() + i * kTile;
-              float* ds = dS.data() + i * kTile;
-              const int64_t n = std::min(cols, r0 + i - c0 + 1);
-              const float l = L[r0 + i], dl = delta[i];
-              for (int64_t j = 0; j < n; ++j) {
-                p[j] = exp_fast(p[j] - l);
-                ds[j] = p[j] * (ds[j] - dl) * scale;
-              }
-              for (int64_t j = n; j < cols; ++j) p[j] = ds[j] = 0.0f;
-              if (bf16_operands) {
-                RoundToBfloat16(p, p, n);
-                RoundToBfloat16(ds, ds, n);
-              }
-            }
+            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, bf16_operands, L + r0,
+                          delta.data(), scale);
             // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
             tile_product({P.data(), 1, kTile, dOt.data, dOt.ld, dV + c0 * ldk, ldk, cols, D, rows,
                           true, 1.0f, from_row});

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/vec16.h"  // cpu_has_avx512f
+
 namespace crucible::kernels {
 
 // What a product on a diagonal tile of causal attention (rows and columns, or rows and the inner
@@ -53,7 +55,6 @@ void transpose_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, fl
 // setter exists for the test that checks it.
 enum class TileIsa { kAvx2, kAvx512 };
 TileIsa tile_isa();
-bool cpu_has_avx512f();
 // Selects `isa` for later calls (kAvx512 only where cpu_has_avx512f()); not for use while
 // attention runs on another thread.
 void set_tile_isa(TileIsa isa);
