@@ -73,9 +73,12 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
       }
     }
     FlatParameterAccess access(built->table(), model.weights.data(), nullptr);
-    built->Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Logits());
+    // Scored: the head runs in chunks of rows (FusedHeadRows), so the whole (batch x T x V)
+    // logits never exist; a model without it serves it as kLogits and its logits are read.
+    built->Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Scored());
     const float* losses = built->losses();
-    const float* logits = built->logits();
+    const int32_t* predictions = built->predictions();
+    const float* logits = predictions ? nullptr : built->logits();
     for (int64_t row = 0; row < end - begin; ++row) {
       TokenScore& score = scores[order[begin + row]];
       double sum = 0;
@@ -84,8 +87,13 @@ std::vector<TokenScore> ScoreRequests(const EvalModel& model,
         const int32_t target = targets[row * T + i];
         if (target < 0) continue;
         sum -= losses[row * T + i];
-        const float* row_logits = logits + (row * T + i) * vocab;
-        const int64_t best = std::max_element(row_logits, row_logits + vocab) - row_logits;
+        int64_t best;
+        if (predictions) {
+          best = predictions[row * T + i];
+        } else {
+          const float* row_logits = logits + (row * T + i) * vocab;
+          best = std::max_element(row_logits, row_logits + vocab) - row_logits;
+        }
         if (best != target) greedy = false;
       }
       score.loglikelihood = sum;

@@ -43,6 +43,9 @@ struct LlamaModel::Buffers {
   std::vector<int32_t> host_targets;
   std::vector<float> host_losses, host_logits;
   bool host_logits_current = false;
+  // kScored: each position's argmax (N), and off the host a chunk of logits copied to read it.
+  std::vector<int32_t> predictions;
+  std::vector<float> host_chunk;
   // Off the host: each unit's weights and gradients in device memory, allocated at first use.
   std::vector<Floats> unit_weights, unit_gradients;
 };
@@ -183,10 +186,10 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
 
 const float* LlamaModel::logits() const {
   Buffers& b = *buffers_;
-  if (fused_ || !b.logits.data())
+  if (fused_ || scored_ || !b.logits.data())
     throw Error(kExitFailure,
-                "internal: logits() after a fused forward (ForwardOptions::Fused keeps no logits; "
-                "ask Forward for ForwardOptions::Logits())");
+                "internal: logits() after a fused or scored forward (ForwardOptions::Fused and "
+                "Scored keep no logits; ask Forward for ForwardOptions::Logits())");
   if (backend_->host_memory()) return b.logits.data();
   if (!b.host_logits_current) {
     b.host_logits.resize(b.logits.size());
@@ -277,8 +280,11 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   LossSum sum;
   if (options.head == ForwardOptions::Head::kFused) {
     sum = FusedHead(access, head, targets, options.loss_scale);
+  } else if (options.head == ForwardOptions::Head::kScored) {
+    sum = ScoredHead(head, targets);
   } else {
     fused_ = false;
+    scored_ = false;
     if (!b.logits.data()) b.logits = Buffers::Floats(be, static_cast<size_t>(N * V));
     be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
     sum = Retarget(targets);
@@ -316,8 +322,50 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
   }
   fused_ = true;
   fused_scale_ = loss_scale;
+  scored_ = false;
   if (!be.host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   return SumLosses(targets);
+}
+
+LossSum LlamaModel::ScoredHead(const float* head, const int32_t* targets) {
+  Buffers& b = *buffers_;
+  ComputeBackend& be = *backend_;
+  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size;
+  SetTargets(targets);
+  const int64_t rows = FusedHeadRows(N, V);
+  b.predictions.assign(N, -1);
+  if (!be.host_memory()) b.host_chunk.resize(rows * V);
+  for (int64_t r = 0; r < N; r += rows) {
+    const int64_t n = std::min(rows, N - r);
+    be.MatmulForward(b.head_chunk.data(), b.lnf.data() + r * C, head, n, C, V);
+    be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, b.head_chunk.data(),
+                           b.targets.data() + r, n, V);
+    const float* chunk = b.head_chunk.data();
+    if (!be.host_memory()) {
+      b.head_chunk.CopyTo(b.host_chunk.data(), n * V);
+      chunk = b.host_chunk.data();
+    }
+    const int32_t* t = targets + r;
+    int32_t* predicted = b.predictions.data() + r;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      if (t[i] < 0) continue;
+      const float* row = chunk + i * V;
+      predicted[i] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    }
+  }
+  fused_ = false;
+  scored_ = true;
+  if (!be.host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
+  return SumLosses(targets);
+}
+
+const int32_t* LlamaModel::predictions() const {
+  if (!scored_)
+    throw Error(kExitFailure,
+                "internal: predictions() without a scored forward (ask Forward for "
+                "ForwardOptions::Scored())");
+  return buffers_->predictions.data();
 }
 
 void LlamaModel::SetTargets(const int32_t* targets) {
@@ -331,9 +379,9 @@ void LlamaModel::SetTargets(const int32_t* targets) {
 LossSum LlamaModel::Retarget(const int32_t* targets) {
   Buffers& b = *buffers_;
   const int64_t N = B_ * T_, V = config_.vocab_size;
-  if (fused_ || !b.logits.data())
+  if (fused_ || scored_ || !b.logits.data())
     throw Error(kExitFailure,
-                "internal: Retarget after a fused forward (its head's backward is done; ask "
+                "internal: Retarget after a fused or scored forward (no logits kept; ask "
                 "Forward for ForwardOptions::Logits())");
   SetTargets(targets);
   backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(), N,
@@ -365,6 +413,10 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
   const int64_t L = c.n_layers;
   const int tail = table_.tail_unit();
+  if (scored_)
+    throw Error(kExitFailure,
+                "internal: Backward after a scored forward (ForwardOptions::Scored keeps no "
+                "logits; ask Forward for ForwardOptions::Logits() or Fused)");
 
   // Head and final norm (the tied head's weight and gradient live in the embedding unit).
   const float* wt = UnitWeights(access, tail);

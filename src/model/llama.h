@@ -131,6 +131,7 @@ class LlamaModel final : public Model {
   const float* logits() const override;
   LossSum Retarget(const int32_t* targets) override;
   const float* losses() const override;
+  const int32_t* predictions() const override;
   void Backward(ParameterAccess& access, float loss_scale) override;
 
   // Where decoder layer l's tensors are, relative to the first element of its unit (1 + l).
@@ -157,6 +158,8 @@ class LlamaModel final : public Model {
   // losses and lse, dln (d final-norm output) and the head's weight gradient.
   LossSum FusedHead(ParameterAccess& access, const float* head, const int32_t* targets,
                     float loss_scale);
+  // ForwardOptions::kScored's head, chunk by chunk: the losses and lse, and the predictions.
+  LossSum ScoredHead(const float* head, const int32_t* targets);
   LlamaConfig config_;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
@@ -168,6 +171,8 @@ class LlamaModel final : public Model {
   // The last Forward was kFused, with this loss scale (its head's backward is done).
   bool fused_ = false;
   float fused_scale_ = 0;
+  // The last Forward was kScored: no logits kept, no backward possible.
+  bool scored_ = false;
   std::shared_ptr<ComputeBackend> backend_;
   Buffers* buffers_;
 };

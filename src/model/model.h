@@ -41,20 +41,24 @@ struct LossSum {
 };
 
 // How a Forward ends. kLogits keeps the whole (B*T, V) logits: logits(), Retarget and a Backward
-// with any loss scale may follow (eval, `crucible model`, SophiaG's sampled targets). kFused is
+// with any loss scale may follow (`crucible model`, SophiaG's sampled targets). kFused is
 // the training forward: the head and the cross-entropy run over chunks of token rows, each
 // chunk's backward at once with `loss_scale` (Liger-kernel style, nothing recomputed), so the
 // whole logits never exist and the head's weight gradient is written during Forward, through
 // ParameterAccess::Gradients of its unit (GradientsReady waits for Backward). The Backward that
-// follows must get the same loss scale; logits() and Retarget are refused (internal error). A
-// model may serve kFused as kLogits (its whole head in Backward): the gradient is the same.
+// follows must get the same loss scale; logits() and Retarget are refused (internal error).
+// kScored is the scorer's forward (eval, validation): the same chunks, the losses and each
+// position's argmax (predictions()) and no backward; logits(), Retarget and Backward are refused.
+// A model may serve kFused or kScored as kLogits (its whole head in Backward; predictions() then
+// returns nullptr and the caller reads logits()): the results are the same.
 struct ForwardOptions {
-  enum class Head { kLogits, kFused };
+  enum class Head { kLogits, kFused, kScored };
   Head head = Head::kLogits;
   float loss_scale = 0;  // kFused: what the following Backward will be given
 
   static ForwardOptions Logits() { return {}; }
   static ForwardOptions Fused(float loss_scale) { return {Head::kFused, loss_scale}; }
+  static ForwardOptions Scored() { return {Head::kScored, 0}; }
 };
 
 class Model {
@@ -79,6 +83,10 @@ class Model {
   virtual const float* logits() const = 0;
   // Per-position cross-entropies l_i (B*T) of the last Forward, unweighted; 0 where ignored.
   virtual const float* losses() const = 0;
+  // After a kScored Forward: per position (B*T), the index of its largest logit (the first of
+  // equal ones, as std::max_element finds it), -1 where the target is ignored. nullptr from a
+  // model that served kScored as kLogits (the default): read logits().
+  virtual const int32_t* predictions() const { return nullptr; }
   // Replaces the targets of the last kLogits Forward (before its Backward): the next Backward is
   // the gradient against `targets` (B,T; -1 ignored), with the same loss weights; returns their
   // loss sum. For a Hessian pass against targets sampled from logits()

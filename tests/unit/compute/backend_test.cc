@@ -176,6 +176,68 @@ TEST(FusedHead, MatchesTheWholeLogitsOnTheCpuAndOffTheHost) {
   }
 }
 
+// The scorer's forward (ForwardOptions::Scored) against the whole logits: the loss sum and every
+// position's loss bit for bit, and each scored position's prediction the argmax std::max_element
+// takes over its whole row of logits (-1 where the target is ignored), in one chunk and in two
+// (vocabulary 8192, the second chunk ragged), on the CPU and off the host. What would need the
+// logits is refused after it.
+TEST(ScoredHead, GivesTheWholeLogitsLossesAndTheirArgmaxWithoutKeepingThem) {
+  for (const int64_t T : {int64_t{8}, int64_t{320}}) {
+    for (const bool staged : {false, true}) {
+      SCOPED_TRACE(std::string(staged ? "staged" : "cpu") + ", T=" + std::to_string(T));
+      std::vector<std::string> overrides = kUntied;
+      if (T > 8) overrides.front() = "model.vocab_size=8192";
+      constexpr int64_t B = 2;
+      Config config = Config::Defaults();
+      for (const auto& o : overrides) config.ApplyOverride(o);
+      const std::shared_ptr<const ModelSpec> spec = BuildModelSpec(config);
+      const int64_t V = spec->vocab_size();
+      std::vector<int32_t> tokens(B * T), targets(B * T);
+      Philox rng(3, 0);
+      for (int64_t i = 0; i < B * T; ++i) {
+        tokens[i] = static_cast<int32_t>(rng.NextU32() % V);
+        targets[i] = i % 3 == 2 ? -1 : static_cast<int32_t>(rng.NextU32() % V);
+      }
+      const std::unique_ptr<Model> whole = spec->Build(B, T, DefaultCpuBackend());
+      std::vector<float> weights(whole->table().total());
+      spec->InitWeights(whole->table(), 5, 0, weights.size(), weights.data());
+      FlatParameterAccess access(whole->table(), weights.data(), nullptr);
+      const LossSum want = whole->Forward(access, tokens.data(), targets.data(), nullptr,
+                                          ForwardOptions::Logits());
+      const std::vector<float> want_losses(whole->losses(), whole->losses() + B * T);
+      const float* logits = whole->logits();
+
+      const std::unique_ptr<Model> model =
+          staged ? spec->Build(B, T, std::make_shared<StagedBackend>())
+                 : spec->Build(B, T, DefaultCpuBackend());
+      const LossSum got = model->Forward(access, tokens.data(), targets.data(), nullptr,
+                                         ForwardOptions::Scored());
+      EXPECT_EQ(std::memcmp(&want.loss, &got.loss, sizeof(double)), 0);
+      EXPECT_EQ(want.weight, got.weight);
+      EXPECT_TRUE(SameBits(want_losses, std::vector<float>(model->losses(),
+                                                           model->losses() + B * T)));
+      const int32_t* predictions = model->predictions();
+      ASSERT_NE(predictions, nullptr);
+      int64_t hits = 0;
+      for (int64_t i = 0; i < B * T; ++i) {
+        if (targets[i] < 0) {
+          EXPECT_EQ(predictions[i], -1) << "position " << i;
+          continue;
+        }
+        const float* row = logits + i * V;
+        ASSERT_EQ(predictions[i], std::max_element(row, row + V) - row) << "position " << i;
+        hits += predictions[i] == targets[i];
+      }
+      EXPECT_LT(hits, B * T);  // not vacuous: the predictions are not the targets
+      EXPECT_THROW(model->logits(), Error);
+      EXPECT_THROW(model->Retarget(targets.data()), Error);
+      std::vector<float> grads(weights.size());
+      FlatParameterAccess with_grads(model->table(), weights.data(), grads.data());
+      EXPECT_THROW(model->Backward(with_grads, 1.0f), Error);
+    }
+  }
+}
+
 TEST(StagedBackend, ABadTargetIsRefusedOnTheHostNamingItsPosition) {
   constexpr int64_t B = 1, T = 4;
   Config config = Config::Defaults();
