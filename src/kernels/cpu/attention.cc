@@ -106,10 +106,10 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
 // The backward's recomputed probabilities and score gradient of one tile, in place: per row i,
 // P = exp(S - lse) and dS = P * (dP - delta) * scale for the keys up to the diagonal, zero past
 // it, both rounded to bf16 when `round`.
-[[gnu::always_inline]] inline void ScoreGradientRows(float* P, float* dS, int64_t rows, int64_t cols,
-                                                     int64_t r0, int64_t c0, bool round,
-                                                     const float* lse, const float* delta,
-                                                     float scale) {
+[[gnu::always_inline]] inline void ScoreGradientRows(float* P, float* dS, int64_t rows,
+                                                     int64_t cols, int64_t r0, int64_t c0,
+                                                     bool round, const float* lse,
+                                                     const float* delta, float scale) {
   for (int64_t i = 0; i < rows; ++i) {
     float* p = P + i * kTile;
     float* ds = dS + i * kTile;

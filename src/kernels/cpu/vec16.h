@@ -103,7 +103,8 @@ constexpr int64_t kWidth = 16;
 // the maximum is not zero (only the sign of a zero and which NaN survives depend on the order);
 // otherwise the lanes are walked in order.
 [[gnu::always_inline]] inline float MaxLanes(F acc) {
-  F t = Larger(acc, __builtin_shuffle(acc, I{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  F t =
+      Larger(acc, __builtin_shuffle(acc, I{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
   t = Larger(t, __builtin_shuffle(t, I{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
   t = Larger(t, __builtin_shuffle(t, I{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
   t = Larger(t, __builtin_shuffle(t, I{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));

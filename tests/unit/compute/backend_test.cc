@@ -202,20 +202,20 @@ TEST(ScoredHead, GivesTheWholeLogitsLossesAndTheirArgmaxWithoutKeepingThem) {
       std::vector<float> weights(whole->table().total());
       spec->InitWeights(whole->table(), 5, 0, weights.size(), weights.data());
       FlatParameterAccess access(whole->table(), weights.data(), nullptr);
-      const LossSum want = whole->Forward(access, tokens.data(), targets.data(), nullptr,
-                                          ForwardOptions::Logits());
+      const LossSum want =
+          whole->Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Logits());
       const std::vector<float> want_losses(whole->losses(), whole->losses() + B * T);
       const float* logits = whole->logits();
 
       const std::unique_ptr<Model> model =
           staged ? spec->Build(B, T, std::make_shared<StagedBackend>())
                  : spec->Build(B, T, DefaultCpuBackend());
-      const LossSum got = model->Forward(access, tokens.data(), targets.data(), nullptr,
-                                         ForwardOptions::Scored());
+      const LossSum got =
+          model->Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Scored());
       EXPECT_EQ(std::memcmp(&want.loss, &got.loss, sizeof(double)), 0);
       EXPECT_EQ(want.weight, got.weight);
-      EXPECT_TRUE(SameBits(want_losses, std::vector<float>(model->losses(),
-                                                           model->losses() + B * T)));
+      EXPECT_TRUE(
+          SameBits(want_losses, std::vector<float>(model->losses(), model->losses() + B * T)));
       const int32_t* predictions = model->predictions();
       ASSERT_NE(predictions, nullptr);
       int64_t hits = 0;

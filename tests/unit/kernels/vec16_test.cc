@@ -30,20 +30,25 @@ struct Loops {
 };
 
 [[gnu::always_inline]] inline void ExpAll(float* out, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i += vec16::kWidth) vec16::Store(out + i, vec16::Exp(vec16::Load(x + i)));
+  for (int64_t i = 0; i < n; i += vec16::kWidth)
+    vec16::Store(out + i, vec16::Exp(vec16::Load(x + i)));
 }
 
-#define CRUCIBLE_VEC16_LOOPS(suffix, attr)                                                 \
-  attr void Exp##suffix(float* out, const float* x, int64_t n) { ExpAll(out, x, n); }      \
-  attr float Max##suffix(const float* x, int64_t n) { return vec16::Max(x, n); }           \
-  attr float SumWrite##suffix(float* out, const float* x, int64_t n, float shift) {        \
-    return vec16::ExpShiftedSum(out, x, n, shift);                                         \
-  }                                                                                        \
-  attr float Sum##suffix(const float* x, int64_t n, float shift) {                         \
-    return vec16::ExpShiftedSum(x, n, shift);                                              \
-  }                                                                                        \
-  attr void Scaled##suffix(float* x, int64_t n, float shift, float scale) {                \
-    vec16::ExpShiftedScaled(x, n, shift, scale);                                           \
+#define CRUCIBLE_VEC16_LOOPS(suffix, attr)                                          \
+  attr void Exp##suffix(float* out, const float* x, int64_t n) {                    \
+    ExpAll(out, x, n);                                                              \
+  }                                                                                 \
+  attr float Max##suffix(const float* x, int64_t n) {                               \
+    return vec16::Max(x, n);                                                        \
+  }                                                                                 \
+  attr float SumWrite##suffix(float* out, const float* x, int64_t n, float shift) { \
+    return vec16::ExpShiftedSum(out, x, n, shift);                                  \
+  }                                                                                 \
+  attr float Sum##suffix(const float* x, int64_t n, float shift) {                  \
+    return vec16::ExpShiftedSum(x, n, shift);                                       \
+  }                                                                                 \
+  attr void Scaled##suffix(float* x, int64_t n, float shift, float scale) {         \
+    vec16::ExpShiftedScaled(x, n, shift, scale);                                    \
   }
 CRUCIBLE_VEC16_LOOPS(Avx2, )
 CRUCIBLE_VEC16_LOOPS(Avx512, __attribute__((target("avx512f"))))
@@ -64,10 +69,10 @@ uint32_t Bits(float x) {
 TEST(Vec16, ExpIsExpFastBitForBitOverTheFloatRange) {
   std::vector<float> x;
   const float inf = std::numeric_limits<float>::infinity();
-  for (float s : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -87.3f, 88.0f,
-                  std::nextafter(-87.3f, 0.0f), std::nextafter(-87.3f, -inf),
-                  std::nextafter(88.0f, inf), 1e-45f, -1e-45f, 0.5f, -0.5f, 0.34657359f,
-                  -0.34657359f, 1e30f, -1e30f})
+  for (float s :
+       {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -87.3f, 88.0f,
+        std::nextafter(-87.3f, 0.0f), std::nextafter(-87.3f, -inf), std::nextafter(88.0f, inf),
+        1e-45f, -1e-45f, 0.5f, -0.5f, 0.34657359f, -0.34657359f, 1e30f, -1e30f})
     x.push_back(s);
   // Every 4099th bit pattern: all exponents and signs, NaNs included.
   for (uint64_t b = 0; b <= 0xffffffffull; b += 4099) {
