@@ -11,12 +11,13 @@
 // measures at the same time, so the shares of a shared machine add up.
 //
 // Cached in <cache>/gemm-ceiling.json (<cache>: $CRUCIBLE_CACHE, else $XDG_CACHE_HOME/crucible,
-// else ~/.cache/crucible), one entry per key: a version ("v2": entries measured before oneDNN
-// took part are not reused), the CPU model, its vector features (avx2, avx512f, avx512_bf16,
-// amx), the BLAS build, oneDNN's version and ISA, the products' library rule, the OpenMP threads,
-// the ranks sharing the host, and the shapes. A key present is used as is ("cached"); delete the
-// file (or the entry) to measure again. A cache that cannot be read or written costs a warning and
-// a measurement, never the run.
+// else ~/.cache/crucible), one entry per key: a version ("v3": entries keyed without the CPU's
+// family and model, v2 and before, are not reused), the CPU's model name, family, model and
+// stepping (a VM's name alone, "AMD EPYC", is the same on Zen 4 and Zen 5, whose ceilings differ
+// 2x), its vector features (avx2, avx512f, avx512_bf16, amx), the BLAS build, oneDNN's version and
+// ISA, the products' library rule, the OpenMP threads, the ranks sharing the host, and the shapes.
+// A key present is used as is ("cached"); delete the file (or the entry) to measure again. A cache
+// that cannot be read or written costs a warning and a measurement, never the run.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +52,8 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
 // Synchronize calls after one untimed run. Not cached: it takes well under a second.
 double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes);
 
-// This machine's key: "v2;cpu=...;features=...;blas=...;onednn=2.6.3 avx512;gemm=auto;threads=N;
-// ranks_on_host=R;shapes=...".
+// This machine's key: "v3;cpu=...;family=26;model=2;stepping=0;features=...;blas=...;
+// onednn=2.6.3 avx512;gemm=auto;threads=N;ranks_on_host=R;shapes=...".
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);
 // The cache file's path.
 std::string GemmCeilingCachePath();
