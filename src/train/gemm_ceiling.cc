@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -42,41 +43,6 @@ double BestRate(double flops, Fn run) {
     best = std::max(best, flops / t.Seconds() / 1e9);
   }
   return best;
-}
-
-struct CpuId {
-  std::string model_name = "unknown", family = "?", model = "?", stepping = "?", features;
-};
-
-// "model name", "cpu family", "model", "stepping" and the vector features of /proc/cpuinfo's
-// first processor. The name alone does not tell CPUs apart: a cloud VM reports "AMD EPYC" on Zen 4
-// and on Zen 5, whose ceilings differ 2x.
-CpuId CpuDescription() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  CpuId cpu;
-  bool have_flags = false, have_family = false, have_model = false, have_stepping = false;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = Trim(line.substr(0, colon)), value = Trim(line.substr(colon + 1));
-    if (key == "model name" && cpu.model_name == "unknown") cpu.model_name = value;
-    if (key == "cpu family" && !have_family) have_family = true, cpu.family = value;
-    if (key == "model" && !have_model) have_model = true, cpu.model = value;
-    if (key == "stepping" && !have_stepping) have_stepping = true, cpu.stepping = value;
-    if (key == "flags" && !have_flags) {
-      have_flags = true;
-      std::set<std::string> flags;
-      std::istringstream words(value);
-      for (std::string w; words >> w;) flags.insert(w);
-      for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
-        if (flags.count(f)) {
-          if (!cpu.features.empty()) cpu.features += ',';
-          cpu.features += f;
-        }
-    }
-  }
-  return cpu;
 }
 
 }  // namespace
@@ -133,16 +99,37 @@ double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<Gemm
   return best;
 }
 
+std::string GemmCeilingCpuKey(std::istream& cpuinfo) {
+  std::map<std::string, std::string> first;  // each field's value on the first processor
+  for (std::string line; std::getline(cpuinfo, line);) {
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos)
+      first.emplace(Trim(line.substr(0, colon)), Trim(line.substr(colon + 1)));  // keeps the first
+  }
+  auto field = [&](const char* name, const char* missing) {
+    const auto it = first.find(name);
+    return it == first.end() ? std::string(missing) : it->second;
+  };
+  std::set<std::string> flags;
+  std::istringstream words(field("flags", ""));
+  for (std::string w; words >> w;) flags.insert(w);
+  std::string features;
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    if (flags.count(f)) features += (features.empty() ? "" : ",") + std::string(f);
+  return StrFormat("cpu=%s;family=%s;model=%s;stepping=%s;features=%s",
+                   field("model name", "unknown").c_str(), field("cpu family", "?").c_str(),
+                   field("model", "?").c_str(), field("stepping", "?").c_str(), features.c_str());
+}
+
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes) {
-  const CpuId cpu = CpuDescription();
+  std::ifstream cpuinfo("/proc/cpuinfo");
   const dnnl_version_t* onednn = dnnl_version();
   std::string key = StrFormat(
-      "v3;cpu=%s;family=%s;model=%s;stepping=%s;features=%s;blas=%s;onednn=%d.%d.%d "
+      "v3;%s;blas=%s;onednn=%d.%d.%d "
       "%s;gemm=%s;threads=%d;ranks_on_host=%d;shapes=",
-      cpu.model_name.c_str(), cpu.family.c_str(), cpu.model.c_str(), cpu.stepping.c_str(),
-      cpu.features.c_str(), Trim(openblas_get_config()).c_str(), onednn->major, onednn->minor,
-      onednn->patch, kernels::GemmIsaName(kernels::gemm_isa()), kernels::GemmLibraryRule().c_str(),
-      omp_get_max_threads(), ranks_on_host);
+      GemmCeilingCpuKey(cpuinfo).c_str(), Trim(openblas_get_config()).c_str(), onednn->major,
+      onednn->minor, onednn->patch, kernels::GemmIsaName(kernels::gemm_isa()),
+      kernels::GemmLibraryRule().c_str(), omp_get_max_threads(), ranks_on_host);
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (i > 0) key += ',';
     key += ShapeName(shapes[i]);

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -52,8 +53,13 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
 // Synchronize calls after one untimed run. Not cached: it takes well under a second.
 double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes);
 
-// This machine's key: "v3;cpu=...;family=26;model=2;stepping=0;features=...;blas=...;
-// onednn=2.6.3 avx512;gemm=auto;threads=N;ranks_on_host=R;shapes=...".
+// The CPU's part of the key, from /proc/cpuinfo's text: the first processor's model name, family,
+// model and stepping and its vector features, "cpu=AMD EPYC;family=26;model=2;stepping=1;
+// features=avx2,fma,avx512f,avx512_bf16" ("unknown", "?" and nothing where a field is missing).
+// The name alone does not tell CPUs apart: a cloud VM reports "AMD EPYC" on Zen 4 and on Zen 5.
+std::string GemmCeilingCpuKey(std::istream& cpuinfo);
+// This machine's key: "v3;<GemmCeilingCpuKey>;blas=...;onednn=2.6.3 avx512;gemm=auto;threads=N;
+// ranks_on_host=R;shapes=...".
 std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);
 // The cache file's path.
 std::string GemmCeilingCachePath();

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/files.h"
 #include "model/model.h"
@@ -69,6 +70,31 @@ TEST(GemmCeiling, AMeasurementIsCachedUnderItsKeyAndOtherEntriesStay) {
   EXPECT_TRUE(cache.at(key).contains("measured_at"));
   EXPECT_TRUE(cache.at(key).at("shapes").contains("64x32x48"));
   std::filesystem::remove_all(dir);
+}
+
+// Two CPUs with one model name and one feature list (this VM type on Zen 4 and on Zen 5) get
+// different keys, from the first processor's fields; missing fields have placeholders.
+TEST(GemmCeiling, TheCpuKeyTellsCpusOfOneNameAndFeatureListApart) {
+  auto key = [](const std::string& family, const std::string& model) {
+    std::istringstream cpuinfo(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: " + family +
+        "\nmodel\t\t: " + model +
+        "\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+        "flags\t\t: fpu sse avx2 fma avx512f avx512_bf16 avx512vl\n\n"
+        "processor\t: 1\ncpu family\t: 99\nmodel\t\t: 98\nmodel name\t: Other\n"
+        "stepping\t: 97\nflags\t\t: fpu\n");
+    return GemmCeilingCpuKey(cpuinfo);
+  };
+  EXPECT_EQ(key("25", "17"),
+            "cpu=AMD EPYC;family=25;model=17;stepping=1;features=avx2,fma,avx512f,avx512_bf16");
+  EXPECT_EQ(key("26", "2"),
+            "cpu=AMD EPYC;family=26;model=2;stepping=1;features=avx2,fma,avx512f,avx512_bf16");
+  std::istringstream empty("");
+  EXPECT_EQ(GemmCeilingCpuKey(empty), "cpu=unknown;family=?;model=?;stepping=?;features=");
+  // This machine's key carries its own CPU part.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  EXPECT_NE(GemmCeilingKey(1, {{64, 32, 48}}).find("v3;" + GemmCeilingCpuKey(cpuinfo) + ";blas="),
+            std::string::npos);
 }
 
 TEST(GemmCeiling, AnUnreadableCacheIsAWarningAndAMeasurementNeverAFailure) {
