@@ -9,7 +9,9 @@ the least disturbed one; --threads 1 is less sensitive to a busy second core.
     python3 bench/bf16_step.py [--flavor small] [--seq-len 512] [--batch 8] [--steps 4]
         [--rounds 3] [--threads 2] [--modes fp32,emulated,native]
 
-A CPU without AVX-512 BF16 refuses `native`: pass --modes fp32,emulated there.
+`native` is the fastest native kernel the CPU has (amx, else avx512_bf16); `avx512_bf16` and `amx`
+name one. A CPU without AVX-512 BF16 refuses `native`: pass --modes fp32,emulated there; one
+without AMX refuses `amx`.
 """
 import argparse
 import json
@@ -26,6 +28,8 @@ MODES = {
     "fp32": [],
     "emulated": ["training.mixed_precision_param=bfloat16", "debug.bf16_path=emulated"],
     "native": ["training.mixed_precision_param=bfloat16", "debug.bf16_path=native"],
+    "avx512_bf16": ["training.mixed_precision_param=bfloat16", "debug.bf16_path=avx512_bf16"],
+    "amx": ["training.mixed_precision_param=bfloat16", "debug.bf16_path=amx"],
 }
 
 

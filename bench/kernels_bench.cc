@@ -2,7 +2,8 @@
 // Crucible's deterministic tiled matmul (kernels/cpu/matmul.cc, on the libraries of
 // kernels/cpu/gemm_library.h's table, or GEMM_LIBRARY=openblas|onednn for all) side by side with
 // one threaded OpenBLAS sgemm of the same product (the peer, not thread-count deterministic) and
-// the native bf16 tiles (kernels/cpu/gemm_bf16.h, on AVX-512 BF16 CPUs); counters: GFLOP/s. The row
+// the native bf16 tiles (kernels/cpu/gemm_bf16.h: Bf16Native* on AVX-512 BF16 CPUs, Bf16Amx* on
+// AMX-BF16 CPUs); counters: GFLOP/s. The row
 // kernels built on the fixed-order lane reductions (kernels/cpu/lanes.h), and RoPE: RMSNorm,
 // cross-entropy over the vocabulary, causal attention (also at batch 2, seq 2048), forward and
 // backward.
@@ -47,7 +48,9 @@ std::vector<float> Filled(size_t n, float seed) {
   return v;
 }
 
-void Forward(benchmark::State& state, bool peer, bool native_bf16 = false) {
+using crucible::kernels::Bf16Gemm;
+
+void Forward(benchmark::State& state, bool peer, Bf16Gemm bf16 = Bf16Gemm::kOff) {
   const Shape& s = kShapes[state.range(0)];
   std::vector<float> x = Filled(kTokens * s.in, 0.5f), w = Filled(s.out * s.in, 0.4f);
   std::vector<float> y(kTokens * s.out);
@@ -57,7 +60,7 @@ void Forward(benchmark::State& state, bool peer, bool native_bf16 = false) {
                   s.in, w.data(), s.in, 0.0f, y.data(), s.out);
     else
       crucible::kernels::matmul_forward(y.data(), x.data(), w.data(), kTokens, s.in, s.out,
-                                        native_bf16);
+                                        bf16);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(s.name);
@@ -66,7 +69,7 @@ void Forward(benchmark::State& state, bool peer, bool native_bf16 = false) {
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
-void Backward(benchmark::State& state, bool peer, bool native_bf16 = false) {
+void Backward(benchmark::State& state, bool peer, Bf16Gemm bf16 = Bf16Gemm::kOff) {
   const Shape& s = kShapes[state.range(0)];
   std::vector<float> x = Filled(kTokens * s.in, 0.5f), w = Filled(s.out * s.in, 0.4f);
   std::vector<float> dy = Filled(kTokens * s.out, 0.3f), dx(kTokens * s.in), dw(s.out * s.in);
@@ -78,7 +81,7 @@ void Backward(benchmark::State& state, bool peer, bool native_bf16 = false) {
                   s.out, x.data(), s.in, 0.0f, dw.data(), s.in);
     } else {
       crucible::kernels::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
-                                         kTokens, s.in, s.out, false, false, native_bf16);
+                                         kTokens, s.in, s.out, false, false, bf16);
     }
     benchmark::DoNotOptimize(dw.data());
   }
@@ -96,11 +99,19 @@ void OpenblasForward(benchmark::State& state) {
 }
 void Bf16NativeForward(benchmark::State& state) {
   if (!crucible::kernels::cpu_has_avx512_bf16()) return state.SkipWithError("no AVX-512 BF16");
-  Forward(state, false, true);
+  Forward(state, false, Bf16Gemm::kAvx512Bf16);
 }
 void Bf16NativeBackward(benchmark::State& state) {
   if (!crucible::kernels::cpu_has_avx512_bf16()) return state.SkipWithError("no AVX-512 BF16");
-  Backward(state, false, true);
+  Backward(state, false, Bf16Gemm::kAvx512Bf16);
+}
+void Bf16AmxForward(benchmark::State& state) {
+  if (!crucible::kernels::cpu_has_amx_bf16()) return state.SkipWithError("no AMX-BF16");
+  Forward(state, false, Bf16Gemm::kAmx);
+}
+void Bf16AmxBackward(benchmark::State& state) {
+  if (!crucible::kernels::cpu_has_amx_bf16()) return state.SkipWithError("no AMX-BF16");
+  Backward(state, false, Bf16Gemm::kAmx);
 }
 void CrucibleBackward(benchmark::State& state) {
   Backward(state, false);
@@ -235,6 +246,8 @@ BENCHMARK(CrucibleForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->Use
 BENCHMARK(OpenblasForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(Bf16NativeForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(Bf16NativeBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(Bf16AmxForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(Bf16AmxBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 

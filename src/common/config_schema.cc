@@ -287,9 +287,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"debug.scale_loss_factor", T::kFloat, V(1.0), "test only: see debug.scale_loss_step", false,
        Above(0)},
       {"debug.bf16_path", T::kString, V(std::string("auto")),
-       "bf16 compute on the CPU: auto (AVX-512 BF16 for the linear layers where the CPU has it), "
-       "emulated (the exact emulation everywhere), native (error where the CPU lacks AVX-512 "
-       "BF16)",
+       "bf16 compute on the CPU: auto (the linear layers on AMX-BF16, else AVX-512 BF16, where "
+       "the CPU has it), emulated (the exact emulation everywhere), native (as auto, but an error "
+       "where the CPU has neither), avx512_bf16 or amx (that kernel; an error where the CPU lacks "
+       "it)",
        true},
       {"debug.gemm_library", T::kString, V(std::string("auto")),
        "the fp32 products' library on the CPU: auto (the measured table for this CPU's vector ISA "

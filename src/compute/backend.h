@@ -26,7 +26,7 @@
 //                     gradient dS = P (dP - delta) / sqrt(D), k, q; delta = rowsum(dout * out)
 //                     in fp32 on the unrounded values
 // Every output and gradient buffer stays fp32. The CPU runs this as exact emulation (bf16 values
-// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 CPUs, the linear layers natively
+// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 or AMX CPUs, the linear layers natively
 // ([debug] bf16_path; kernels/cpu/gemm_bf16.h states how its sums differ).
 #pragma once
 
@@ -51,8 +51,9 @@ struct BackendOptions {
   // [debug] share_gpu (tests): ranks on a node with more ranks than GPUs share them (GPU =
   // local rank modulo the GPU count) instead of being refused.
   bool share_gpu = false;
-  // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AVX-512 BF16),
-  // "emulated", "native" (refused where the CPU lacks it).
+  // The CPU's bf16 products ([debug] bf16_path): "auto" (native where the CPU has AMX-BF16 or
+  // AVX-512 BF16, the former first), "emulated", "native" (as auto, refused where the CPU has
+  // neither), "avx512_bf16" or "amx" (that kernel, refused where the CPU lacks it).
   std::string bf16_path = "auto";
   // The fp32 products' library ([debug] gemm_library, kernels/cpu/gemm_library.h): "auto" (the
   // measured table for this CPU's ISA and the product's shape), "openblas", "onednn".

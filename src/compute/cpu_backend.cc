@@ -1,11 +1,14 @@
 // The CPU backend: host memory and the OpenMP kernels of kernels/cpu/ (their contracts and
 // determinism: kernels/cpu/kernels.h).
 //
-// bf16 compute (compute/backend.h "Precision") takes one of two paths, chosen once from
+// bf16 compute (compute/backend.h "Precision") takes one of three paths, chosen once from
 // [debug] bf16_path and cpuid and named in Summary():
 //   emulated     the linear layers' operands are rounded to bf16 into scratch this backend owns
 //                (grown to the largest product, then reused), then the fp32 kernels run on them;
-//   avx512_bf16  the linear layers run kernels/cpu/gemm_bf16.h's vdpbf16ps tiles.
+//   avx512_bf16  the linear layers run kernels/cpu/gemm_bf16.h's vdpbf16ps tiles;
+//   amx          the linear layers run its tdpbf16ps tiles (AMX-BF16).
+// "auto" and "native" take the fastest native kernel the CPU has (amx, then avx512_bf16); "auto"
+// falls back to emulated, "native" (like a named kernel) is refused where there is none.
 // The fp32 products' library ([debug] gemm_library) is set process-wide here (gemm_library.h) and
 // named in Summary() ("gemm=auto gemm_isa=avx512").
 // Attention rounds its operands inside the kernel (bf16_operands) on both paths.
@@ -29,23 +32,42 @@ namespace {
 
 namespace k = kernels;
 
+// [debug] bf16_path (validated in train/training_config.cc) -> the native kernel, kOff: emulated.
+k::Bf16Gemm ChooseBf16Gemm(const std::string& path) {
+  if (path == "emulated") return k::Bf16Gemm::kOff;
+  if (path == "avx512_bf16" || path == "amx") {
+    const k::Bf16Gemm gemm = path == "amx" ? k::Bf16Gemm::kAmx : k::Bf16Gemm::kAvx512Bf16;
+    if (!k::Bf16GemmAvailable(gemm))
+      throw UsageError("debug.bf16_path = \"" + path + "\": this CPU has no " +
+                       (path == "amx" ? "AMX-BF16 (cpuid, or Linux refused the tile state)"
+                                      : "AVX-512 BF16 (cpuid)") +
+                       "; use \"auto\" or \"emulated\"");
+    return gemm;
+  }
+  const k::Bf16Gemm best = k::cpu_has_amx_bf16()      ? k::Bf16Gemm::kAmx
+                           : k::cpu_has_avx512_bf16() ? k::Bf16Gemm::kAvx512Bf16
+                                                      : k::Bf16Gemm::kOff;
+  if (path == "native" && best == k::Bf16Gemm::kOff)
+    throw UsageError(
+        "debug.bf16_path = \"native\": this CPU has no AVX-512 BF16 or AMX-BF16 (cpuid); use "
+        "\"auto\" or \"emulated\"");
+  return best;
+}
+
 class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(const BackendOptions& options) : compute_(options.compute) {
     k::SetGemmLibraryRule(options.gemm_library);
     if (compute_ != ComputePrecision::kBfloat16) return;
-    if (options.bf16_path == "native" && !k::cpu_has_avx512_bf16())
-      throw UsageError(
-          "debug.bf16_path = \"native\": this CPU has no AVX-512 BF16 (cpuid); use \"auto\" or "
-          "\"emulated\"");
-    native_ = options.bf16_path != "emulated" && k::cpu_has_avx512_bf16();
+    gemm_ = ChooseBf16Gemm(options.bf16_path);
   }
 
   std::string name() const override { return "cpu"; }
   std::string Summary() const override {
     std::string summary = std::string("device=cpu compute=") + ComputePrecisionName(compute_);
-    if (bf16()) summary += native_ ? " bf16_path=avx512_bf16" : " bf16_path=emulated";
-    if (!native_) summary.append(" ").append(k::GemmLibrarySummary());  // native: its own
+    const bool native = gemm_ != k::Bf16Gemm::kOff;
+    if (bf16()) summary.append(" bf16_path=").append(native ? k::Bf16GemmName(gemm_) : "emulated");
+    if (!native) summary.append(" ").append(k::GemmLibrarySummary());  // native: its own
     return summary;
   }
   ComputePrecision compute() const override { return compute_; }
@@ -58,22 +80,22 @@ class CpuBackend final : public HostMemoryBackend {
 
   void MatmulForward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                      int64_t OC) override {
-    if (bf16() && !native_) {
+    if (bf16() && gemm_ == k::Bf16Gemm::kOff) {
       inp = Rounded(0, inp, N * C);
       weight = Rounded(1, weight, OC * C);
     }
-    k::matmul_forward(out, inp, weight, N, C, OC, native_);
+    k::matmul_forward(out, inp, weight, N, C, OC, gemm_);
   }
   void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                       bool accumulate_dweight) override {
-    if (bf16() && !native_) {
+    if (bf16() && gemm_ == k::Bf16Gemm::kOff) {
       dout = Rounded(0, dout, N * OC);
       inp = Rounded(1, inp, N * C);
       if (dinp) weight = Rounded(2, weight, OC * C);
     }
     k::matmul_backward(dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp,
-                       accumulate_dweight, native_);
+                       accumulate_dweight, gemm_);
   }
   void EmbeddingForward(float* out, const int32_t* tokens, const float* table, int64_t N,
                         int64_t C) override {
@@ -138,7 +160,7 @@ class CpuBackend final : public HostMemoryBackend {
   }
 
   ComputePrecision compute_;
-  bool native_ = false;  // bf16 linear layers on AVX-512 BF16
+  k::Bf16Gemm gemm_ = k::Bf16Gemm::kOff;  // the bf16 linear layers' native kernel, or emulated
   std::vector<float> scratch_[3];
 };
 

@@ -131,8 +131,9 @@ BackendOptions BuildBackendOptions(const Config& config) {
                      "'");
   options.bf16_path = config.String("debug.bf16_path");
   if (options.bf16_path != "auto" && options.bf16_path != "emulated" &&
-      options.bf16_path != "native")
-    throw UsageError("debug.bf16_path: expected auto, emulated or native, got '" +
+      options.bf16_path != "native" && options.bf16_path != "avx512_bf16" &&
+      options.bf16_path != "amx")
+    throw UsageError("debug.bf16_path: expected auto, emulated, native, avx512_bf16 or amx, got '" +
                      options.bf16_path + "'");
   options.gemm_library = config.String("debug.gemm_library");
   if (options.gemm_library != "auto" && options.gemm_library != "openblas" &&

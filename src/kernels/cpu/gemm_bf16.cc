@@ -1,25 +1,42 @@
-// The AVX-512 BF16 product (gemm_bf16.h). Each operand is packed once per product into bf16 pair
-// words, vectorised: A row-major (pair-major when A is transposed, so both packings store whole
-// vectors), B as panels of 32 columns, each pair's 32 words contiguous (odd K padded with a zero).
-// A tile is walked in column strips of 128 and, inside a strip, K blocks of 128 pairs; a 6 x 32
-// micro-kernel keeps 12 accumulators in registers and walks a block's pairs in order. Between
-// blocks the accumulators go through C in fp32, which is exact, so every output's chain is the
-// same as with one block. A block of a B panel (16 KiB) stays in L1 while the rows sweep it, the
-// strip of C (at most 256 x 128 fp32) in L2 while the blocks pass.
+// The native bf16 products (gemm_bf16.h). Each operand is packed once per product into bf16 pair
+// words, vectorised: A row-major (pair-major when A is transposed, for kAvx512Bf16, so both
+// packings store whole vectors; kAmx always row-major, a transposed A turned through a 16 x 16
+// block of words), B as panels of 32 columns, each pair's 32 words contiguous (odd K padded with a
+// zero, the pairs to a multiple of 16).
 //
-// The build targets x86-64-v3: only the functions marked AVX512_BF16 use the wider instructions,
-// and they run only after cpu_has_avx512_bf16() (every such CPU also has AVX-512 BW).
+// kAvx512Bf16: a tile is walked in column strips of 128 and, inside a strip, K blocks of 128
+// pairs; a 6 x 32 micro-kernel keeps 12 accumulators in registers and walks a block's pairs in
+// order. Between blocks the accumulators go through C in fp32, which is exact, so every output's
+// chain is the same as with one block. A block of a B panel (16 KiB) stays in L1 while the rows
+// sweep it, the strip of C (at most 256 x 128 fp32) in L2 while the blocks pass.
+//
+// kAmx: eight 16 x 64-byte tiles: four accumulators (a 32 x 32 block of C), two of A (32 rows x 16
+// pairs), two of B (16 pairs x 32 columns, the panel's layout as it is: tdpbf16ps reads B as pair
+// words, one row per pair). A tile is walked in K blocks of 256 pairs, inside a block by column
+// panels, inside a panel by 32-row blocks, so a panel's block (32 KiB) stays in L1 while the rows
+// sweep it and the tile's A block and C in L2. Blocks of C cut by the tile's edge go through a
+// 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes apart, so the 16 rows of
+// an A tile do not fall into one L1 set.
+//
+// The build targets x86-64-v3: only the functions marked AVX512_BF16 or AMX use the wider
+// instructions, and they run only after cpu_has_avx512_bf16() or cpu_has_amx_bf16() (every such
+// CPU also has AVX-512 BW).
 #include "kernels/cpu/gemm_bf16.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace crucible::kernels {
 namespace {
 
 #define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 
 constexpr int kRows = 6;              // rows of the micro-kernel
 constexpr int64_t kStripCols = 128;   // columns of C per strip
@@ -110,10 +127,64 @@ AVX512_BF16 void RunRows(int rows, Bf16PackedA a, const uint32_t* b, int64_t pai
 constexpr int64_t RoundUp16(int64_t n) {
   return (n + 15) / 16 * 16;
 }
+constexpr int64_t RoundUp32(int64_t n) {
+  return (n + 31) / 32 * 32;
+}
 
-AVX512_BF16 Bf16PackedA PackA(bool trans_a, int64_t M, int64_t K, const float* A, int64_t lda,
-                              Bf16PackBuffer& buffer) {
+// kAmx's A rows: the pairs rounded up to 16 words (one A tile's row), plus 16 more when that is
+// an even multiple of 16, so that rows are an odd number of 64-byte lines apart.
+constexpr int64_t AmxRowStride(int64_t pairs) {
+  const int64_t words = RoundUp16(pairs);
+  return words % 32 == 0 ? words + 16 : words;
+}
+
+// kAmx's A from a transposed A (K,M): 16 rows x 16 pairs at a time, PairsAcross along the rows of
+// A (16 rows of op(A) at one pair each), then each row of op(A) gathered from the block.
+AVX512_BF16 void PackAmxRowsFromColumns(int64_t M, int64_t K, const float* A, int64_t lda,
+                                        uint32_t* pack, int64_t stride) {
+  const int64_t pairs = (K + 1) / 2, rows = RoundUp32(M), words = RoundUp16(pairs);
+  const __m512i column = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64,
+                                          48, 32, 16, 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i += 16) {
+    alignas(64) uint32_t block[16 * 16];
+    const int64_t n = std::clamp<int64_t>(M - i, 0, 16);
+    for (int64_t q = 0; q < words; q += 16) {
+      for (int64_t t = 0; t < 16; ++t) {
+        const int64_t p = q + t;
+        __m512i v = _mm512_setzero_si512();
+        if (p < pairs && n > 0) {
+          const float* even = A + 2 * p * lda + i;
+          v = PairsAcross(even, 2 * p + 1 < K ? even + lda : nullptr, n);
+        }
+        _mm512_store_si512(block + 16 * t, v);
+      }
+      for (int64_t r = 0; r < 16; ++r)
+        _mm512_store_si512(pack + (i + r) * stride + q,
+                           _mm512_i32gather_epi32(_mm512_add_epi32(column, _mm512_set1_epi32(r)),
+                                                  block, 4));
+    }
+  }
+}
+
+AVX512_BF16 Bf16PackedA PackA(Bf16Gemm gemm, bool trans_a, int64_t M, int64_t K, const float* A,
+                              int64_t lda, Bf16PackBuffer& buffer) {
   const int64_t pairs = (K + 1) / 2;
+  if (gemm == Bf16Gemm::kAmx) {
+    const int64_t stride = AmxRowStride(pairs), rows = RoundUp32(M);
+    uint32_t* pack = buffer.Words(rows * stride);
+    if (trans_a) {
+      PackAmxRowsFromColumns(M, K, A, lda, pack, stride);
+      return {pack, stride, 1};
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t q = 0; q < RoundUp16(pairs); q += 16)
+        _mm512_store_si512(pack + i * stride + q,
+                           i < M ? PairsAlong(A + i * lda + 2 * q, std::min<int64_t>(32, K - 2 * q))
+                                 : _mm512_setzero_si512());
+    return {pack, stride, 1};
+  }
   if (!trans_a) {
     const int64_t stride = RoundUp16(pairs);
     uint32_t* pack = buffer.Words(M * stride);
@@ -141,17 +212,17 @@ AVX512_BF16 Bf16PackedB PackB(bool trans_b, int64_t N, int64_t K, const float* B
                               Bf16PackBuffer& buffer) {
   const int64_t pairs = (K + 1) / 2;
   const int64_t panels = (N + kBf16Panel - 1) / kBf16Panel;
-  const int64_t panel_stride = pairs * kBf16Panel;
+  const int64_t panel_stride = RoundUp16(pairs) * kBf16Panel;
   uint32_t* pack = buffer.Words(panels * panel_stride);
   if (!trans_b) {
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t p = 0; p < RoundUp16(pairs); ++p) {
       const float* even = B + 2 * p * ldb;
       const float* odd = 2 * p + 1 < K ? even + ldb : nullptr;
       for (int64_t panel = 0; panel < panels; ++panel)
         for (int64_t half = 0; half < 2; ++half) {
           const int64_t j = panel * kBf16Panel + half * 16;
-          const int64_t n = std::clamp<int64_t>(N - j, 0, 16);
+          const int64_t n = p < pairs ? std::clamp<int64_t>(N - j, 0, 16) : 0;
           _mm512_store_si512(
               pack + panel * panel_stride + p * kBf16Panel + half * 16,
               n ? PairsAcross(even + j, odd ? odd + j : nullptr, n) : _mm512_setzero_si512());
@@ -171,15 +242,115 @@ AVX512_BF16 Bf16PackedB PackB(bool trans_b, int64_t N, int64_t K, const float* B
                              PairsAlong(B + j * ldb + 2 * q, std::min<int64_t>(32, K - 2 * q)));
         else
           _mm512_store_si512(words, _mm512_setzero_si512());
-        for (int64_t t = 0; t < std::min<int64_t>(16, pairs - q); ++t)
-          column[(q + t) * kBf16Panel] = words[t];
+        for (int64_t t = 0; t < 16; ++t) column[(q + t) * kBf16Panel] = words[t];  // zero past K
       }
     }
   }
   return {pack, panel_stride};
 }
 
+// ---- kAmx ----
+
+constexpr int64_t kAmxBlockPairs = 256;  // pairs of K per block: 16 tdpbf16ps
+
+struct TileConfig {  // LDTILECFG's 64-byte operand, palette 1
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Tiles 0..3: C (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31); 4, 5: A rows
+// 0-15, 16-31; 6, 7: B columns 0-15, 16-31. Every tile 16 rows of 64 bytes. A constant in memory:
+// GCC 12 drops stores to a local configuration before _tile_loadconfig (it does not see the
+// instruction read them), which leaves the tiles unconfigured (SIGILL at the first tile op).
+alignas(64) constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+AMX void ConfigureTiles() {
+  _tile_loadconfig(&kTileConfig);
+}
+
+// The 32 x 32 block of C at c (leading dimension ldc floats): C (load) or 0, plus `groups` x 16
+// pairs of 32 A rows at a (stride a_stride words) and one B panel at b.
+AMX void AmxBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_t groups, float* c,
+                  int64_t ldc, bool load) {
+  const int64_t c_bytes = ldc * 4, a_bytes = a_stride * 4;
+  if (load) {
+    _tile_loadd(0, c, c_bytes);
+    _tile_loadd(1, c + 16, c_bytes);
+    _tile_loadd(2, c + 16 * ldc, c_bytes);
+    _tile_loadd(3, c + 16 * ldc + 16, c_bytes);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    _tile_loadd(4, a + g * 16, a_bytes);
+    _tile_loadd(5, a + 16 * a_stride + g * 16, a_bytes);
+    _tile_loadd(6, b + g * 16 * kBf16Panel, kBf16Panel * 4);
+    _tile_loadd(7, b + g * 16 * kBf16Panel + 16, kBf16Panel * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, c_bytes);
+  _tile_stored(1, c + 16, c_bytes);
+  _tile_stored(2, c + 16 * ldc, c_bytes);
+  _tile_stored(3, c + 16 * ldc + 16, c_bytes);
+}
+
+AMX void AmxTile(const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0, int64_t j0, int64_t rows,
+                 int64_t cols, int64_t K, bool beta, float* C, int64_t ldc) {
+  ConfigureTiles();
+  const int64_t words = RoundUp16((K + 1) / 2);
+  alignas(64) float edge[32 * 32] = {};  // rows and columns past the tile's edge: discarded
+  for (int64_t p0 = 0; p0 < words; p0 += kAmxBlockPairs) {
+    const int64_t groups = std::min(kAmxBlockPairs, words - p0) / 16;
+    const bool load = beta || p0 > 0;
+    for (int64_t j = 0; j < cols; j += kBf16Panel) {
+      const uint32_t* panel = b.words + (j0 + j) / kBf16Panel * b.panel_stride + p0 * kBf16Panel;
+      const int64_t n = std::min<int64_t>(32, cols - j);
+      for (int64_t i = 0; i < rows; i += 32) {
+        const uint32_t* arows = a.words + (i0 + i) * a.row_stride + p0;
+        const int64_t m = std::min<int64_t>(32, rows - i);
+        float* c = C + i * ldc + j;
+        if (m == 32 && n == 32) {
+          AmxBlock(arows, a.row_stride, panel, groups, c, ldc, load);
+          continue;
+        }
+        if (load)
+          for (int64_t r = 0; r < m; ++r) std::memcpy(edge + r * 32, c + r * ldc, n * 4);
+        AmxBlock(arows, a.row_stride, panel, groups, edge, 32, load);
+        for (int64_t r = 0; r < m; ++r) std::memcpy(c + r * ldc, edge + r * 32, n * 4);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Asks Linux for the AMX tile data state (XTILEDATA, xstate component 18) for this process.
+bool AmxPermitted() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
 }  // namespace
+
+const char* Bf16GemmName(Bf16Gemm gemm) {
+  switch (gemm) {
+    case Bf16Gemm::kAvx512Bf16:
+      return "avx512_bf16";
+    case Bf16Gemm::kAmx:
+      return "amx";
+    default:
+      return "off";
+  }
+}
 
 uint32_t* Bf16PackBuffer::Words(int64_t n) {
   if (storage_.size() < static_cast<size_t>(n + 16)) storage_.resize(n + 16);
@@ -193,9 +364,30 @@ bool cpu_has_avx512_bf16() {
   return has;
 }
 
-Bf16PackedA pack_bf16_a(bool trans_a, int64_t M, int64_t K, const float* A, int64_t lda,
-                        Bf16PackBuffer& buffer) {
-  return PackA(trans_a, M, K, A, lda, buffer);
+bool cpu_has_amx_bf16() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_has_avx512_bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+    return amx_bf16 && amx_tile && AmxPermitted();
+  }();
+  return has;
+}
+
+bool Bf16GemmAvailable(Bf16Gemm gemm) {
+  switch (gemm) {
+    case Bf16Gemm::kAvx512Bf16:
+      return cpu_has_avx512_bf16();
+    case Bf16Gemm::kAmx:
+      return cpu_has_amx_bf16();
+    default:
+      return true;
+  }
+}
+
+Bf16PackedA pack_bf16_a(Bf16Gemm gemm, bool trans_a, int64_t M, int64_t K, const float* A,
+                        int64_t lda, Bf16PackBuffer& buffer) {
+  return PackA(gemm, trans_a, M, K, A, lda, buffer);
 }
 
 Bf16PackedB pack_bf16_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb,
@@ -203,13 +395,15 @@ Bf16PackedB pack_bf16_b(bool trans_b, int64_t N, int64_t K, const float* B, int6
   return PackB(trans_b, N, K, B, ldb, buffer);
 }
 
-void gemm_bf16_tile(const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0, int64_t j0,
-                    int64_t rows, int64_t cols, int64_t K, bool beta, float* C, int64_t ldc) {
+void gemm_bf16_tile(Bf16Gemm gemm, const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0,
+                    int64_t j0, int64_t rows, int64_t cols, int64_t K, bool beta, float* C,
+                    int64_t ldc) {
   if (K == 0) {
     if (!beta)
       for (int64_t i = 0; i < rows; ++i) std::fill(C + i * ldc, C + i * ldc + cols, 0.0f);
     return;
   }
+  if (gemm == Bf16Gemm::kAmx) return AmxTile(a, b, i0, j0, rows, cols, K, beta, C, ldc);
   // Column strips of kStripCols: the strip of C (at most 256 x 128 fp32) stays in L2 while the
   // K blocks pass through it; each block's B panel stays in L1 while the rows sweep it.
   const int64_t pairs = (K + 1) / 2;

@@ -1,21 +1,30 @@
-// A bf16 matrix product on AVX-512 BF16 (vdpbf16ps), the native path of the CPU backend's bf16
-// compute (compute/backend.h "Precision"). matmul.cc packs each operand of a product once
-// (pack_bf16_a, pack_bf16_b: rounded to bf16 and laid out as the micro-kernel reads them), cuts
-// the output into tiles and calls gemm_bf16_tile once per tile, single-threaded, exactly as it
-// calls sgemm for fp32.
+// bf16 matrix products on the CPU's own bf16 instructions, the native path of the CPU backend's
+// bf16 compute (compute/backend.h "Precision"). Two kernels share one packing and one tiling:
+//   kAvx512Bf16  vdpbf16ps (AVX-512 BF16): a 6 x 32 register micro-kernel;
+//   kAmx         tdpbf16ps (AMX-BF16): 32 x 32 blocks of four 16 x 16 accumulator tiles.
+// matmul.cc packs each operand of a product once (pack_bf16_a, pack_bf16_b: rounded to bf16 and
+// laid out as the kernel reads them), cuts the output into tiles and calls gemm_bf16_tile once
+// per tile, single-threaded, exactly as it calls sgemm for fp32.
 //
 // Arithmetic: each operand is rounded to bf16 (ties to even, RoundToBfloat16's bits, so the
-// operands equal the emulated path's), then every output element is one fp32 chain over k in
-// index order: acc = C (beta 1) or 0 (beta 0); for each pair k = 2p, 2p+1:
-// acc = (acc + a[2p+1] b[2p+1]) + a[2p] b[2p] in Intel's definition of vdpbf16ps (each bf16 x bf16
-// product exact, each add rounded to nearest even; a CPU may round the pair differently, which
-// the tolerance below covers), with denormal inputs and outputs flushed to zero (vdpbf16ps
-// ignores MXCSR). K is walked in blocks of 128 pairs with the accumulator stored to C in fp32
-// and reloaded between blocks, which is exact: the chain is the same as without blocks. The
-// order depends on K alone, so the bits are the same for any tiling or thread count. It differs
+// operands equal the emulated path's) and each output element is an fp32 sum over k that starts
+// from C (beta 1) or 0 (beta 0) and walks k in index order, in a way fixed by K alone, so the
+// bits are the same for any tiling or thread count:
+// - kAvx512Bf16: one fp32 chain; for each pair k = 2p, 2p+1: acc = (acc + a[2p+1] b[2p+1]) +
+//   a[2p] b[2p] (vdpbf16ps as Intel defines it: each bf16 x bf16 product exact, each add
+//   rounded to nearest even; a CPU may round the pair differently, which the bound below covers),
+//   denormal inputs and outputs flushed to zero (vdpbf16ps ignores MXCSR).
+// - kAmx: one tdpbf16ps per 16 pairs (zero past K): acc = dp16(acc, 16 pairs). Intel's
+//   pseudo-code writes dp16 as 32 rounded adds, but the hardware does not round that way
+//   (measured on a Xeon with AMX, 2026-12-02: one pair alone gives round(acc + round(a0 b0 +
+//   a1 b1)); sixteen match neither order of the rounded chain in about half the outputs). Its
+//   result is a function of its inputs, so the chain of instructions over K is as fixed as the
+//   vdpbf16ps chain; the two kernels' bits differ.
+// Both walk K in blocks with the fp32 accumulator stored to C and reloaded between blocks, which
+// is exact (kAvx512Bf16: 128 pairs; kAmx: 256 pairs, a whole number of instructions). They differ
 // from the emulated path (OpenBLAS sgemm's blocked order on the same bf16 values, C added last)
-// only by summation order and denormals: |native - emulated| <= 2 K 2^-24 sum_k |a_k b_k| when
-// no denormal is involved (tests/unit/kernels/bf16_test.cc).
+// by summation order and denormals only: |native - emulated| <= 2 K 2^-24 sum_k |a_k b_k| when no
+// denormal is involved (tests/unit/kernels/bf16_test.cc, both kernels).
 #pragma once
 
 #include <cstdint>
@@ -23,10 +32,19 @@
 
 namespace crucible::kernels {
 
+// Which native kernel a product runs; kOff: none (fp32 sgemm, the emulated path's products).
+enum class Bf16Gemm { kOff, kAvx512Bf16, kAmx };
+const char* Bf16GemmName(Bf16Gemm gemm);  // "off", "avx512_bf16", "amx"
+
 // True when this CPU executes AVX-512 F, BW and BF16 (cpuid, checked once).
 bool cpu_has_avx512_bf16();
+// True when this CPU has AVX-512 BF16, AMX-TILE and AMX-BF16 (cpuid) and the kernel let this
+// process use the tile registers (Linux's arch_prctl(ARCH_REQ_XCOMP_PERM), asked once, here).
+bool cpu_has_amx_bf16();
+// Whether `gemm` can run here (kOff always).
+bool Bf16GemmAvailable(Bf16Gemm gemm);
 
-// Columns of a packed B panel: the micro-kernel's two zmm of fp32 accumulators per row.
+// Columns of a packed B panel: two zmm of accumulators per row (kAvx512Bf16), two B tiles (kAmx).
 constexpr int64_t kBf16Panel = 32;
 
 // Storage for a packed operand, 64-byte aligned, grown to the largest request and then reused.
@@ -39,13 +57,15 @@ class Bf16PackBuffer {
 };
 
 // op(A) (M,K) as pair words, word = bf16(a[i][2p]) | bf16(a[i][2p+1]) << 16 (zero past K) at
-// words[i * row_stride + p * pair_stride].
+// words[i * row_stride + p * pair_stride]. kAmx: always row-major (pair_stride 1), rows padded
+// with zero words to a multiple of 32 and pairs to a multiple of 16.
 struct Bf16PackedA {
   const uint32_t* words;
   int64_t row_stride, pair_stride;
 };
 // op(B) (K,N) as panels of kBf16Panel columns: word (p, j) = bf16(b[2p][j]) | bf16(b[2p+1][j]) <<
-// 16 (zero past K or N) at words[j / kBf16Panel * panel_stride + p * kBf16Panel + j % kBf16Panel].
+// 16 (zero past K or N; pairs padded with zero words to a multiple of 16) at
+// words[j / kBf16Panel * panel_stride + p * kBf16Panel + j % kBf16Panel].
 struct Bf16PackedB {
   const uint32_t* words;
   int64_t panel_stride;
@@ -53,16 +73,19 @@ struct Bf16PackedB {
 
 // op(A) = A (M,K) row-major with leading dimension lda, or A^T for A (K,M) when trans_a; op(B)
 // likewise (B^T for B (N,K) when trans_b). OpenMP over rows or pairs (elementwise: any thread
-// count gives the same words). The result points into `buffer`. Require cpu_has_avx512_bf16().
-Bf16PackedA pack_bf16_a(bool trans_a, int64_t M, int64_t K, const float* A, int64_t lda,
-                        Bf16PackBuffer& buffer);
+// count gives the same words). The result points into `buffer`. Require
+// Bf16GemmAvailable(gemm) and gemm != kOff.
+Bf16PackedA pack_bf16_a(Bf16Gemm gemm, bool trans_a, int64_t M, int64_t K, const float* A,
+                        int64_t lda, Bf16PackBuffer& buffer);
 Bf16PackedB pack_bf16_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb,
                         Bf16PackBuffer& buffer);
 
 // The output tile rows [i0, i0 + rows) x columns [j0, j0 + cols) of C = op(A) op(B) + (beta ?
 // C : 0): C points at the tile's first element, row-major with leading dimension ldc. j0 is a
-// multiple of kBf16Panel. Single-threaded; requires cpu_has_avx512_bf16().
-void gemm_bf16_tile(const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0, int64_t j0,
-                    int64_t rows, int64_t cols, int64_t K, bool beta, float* C, int64_t ldc);
+// multiple of kBf16Panel, and for kAmx i0 a multiple of 32. `a` was packed for `gemm`.
+// Single-threaded; requires Bf16GemmAvailable(gemm) and gemm != kOff.
+void gemm_bf16_tile(Bf16Gemm gemm, const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0,
+                    int64_t j0, int64_t rows, int64_t cols, int64_t K, bool beta, float* C,
+                    int64_t ldc);
 
 }  // namespace crucible::kernels

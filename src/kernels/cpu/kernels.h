@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/gemm_bf16.h"
+
 namespace crucible::kernels {
 
 // Test-only switch: when set, rmsnorm_forward adds one ULP to every output (the smoke gate must
@@ -21,16 +23,16 @@ namespace crucible::kernels {
 extern bool g_perturb_rmsnorm_for_tests;
 
 // ---- matmul (a linear layer without bias, Hugging Face weight layout (OC, C)) ----
-// native_bf16: the operands rounded to bf16 and multiplied with AVX-512 BF16 instructions
-// (kernels/cpu/gemm_bf16.h, which states the arithmetic); only where cpu_has_avx512_bf16().
+// bf16: the operands rounded to bf16 and multiplied by that native kernel (kernels/cpu/gemm_bf16.h,
+// which states the arithmetic; only where Bf16GemmAvailable), or kOff: fp32 sgemm.
 // inp (N,C), weight (OC,C) -> out (N,OC)
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
-                    int64_t OC, bool native_bf16 = false);
+                    int64_t OC, Bf16Gemm bf16 = Bf16Gemm::kOff);
 // dout (N,OC) -> dinp (N,C) (overwritten, or added to when accumulate_dinp) and
 // dweight (OC,C) (overwritten, or added to when accumulate_dweight). dinp may be null.
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
-                     bool accumulate_dweight, bool native_bf16 = false);
+                     bool accumulate_dweight, Bf16Gemm bf16 = Bf16Gemm::kOff);
 
 // ---- embedding ----
 // tokens (N) -> out (N,C) = table[tokens]

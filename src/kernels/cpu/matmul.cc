@@ -11,10 +11,10 @@
 // (OMP_THREAD_LIMIT=1 while omp_get_max_threads() > 1) is not active: OpenBLAS then starts its own
 // threads and waits for them forever.
 //
-// native_bf16: both operands are packed once per product into bf16 pair words (gemm_bf16.h; the
-// buffers are this file's, grown to the largest product and reused, so products must not run
-// concurrently), then the same tiles are each computed by gemm_bf16_tile instead of sgemm; the
-// caller checks cpu_has_avx512_bf16().
+// bf16 (not kOff): both operands are packed once per product into bf16 pair words for that kernel
+// (gemm_bf16.h; the buffers are this file's, grown to the largest product and reused, so products
+// must not run concurrently), then the same tiles are each computed by gemm_bf16_tile instead of
+// sgemm; the caller checks Bf16GemmAvailable().
 #include <algorithm>
 
 #include "common/profile.h"
@@ -60,7 +60,7 @@ Tiles ChooseTiles(int64_t M, int64_t N) {
 // C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major, tiled over C.
 void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                int64_t ldc, bool native_bf16) {
+                int64_t ldc, Bf16Gemm bf16) {
   const GemmLibrary library = GemmLibraryFor(product, M, N, K);
   const Tiles t = ChooseTiles(M, N);
   const int64_t row_tiles = (M + t.rows - 1) / t.rows;
@@ -68,16 +68,17 @@ void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int6
   static Bf16PackBuffer a_buffer, b_buffer;
   Bf16PackedA a_packed{};
   Bf16PackedB b_packed{};
-  if (native_bf16) {
-    a_packed = pack_bf16_a(trans_a, M, K, A, lda, a_buffer);
+  const bool native = bf16 != Bf16Gemm::kOff;
+  if (native) {
+    a_packed = pack_bf16_a(bf16, trans_a, M, K, A, lda, a_buffer);
     b_packed = pack_bf16_b(trans_b, N, K, B, ldb, b_buffer);
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t tile = 0; tile < row_tiles * col_tiles; ++tile) {
     const int64_t i0 = (tile / col_tiles) * t.rows, j0 = (tile % col_tiles) * t.cols;
     const int64_t rows = std::min(t.rows, M - i0), cols = std::min(t.cols, N - j0);
-    if (native_bf16) {
-      gemm_bf16_tile(a_packed, b_packed, i0, j0, rows, cols, K, beta != 0.0f, C + i0 * ldc + j0,
+    if (native) {
+      gemm_bf16_tile(bf16, a_packed, b_packed, i0, j0, rows, cols, K, beta != 0.0f, C + i0 * ldc + j0,
                      ldc);
       continue;
     }
@@ -91,23 +92,23 @@ void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int6
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
-                    int64_t OC, bool native_bf16) {
+                    int64_t OC, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
   gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC,
-             native_bf16);
+             bf16);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
-                     bool accumulate_dweight, bool native_bf16) {
+                     bool accumulate_dweight, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulBackwardCost(N, C, OC, dinp != nullptr));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
     gemm_tiled(GemmProduct::kDinp, false, false, N, C, OC, dout, OC, weight, C,
-               accumulate_dinp ? 1.0f : 0.0f, dinp, C, native_bf16);
+               accumulate_dinp ? 1.0f : 0.0f, dinp, C, bf16);
   // dweight (OC,C) = dout^T (OC,N) @ inp (N,C)
   gemm_tiled(GemmProduct::kDweight, true, false, OC, C, N, dout, OC, inp, C,
-             accumulate_dweight ? 1.0f : 0.0f, dweight, C, native_bf16);
+             accumulate_dweight ? 1.0f : 0.0f, dweight, C, bf16);
 }
 
 }  // namespace crucible::kernels

@@ -2,9 +2,10 @@
 // one; the CPU backend's bf16 linear layers (emulated and native) against a double-precision
 // product of the bf16-rounded operands, within the worst-case bound of an fp32 sum,
 // 2 K 2^-24 sum_k |a_k b_k| (and farther than that from the fp32 product, so the test sees the
-// rounding); the same bits for 1..4 threads; native against emulated within the same bound; and
-// bf16 attention against a double reference that rounds the same operands at the same places
-// (the flash tiles' running maxima included).
+// rounding); the same bits for 1..4 threads; native against emulated within the same bound, for
+// each native kernel the CPU has (avx512_bf16, amx); and bf16 attention against a double
+// reference that rounds the same operands at the same places (the flash tiles' running maxima
+// included).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,8 +39,21 @@ std::shared_ptr<ComputeBackend> Bf16Backend(const char* path) {
   return MakeBackend(options);
 }
 
-#define SKIP_WITHOUT_AVX512_BF16() \
-  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no AVX-512 BF16"
+// The native kernels this CPU runs, by their [debug] bf16_path names.
+struct NativeKernel {
+  const char* path;
+  Bf16Gemm gemm;
+};
+std::vector<NativeKernel> NativeKernels() {
+  std::vector<NativeKernel> kernels;
+  for (const NativeKernel k : {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16},
+                               NativeKernel{"amx", Bf16Gemm::kAmx}})
+    if (Bf16GemmAvailable(k.gemm)) kernels.push_back(k);
+  return kernels;
+}
+
+#define SKIP_WITHOUT_NATIVE_BF16() \
+  if (NativeKernels().empty()) GTEST_SKIP() << "this CPU has no AVX-512 BF16"
 
 TEST(Bf16Rounding, BulkEqualsScalarBitForBit) {
   std::vector<float> x = Random(1000, 1, 3.0f);
@@ -136,14 +150,19 @@ TEST(Bf16Matmul, EmulatedMatchesDoubleProductOfRoundedOperands) {
 }
 
 TEST(Bf16Matmul, NativeMatchesDoubleProductOfRoundedOperands) {
-  SKIP_WITHOUT_AVX512_BF16();
-  ExpectLinearAgainstReference("native");
+  SKIP_WITHOUT_NATIVE_BF16();
+  for (const NativeKernel& k : NativeKernels()) {
+    SCOPED_TRACE(k.path);
+    ExpectLinearAgainstReference(k.path);
+  }
 }
 
 TEST(Bf16Matmul, NativeWithinSumOrderBoundOfEmulated) {
-  SKIP_WITHOUT_AVX512_BF16();
+  SKIP_WITHOUT_NATIVE_BF16();
+  for (const NativeKernel& k : NativeKernels()) {
+  SCOPED_TRACE(k.path);
   const Linear l;
-  const auto native = l.Run(*Bf16Backend("native"));
+  const auto native = l.Run(*Bf16Backend(k.path));
   const auto emulated = l.Run(*Bf16Backend("emulated"));
   const auto in = Rounded(l.inp), w = Rounded(l.weight), d = Rounded(l.dout);
   const Reference refs[] = {
@@ -157,11 +176,52 @@ TEST(Bf16Matmul, NativeWithinSumOrderBoundOfEmulated) {
     }
   // Not a promise, a sanity check that the native path really ran: the sum orders differ.
   EXPECT_TRUE(any_different);
+  }
+}
+
+TEST(Bf16Matmul, AmxAndAvx512Bf16AgreeWithinTheBoundButAreNotTheSameKernel) {
+  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  const Linear l;
+  const auto amx = l.Run(*Bf16Backend("amx"));
+  const auto avx512 = l.Run(*Bf16Backend("avx512_bf16"));
+  const auto in = Rounded(l.inp), w = Rounded(l.weight), d = Rounded(l.dout);
+  const Reference refs[] = {
+      Product(in, w, l.N, l.OC, l.C), Product(d, Transposed(w, l.OC, l.C), l.N, l.C, l.OC),
+      Product(Transposed(d, l.N, l.OC), Transposed(in, l.N, l.C), l.OC, l.C, l.N)};
+  int64_t different = 0;
+  for (int t = 0; t < 3; ++t)
+    for (size_t i = 0; i < amx[t].size(); ++i) {
+      ASSERT_LE(std::fabs(amx[t][i] - avx512[t][i]), refs[t].bound[i]) << t << ":" << i;
+      different += amx[t][i] != avx512[t][i];
+    }
+  // tdpbf16ps does not round as the vdpbf16ps chain does (gemm_bf16.h): if every bit were equal,
+  // the AMX tiles would not have run.
+  EXPECT_GT(different, 0);
+}
+
+TEST(Bf16Backend, AutoAndNativePickAmxFirst) {
+  const std::string expected = cpu_has_amx_bf16()      ? "amx"
+                               : cpu_has_avx512_bf16() ? "avx512_bf16"
+                                                       : "emulated";
+  for (const char* path : {"auto", "native"}) {
+    if (expected == "emulated" && std::string(path) == "native") continue;
+    EXPECT_NE(Bf16Backend(path)->Summary().find("bf16_path=" + expected), std::string::npos)
+        << path;
+  }
+  for (const NativeKernel& k : {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16},
+                                NativeKernel{"amx", Bf16Gemm::kAmx}}) {
+    if (Bf16GemmAvailable(k.gemm)) {
+      EXPECT_NE(Bf16Backend(k.path)->Summary().find(std::string("bf16_path=") + k.path),
+                std::string::npos);
+    } else {
+      EXPECT_THROW(Bf16Backend(k.path), Error) << k.path;
+    }
+  }
 }
 
 // C = op(A) op(B) + (beta ? C : 0) through gemm_bf16.h's packing and one tile covering C;
 // a_values (M,K) and b_values (N,K) are stored transposed or not as trans_a, trans_b ask.
-void NativeProduct(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+void NativeProduct(Bf16Gemm gemm, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                    const std::vector<float>& a_values, const std::vector<float>& b_values,
                    int64_t k0, int64_t k1, bool beta, std::vector<float>& C) {
   const std::vector<float> A = trans_a ? Transposed(a_values, M, K) : a_values;
@@ -170,39 +230,52 @@ void NativeProduct(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   const float* a = trans_a ? A.data() + k0 * M : A.data() + k0;
   const float* b = trans_b ? B.data() + k0 : B.data() + k0 * N;
   Bf16PackBuffer a_buffer, b_buffer;
-  const Bf16PackedA pa = pack_bf16_a(trans_a, M, k1 - k0, a, trans_a ? M : K, a_buffer);
+  const Bf16PackedA pa = pack_bf16_a(gemm, trans_a, M, k1 - k0, a, trans_a ? M : K, a_buffer);
   const Bf16PackedB pb = pack_bf16_b(trans_b, N, k1 - k0, b, trans_b ? K : N, b_buffer);
-  gemm_bf16_tile(pa, pb, 0, 0, M, N, k1 - k0, beta, C.data(), N);
+  gemm_bf16_tile(gemm, pa, pb, 0, 0, M, N, k1 - k0, beta, C.data(), N);
 }
 
 TEST(Bf16Matmul, NativeEveryLayoutOddShapesAndKBlocksMatchDoubleProduct) {
-  SKIP_WITHOUT_AVX512_BF16();
-  constexpr int64_t M = 37, N = 70, K = 601;  // K: three blocks of 128 pairs, the last one odd
+  SKIP_WITHOUT_NATIVE_BF16();
+  // K: 301 pairs, three avx512_bf16 blocks of 128 pairs and two amx blocks of 256, the last ones
+  // partial and odd; M, N: partial 6-row, 32-row and 32-column blocks.
+  constexpr int64_t M = 37, N = 70, K = 601;
   const auto a = Rounded(Random(M * K, 21)), b = Rounded(Random(N * K, 22));
   const Reference ref = Product(a, b, M, N, K);
-  for (const bool trans_a : {false, true})
-    for (const bool trans_b : {false, true}) {
-      std::vector<float> C(M * N, 7.0f);  // beta 0 ignores it
-      NativeProduct(trans_a, trans_b, M, N, K, a, b, 0, K, false, C);
-      ExpectWithin(C, ref, nullptr, trans_a ? (trans_b ? "TT" : "TN") : (trans_b ? "NT" : "NN"));
-    }
+  for (const NativeKernel& k : NativeKernels())
+    for (const bool trans_a : {false, true})
+      for (const bool trans_b : {false, true}) {
+        SCOPED_TRACE(k.path);
+        std::vector<float> C(M * N, 7.0f);  // beta 0 ignores it
+        NativeProduct(k.gemm, trans_a, trans_b, M, N, K, a, b, 0, K, false, C);
+        ExpectWithin(C, ref, nullptr, trans_a ? (trans_b ? "TT" : "TN") : (trans_b ? "NT" : "NN"));
+      }
 }
 
 TEST(Bf16Matmul, NativeKBlocksChainExactlyThroughC) {
-  SKIP_WITHOUT_AVX512_BF16();
-  // The first block alone, then the rest accumulated into C: the same bits as one product.
-  constexpr int64_t M = 13, N = 40, K = 517;
+  SKIP_WITHOUT_NATIVE_BF16();
+  // The first k0 columns alone, then the rest accumulated into C: the same bits as one product
+  // where k0 falls between the kernel's instructions (avx512_bf16: any pair; amx: 16 pairs, at a
+  // K block's end or inside one).
+  constexpr int64_t M = 45, N = 40, K = 1157;
   const auto a = Random(M * K, 23), b = Random(N * K, 24);
-  std::vector<float> whole(M * N), split(M * N);
-  NativeProduct(false, true, M, N, K, a, b, 0, K, false, whole);
-  NativeProduct(false, true, M, N, K, a, b, 0, 256, false, split);
-  NativeProduct(false, true, M, N, K, a, b, 256, K, true, split);
-  EXPECT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * 4), 0);
+  for (const NativeKernel& k : NativeKernels()) {
+    std::vector<float> whole(M * N);
+    NativeProduct(k.gemm, false, true, M, N, K, a, b, 0, K, false, whole);
+    for (const int64_t k0 : {256, 512}) {
+      SCOPED_TRACE(std::string(k.path) + " k0 " + std::to_string(k0));
+      std::vector<float> split(M * N);
+      NativeProduct(k.gemm, false, true, M, N, K, a, b, 0, k0, false, split);
+      NativeProduct(k.gemm, false, true, M, N, K, a, b, k0, K, true, split);
+      EXPECT_EQ(std::memcmp(whole.data(), split.data(), whole.size() * 4), 0);
+    }
+  }
 }
 
 TEST(Bf16Matmul, AccumulatesIntoDinpAndDweight) {
-  for (const char* path : {"emulated", "native"}) {
-    if (std::string(path) == "native" && !cpu_has_avx512_bf16()) continue;
+  std::vector<const char*> paths = {"emulated"};
+  for (const NativeKernel& k : NativeKernels()) paths.push_back(k.path);
+  for (const char* path : paths) {
     const Linear l;
     auto backend = Bf16Backend(path);
     std::vector<float> dinp(l.N * l.C, 0.0f), dweight(l.OC * l.C, 0.0f);
@@ -229,8 +302,11 @@ TEST(Bf16Matmul, EmulatedThreadIndependent) {
 }
 
 TEST(Bf16Matmul, NativeThreadIndependent) {
-  SKIP_WITHOUT_AVX512_BF16();
-  ExpectThreadIndependent([] { return LinearBits("native"); });
+  SKIP_WITHOUT_NATIVE_BF16();
+  for (const NativeKernel& k : NativeKernels()) {
+    SCOPED_TRACE(k.path);
+    ExpectThreadIndependent([&] { return LinearBits(k.path); });
+  }
 }
 
 TEST(Bf16Backend, SummaryNamesThePathThatRuns) {
@@ -238,8 +314,9 @@ TEST(Bf16Backend, SummaryNamesThePathThatRuns) {
   EXPECT_EQ(Bf16Backend("emulated")->Summary(),
             "device=cpu compute=bfloat16 bf16_path=emulated" + gemm);
   EXPECT_EQ(Bf16Backend("auto")->Summary(),
-            cpu_has_avx512_bf16() ? "device=cpu compute=bfloat16 bf16_path=avx512_bf16"
-                                  : "device=cpu compute=bfloat16 bf16_path=emulated" + gemm);
+            cpu_has_amx_bf16()      ? "device=cpu compute=bfloat16 bf16_path=amx"
+            : cpu_has_avx512_bf16() ? "device=cpu compute=bfloat16 bf16_path=avx512_bf16"
+                                    : "device=cpu compute=bfloat16 bf16_path=emulated" + gemm);
   if (!cpu_has_avx512_bf16()) {
     EXPECT_THROW(Bf16Backend("native"), Error);
   }
