@@ -36,6 +36,26 @@ def run_crucible(*args, env=None, check=True, timeout=600, cwd=None):
     return proc
 
 
+def cpu_flags() -> set:
+    """The feature flags /proc/cpuinfo lists for this CPU."""
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16_kernels() -> list:
+    """The CPU backend's native bf16 kernels this CPU has, by their [debug] bf16_path names, the
+    one `auto` and `native` pick first (kernels/cpu/gemm_bf16.h)."""
+    flags = cpu_flags()
+    kernels = []
+    if {"avx512_bf16", "amx_bf16", "amx_tile"} <= flags:
+        kernels.append("amx")
+    if "avx512_bf16" in flags:
+        kernels.append("avx512_bf16")
+    return kernels
+
+
 def build_fuzzer(target):
     """Builds a libFuzzer target of tests/fuzz (clang, ASan + UBSan) next to the crucible binary."""
     clang = shutil.which("clang++")

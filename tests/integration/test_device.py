@@ -5,7 +5,7 @@ is tests/unit/compute/backend_test.cc; the GPU's own tests are tests/gpu/ (make 
 import numpy as np
 import pytest
 
-from conftest import crucible_binary, run_crucible
+from conftest import crucible_binary, native_bf16_kernels, run_crucible
 from rank_runs import mpirun_train, steps_and_digest
 
 DEBUG = ["--set", "training.steps=1", "--set", "training.seq_len=16",
@@ -68,14 +68,22 @@ def text_tokens(tmp_path):
     return f"training.dataset_path={path}"
 
 
-def bf16_path_available(path):
-    return path == "emulated" or "avx512_bf16" in open("/proc/cpuinfo").read()
+def bf16_path_runs(path):
+    """The kernel the start line names for [debug] bf16_path `path`, or None where this CPU cannot
+    run it or, for a kernel named explicitly, where `native` already runs it."""
+    kernels = native_bf16_kernels()
+    if path == "emulated":
+        return "emulated"
+    if path == "native":
+        return kernels[0] if kernels else None
+    return path if path in kernels[1:] else None
 
 
-@pytest.mark.parametrize("path", ["emulated", "native"])
+@pytest.mark.parametrize("path", ["emulated", "native", "avx512_bf16"])
 def test_bf16_compute_trains_and_its_bits_depend_neither_on_threads_nor_ranks(tmp_path, text_tokens, path):
-    if not bf16_path_available(path):
-        pytest.skip("this CPU has no AVX-512 BF16")
+    expected = bf16_path_runs(path)
+    if expected is None:
+        pytest.skip(f"bf16_path={path}: this CPU has no such kernel, or native runs it already")
     settings = BF16 + [text_tokens, f"debug.bf16_path={path}", "training.steps=12"]
     runs = {}
     for threads, np in [(2, 1), (1, 1), (1, 2)]:
@@ -87,8 +95,7 @@ def test_bf16_compute_trains_and_its_bits_depend_neither_on_threads_nor_ranks(tm
         else:
             proc = mpirun_train([crucible_binary(), "train"], np, run_dir, settings)
         start = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start"))
-        expected = "bf16_path=avx512_bf16" if path == "native" else "bf16_path=emulated"
-        assert f"compute=bfloat16 {expected}" in start, start
+        assert f"compute=bfloat16 bf16_path={expected}" in start, start
         runs[(threads, np)] = steps_and_digest(proc, run_dir, ["loss"])
     steps, digest = runs[(2, 1)]
     assert steps[-1][1] < steps[0][1] - 1.0, f"bf16 training did not learn: {steps}"
@@ -100,6 +107,16 @@ def test_bf16_compute_trains_and_its_bits_depend_neither_on_threads_nor_ranks(tm
     fp32_steps, fp32_digest = steps_and_digest(fp32, tmp_path / "fp32", ["loss"])
     assert fp32_digest != digest
     assert max(abs(a[1] - b[1]) for a, b in zip(steps, fp32_steps)) < 0.05, (steps, fp32_steps)
+
+
+@pytest.mark.parametrize("path", ["avx512_bf16", "amx", "native", "amx2"])
+def test_a_bf16_kernel_this_cpu_lacks_or_an_unknown_one_is_refused_in_one_line(tmp_path, path):
+    kernels = native_bf16_kernels()
+    if path in kernels or (path == "native" and kernels):
+        pytest.skip(f"this CPU runs bf16_path={path}")
+    line = refused(tmp_path, "training.mixed_precision_param=bfloat16", f"debug.bf16_path={path}")
+    assert line.startswith("crucible: error: debug.bf16_path"), line
+    assert "auto" in line, line  # what to do instead
 
 
 def test_bf16_compute_resumes_bit_exactly(tmp_path, text_tokens):

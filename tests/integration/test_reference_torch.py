@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import STACKS, python_env, run_crucible
+from conftest import STACKS, native_bf16_kernels, python_env, run_crucible
 from safetensors_io import read_safetensors, write_safetensors
 
 REFERENCE = "import sys, llama_reference; llama_reference.main(sys.argv[1:])"
@@ -179,10 +179,13 @@ def worst_errors(ours, ref):
 # magnitude, the first layer's within 1.1e-3 on this batch). So each gradient within 3e-3 of its
 # largest magnitude, and the fp32 run at least twice as far off on the worst one: the test fails
 # when a rounding the contract names is missing or extra.
-@pytest.mark.parametrize("path", ["emulated", "native"])
+@pytest.mark.parametrize("path", ["emulated", "native", "avx512_bf16"])
 def test_bf16_compute_matches_pytorch_with_the_same_roundings(tmp_path, torch_env, path):
-    if path == "native" and "avx512_bf16" not in open("/proc/cpuinfo").read():
+    kernels = native_bf16_kernels()
+    if path == "native" and not kernels:
         pytest.skip("this CPU has no AVX-512 BF16")
+    if path == "avx512_bf16" and kernels[1:] != ["avx512_bf16"]:
+        pytest.skip("native runs avx512_bf16 already, or this CPU has no AVX-512 BF16")
     bf16 = ["training.mixed_precision_param=bfloat16", f"debug.bf16_path={path}"]
     ours, ref = grads_of(tmp_path, torch_env, bf16, "bfloat16")
     loss_error, grads = worst_errors(ours, ref)

@@ -12,9 +12,10 @@
 //
 // kAmx: eight 16 x 64-byte tiles: four accumulators (a 32 x 32 block of C), two of A (32 rows x 16
 // pairs), two of B (16 pairs x 32 columns, the panel's layout as it is: tdpbf16ps reads B as pair
-// words, one row per pair). A tile is walked in K blocks of 256 pairs, inside a block by column
-// panels, inside a panel by 32-row blocks, so a panel's block (32 KiB) stays in L1 while the rows
-// sweep it and the tile's A block and C in L2. Blocks of C cut by the tile's edge go through a
+// words, one row per pair). A tile is walked in K blocks of 1024 pairs, inside a block by column
+// panels, inside a panel by 32-row blocks, so a panel's block (at most 128 KiB) stays in L2 while
+// the rows sweep it (blocks of 64, 128, 256, 512, 1024 and 4096 pairs measured on `small`'s
+// shapes: 1024 the fastest, by 0-20% over 256; docs/performance.md). Blocks of C cut by the tile's edge go through a
 // 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes apart, so the 16 rows of
 // an A tile do not fall into one L1 set.
 //
@@ -138,34 +139,63 @@ constexpr int64_t AmxRowStride(int64_t pairs) {
   return words % 32 == 0 ? words + 16 : words;
 }
 
-// kAmx's A from a transposed A (K,M): 16 rows x 16 pairs at a time, PairsAcross along the rows of
-// A (16 rows of op(A) at one pair each), then each row of op(A) gathered from the block.
+// GCC 12's unpack intrinsics pass an undefined vector as the unused source, which
+// -Wmaybe-uninitialized reports where they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// r[t][c] -> r[c][t] for 16 vectors of 16 words: words interleaved, then 64-bit pairs, then the
+// 128-bit lanes.
+AVX512_BF16 inline void Transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+  }
+  // u[4g + e], lane L: rows 4g .. 4g + 3 at column 4L + e.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i lo01 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44);
+    const __m512i lo23 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
+    const __m512i hi01 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xee);
+    const __m512i hi23 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xee);
+    r[e] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);
+    r[8 + e] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);
+    r[12 + e] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);
+  }
+}
+
+// kAmx's A from a transposed A (K,M): 16 pairs x 16 rows of op(A) at a time, PairsAcross along
+// 32 rows of A (16 rows of op(A) at one pair each), turned in registers. The threads share the
+// pairs, so each reads whole rows of A in order.
 AVX512_BF16 void PackAmxRowsFromColumns(int64_t M, int64_t K, const float* A, int64_t lda,
                                         uint32_t* pack, int64_t stride) {
   const int64_t pairs = (K + 1) / 2, rows = RoundUp32(M), words = RoundUp16(pairs);
-  const __m512i column = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64,
-                                          48, 32, 16, 0);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; i += 16) {
-    alignas(64) uint32_t block[16 * 16];
-    const int64_t n = std::clamp<int64_t>(M - i, 0, 16);
-    for (int64_t q = 0; q < words; q += 16) {
+  for (int64_t q = 0; q < words; q += 16)
+    for (int64_t i = 0; i < rows; i += 16) {
+      const int64_t n = std::clamp<int64_t>(M - i, 0, 16);
+      __m512i r[16];
       for (int64_t t = 0; t < 16; ++t) {
         const int64_t p = q + t;
-        __m512i v = _mm512_setzero_si512();
+        r[t] = _mm512_setzero_si512();
         if (p < pairs && n > 0) {
           const float* even = A + 2 * p * lda + i;
-          v = PairsAcross(even, 2 * p + 1 < K ? even + lda : nullptr, n);
+          r[t] = PairsAcross(even, 2 * p + 1 < K ? even + lda : nullptr, n);
         }
-        _mm512_store_si512(block + 16 * t, v);
       }
-      for (int64_t r = 0; r < 16; ++r)
-        _mm512_store_si512(pack + (i + r) * stride + q,
-                           _mm512_i32gather_epi32(_mm512_add_epi32(column, _mm512_set1_epi32(r)),
-                                                  block, 4));
+      Transpose16(r);
+      for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(pack + (i + c) * stride + q, r[c]);
     }
-  }
 }
+
+#pragma GCC diagnostic pop
 
 AVX512_BF16 Bf16PackedA PackA(Bf16Gemm gemm, bool trans_a, int64_t M, int64_t K, const float* A,
                               int64_t lda, Bf16PackBuffer& buffer) {
@@ -251,7 +281,7 @@ AVX512_BF16 Bf16PackedB PackB(bool trans_b, int64_t N, int64_t K, const float* B
 
 // ---- kAmx ----
 
-constexpr int64_t kAmxBlockPairs = 256;  // pairs of K per block: 16 tdpbf16ps
+constexpr int64_t kAmxBlockPairs = 1024;  // pairs of K per block: 64 tdpbf16ps
 
 struct TileConfig {  // LDTILECFG's 64-byte operand, palette 1
   uint8_t palette, start_row;

@@ -21,7 +21,7 @@
 //   result is a function of its inputs, so the chain of instructions over K is as fixed as the
 //   vdpbf16ps chain; the two kernels' bits differ.
 // Both walk K in blocks with the fp32 accumulator stored to C and reloaded between blocks, which
-// is exact (kAvx512Bf16: 128 pairs; kAmx: 256 pairs, a whole number of instructions). They differ
+// is exact (kAvx512Bf16: 128 pairs; kAmx: 1024 pairs, a whole number of instructions). They differ
 // from the emulated path (OpenBLAS sgemm's blocked order on the same bf16 values, C added last)
 // by summation order and denormals only: |native - emulated| <= 2 K 2^-24 sum_k |a_k b_k| when no
 // denormal is involved (tests/unit/kernels/bf16_test.cc, both kernels).

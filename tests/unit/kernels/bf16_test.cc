@@ -237,9 +237,9 @@ void NativeProduct(Bf16Gemm gemm, bool trans_a, bool trans_b, int64_t M, int64_t
 
 TEST(Bf16Matmul, NativeEveryLayoutOddShapesAndKBlocksMatchDoubleProduct) {
   SKIP_WITHOUT_NATIVE_BF16();
-  // K: 301 pairs, three avx512_bf16 blocks of 128 pairs and two amx blocks of 256, the last ones
+  // K: 1051 pairs, nine avx512_bf16 blocks of 128 pairs and two amx blocks of 1024, the last ones
   // partial and odd; M, N: partial 6-row, 32-row and 32-column blocks.
-  constexpr int64_t M = 37, N = 70, K = 601;
+  constexpr int64_t M = 37, N = 70, K = 2101;
   const auto a = Rounded(Random(M * K, 21)), b = Rounded(Random(N * K, 22));
   const Reference ref = Product(a, b, M, N, K);
   for (const NativeKernel& k : NativeKernels())
@@ -257,12 +257,12 @@ TEST(Bf16Matmul, NativeKBlocksChainExactlyThroughC) {
   // The first k0 columns alone, then the rest accumulated into C: the same bits as one product
   // where k0 falls between the kernel's instructions (avx512_bf16: any pair; amx: 16 pairs, at a
   // K block's end or inside one).
-  constexpr int64_t M = 45, N = 40, K = 1157;
+  constexpr int64_t M = 45, N = 40, K = 2311;
   const auto a = Random(M * K, 23), b = Random(N * K, 24);
   for (const NativeKernel& k : NativeKernels()) {
     std::vector<float> whole(M * N);
     NativeProduct(k.gemm, false, true, M, N, K, a, b, 0, K, false, whole);
-    for (const int64_t k0 : {256, 512}) {
+    for (const int64_t k0 : {256, 2048}) {
       SCOPED_TRACE(std::string(k.path) + " k0 " + std::to_string(k0));
       std::vector<float> split(M * N);
       NativeProduct(k.gemm, false, true, M, N, K, a, b, 0, k0, false, split);
