@@ -82,8 +82,9 @@ std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shape
   return rates;
 }
 
-double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes) {
-  double best = 0;
+std::vector<GemmShapeRate> MeasureBackendGemmShapes(ComputeBackend& backend,
+                                                    const std::vector<GemmShape>& shapes) {
+  std::vector<GemmShapeRate> rates;
   for (const GemmShape& s : shapes) {
     DeviceArray<float> a(backend, s.rows * s.in), w(backend, s.out * s.in),
         c(backend, s.rows * s.out);
@@ -94,8 +95,15 @@ double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<Gemm
       backend.Synchronize();
     };
     run();  // untimed: the library's first call picks its algorithm
-    best = std::max(best, BestRate(2.0 * s.rows * s.in * s.out, run));
+    rates.push_back({s, BestRate(2.0 * s.rows * s.in * s.out, run)});
   }
+  return rates;
+}
+
+double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes) {
+  double best = 0;
+  for (const GemmShapeRate& r : MeasureBackendGemmShapes(backend, shapes))
+    best = std::max(best, r.gflops);
   return best;
 }
 
@@ -121,7 +129,8 @@ std::string GemmCeilingCpuKey(std::istream& cpuinfo) {
                    field("model", "?").c_str(), field("stepping", "?").c_str(), features.c_str());
 }
 
-std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes) {
+std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes,
+                           const ComputeBackend* backend) {
   std::ifstream cpuinfo("/proc/cpuinfo");
   const dnnl_version_t* onednn = dnnl_version();
   std::string key = StrFormat(
@@ -134,6 +143,7 @@ std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shap
     if (i > 0) key += ',';
     key += ShapeName(shapes[i]);
   }
+  if (backend) key += ";backend=" + backend->Summary();
   return key;
 }
 
@@ -178,8 +188,9 @@ double LookupGemmCeiling(const std::string& path, const std::string& key) {
 }
 
 double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const std::string& path,
-                                  const std::string& key) {
-  const std::vector<GemmShapeRate> rates = MeasureGemmShapes(shapes);
+                                  const std::string& key, ComputeBackend* backend) {
+  const std::vector<GemmShapeRate> rates =
+      backend ? MeasureBackendGemmShapes(*backend, shapes) : MeasureGemmShapes(shapes);
   double best = 0;
   nlohmann::json per_shape = nlohmann::json::object();
   for (const GemmShapeRate& r : rates) {

@@ -1,4 +1,4 @@
-// The fp32 GEMM ceiling of this machine for a model: the best GFLOP/s that matrix products of
+// The GEMM ceiling of this machine for a model (fp32; in bf16 compute, below, the backend's own): the best GFLOP/s that matrix products of
 // the model's own shapes reach here, measured once and cached, so MFU ("share of the ceiling")
 // means the same from run to run. (A fresh 1024^3 sgemm at every start varied from 77 to 177
 // GFLOP/s across runs of one machine: whatever else ran at that half second decided it.)
@@ -18,6 +18,12 @@
 // ISA, the products' library rule, the OpenMP threads, the ranks sharing the host, and the shapes.
 // A key present is used as is ("cached"); delete the file (or the entry) to measure again. A cache
 // that cannot be read or written costs a warning and a measurement, never the run.
+//
+// In bf16 compute the ceiling is that of the backend's own products instead (its MatmulForward
+// over the same shapes: on the CPU the AMX or AVX-512 BF16 tiles, or the emulation's rounding and
+// fp32 products), keyed by the same fields plus the backend's summary ("backend=device=cpu
+// compute=bfloat16 bf16_path=amx"): a bf16 step on AMX runs its products at 3x the fp32
+// ceiling, so against that ceiling every bf16 step read as "faster than the peak" (mfu=nan).
 #pragma once
 
 #include <cstdint>
@@ -47,10 +53,13 @@ struct GemmShapeRate {
 
 // Measures every shape (collective-free; each call takes about a second or two).
 std::vector<GemmShapeRate> MeasureGemmShapes(const std::vector<GemmShape>& shapes);
+// Measures every shape through `backend`'s MatmulForward in its compute precision, each timed
+// between two Synchronize calls after one untimed run.
+std::vector<GemmShapeRate> MeasureBackendGemmShapes(ComputeBackend& backend,
+                                                    const std::vector<GemmShape>& shapes);
 
-// A backend whose memory is not the host's (a GPU): the best GFLOP/s of its MatmulForward
-// (compute/backend.h, in its compute precision) over `shapes`, each timed between two
-// Synchronize calls after one untimed run. Not cached: it takes well under a second.
+// A backend whose memory is not the host's (a GPU): the best of MeasureBackendGemmShapes. Not
+// cached: it takes well under a second.
 double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<GemmShape>& shapes);
 
 // The CPU's part of the key, from /proc/cpuinfo's text: the first processor's model name, family,
@@ -59,17 +68,19 @@ double MeasureBackendGemmCeiling(ComputeBackend& backend, const std::vector<Gemm
 // The name alone does not tell CPUs apart: a cloud VM reports "AMD EPYC" on Zen 4 and on Zen 5.
 std::string GemmCeilingCpuKey(std::istream& cpuinfo);
 // This machine's key: "v3;<GemmCeilingCpuKey>;blas=...;onednn=2.6.3 avx512;gemm=auto;threads=N;
-// ranks_on_host=R;shapes=...".
-std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes);
+// ranks_on_host=R;shapes=...", and ";backend=<its Summary()>" when `backend` is given (bf16).
+std::string GemmCeilingKey(int ranks_on_host, const std::vector<GemmShape>& shapes,
+                           const ComputeBackend* backend = nullptr);
 // The cache file's path.
 std::string GemmCeilingCachePath();
 
 // The cached ceiling of `key` in the file at `path` (0 when there is none; an unreadable file is
 // a warning and 0).
 double LookupGemmCeiling(const std::string& path, const std::string& key);
-// Measures `shapes` and records the best under `key` in the file at `path` (atomically; a
-// failure to write is a warning). Returns the ceiling.
+// Measures `shapes` (MeasureGemmShapes, or MeasureBackendGemmShapes when `backend` is given) and
+// records the best under `key` in the file at `path` (atomically; a failure to write is a
+// warning). Returns the ceiling.
 double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const std::string& path,
-                                  const std::string& key);
+                                  const std::string& key, ComputeBackend* backend = nullptr);
 
 }  // namespace crucible

@@ -24,13 +24,15 @@ PeakFlops ResolvePeakFlops(const Config& config, Communicator& comm,
   }
   const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "peak-flops hosts");
   const int ranks_on_host = static_cast<int>(std::count(hosts.begin(), hosts.end(), comm.host()));
-  const std::string key = GemmCeilingKey(ranks_on_host, shapes), path = GemmCeilingCachePath();
+  // bf16: the backend's own products (gemm_ceiling.h), fp32: the best library's.
+  ComputeBackend* own = backend.compute() == ComputePrecision::kFloat32 ? nullptr : &backend;
+  const std::string key = GemmCeilingKey(ranks_on_host, shapes, own), path = GemmCeilingCachePath();
   double mine[2] = {LookupGemmCeiling(path, key), 1.0};  // the ceiling, and whether cached
   if (!(mine[0] > 0)) {
     if (comm.rank() == 0)
       PrintLine(StrFormat("phase=peak_flops status=measuring shapes=%zu cache=%s", shapes.size(),
                           path.c_str()));
-    mine[0] = MeasureAndCacheGemmCeiling(shapes, path, key);
+    mine[0] = MeasureAndCacheGemmCeiling(shapes, path, key, own);
     mine[1] = 0.0;
   }
   std::vector<double> all(2 * comm.size());

@@ -1,7 +1,8 @@
 // MFU, model FLOPs utilisation: the training FLOP/s achieved (tokens/s x FLOPs per token) as a
 // percentage of the peak FLOP/s of the job's machines. The peak comes from the config
-// ([metrics] peak_gflops, per rank) or is the machine's fp32 GEMM ceiling for the model's shapes,
-// measured once and cached (train/gemm_ceiling.h). A peak below an achieved rate is known to be
+// ([metrics] peak_gflops, per rank) or is the machine's GEMM ceiling for the model's shapes (fp32,
+// or in bf16 compute the backend's own bf16 products), measured once and cached
+// (train/gemm_ceiling.h). A peak below an achieved rate is known to be
 // wrong (a machine busy while it was measured): from then on no MFU is reported.
 #pragma once
 
