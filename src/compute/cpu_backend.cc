@@ -11,7 +11,8 @@
 // falls back to emulated, "native" (like a named kernel) is refused where there is none.
 // The fp32 products' library ([debug] gemm_library) is set process-wide here (gemm_library.h) and
 // named in Summary() ("gemm=auto gemm_isa=avx512").
-// Attention rounds its operands inside the kernel (bf16_operands) on both paths.
+// Attention rounds its operands inside the kernel (bf16_operands) on every path; on amx its tiles'
+// products run on AMX too (kernels/cpu/attention.cc), on the others on the fp32 micro-kernels.
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -123,12 +124,13 @@ class CpuBackend final : public HostMemoryBackend {
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D, bf16());
+    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16());
+    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16(),
+                          gemm_);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {

@@ -19,6 +19,15 @@
 // (before dS K and dS^T Q); the products accumulate in fp32 as before. The softmax, the
 // log-sum-exp and delta = rowsum(dO * O) stay fp32 on the unrounded values. Off, the copies are
 // exact (TileOperand).
+//
+// On AMX (products = kAmx, bf16 operands only): the same tasks, tiles, softmax and score-gradient
+// loops, with every product on gemm_bf16.h's amx_tile_product. The operands are packed as pair
+// words (rounded as above) instead of copied: per task K^T and V (forward), K^T, V^T and K
+// (backward); per query tile Q (and dO) as the A and as the B of a product; per key tile P and dS
+// as A, and transposed as the A of P^T dO and dS^T Q. Tiles are computed whole (the diagonal's
+// masked outputs are dropped by the softmax, its zero terms of P and dS added as zeros); the
+// scale is applied after the product, as tile_product does. Each output's sum is one tdpbf16ps
+// chain over its inner index, so the bits depend neither on the thread count nor on the layout.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -27,6 +36,7 @@
 #include "common/bfloat16.h"
 #include "common/profile.h"
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/lanes.h"
 #include "kernels/cpu/vec16.h"
@@ -167,11 +177,155 @@ void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, 
   (tile_isa() == TileIsa::kAvx512 ? ScoreGradientAvx512 : ScoreGradientAvx2)(
       P, dS, rows, cols, r0, c0, round, lse, delta, scale);
 }
+
+// x[i][j] *= scale for rows x cols at x (leading dimension kTile).
+void ScaleTile(float* x, int64_t rows, int64_t cols, float scale) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) x[i * kTile + j] *= scale;
+}
+
+// Pair words of one packed operand, 64-byte aligned (gemm_bf16.h's buffer).
+struct Pairs {
+  Bf16PackBuffer buffer;
+  uint32_t* words = nullptr;
+  int64_t ld = 0;
+  uint32_t* Size(int64_t rows, int64_t row_words) {
+    ld = row_words;
+    return words = buffer.Words(rows * row_words);
+  }
+};
+
+void AttentionForwardAmx(float* out, float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = H / KV;
+  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t d_pairs = (D + 1) / 2;
+#pragma omp parallel
+  {
+    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
+    Pairs key_t, value, query, prob;  // B of K^T, B of V, A of Q, A of P
+    key_t.Size(PairWords16(d_pairs), PairWords32(T));
+    value.Size(PairWords16((T + 1) / 2), PairWords32(D));
+    query.Size(PairWords32(kTile), PairWords16(d_pairs));
+    prob.Size(PairWords32(kTile), PairWords16(kTile / 2));
+    amx_tiles_begin();
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H, g = h / group;
+      const float* Q = q + b * T * ldq + h * D;
+      const float* K = k + b * T * ldk + g * D;
+      const float* V = v + b * T * ldk + g * D;
+      float* O = out + b * T * ldq + h * D;
+      float* L = lse + bh * T;
+      pack_pairs_rows_transposed(K, ldk, T, D, key_t.words, key_t.ld);
+      pack_pairs_columns(V, ldk, T, D, value.words, value.ld);
+      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+        const int64_t rows = std::min(kTile, T - r0);
+        pack_pairs_rows(Q + r0 * ldq, ldq, rows, D, query.words, query.ld);
+        for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
+          const int64_t cols = std::min(kTile, T - c0);
+          amx_tile_product(query.words, query.ld, key_t.words + c0, key_t.ld, d_pairs, S.data(),
+                           kTile, rows, cols, false);
+          ScaleTile(S.data(), rows, cols, scale);
+          OnlineSoftmax(S.data(), rows, cols, r0, c0, true, run_max.data(), run_sum.data(),
+                        acc.data(), D);
+          pack_pairs_rows(S.data(), kTile, rows, cols, prob.words, prob.ld);
+          amx_tile_product(prob.words, prob.ld, value.words + c0 / 2 * value.ld, value.ld,
+                           (cols + 1) / 2, acc.data(), D, rows, D, c0 != 0);
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+          const float inv = 1.0f / run_sum[i];
+          for (int64_t d = 0; d < D; ++d) O[(r0 + i) * ldq + d] = acc[i * D + d] * inv;
+          L[r0 + i] = run_max[i] + std::log(run_sum[i]);
+        }
+      }
+    }
+    amx_tiles_end();
+  }
+}
+
+void AttentionBackwardAmx(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = H / KV;
+  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t d_pairs = (D + 1) / 2;
+#pragma omp parallel
+  {
+    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
+    // B of K^T, V^T, K; A and B of the query tile's Q and dO; A of dS; A of P^T and dS^T.
+    Pairs key_t, value_t, key, q_a, do_a, q_b, do_b, ds_a, p_t, ds_t;
+    key_t.Size(PairWords16(d_pairs), PairWords32(T));
+    value_t.Size(PairWords16(d_pairs), PairWords32(T));
+    key.Size(PairWords16((T + 1) / 2), PairWords32(D));
+    for (Pairs* a : {&q_a, &do_a}) a->Size(PairWords32(kTile), PairWords16(d_pairs));
+    for (Pairs* b : {&q_b, &do_b}) b->Size(PairWords16(kTile / 2), PairWords32(D));
+    for (Pairs* a : {&ds_a, &p_t, &ds_t}) a->Size(PairWords32(kTile), PairWords16(kTile / 2));
+    amx_tiles_begin();
+#pragma omp for schedule(static)
+    for (int64_t bg = 0; bg < B * KV; ++bg) {
+      const int64_t b = bg / KV, g = bg % KV;
+      const float* K = k + b * T * ldk + g * D;
+      const float* V = v + b * T * ldk + g * D;
+      float* dK = dk + b * T * ldk + g * D;
+      float* dV = dv + b * T * ldk + g * D;
+      for (int64_t t = 0; t < T; ++t) {
+        std::memset(dK + t * ldk, 0, D * sizeof(float));
+        std::memset(dV + t * ldk, 0, D * sizeof(float));
+      }
+      pack_pairs_rows_transposed(K, ldk, T, D, key_t.words, key_t.ld);
+      pack_pairs_rows_transposed(V, ldk, T, D, value_t.words, value_t.ld);
+      pack_pairs_columns(K, ldk, T, D, key.words, key.ld);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* Q = q + b * T * ldq + h * D;
+        const float* dO = dout + b * T * ldq + h * D;
+        const float* O = out + b * T * ldq + h * D;
+        const float* L = lse + (b * H + h) * T;
+        float* dQ = dq + b * T * ldq + h * D;
+        for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+          const int64_t rows = std::min(kTile, T - r0), row_pairs = (rows + 1) / 2;
+          for (int64_t i = 0; i < rows; ++i)
+            delta[i] = lane_dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, D);
+          pack_pairs_rows(Q + r0 * ldq, ldq, rows, D, q_a.words, q_a.ld);
+          pack_pairs_rows(dO + r0 * ldq, ldq, rows, D, do_a.words, do_a.ld);
+          pack_pairs_columns(Q + r0 * ldq, ldq, rows, D, q_b.words, q_b.ld);
+          pack_pairs_columns(dO + r0 * ldq, ldq, rows, D, do_b.words, do_b.ld);
+          for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
+            const int64_t cols = std::min(kTile, T - c0), col_pairs = (cols + 1) / 2;
+            amx_tile_product(q_a.words, q_a.ld, key_t.words + c0, key_t.ld, d_pairs, P.data(),
+                             kTile, rows, cols, false);
+            ScaleTile(P.data(), rows, cols, scale);
+            amx_tile_product(do_a.words, do_a.ld, value_t.words + c0, value_t.ld, d_pairs,
+                             dS.data(), kTile, rows, cols, false);
+            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, true, L + r0, delta.data(),
+                          scale);
+            // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
+            pack_pairs_columns_transposed(P.data(), kTile, rows, cols, p_t.words, p_t.ld);
+            pack_pairs_columns_transposed(dS.data(), kTile, rows, cols, ds_t.words, ds_t.ld);
+            pack_pairs_rows(dS.data(), kTile, rows, cols, ds_a.words, ds_a.ld);
+            amx_tile_product(p_t.words, p_t.ld, do_b.words, do_b.ld, row_pairs, dV + c0 * ldk,
+                             ldk, cols, D, true);
+            amx_tile_product(ds_t.words, ds_t.ld, q_b.words, q_b.ld, row_pairs, dK + c0 * ldk,
+                             ldk, cols, D, true);
+            amx_tile_product(ds_a.words, ds_a.ld, key.words + c0 / 2 * key.ld, key.ld, col_pairs,
+                             dQ + r0 * ldq, ldq, rows, D, c0 != 0);
+          }
+        }
+      }
+    }
+    amx_tiles_end();
+  }
+}
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                       Bf16Gemm products) {
   ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
+  if (bf16_operands && products == Bf16Gemm::kAmx)
+    return AttentionForwardAmx(out, lse, q, k, v, B, T, H, KV, D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);
@@ -218,8 +372,11 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands) {
+                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                        Bf16Gemm products) {
   ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
+  if (bf16_operands && products == Bf16Gemm::kAmx)
+    return AttentionBackwardAmx(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);

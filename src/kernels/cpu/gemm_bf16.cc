@@ -143,6 +143,7 @@ constexpr int64_t AmxRowStride(int64_t pairs) {
 // -Wmaybe-uninitialized reports where they are inlined here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // r[t][c] -> r[c][t] for 16 vectors of 16 words: words interleaved, then 64-bit pairs, then the
 // 128-bit lanes.
@@ -171,28 +172,33 @@ AVX512_BF16 inline void Transpose16(__m512i r[16]) {
   }
 }
 
-// kAmx's A from a transposed A (K,M): 16 pairs x 16 rows of op(A) at a time, PairsAcross along
-// 32 rows of A (16 rows of op(A) at one pair each), turned in registers. The threads share the
+// 16 pairs (from q) x 16 columns (from i) of x (k x cols, leading dimension ld) as the A of x^T:
+// PairsAcross along 32 rows of x (16 columns at one pair each), turned in registers, stored as
+// dst[(i + c) * ldd + q ..] (zero past k and cols).
+AVX512_BF16 inline void TransposedPairsBlock(const float* x, int64_t ld, int64_t k, int64_t cols,
+                                             int64_t q, int64_t i, uint32_t* dst, int64_t ldd) {
+  const int64_t pairs = (k + 1) / 2, n = std::clamp<int64_t>(cols - i, 0, 16);
+  __m512i r[16];
+  for (int64_t t = 0; t < 16; ++t) {
+    const int64_t p = q + t;
+    r[t] = _mm512_setzero_si512();
+    if (p < pairs && n > 0) {
+      const float* even = x + 2 * p * ld + i;
+      r[t] = PairsAcross(even, 2 * p + 1 < k ? even + ld : nullptr, n);
+    }
+  }
+  Transpose16(r);
+  for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(dst + (i + c) * ldd + q, r[c]);
+}
+
+// kAmx's A from a transposed A (K,M), in TransposedPairsBlock's blocks. The threads share the
 // pairs, so each reads whole rows of A in order.
 AVX512_BF16 void PackAmxRowsFromColumns(int64_t M, int64_t K, const float* A, int64_t lda,
                                         uint32_t* pack, int64_t stride) {
-  const int64_t pairs = (K + 1) / 2, rows = RoundUp32(M), words = RoundUp16(pairs);
+  const int64_t rows = RoundUp32(M), words = RoundUp16((K + 1) / 2);
 #pragma omp parallel for schedule(static)
   for (int64_t q = 0; q < words; q += 16)
-    for (int64_t i = 0; i < rows; i += 16) {
-      const int64_t n = std::clamp<int64_t>(M - i, 0, 16);
-      __m512i r[16];
-      for (int64_t t = 0; t < 16; ++t) {
-        const int64_t p = q + t;
-        r[t] = _mm512_setzero_si512();
-        if (p < pairs && n > 0) {
-          const float* even = A + 2 * p * lda + i;
-          r[t] = PairsAcross(even, 2 * p + 1 < K ? even + lda : nullptr, n);
-        }
-      }
-      Transpose16(r);
-      for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(pack + (i + c) * stride + q, r[c]);
-    }
+    for (int64_t i = 0; i < rows; i += 16) TransposedPairsBlock(A, lda, K, M, q, i, pack, stride);
 }
 
 #pragma GCC diagnostic pop
@@ -303,10 +309,11 @@ AMX void ConfigureTiles() {
 }
 
 // The 32 x 32 block of C at c (leading dimension ldc floats): C (load) or 0, plus `groups` x 16
-// pairs of 32 A rows at a (stride a_stride words) and one B panel at b.
-AMX void AmxBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_t groups, float* c,
-                  int64_t ldc, bool load) {
-  const int64_t c_bytes = ldc * 4, a_bytes = a_stride * 4;
+// pairs of 32 A rows at a (stride a_stride words) and 32 columns of B at b (one row of pair words
+// per pair, stride b_stride words).
+AMX void AmxBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_t b_stride,
+                  int64_t groups, float* c, int64_t ldc, bool load) {
+  const int64_t c_bytes = ldc * 4, a_bytes = a_stride * 4, b_bytes = b_stride * 4;
   if (load) {
     _tile_loadd(0, c, c_bytes);
     _tile_loadd(1, c + 16, c_bytes);
@@ -321,8 +328,8 @@ AMX void AmxBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_
   for (int64_t g = 0; g < groups; ++g) {
     _tile_loadd(4, a + g * 16, a_bytes);
     _tile_loadd(5, a + 16 * a_stride + g * 16, a_bytes);
-    _tile_loadd(6, b + g * 16 * kBf16Panel, kBf16Panel * 4);
-    _tile_loadd(7, b + g * 16 * kBf16Panel + 16, kBf16Panel * 4);
+    _tile_loadd(6, b + g * 16 * b_stride, b_bytes);
+    _tile_loadd(7, b + g * 16 * b_stride + 16, b_bytes);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
@@ -334,30 +341,32 @@ AMX void AmxBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_
   _tile_stored(3, c + 16 * ldc + 16, c_bytes);
 }
 
+// AmxBlock for a block of m <= 32 rows and n <= 32 columns of C: a cut block goes through a
+// 32 x 32 buffer (the rows and columns past the cut are computed and dropped).
+AMX inline void AmxEdgeBlock(const uint32_t* a, int64_t a_stride, const uint32_t* b,
+                             int64_t b_stride, int64_t groups, float* c, int64_t ldc, int64_t m,
+                             int64_t n, bool load) {
+  if (m == 32 && n == 32) return AmxBlock(a, a_stride, b, b_stride, groups, c, ldc, load);
+  alignas(64) float edge[32 * 32] = {};
+  if (load)
+    for (int64_t r = 0; r < m; ++r) std::memcpy(edge + r * 32, c + r * ldc, n * 4);
+  AmxBlock(a, a_stride, b, b_stride, groups, edge, 32, load);
+  for (int64_t r = 0; r < m; ++r) std::memcpy(c + r * ldc, edge + r * 32, n * 4);
+}
+
 AMX void AmxTile(const Bf16PackedA& a, const Bf16PackedB& b, int64_t i0, int64_t j0, int64_t rows,
                  int64_t cols, int64_t K, bool beta, float* C, int64_t ldc) {
   ConfigureTiles();
   const int64_t words = RoundUp16((K + 1) / 2);
-  alignas(64) float edge[32 * 32] = {};  // rows and columns past the tile's edge: discarded
   for (int64_t p0 = 0; p0 < words; p0 += kAmxBlockPairs) {
     const int64_t groups = std::min(kAmxBlockPairs, words - p0) / 16;
     const bool load = beta || p0 > 0;
     for (int64_t j = 0; j < cols; j += kBf16Panel) {
       const uint32_t* panel = b.words + (j0 + j) / kBf16Panel * b.panel_stride + p0 * kBf16Panel;
       const int64_t n = std::min<int64_t>(32, cols - j);
-      for (int64_t i = 0; i < rows; i += 32) {
-        const uint32_t* arows = a.words + (i0 + i) * a.row_stride + p0;
-        const int64_t m = std::min<int64_t>(32, rows - i);
-        float* c = C + i * ldc + j;
-        if (m == 32 && n == 32) {
-          AmxBlock(arows, a.row_stride, panel, groups, c, ldc, load);
-          continue;
-        }
-        if (load)
-          for (int64_t r = 0; r < m; ++r) std::memcpy(edge + r * 32, c + r * ldc, n * 4);
-        AmxBlock(arows, a.row_stride, panel, groups, edge, 32, load);
-        for (int64_t r = 0; r < m; ++r) std::memcpy(c + r * ldc, edge + r * 32, n * 4);
-      }
+      for (int64_t i = 0; i < rows; i += 32)
+        AmxEdgeBlock(a.words + (i0 + i) * a.row_stride + p0, a.row_stride, panel, kBf16Panel,
+                     groups, C + i * ldc + j, ldc, std::min<int64_t>(32, rows - i), n, load);
     }
   }
   _tile_release();
@@ -387,6 +396,72 @@ uint32_t* Bf16PackBuffer::Words(int64_t n) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(storage_.data());
   return storage_.data() + ((64 - address % 64) % 64) / 4;
 }
+
+AMX void amx_tiles_begin() {
+  ConfigureTiles();
+}
+
+AMX void amx_tiles_end() {
+  _tile_release();
+}
+
+AMX void amx_tile_product(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                          int64_t pairs, float* c, int64_t ldc, int64_t m, int64_t n,
+                          bool accumulate) {
+  const int64_t groups = RoundUp16(pairs) / 16;
+  for (int64_t i = 0; i < m; i += 32)
+    for (int64_t j = 0; j < n; j += 32)
+      AmxEdgeBlock(a + i * lda, lda, b + j, ldb, groups, c + i * ldc + j, ldc,
+                   std::min<int64_t>(32, m - i), std::min<int64_t>(32, n - j), accumulate);
+}
+
+AVX512_BF16 void pack_pairs_rows(const float* x, int64_t ld, int64_t rows, int64_t k,
+                                 uint32_t* dst, int64_t ldd) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t i = 0; i < RoundUp32(rows); ++i)
+    for (int64_t q = 0; q < RoundUp16(pairs); q += 16)
+      _mm512_store_si512(dst + i * ldd + q,
+                         i < rows ? PairsAlong(x + i * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
+                                  : _mm512_setzero_si512());
+}
+
+AVX512_BF16 void pack_pairs_columns(const float* x, int64_t ld, int64_t k, int64_t cols,
+                                    uint32_t* dst, int64_t ldd) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < RoundUp16(pairs); ++p) {
+    const float* even = x + 2 * p * ld;
+    const float* odd = 2 * p + 1 < k ? even + ld : nullptr;
+    for (int64_t j = 0; j < RoundUp32(cols); j += 16) {
+      const int64_t n = p < pairs ? std::clamp<int64_t>(cols - j, 0, 16) : 0;
+      _mm512_store_si512(dst + p * ldd + j, n ? PairsAcross(even + j, odd ? odd + j : nullptr, n)
+                                              : _mm512_setzero_si512());
+    }
+  }
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // Transpose16's unpacks, as above
+#pragma GCC diagnostic ignored "-Wuninitialized"
+AVX512_BF16 void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t rows, int64_t k,
+                                            uint32_t* dst, int64_t ldd) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t j = 0; j < RoundUp32(rows); j += 16)
+    for (int64_t q = 0; q < RoundUp16(pairs); q += 16) {
+      __m512i r[16];
+      for (int64_t t = 0; t < 16; ++t)
+        r[t] = j + t < rows ? PairsAlong(x + (j + t) * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
+                            : _mm512_setzero_si512();
+      Transpose16(r);
+      for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(dst + (q + c) * ldd + j, r[c]);
+    }
+}
+
+AVX512_BF16 void pack_pairs_columns_transposed(const float* x, int64_t ld, int64_t k, int64_t cols,
+                                               uint32_t* dst, int64_t ldd) {
+  for (int64_t q = 0; q < RoundUp16((k + 1) / 2); q += 16)
+    for (int64_t i = 0; i < RoundUp32(cols); i += 16) TransposedPairsBlock(x, ld, k, cols, q, i, dst, ldd);
+}
+#pragma GCC diagnostic pop
 
 bool cpu_has_avx512_bf16() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

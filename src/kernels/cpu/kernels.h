@@ -65,14 +65,18 @@ void rope_backward(float* dx, const float* cos_table, const float* sin_table, in
 // Query head h reads kv head h / (H/KV). Scratch is a few 64x64 tiles per thread, internal.
 // bf16_operands: every operand of every product (Q, K, V, dO, the probabilities, the score
 // gradient) rounded to bf16, fp32 accumulation (compute/backend.h "Precision"; attention.cc).
+// products = Bf16Gemm::kAmx (with bf16_operands, where cpu_has_amx_bf16()): the tiles' products
+// on AMX (gemm_bf16.h's amx_tile_product) instead of the fp32 micro-kernels on rounded copies:
+// the same roundings, its own sums.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                       bool bf16_operands = false);
+                       bool bf16_operands = false, Bf16Gemm products = Bf16Gemm::kOff);
 // dout (B,T,H,D), and out, lse of the forward pass -> dq (B,T,H,D), dk, dv (B,T,KV,D), all
 // overwritten. The probabilities are recomputed tile by tile from q, k and lse.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands = false);
+                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands = false,
+                        Bf16Gemm products = Bf16Gemm::kOff);
 
 // ---- SwiGLU ----
 // gate, up (N,F) -> out (N,F) = silu(gate) * up

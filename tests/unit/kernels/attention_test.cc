@@ -2,13 +2,16 @@
 // attention that materialises the (T,T) probabilities: forward output, log-sum-exp and the three
 // input gradients, on shapes that cross tile borders (T not a multiple of the 64-row tile, one
 // row, several query heads per kv head); and the same bits for any thread count on a shape with
-// more tiles and tasks than threads.
+// more tiles and tasks than threads. bf16 on AMX (products = kAmx): against the same reference
+// no farther than the emulated bf16 attention (the same roundings, fp32 sums in another order),
+// not the emulation's bits, and the same bits for any thread count.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels_test_util.h"
 
@@ -71,13 +74,26 @@ Result Naive(const Shape& s, const std::vector<float>& q, const std::vector<floa
 
 std::vector<std::vector<float>> Flash(const Shape& s, const std::vector<float>& q,
                                       const std::vector<float>& k, const std::vector<float>& v,
-                                      const std::vector<float>& dout) {
+                                      const std::vector<float>& dout, bool bf16 = false,
+                                      Bf16Gemm products = Bf16Gemm::kOff) {
   std::vector<float> out(q.size()), lse(s.B * s.H * s.T), dq(q.size()), dk(k.size(), 7.0f),
       dv(v.size(), 7.0f);  // dk, dv prefilled: the kernel must overwrite them
-  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.T, s.H, s.KV, s.D);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.B, s.T, s.H, s.KV, s.D,
+                    bf16, products);
   attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
-                     k.data(), v.data(), s.B, s.T, s.H, s.KV, s.D);
+                     k.data(), v.data(), s.B, s.T, s.H, s.KV, s.D, bf16, products);
   return {out, lse, dq, dk, dv};
+}
+
+// The worst |got - want| / (1 + |want|) of each part.
+std::vector<double> WorstErrors(const Result& want, const std::vector<std::vector<float>>& got) {
+  const std::vector<double>* wants[] = {&want.out, &want.lse, &want.dq, &want.dk, &want.dv};
+  std::vector<double> worst(5, 0.0);
+  for (int part = 0; part < 5; ++part)
+    for (size_t i = 0; i < wants[part]->size(); ++i)
+      worst[part] = std::max(worst[part], std::abs(got[part][i] - (*wants[part])[i]) /
+                                              (1.0 + std::abs((*wants[part])[i])));
+  return worst;
 }
 
 TEST(Attention, MatchesNaiveDoublePrecisionReference) {
@@ -105,6 +121,57 @@ TEST(Attention, MatchesNaiveDoublePrecisionReference) {
       EXPECT_LT(worst, 2e-5) << names[part];
     }
   }
+}
+
+TEST(Attention, Bf16OnAmxIsAsCloseToTheReferenceAsTheEmulationButNotItsBits) {
+  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  const Shape shapes[] = {{1, 1, 1, 1, 8},    {2, 130, 4, 2, 16}, {1, 64, 4, 1, 32},
+                          {1, 200, 3, 3, 64}, {2, 65, 2, 1, 8},   {1, 300, 4, 4, 24},
+                          {1, 97, 2, 1, 66}};
+  uint64_t seed = 200;
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << s.B << " T=" << s.T << " H=" << s.H << " KV=" << s.KV << " D=" << s.D);
+    const size_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+    auto q = Random(nq, seed++, 1.5f), k = Random(nk, seed++, 1.5f), v = Random(nk, seed++);
+    auto dout = Random(nq, seed++);
+    const Result want = Naive(s, q, k, v, dout);
+    const auto emulated = Flash(s, q, k, v, dout, true);
+    const auto amx = Flash(s, q, k, v, dout, true, Bf16Gemm::kAmx);
+    const std::vector<double> e = WorstErrors(want, emulated), a = WorstErrors(want, amx);
+    bool differs = false;
+    for (int part = 0; part < 5; ++part) {
+      // Both round the same operands at the same places, so they are far closer to each other
+      // (measured: at most 6.7e-5 relative) than either is to the unrounded reference (bf16
+      // operands: 2e-3..2.5e-2 here); a rounding missing or added on one side would move it by
+      // about the latter. They differ by their fp32 sums, and where a probability or score
+      // gradient computed by them rounds to a neighbouring bf16.
+      double apart = 0;
+      for (size_t i = 0; i < amx[part].size(); ++i)
+        apart = std::max(apart, static_cast<double>(std::abs(amx[part][i] - emulated[part][i])) /
+                                    (1.0 + std::abs(emulated[part][i])));
+      EXPECT_LT(apart, 5e-4) << names[part];
+      EXPECT_LT(a[part], std::max(1.1 * e[part], 1e-3)) << names[part] << " emulated " << e[part];
+      differs |= amx[part] != emulated[part];
+    }
+    if (s.T > 1) {
+      EXPECT_TRUE(differs) << "the AMX tiles did not run";
+    }
+  }
+}
+
+TEST(Attention, Bf16OnAmxIsThreadIndependent) {
+  if (!cpu_has_amx_bf16()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  const Shape s{2, 300, 8, 2, 32};
+  const size_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  auto q = Random(nq, 1), k = Random(nk, 2), v = Random(nk, 3), dout = Random(nq, 4);
+  ExpectThreadIndependent([&] {
+    std::vector<float> all;
+    for (const auto& part : Flash(s, q, k, v, dout, true, Bf16Gemm::kAmx))
+      all.insert(all.end(), part.begin(), part.end());
+    return all;
+  });
 }
 
 TEST(Attention, IsThreadIndependent) {
