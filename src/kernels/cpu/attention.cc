@@ -178,6 +178,83 @@ void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, 
       P, dS, rows, cols, r0, c0, round, lse, delta, scale);
 }
 
+// ---- the tile products: the fp32 micro-kernels or AMX, behind one interface ----
+// Forward, per thread: Head(K, V) once per task (the head's keys and values), Query(Q, rows) per
+// query tile, then per key tile c0 Scores: S = scale Q K^T, and AddValues: acc (+)= P V with the
+// probabilities P in S. Backward: Head(K, V), Query(Q, dO, rows), then per key tile Scores:
+// P = scale Q K^T and dS = dO V^T, and Accumulate: dV[c0:] += P^T dO, dK[c0:] += dS^T Q,
+// dQ[r0:] (+)= dS K[c0:]. Everything else (tasks, tiles, softmax, score gradient) is shared.
+
+// tile_product's micro-kernels on copies of the operands (bf16-rounded when `round`); on the
+// diagonal tile they skip the outputs and terms the causal mask zeroes.
+class MicroForward {
+ public:
+  MicroForward(int64_t T, int64_t D, bool round)
+      : T_(T), D_(D), ldt_(TransposedStride(T)), round_(round), key_t_(D * ldt_), v_head_(T * D),
+        q_tile_(kTile * D) {}
+  void Head(const float* K, const float* V, int64_t ldk) {
+    PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
+    TileOperand(V, ldk, T_, D_, round_, v_head_.data());
+  }
+  void Query(const float* Q, int64_t ldq, int64_t rows) {
+    TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
+  }
+  void Scores(float* S, int64_t r0, int64_t c0, int64_t rows, int64_t cols, float scale) {
+    tile_product({q_tile_.data(), D_, 1, key_t_.data() + c0, ldt_, S, kTile, rows, cols, D_, false,
+                  scale, c0 == r0 ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
+  }
+  void AddValues(const float* S, float* acc, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+    tile_product({S, kTile, 1, v_head_.data() + c0 * D_, D_, acc, D_, rows, D_, cols, c0 != 0,
+                  1.0f, c0 == r0 ? TileCausal::kInnerUpToRow : TileCausal::kNone});
+  }
+
+ private:
+  int64_t T_, D_, ldt_;
+  bool round_;
+  std::vector<float> key_t_, v_head_, q_tile_;  // K^T (D x ldt), V (T x D), the query tile
+};
+
+class MicroBackward {
+ public:
+  MicroBackward(int64_t T, int64_t D, bool round)
+      : T_(T), D_(D), ldt_(TransposedStride(T)), round_(round), key_t_(D * ldt_),
+        value_t_(D * ldt_), k_head_(T * D), q_tile_(kTile * D), do_tile_(kTile * D) {}
+  void Head(const float* K, const float* V, int64_t ldk) {
+    PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
+    PackHeadTransposed(V, ldk, T_, D_, round_, value_t_.data(), ldt_);
+    TileOperand(K, ldk, T_, D_, round_, k_head_.data());
+  }
+  void Query(const float* Q, const float* dO, int64_t ldq, int64_t rows) {
+    TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
+    TileOperand(dO, ldq, rows, D_, round_, do_tile_.data());
+  }
+  void Scores(float* P, float* dS, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
+              float scale) {
+    const TileCausal outputs = c0 == r0 ? TileCausal::kOutputsUpToRow : TileCausal::kNone;
+    tile_product({q_tile_.data(), D_, 1, key_t_.data() + c0, ldt_, P, kTile, rows, cols, D_, false,
+                  scale, outputs});
+    tile_product({do_tile_.data(), D_, 1, value_t_.data() + c0, ldt_, dS, kTile, rows, cols, D_,
+                  false, 1.0f, outputs});
+  }
+  void Accumulate(const float* P, const float* dS, float* dV, float* dK, int64_t ldk, float* dQ,
+                  int64_t ldq, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+    // The diagonal tile: zero terms of P and dS are skipped.
+    const bool diagonal = c0 == r0;
+    const TileCausal up_to_row = diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone,
+                     from_row = diagonal ? TileCausal::kInnerFromRow : TileCausal::kNone;
+    tile_product({P, 1, kTile, do_tile_.data(), D_, dV, ldk, cols, D_, rows, true, 1.0f, from_row});
+    tile_product({dS, 1, kTile, q_tile_.data(), D_, dK, ldk, cols, D_, rows, true, 1.0f, from_row});
+    tile_product({dS, kTile, 1, k_head_.data() + c0 * D_, D_, dQ, ldq, rows, D_, cols, c0 != 0,
+                  1.0f, up_to_row});
+  }
+
+ private:
+  int64_t T_, D_, ldt_;
+  bool round_;
+  // K^T, V^T (D x ldt), K (T x D), the query tile's Q and dO
+  std::vector<float> key_t_, value_t_, k_head_, q_tile_, do_tile_;
+};
+
 // x[i][j] *= scale for rows x cols at x (leading dimension kTile).
 void ScaleTile(float* x, int64_t rows, int64_t cols, float scale) {
   for (int64_t i = 0; i < rows; ++i)
@@ -189,176 +266,130 @@ struct Pairs {
   Bf16PackBuffer buffer;
   uint32_t* words = nullptr;
   int64_t ld = 0;
-  uint32_t* Size(int64_t rows, int64_t row_words) {
+  void Size(int64_t rows, int64_t row_words) {
     ld = row_words;
-    return words = buffer.Words(rows * row_words);
+    words = buffer.Words(rows * row_words);
   }
 };
 
-void AttentionForwardAmx(float* out, float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+// amx_tile_product on pair words (always bf16-rounded); whole tiles, the scale after the product.
+// Holds this thread's tile configuration from construction to destruction.
+class AmxForward {
+ public:
+  AmxForward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+    key_t_.Size(PairWords16(d_pairs_), PairWords32(T));
+    value_.Size(PairWords16((T + 1) / 2), PairWords32(D));
+    query_.Size(PairWords32(kTile), PairWords16(d_pairs_));
+    prob_.Size(PairWords32(kTile), PairWords16(kTile / 2));
+    amx_tiles_begin();
+  }
+  ~AmxForward() { amx_tiles_end(); }
+  AmxForward(const AmxForward&) = delete;
+  AmxForward& operator=(const AmxForward&) = delete;
+  void Head(const float* K, const float* V, int64_t ldk) {
+    pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
+    pack_pairs_columns(V, ldk, T_, D_, value_.words, value_.ld);
+  }
+  void Query(const float* Q, int64_t ldq, int64_t rows) {
+    pack_pairs_rows(Q, ldq, rows, D_, query_.words, query_.ld);
+  }
+  void Scores(float* S, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols, float scale) {
+    amx_tile_product(query_.words, query_.ld, key_t_.words + c0, key_t_.ld, d_pairs_, S, kTile,
+                     rows, cols, false);
+    ScaleTile(S, rows, cols, scale);
+  }
+  void AddValues(const float* S, float* acc, int64_t /*r0*/, int64_t c0, int64_t rows,
+                 int64_t cols) {
+    pack_pairs_rows(S, kTile, rows, cols, prob_.words, prob_.ld);
+    amx_tile_product(prob_.words, prob_.ld, value_.words + c0 / 2 * value_.ld, value_.ld,
+                     (cols + 1) / 2, acc, D_, rows, D_, c0 != 0);
+  }
+
+ private:
+  int64_t T_, D_, d_pairs_;
+  Pairs key_t_, value_, query_, prob_;  // B of K^T, B of V, A of Q, A of P
+};
+
+class AmxBackward {
+ public:
+  AmxBackward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+    key_t_.Size(PairWords16(d_pairs_), PairWords32(T));
+    value_t_.Size(PairWords16(d_pairs_), PairWords32(T));
+    key_.Size(PairWords16((T + 1) / 2), PairWords32(D));
+    for (Pairs* a : {&q_a_, &do_a_}) a->Size(PairWords32(kTile), PairWords16(d_pairs_));
+    for (Pairs* b : {&q_b_, &do_b_}) b->Size(PairWords16(kTile / 2), PairWords32(D));
+    for (Pairs* a : {&ds_a_, &p_t_, &ds_t_}) a->Size(PairWords32(kTile), PairWords16(kTile / 2));
+    amx_tiles_begin();
+  }
+  ~AmxBackward() { amx_tiles_end(); }
+  AmxBackward(const AmxBackward&) = delete;
+  AmxBackward& operator=(const AmxBackward&) = delete;
+  void Head(const float* K, const float* V, int64_t ldk) {
+    pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
+    pack_pairs_rows_transposed(V, ldk, T_, D_, value_t_.words, value_t_.ld);
+    pack_pairs_columns(K, ldk, T_, D_, key_.words, key_.ld);
+  }
+  void Query(const float* Q, const float* dO, int64_t ldq, int64_t rows) {
+    pack_pairs_rows(Q, ldq, rows, D_, q_a_.words, q_a_.ld);
+    pack_pairs_rows(dO, ldq, rows, D_, do_a_.words, do_a_.ld);
+    pack_pairs_columns(Q, ldq, rows, D_, q_b_.words, q_b_.ld);
+    pack_pairs_columns(dO, ldq, rows, D_, do_b_.words, do_b_.ld);
+  }
+  void Scores(float* P, float* dS, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols,
+              float scale) {
+    amx_tile_product(q_a_.words, q_a_.ld, key_t_.words + c0, key_t_.ld, d_pairs_, P, kTile, rows,
+                     cols, false);
+    ScaleTile(P, rows, cols, scale);
+    amx_tile_product(do_a_.words, do_a_.ld, value_t_.words + c0, value_t_.ld, d_pairs_, dS, kTile,
+                     rows, cols, false);
+  }
+  void Accumulate(const float* P, const float* dS, float* dV, float* dK, int64_t ldk, float* dQ,
+                  int64_t ldq, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols) {
+    const int64_t row_pairs = (rows + 1) / 2;
+    pack_pairs_columns_transposed(P, kTile, rows, cols, p_t_.words, p_t_.ld);
+    pack_pairs_columns_transposed(dS, kTile, rows, cols, ds_t_.words, ds_t_.ld);
+    pack_pairs_rows(dS, kTile, rows, cols, ds_a_.words, ds_a_.ld);
+    amx_tile_product(p_t_.words, p_t_.ld, do_b_.words, do_b_.ld, row_pairs, dV, ldk, cols, D_,
+                     true);
+    amx_tile_product(ds_t_.words, ds_t_.ld, q_b_.words, q_b_.ld, row_pairs, dK, ldk, cols, D_,
+                     true);
+    amx_tile_product(ds_a_.words, ds_a_.ld, key_.words + c0 / 2 * key_.ld, key_.ld,
+                     (cols + 1) / 2, dQ, ldq, rows, D_, c0 != 0);
+  }
+
+ private:
+  int64_t T_, D_, d_pairs_;
+  // B of K^T, V^T and K; A and B of the query tile's Q and dO; A of dS, P^T and dS^T
+  Pairs key_t_, value_t_, key_, q_a_, do_a_, q_b_, do_b_, ds_a_, p_t_, ds_t_;
+};
+
+template <class Tiles>
+void Forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+             int64_t T, int64_t H, int64_t KV, int64_t D, bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D;
-  const int64_t d_pairs = (D + 1) / 2;
 #pragma omp parallel
   {
-    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
-    Pairs key_t, value, query, prob;  // B of K^T, B of V, A of Q, A of P
-    key_t.Size(PairWords16(d_pairs), PairWords32(T));
-    value.Size(PairWords16((T + 1) / 2), PairWords32(D));
-    query.Size(PairWords32(kTile), PairWords16(d_pairs));
-    prob.Size(PairWords32(kTile), PairWords16(kTile / 2));
-    amx_tiles_begin();
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H, g = h / group;
-      const float* Q = q + b * T * ldq + h * D;
-      const float* K = k + b * T * ldk + g * D;
-      const float* V = v + b * T * ldk + g * D;
-      float* O = out + b * T * ldq + h * D;
-      float* L = lse + bh * T;
-      pack_pairs_rows_transposed(K, ldk, T, D, key_t.words, key_t.ld);
-      pack_pairs_columns(V, ldk, T, D, value.words, value.ld);
-      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
-        const int64_t rows = std::min(kTile, T - r0);
-        pack_pairs_rows(Q + r0 * ldq, ldq, rows, D, query.words, query.ld);
-        for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
-          const int64_t cols = std::min(kTile, T - c0);
-          amx_tile_product(query.words, query.ld, key_t.words + c0, key_t.ld, d_pairs, S.data(),
-                           kTile, rows, cols, false);
-          ScaleTile(S.data(), rows, cols, scale);
-          OnlineSoftmax(S.data(), rows, cols, r0, c0, true, run_max.data(), run_sum.data(),
-                        acc.data(), D);
-          pack_pairs_rows(S.data(), kTile, rows, cols, prob.words, prob.ld);
-          amx_tile_product(prob.words, prob.ld, value.words + c0 / 2 * value.ld, value.ld,
-                           (cols + 1) / 2, acc.data(), D, rows, D, c0 != 0);
-        }
-        for (int64_t i = 0; i < rows; ++i) {
-          const float inv = 1.0f / run_sum[i];
-          for (int64_t d = 0; d < D; ++d) O[(r0 + i) * ldq + d] = acc[i * D + d] * inv;
-          L[r0 + i] = run_max[i] + std::log(run_sum[i]);
-        }
-      }
-    }
-    amx_tiles_end();
-  }
-}
-
-void AttentionBackwardAmx(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
-  const int64_t d_pairs = (D + 1) / 2;
-#pragma omp parallel
-  {
-    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
-    // B of K^T, V^T, K; A and B of the query tile's Q and dO; A of dS; A of P^T and dS^T.
-    Pairs key_t, value_t, key, q_a, do_a, q_b, do_b, ds_a, p_t, ds_t;
-    key_t.Size(PairWords16(d_pairs), PairWords32(T));
-    value_t.Size(PairWords16(d_pairs), PairWords32(T));
-    key.Size(PairWords16((T + 1) / 2), PairWords32(D));
-    for (Pairs* a : {&q_a, &do_a}) a->Size(PairWords32(kTile), PairWords16(d_pairs));
-    for (Pairs* b : {&q_b, &do_b}) b->Size(PairWords16(kTile / 2), PairWords32(D));
-    for (Pairs* a : {&ds_a, &p_t, &ds_t}) a->Size(PairWords32(kTile), PairWords16(kTile / 2));
-    amx_tiles_begin();
-#pragma omp for schedule(static)
-    for (int64_t bg = 0; bg < B * KV; ++bg) {
-      const int64_t b = bg / KV, g = bg % KV;
-      const float* K = k + b * T * ldk + g * D;
-      const float* V = v + b * T * ldk + g * D;
-      float* dK = dk + b * T * ldk + g * D;
-      float* dV = dv + b * T * ldk + g * D;
-      for (int64_t t = 0; t < T; ++t) {
-        std::memset(dK + t * ldk, 0, D * sizeof(float));
-        std::memset(dV + t * ldk, 0, D * sizeof(float));
-      }
-      pack_pairs_rows_transposed(K, ldk, T, D, key_t.words, key_t.ld);
-      pack_pairs_rows_transposed(V, ldk, T, D, value_t.words, value_t.ld);
-      pack_pairs_columns(K, ldk, T, D, key.words, key.ld);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = q + b * T * ldq + h * D;
-        const float* dO = dout + b * T * ldq + h * D;
-        const float* O = out + b * T * ldq + h * D;
-        const float* L = lse + (b * H + h) * T;
-        float* dQ = dq + b * T * ldq + h * D;
-        for (int64_t r0 = 0; r0 < T; r0 += kTile) {
-          const int64_t rows = std::min(kTile, T - r0), row_pairs = (rows + 1) / 2;
-          for (int64_t i = 0; i < rows; ++i)
-            delta[i] = lane_dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, D);
-          pack_pairs_rows(Q + r0 * ldq, ldq, rows, D, q_a.words, q_a.ld);
-          pack_pairs_rows(dO + r0 * ldq, ldq, rows, D, do_a.words, do_a.ld);
-          pack_pairs_columns(Q + r0 * ldq, ldq, rows, D, q_b.words, q_b.ld);
-          pack_pairs_columns(dO + r0 * ldq, ldq, rows, D, do_b.words, do_b.ld);
-          for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
-            const int64_t cols = std::min(kTile, T - c0), col_pairs = (cols + 1) / 2;
-            amx_tile_product(q_a.words, q_a.ld, key_t.words + c0, key_t.ld, d_pairs, P.data(),
-                             kTile, rows, cols, false);
-            ScaleTile(P.data(), rows, cols, scale);
-            amx_tile_product(do_a.words, do_a.ld, value_t.words + c0, value_t.ld, d_pairs,
-                             dS.data(), kTile, rows, cols, false);
-            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, true, L + r0, delta.data(),
-                          scale);
-            // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
-            pack_pairs_columns_transposed(P.data(), kTile, rows, cols, p_t.words, p_t.ld);
-            pack_pairs_columns_transposed(dS.data(), kTile, rows, cols, ds_t.words, ds_t.ld);
-            pack_pairs_rows(dS.data(), kTile, rows, cols, ds_a.words, ds_a.ld);
-            amx_tile_product(p_t.words, p_t.ld, do_b.words, do_b.ld, row_pairs, dV + c0 * ldk,
-                             ldk, cols, D, true);
-            amx_tile_product(ds_t.words, ds_t.ld, q_b.words, q_b.ld, row_pairs, dK + c0 * ldk,
-                             ldk, cols, D, true);
-            amx_tile_product(ds_a.words, ds_a.ld, key.words + c0 / 2 * key.ld, key.ld, col_pairs,
-                             dQ + r0 * ldq, ldq, rows, D, c0 != 0);
-          }
-        }
-      }
-    }
-    amx_tiles_end();
-  }
-}
-}  // namespace
-
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
-                       Bf16Gemm products) {
-  ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
-  if (bf16_operands && products == Bf16Gemm::kAmx)
-    return AttentionForwardAmx(out, lse, q, k, v, B, T, H, KV, D);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);
-#pragma omp parallel
-  {
+    Tiles tiles(T, D, round);
     // S: scores, then probabilities of one tile; acc: the unnormalised output of one query tile.
-    // key_t: the head's keys transposed (D x ldt).
-    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile),
-        key_t(D * ldt);
-    std::vector<float> q_tile(kTile * D), v_head(T * D);  // v_head: the head's V, contiguous
+    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
       const float* Q = q + b * T * ldq + h * D;
-      const float* K = k + b * T * ldk + g * D;
-      const float* V = v + b * T * ldk + g * D;
       float* O = out + b * T * ldq + h * D;
       float* L = lse + bh * T;
-      PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
-      const Operand Vh = TileOperand(V, ldk, T, D, bf16_operands, v_head.data());
+      tiles.Head(k + b * T * ldk + g * D, v + b * T * ldk + g * D, ldk);
       for (int64_t r0 = 0; r0 < T; r0 += kTile) {
         const int64_t rows = std::min(kTile, T - r0);
-        const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
+        tiles.Query(Q + r0 * ldq, ldq, rows);
         for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
           const int64_t cols = std::min(kTile, T - c0);
-          const Operand Vt{Vh.data + c0 * D, D};
-          const bool diagonal = c0 == r0;  // the one tile the causal mask cuts
-          tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, S.data(), kTile, rows, cols, D,
-                        false, scale, diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
-          OnlineSoftmax(S.data(), rows, cols, r0, c0, bf16_operands, run_max.data(), run_sum.data(),
+          tiles.Scores(S.data(), r0, c0, rows, cols, scale);
+          OnlineSoftmax(S.data(), rows, cols, r0, c0, round, run_max.data(), run_sum.data(),
                         acc.data(), D);
-          tile_product({S.data(), kTile, 1, Vt.data, Vt.ld, acc.data(), D, rows, D, cols, c0 != 0,
-                        1.0f, diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone});
+          tiles.AddValues(S.data(), acc.data(), r0, c0, rows, cols);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / run_sum[i];
@@ -370,38 +401,29 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
-                        Bf16Gemm products) {
-  ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
-  if (bf16_operands && products == Bf16Gemm::kAmx)
-    return AttentionBackwardAmx(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
+template <class Tiles>
+void Backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+              const float* lse, const float* q, const float* k, const float* v, int64_t B,
+              int64_t T, int64_t H, int64_t KV, int64_t D, bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D, ldt = TransposedStride(T);
+  const int64_t ldq = H * D, ldk = KV * D;
 #pragma omp parallel
   {
+    Tiles tiles(T, D, round);
     // P: recomputed probabilities of one tile; dS: dP = dO V^T, then the score gradient;
     // delta: rowsum(dO * O) of the query tile.
-    // key_t, value_t: the kv head's keys and values transposed (D x ldt).
-    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile), key_t(D * ldt),
-        value_t(D * ldt);
-    std::vector<float> q_tile(kTile * D), do_tile(q_tile.size()), k_head(T * D);  // K, contiguous
+    std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
-      const float* K = k + b * T * ldk + g * D;
-      const float* V = v + b * T * ldk + g * D;
       float* dK = dk + b * T * ldk + g * D;
       float* dV = dv + b * T * ldk + g * D;
       for (int64_t t = 0; t < T; ++t) {
         std::memset(dK + t * ldk, 0, D * sizeof(float));
         std::memset(dV + t * ldk, 0, D * sizeof(float));
       }
-      PackHeadTransposed(K, ldk, T, D, bf16_operands, key_t.data(), ldt);
-      PackHeadTransposed(V, ldk, T, D, bf16_operands, value_t.data(), ldt);
-      const Operand Kh = TileOperand(K, ldk, T, D, bf16_operands, k_head.data());
+      tiles.Head(k + b * T * ldk + g * D, v + b * T * ldk + g * D, ldk);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const float* Q = q + b * T * ldq + h * D;
         const float* dO = dout + b * T * ldq + h * D;
@@ -412,35 +434,41 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const int64_t rows = std::min(kTile, T - r0);
           for (int64_t i = 0; i < rows; ++i)
             delta[i] = lane_dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, D);
-          const Operand Qt = TileOperand(Q + r0 * ldq, ldq, rows, D, bf16_operands, q_tile.data());
-          const Operand dOt =
-              TileOperand(dO + r0 * ldq, ldq, rows, D, bf16_operands, do_tile.data());
+          tiles.Query(Q + r0 * ldq, dO + r0 * ldq, ldq, rows);
           for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
             const int64_t cols = std::min(kTile, T - c0);
-            const Operand Kt{Kh.data + c0 * D, D};
-            // The diagonal tile: outputs past the diagonal and zero terms of P and dS are skipped.
-            const bool diagonal = c0 == r0;
-            const TileCausal outputs = diagonal ? TileCausal::kOutputsUpToRow : TileCausal::kNone,
-                             up_to_row = diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone,
-                             from_row = diagonal ? TileCausal::kInnerFromRow : TileCausal::kNone;
-            tile_product({Qt.data, Qt.ld, 1, key_t.data() + c0, ldt, P.data(), kTile, rows, cols, D,
-                          false, scale, outputs});
-            tile_product({dOt.data, dOt.ld, 1, value_t.data() + c0, ldt, dS.data(), kTile, rows,
-                          cols, D, false, 1.0f, outputs});
-            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, bf16_operands, L + r0,
-                          delta.data(), scale);
-            // dV[c0:] += P^T dO[r0:];  dK[c0:] += dS^T Q[r0:];  dQ[r0:] (+)= dS K[c0:]
-            tile_product({P.data(), 1, kTile, dOt.data, dOt.ld, dV + c0 * ldk, ldk, cols, D, rows,
-                          true, 1.0f, from_row});
-            tile_product({dS.data(), 1, kTile, Qt.data, Qt.ld, dK + c0 * ldk, ldk, cols, D, rows,
-                          true, 1.0f, from_row});
-            tile_product({dS.data(), kTile, 1, Kt.data, Kt.ld, dQ + r0 * ldq, ldq, rows, D, cols,
-                          c0 != 0, 1.0f, up_to_row});
+            tiles.Scores(P.data(), dS.data(), r0, c0, rows, cols, scale);
+            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, round, L + r0, delta.data(),
+                          scale);
+            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldk, dK + c0 * ldk, ldk,
+                             dQ + r0 * ldq, ldq, r0, c0, rows, cols);
           }
         }
       }
     }
   }
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                       Bf16Gemm products) {
+  ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
+  if (bf16_operands && products == Bf16Gemm::kAmx)
+    Forward<AmxForward>(out, lse, q, k, v, B, T, H, KV, D, true);
+  else
+    Forward<MicroForward>(out, lse, q, k, v, B, T, H, KV, D, bf16_operands);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                        Bf16Gemm products) {
+  ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
+  if (bf16_operands && products == Bf16Gemm::kAmx)
+    Backward<AmxBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, true);
+  else
+    Backward<MicroBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16_operands);
 }
 
 }  // namespace crucible::kernels
