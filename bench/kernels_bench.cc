@@ -59,8 +59,7 @@ void Forward(benchmark::State& state, bool peer, Bf16Gemm bf16 = Bf16Gemm::kOff)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kTokens, s.out, s.in, 1.0f, x.data(),
                   s.in, w.data(), s.in, 0.0f, y.data(), s.out);
     else
-      crucible::kernels::matmul_forward(y.data(), x.data(), w.data(), kTokens, s.in, s.out,
-                                        bf16);
+      crucible::kernels::matmul_forward(y.data(), x.data(), w.data(), kTokens, s.in, s.out, bf16);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(s.name);

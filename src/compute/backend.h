@@ -26,8 +26,9 @@
 //                     gradient dS = P (dP - delta) / sqrt(D), k, q; delta = rowsum(dout * out)
 //                     in fp32 on the unrounded values
 // Every output and gradient buffer stays fp32. The CPU runs this as exact emulation (bf16 values
-// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 or AMX CPUs, the linear layers natively
-// ([debug] bf16_path; kernels/cpu/gemm_bf16.h states how its sums differ).
+// held in fp32 through the fp32 kernels) or, on AVX-512 BF16 or AMX CPUs, the linear layers (and
+// on AMX attention's tiles) natively ([debug] bf16_path; kernels/cpu/gemm_bf16.h states how its
+// sums differ).
 #pragma once
 
 #include <cstddef>

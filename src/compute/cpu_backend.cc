@@ -129,8 +129,7 @@ class CpuBackend final : public HostMemoryBackend {
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16(),
-                          gemm_);
+    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {

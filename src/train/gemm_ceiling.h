@@ -1,7 +1,8 @@
-// The GEMM ceiling of this machine for a model (fp32; in bf16 compute, below, the backend's own): the best GFLOP/s that matrix products of
-// the model's own shapes reach here, measured once and cached, so MFU ("share of the ceiling")
-// means the same from run to run. (A fresh 1024^3 sgemm at every start varied from 77 to 177
-// GFLOP/s across runs of one machine: whatever else ran at that half second decided it.)
+// The GEMM ceiling of this machine for a model (fp32; in bf16 compute, below, the backend's own):
+// the best GFLOP/s that matrix products of the model's own shapes reach here, measured once and
+// cached, so MFU ("share of the ceiling") means the same from run to run. (A fresh 1024^3 sgemm at
+// every start varied from 77 to 177 GFLOP/s across runs of one machine: whatever else ran at that
+// half second decided it.)
 //
 // Measured: for each distinct (in, out) shape of the model's matrix products (the linear layers
 // and the head, kernels::matmul_forward's (N,C) x (OC,C)^T with N = min(rows, 1024) rows), the

@@ -190,7 +190,12 @@ void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, 
 class MicroForward {
  public:
   MicroForward(int64_t T, int64_t D, bool round)
-      : T_(T), D_(D), ldt_(TransposedStride(T)), round_(round), key_t_(D * ldt_), v_head_(T * D),
+      : T_(T),
+        D_(D),
+        ldt_(TransposedStride(T)),
+        round_(round),
+        key_t_(D * ldt_),
+        v_head_(T * D),
         q_tile_(kTile * D) {}
   void Head(const float* K, const float* V, int64_t ldk) {
     PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
@@ -204,8 +209,8 @@ class MicroForward {
                   scale, c0 == r0 ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
   }
   void AddValues(const float* S, float* acc, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
-    tile_product({S, kTile, 1, v_head_.data() + c0 * D_, D_, acc, D_, rows, D_, cols, c0 != 0,
-                  1.0f, c0 == r0 ? TileCausal::kInnerUpToRow : TileCausal::kNone});
+    tile_product({S, kTile, 1, v_head_.data() + c0 * D_, D_, acc, D_, rows, D_, cols, c0 != 0, 1.0f,
+                  c0 == r0 ? TileCausal::kInnerUpToRow : TileCausal::kNone});
   }
 
  private:
@@ -217,8 +222,15 @@ class MicroForward {
 class MicroBackward {
  public:
   MicroBackward(int64_t T, int64_t D, bool round)
-      : T_(T), D_(D), ldt_(TransposedStride(T)), round_(round), key_t_(D * ldt_),
-        value_t_(D * ldt_), k_head_(T * D), q_tile_(kTile * D), do_tile_(kTile * D) {}
+      : T_(T),
+        D_(D),
+        ldt_(TransposedStride(T)),
+        round_(round),
+        key_t_(D * ldt_),
+        value_t_(D * ldt_),
+        k_head_(T * D),
+        q_tile_(kTile * D),
+        do_tile_(kTile * D) {}
   void Head(const float* K, const float* V, int64_t ldk) {
     PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
     PackHeadTransposed(V, ldk, T_, D_, round_, value_t_.data(), ldt_);
@@ -353,8 +365,8 @@ class AmxBackward {
                      true);
     amx_tile_product(ds_t_.words, ds_t_.ld, q_b_.words, q_b_.ld, row_pairs, dK, ldk, cols, D_,
                      true);
-    amx_tile_product(ds_a_.words, ds_a_.ld, key_.words + c0 / 2 * key_.ld, key_.ld,
-                     (cols + 1) / 2, dQ, ldq, rows, D_, c0 != 0);
+    amx_tile_product(ds_a_.words, ds_a_.ld, key_.words + c0 / 2 * key_.ld, key_.ld, (cols + 1) / 2,
+                     dQ, ldq, rows, D_, c0 != 0);
   }
 
  private:
@@ -440,8 +452,8 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* o
             tiles.Scores(P.data(), dS.data(), r0, c0, rows, cols, scale);
             ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, round, L + r0, delta.data(),
                           scale);
-            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldk, dK + c0 * ldk, ldk,
-                             dQ + r0 * ldq, ldq, r0, c0, rows, cols);
+            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldk, dK + c0 * ldk, ldk, dQ + r0 * ldq,
+                             ldq, r0, c0, rows, cols);
           }
         }
       }

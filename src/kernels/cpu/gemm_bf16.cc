@@ -15,9 +15,9 @@
 // words, one row per pair). A tile is walked in K blocks of 1024 pairs, inside a block by column
 // panels, inside a panel by 32-row blocks, so a panel's block (at most 128 KiB) stays in L2 while
 // the rows sweep it (blocks of 64, 128, 256, 512, 1024 and 4096 pairs measured on `small`'s
-// shapes: 1024 the fastest, by 0-20% over 256; docs/performance.md). Blocks of C cut by the tile's edge go through a
-// 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes apart, so the 16 rows of
-// an A tile do not fall into one L1 set.
+// shapes: 1024 the fastest, by 0-20% over 256; docs/performance.md). Blocks of C cut by the tile's
+// edge go through a 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes apart, so
+// the 16 rows of an A tile do not fall into one L1 set.
 //
 // The build targets x86-64-v3: only the functions marked AVX512_BF16 or AMX use the wider
 // instructions, and they run only after cpu_has_avx512_bf16() or cpu_has_amx_bf16() (every such
@@ -415,14 +415,15 @@ AMX void amx_tile_product(const uint32_t* a, int64_t lda, const uint32_t* b, int
                    std::min<int64_t>(32, m - i), std::min<int64_t>(32, n - j), accumulate);
 }
 
-AVX512_BF16 void pack_pairs_rows(const float* x, int64_t ld, int64_t rows, int64_t k,
-                                 uint32_t* dst, int64_t ldd) {
+AVX512_BF16 void pack_pairs_rows(const float* x, int64_t ld, int64_t rows, int64_t k, uint32_t* dst,
+                                 int64_t ldd) {
   const int64_t pairs = (k + 1) / 2;
   for (int64_t i = 0; i < RoundUp32(rows); ++i)
     for (int64_t q = 0; q < RoundUp16(pairs); q += 16)
       _mm512_store_si512(dst + i * ldd + q,
-                         i < rows ? PairsAlong(x + i * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
-                                  : _mm512_setzero_si512());
+                         i < rows
+                             ? PairsAlong(x + i * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
+                             : _mm512_setzero_si512());
 }
 
 AVX512_BF16 void pack_pairs_columns(const float* x, int64_t ld, int64_t k, int64_t cols,
@@ -449,8 +450,9 @@ AVX512_BF16 void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t 
     for (int64_t q = 0; q < RoundUp16(pairs); q += 16) {
       __m512i r[16];
       for (int64_t t = 0; t < 16; ++t)
-        r[t] = j + t < rows ? PairsAlong(x + (j + t) * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
-                            : _mm512_setzero_si512();
+        r[t] = j + t < rows
+                   ? PairsAlong(x + (j + t) * ld + 2 * q, std::clamp<int64_t>(k - 2 * q, 0, 32))
+                   : _mm512_setzero_si512();
       Transpose16(r);
       for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(dst + (q + c) * ldd + j, r[c]);
     }
@@ -459,7 +461,8 @@ AVX512_BF16 void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t 
 AVX512_BF16 void pack_pairs_columns_transposed(const float* x, int64_t ld, int64_t k, int64_t cols,
                                                uint32_t* dst, int64_t ldd) {
   for (int64_t q = 0; q < RoundUp16((k + 1) / 2); q += 16)
-    for (int64_t i = 0; i < RoundUp32(cols); i += 16) TransposedPairsBlock(x, ld, k, cols, q, i, dst, ldd);
+    for (int64_t i = 0; i < RoundUp32(cols); i += 16)
+      TransposedPairsBlock(x, ld, k, cols, q, i, dst, ldd);
 }
 #pragma GCC diagnostic pop
 

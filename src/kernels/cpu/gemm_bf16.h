@@ -97,20 +97,20 @@ void amx_tiles_end();    // releases the tiles
 // pair words along the inner index, rows of stride lda (RoundUp32(m) rows of RoundUp16(pairs)
 // words, zero past), B as one row of pair words per pair, stride ldb (RoundUp16(pairs) rows of
 // RoundUp32(n) words, zero past). Blocks cut at m or n go through a buffer.
-void amx_tile_product(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                      int64_t pairs, float* c, int64_t ldc, int64_t m, int64_t n, bool accumulate);
+void amx_tile_product(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pairs,
+                      float* c, int64_t ldc, int64_t m, int64_t n, bool accumulate);
 // The operands in those layouts, rounded to bf16 and zero-padded as amx_tile_product reads them:
 // x is a rows x k (or k x cols) block, row-major with leading dimension ld.
-//   pack_pairs_rows             A of x (rows x k):  dst[i][p] = x[i][2p], x[i][2p+1]
-//   pack_pairs_columns          B of x (k x cols):  dst[p][j] = x[2p][j], x[2p+1][j]
-//   pack_pairs_rows_transposed  B of x^T (x: rows x k, B k x rows): dst[p][j] = x[j][2p], x[j][2p+1]
-//   pack_pairs_columns_transposed  A of x^T (x: k x cols, A cols x k): dst[i][p] = x[2p][i], x[2p+1][i]
+//   pack_pairs_rows                A of x (rows x k):    dst[i][p] = x[i][2p], x[i][2p+1]
+//   pack_pairs_columns             B of x (k x cols):    dst[p][j] = x[2p][j], x[2p+1][j]
+//   pack_pairs_rows_transposed     B of x^T (x rows x k):  dst[p][j] = x[j][2p], x[j][2p+1]
+//   pack_pairs_columns_transposed  A of x^T (x k x cols): dst[i][p] = x[2p][i], x[2p+1][i]
 void pack_pairs_rows(const float* x, int64_t ld, int64_t rows, int64_t k, uint32_t* dst,
                      int64_t ldd);
 void pack_pairs_columns(const float* x, int64_t ld, int64_t k, int64_t cols, uint32_t* dst,
                         int64_t ldd);
-void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t rows, int64_t k,
-                                uint32_t* dst, int64_t ldd);
+void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t rows, int64_t k, uint32_t* dst,
+                                int64_t ldd);
 void pack_pairs_columns_transposed(const float* x, int64_t ld, int64_t k, int64_t cols,
                                    uint32_t* dst, int64_t ldd);
 // Words of a pair-word row for n values or pairs padded as above: RoundUp16 and RoundUp32.

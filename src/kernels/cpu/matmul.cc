@@ -78,8 +78,8 @@ void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int6
     const int64_t i0 = (tile / col_tiles) * t.rows, j0 = (tile % col_tiles) * t.cols;
     const int64_t rows = std::min(t.rows, M - i0), cols = std::min(t.cols, N - j0);
     if (native) {
-      gemm_bf16_tile(bf16, a_packed, b_packed, i0, j0, rows, cols, K, beta != 0.0f, C + i0 * ldc + j0,
-                     ldc);
+      gemm_bf16_tile(bf16, a_packed, b_packed, i0, j0, rows, cols, K, beta != 0.0f,
+                     C + i0 * ldc + j0, ldc);
       continue;
     }
     const float* a = trans_a ? A + i0 : A + i0 * lda;
@@ -94,8 +94,7 @@ void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int6
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
-  gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC,
-             bf16);
+  gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, bf16);
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,

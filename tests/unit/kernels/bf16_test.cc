@@ -46,8 +46,8 @@ struct NativeKernel {
 };
 std::vector<NativeKernel> NativeKernels() {
   std::vector<NativeKernel> kernels;
-  for (const NativeKernel k : {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16},
-                               NativeKernel{"amx", Bf16Gemm::kAmx}})
+  for (const NativeKernel k :
+       {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16}, NativeKernel{"amx", Bf16Gemm::kAmx}})
     if (Bf16GemmAvailable(k.gemm)) kernels.push_back(k);
   return kernels;
 }
@@ -160,22 +160,22 @@ TEST(Bf16Matmul, NativeMatchesDoubleProductOfRoundedOperands) {
 TEST(Bf16Matmul, NativeWithinSumOrderBoundOfEmulated) {
   SKIP_WITHOUT_NATIVE_BF16();
   for (const NativeKernel& k : NativeKernels()) {
-  SCOPED_TRACE(k.path);
-  const Linear l;
-  const auto native = l.Run(*Bf16Backend(k.path));
-  const auto emulated = l.Run(*Bf16Backend("emulated"));
-  const auto in = Rounded(l.inp), w = Rounded(l.weight), d = Rounded(l.dout);
-  const Reference refs[] = {
-      Product(in, w, l.N, l.OC, l.C), Product(d, Transposed(w, l.OC, l.C), l.N, l.C, l.OC),
-      Product(Transposed(d, l.N, l.OC), Transposed(in, l.N, l.C), l.OC, l.C, l.N)};
-  bool any_different = false;
-  for (int t = 0; t < 3; ++t)
-    for (size_t i = 0; i < native[t].size(); ++i) {
-      ASSERT_LE(std::fabs(native[t][i] - emulated[t][i]), refs[t].bound[i]) << t << ":" << i;
-      any_different |= native[t][i] != emulated[t][i];
-    }
-  // Not a promise, a sanity check that the native path really ran: the sum orders differ.
-  EXPECT_TRUE(any_different);
+    SCOPED_TRACE(k.path);
+    const Linear l;
+    const auto native = l.Run(*Bf16Backend(k.path));
+    const auto emulated = l.Run(*Bf16Backend("emulated"));
+    const auto in = Rounded(l.inp), w = Rounded(l.weight), d = Rounded(l.dout);
+    const Reference refs[] = {
+        Product(in, w, l.N, l.OC, l.C), Product(d, Transposed(w, l.OC, l.C), l.N, l.C, l.OC),
+        Product(Transposed(d, l.N, l.OC), Transposed(in, l.N, l.C), l.OC, l.C, l.N)};
+    bool any_different = false;
+    for (int t = 0; t < 3; ++t)
+      for (size_t i = 0; i < native[t].size(); ++i) {
+        ASSERT_LE(std::fabs(native[t][i] - emulated[t][i]), refs[t].bound[i]) << t << ":" << i;
+        any_different |= native[t][i] != emulated[t][i];
+      }
+    // Not a promise, a sanity check that the native path really ran: the sum orders differ.
+    EXPECT_TRUE(any_different);
   }
 }
 
@@ -208,8 +208,8 @@ TEST(Bf16Backend, AutoAndNativePickAmxFirst) {
     EXPECT_NE(Bf16Backend(path)->Summary().find("bf16_path=" + expected), std::string::npos)
         << path;
   }
-  for (const NativeKernel& k : {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16},
-                                NativeKernel{"amx", Bf16Gemm::kAmx}}) {
+  for (const NativeKernel& k :
+       {NativeKernel{"avx512_bf16", Bf16Gemm::kAvx512Bf16}, NativeKernel{"amx", Bf16Gemm::kAmx}}) {
     if (Bf16GemmAvailable(k.gemm)) {
       EXPECT_NE(Bf16Backend(k.path)->Summary().find(std::string("bf16_path=") + k.path),
                 std::string::npos);

@@ -1,7 +1,6 @@
 #include "train/mfu.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
