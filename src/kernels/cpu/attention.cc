@@ -289,10 +289,10 @@ struct Pairs {
 class AmxForward {
  public:
   AmxForward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
-    key_t_.Size(PairWords16(d_pairs_), PairWords32(T));
-    value_.Size(PairWords16((T + 1) / 2), PairWords32(D));
-    query_.Size(PairWords32(kTile), PairWords16(d_pairs_));
-    prob_.Size(PairWords32(kTile), PairWords16(kTile / 2));
+    key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
+    value_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
+    query_.Size(RoundUp32(kTile), RoundUp16(d_pairs_));
+    prob_.Size(RoundUp32(kTile), RoundUp16(kTile / 2));
     amx_tiles_begin();
   }
   ~AmxForward() { amx_tiles_end(); }
@@ -325,12 +325,12 @@ class AmxForward {
 class AmxBackward {
  public:
   AmxBackward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
-    key_t_.Size(PairWords16(d_pairs_), PairWords32(T));
-    value_t_.Size(PairWords16(d_pairs_), PairWords32(T));
-    key_.Size(PairWords16((T + 1) / 2), PairWords32(D));
-    for (Pairs* a : {&q_a_, &do_a_}) a->Size(PairWords32(kTile), PairWords16(d_pairs_));
-    for (Pairs* b : {&q_b_, &do_b_}) b->Size(PairWords16(kTile / 2), PairWords32(D));
-    for (Pairs* a : {&ds_a_, &p_t_, &ds_t_}) a->Size(PairWords32(kTile), PairWords16(kTile / 2));
+    key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
+    value_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
+    key_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
+    for (Pairs* a : {&q_a_, &do_a_}) a->Size(RoundUp32(kTile), RoundUp16(d_pairs_));
+    for (Pairs* b : {&q_b_, &do_b_}) b->Size(RoundUp16(kTile / 2), RoundUp32(D));
+    for (Pairs* a : {&ds_a_, &p_t_, &ds_t_}) a->Size(RoundUp32(kTile), RoundUp16(kTile / 2));
     amx_tiles_begin();
   }
   ~AmxBackward() { amx_tiles_end(); }

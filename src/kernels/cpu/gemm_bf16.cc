@@ -125,25 +125,12 @@ AVX512_BF16 void RunRows(int rows, Bf16PackedA a, const uint32_t* b, int64_t pai
   }
 }
 
-constexpr int64_t RoundUp16(int64_t n) {
-  return (n + 15) / 16 * 16;
-}
-constexpr int64_t RoundUp32(int64_t n) {
-  return (n + 31) / 32 * 32;
-}
-
 // kAmx's A rows: the pairs rounded up to 16 words (one A tile's row), plus 16 more when that is
 // an even multiple of 16, so that rows are an odd number of 64-byte lines apart.
 constexpr int64_t AmxRowStride(int64_t pairs) {
   const int64_t words = RoundUp16(pairs);
   return words % 32 == 0 ? words + 16 : words;
 }
-
-// GCC 12's unpack intrinsics pass an undefined vector as the unused source, which
-// -Wmaybe-uninitialized reports where they are inlined here.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // r[t][c] -> r[c][t] for 16 vectors of 16 words: words interleaved, then 64-bit pairs, then the
 // 128-bit lanes.
@@ -172,53 +159,26 @@ AVX512_BF16 inline void Transpose16(__m512i r[16]) {
   }
 }
 
-// 16 pairs (from q) x 16 columns (from i) of x (k x cols, leading dimension ld) as the A of x^T:
-// PairsAcross along 32 rows of x (16 columns at one pair each), turned in registers, stored as
-// dst[(i + c) * ldd + q ..] (zero past k and cols).
-AVX512_BF16 inline void TransposedPairsBlock(const float* x, int64_t ld, int64_t k, int64_t cols,
-                                             int64_t q, int64_t i, uint32_t* dst, int64_t ldd) {
-  const int64_t pairs = (k + 1) / 2, n = std::clamp<int64_t>(cols - i, 0, 16);
-  __m512i r[16];
-  for (int64_t t = 0; t < 16; ++t) {
-    const int64_t p = q + t;
-    r[t] = _mm512_setzero_si512();
-    if (p < pairs && n > 0) {
-      const float* even = x + 2 * p * ld + i;
-      r[t] = PairsAcross(even, 2 * p + 1 < k ? even + ld : nullptr, n);
-    }
-  }
-  Transpose16(r);
-  for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(dst + (i + c) * ldd + q, r[c]);
-}
-
-// kAmx's A from a transposed A (K,M), in TransposedPairsBlock's blocks. The threads share the
-// pairs, so each reads whole rows of A in order.
-AVX512_BF16 void PackAmxRowsFromColumns(int64_t M, int64_t K, const float* A, int64_t lda,
-                                        uint32_t* pack, int64_t stride) {
-  const int64_t rows = RoundUp32(M), words = RoundUp16((K + 1) / 2);
-#pragma omp parallel for schedule(static)
-  for (int64_t q = 0; q < words; q += 16)
-    for (int64_t i = 0; i < rows; i += 16) TransposedPairsBlock(A, lda, K, M, q, i, pack, stride);
-}
-
-#pragma GCC diagnostic pop
-
 AVX512_BF16 Bf16PackedA PackA(Bf16Gemm gemm, bool trans_a, int64_t M, int64_t K, const float* A,
                               int64_t lda, Bf16PackBuffer& buffer) {
   const int64_t pairs = (K + 1) / 2;
   if (gemm == Bf16Gemm::kAmx) {
-    const int64_t stride = AmxRowStride(pairs), rows = RoundUp32(M);
-    uint32_t* pack = buffer.Words(rows * stride);
+    // Row-major either way (pack_pairs_rows and pack_pairs_columns_transposed, gemm_bf16.h), the
+    // threads on slabs of 32 rows of A: of op(A), or of A (16 pairs) when transposed, so each
+    // reads whole rows of A in order.
+    const int64_t stride = AmxRowStride(pairs);
+    uint32_t* pack = buffer.Words(RoundUp32(M) * stride);
     if (trans_a) {
-      PackAmxRowsFromColumns(M, K, A, lda, pack, stride);
-      return {pack, stride, 1};
-    }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < rows; ++i)
       for (int64_t q = 0; q < RoundUp16(pairs); q += 16)
-        _mm512_store_si512(pack + i * stride + q,
-                           i < M ? PairsAlong(A + i * lda + 2 * q, std::min<int64_t>(32, K - 2 * q))
-                                 : _mm512_setzero_si512());
+        pack_pairs_columns_transposed(A + 2 * q * lda, lda, std::min<int64_t>(32, K - 2 * q), M,
+                                      pack + q, stride);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < M; i += 32)
+        pack_pairs_rows(A + i * lda, lda, std::min<int64_t>(32, M - i), K, pack + i * stride,
+                        stride);
+    }
     return {pack, stride, 1};
   }
   if (!trans_a) {
@@ -266,22 +226,12 @@ AVX512_BF16 Bf16PackedB PackB(bool trans_b, int64_t N, int64_t K, const float* B
     }
     return {pack, panel_stride};
   }
+  // B^T: each panel is B^T's pair rows for 32 rows of B (pack_pairs_rows_transposed, gemm_bf16.h).
 #pragma omp parallel for schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    alignas(64) uint32_t words[16];
-    for (int64_t jj = 0; jj < kBf16Panel; ++jj) {
-      const int64_t j = panel * kBf16Panel + jj;
-      uint32_t* column = pack + panel * panel_stride + jj;
-      for (int64_t q = 0; q < pairs; q += 16) {
-        if (j < N)
-          _mm512_store_si512(words,
-                             PairsAlong(B + j * ldb + 2 * q, std::min<int64_t>(32, K - 2 * q)));
-        else
-          _mm512_store_si512(words, _mm512_setzero_si512());
-        for (int64_t t = 0; t < 16; ++t) column[(q + t) * kBf16Panel] = words[t];  // zero past K
-      }
-    }
-  }
+  for (int64_t panel = 0; panel < panels; ++panel)
+    pack_pairs_rows_transposed(B + panel * kBf16Panel * ldb, ldb,
+                               std::min(kBf16Panel, N - panel * kBf16Panel), K,
+                               pack + panel * panel_stride, kBf16Panel);
   return {pack, panel_stride};
 }
 
@@ -441,7 +391,10 @@ AVX512_BF16 void pack_pairs_columns(const float* x, int64_t ld, int64_t k, int64
 }
 
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // Transpose16's unpacks, as above
+// GCC 12's unpack intrinsics pass an undefined vector as the unused source, which
+// -W(maybe-)uninitialized reports where Transpose16 is inlined (here and, through these, in PackA
+// and PackB).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 AVX512_BF16 void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t rows, int64_t k,
                                             uint32_t* dst, int64_t ldd) {
@@ -460,9 +413,24 @@ AVX512_BF16 void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t 
 
 AVX512_BF16 void pack_pairs_columns_transposed(const float* x, int64_t ld, int64_t k, int64_t cols,
                                                uint32_t* dst, int64_t ldd) {
-  for (int64_t q = 0; q < RoundUp16((k + 1) / 2); q += 16)
-    for (int64_t i = 0; i < RoundUp32(cols); i += 16)
-      TransposedPairsBlock(x, ld, k, cols, q, i, dst, ldd);
+  // 16 pairs x 16 columns at a time: PairsAcross along 32 rows of x (16 columns at one pair each),
+  // turned in registers.
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t q = 0; q < RoundUp16(pairs); q += 16)
+    for (int64_t i = 0; i < RoundUp32(cols); i += 16) {
+      const int64_t n = std::clamp<int64_t>(cols - i, 0, 16);
+      __m512i r[16];
+      for (int64_t t = 0; t < 16; ++t) {
+        const int64_t p = q + t;
+        r[t] = _mm512_setzero_si512();
+        if (p < pairs && n > 0) {
+          const float* even = x + 2 * p * ld + i;
+          r[t] = PairsAcross(even, 2 * p + 1 < k ? even + ld : nullptr, n);
+        }
+      }
+      Transpose16(r);
+      for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(dst + (i + c) * ldd + q, r[c]);
+    }
 }
 #pragma GCC diagnostic pop
 

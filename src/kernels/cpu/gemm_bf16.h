@@ -113,11 +113,11 @@ void pack_pairs_rows_transposed(const float* x, int64_t ld, int64_t rows, int64_
                                 int64_t ldd);
 void pack_pairs_columns_transposed(const float* x, int64_t ld, int64_t k, int64_t cols,
                                    uint32_t* dst, int64_t ldd);
-// Words of a pair-word row for n values or pairs padded as above: RoundUp16 and RoundUp32.
-constexpr int64_t PairWords16(int64_t pairs) {
-  return (pairs + 15) / 16 * 16;
+// The paddings above (and the packed operands' of gemm_bf16_tile): n rounded up to 16 or 32.
+constexpr int64_t RoundUp16(int64_t n) {
+  return (n + 15) / 16 * 16;
 }
-constexpr int64_t PairWords32(int64_t n) {
+constexpr int64_t RoundUp32(int64_t n) {
   return (n + 31) / 32 * 32;
 }
 
