@@ -15,9 +15,9 @@
 // words, one row per pair). A tile is walked in K blocks of 1024 pairs, inside a block by column
 // panels, inside a panel by 32-row blocks, so a panel's block (at most 128 KiB) stays in L2 while
 // the rows sweep it (blocks of 64, 128, 256, 512, 1024 and 4096 pairs measured on `small`'s
-// shapes: 1024 the fastest, by 0-20% over 256; docs/performance.md). Blocks of C cut by the tile's
-// edge go through a 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes apart, so
-// the 16 rows of an A tile do not fall into one L1 set.
+// shapes: 1024 the fastest: 256 took -2% to +25% longer; docs/performance.md). Blocks of C cut by
+// the tile's edge go through a 32 x 32 buffer. Rows of the packed A are an odd multiple of 64 bytes
+// apart, so the 16 rows of an A tile do not fall into one L1 set.
 //
 // The build targets x86-64-v3: only the functions marked AVX512_BF16 or AMX use the wider
 // instructions, and they run only after cpu_has_avx512_bf16() or cpu_has_amx_bf16() (every such
