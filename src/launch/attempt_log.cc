@@ -101,6 +101,23 @@ std::optional<double> NumberField(std::string_view text, std::string_view key) {
   return value;
 }
 
+// A kTagged label at text[pos]: "[<job>,<rank>]<word>:" with a word of 1-8 letters (stdout,
+// stderr, stddiag, hydra). Returns the rank and moves pos past the label.
+std::optional<int> TagAt(std::string_view text, size_t* pos) {
+  size_t at = *pos;
+  if (text.substr(at, 1) != "[") return std::nullopt;
+  ++at;
+  if (!NumberThen(text, &at, ",")) return std::nullopt;
+  auto rank = NumberThen(text, &at, "]<");
+  if (!rank) return std::nullopt;
+  size_t end = at;
+  while (end < text.size() && end - at < 8 && std::isalpha(static_cast<unsigned char>(text[end])))
+    ++end;
+  if (end == at || text.substr(end, 2) != ">:") return std::nullopt;
+  *pos = end + 2;
+  return rank;
+}
+
 bool IsTimeLimitMessage(std::string_view text) {
   return text.find("DUE TO TIME LIMIT") != std::string_view::npos ||
          (text.find("walltime") != std::string_view::npos &&
@@ -142,30 +159,11 @@ OutputLine ParseOutputLine(std::string_view raw, LabelStyle style) {
       }
       break;
     }
-    case LabelStyle::kOpenMpi: {  // "[1,3]<stdout>:" (also <stderr>, <stddiag>)
-      if (raw.substr(0, 1) == "[") {
-        pos = 1;
-        if (NumberThen(raw, &pos, ",")) {
-          if (auto rank = NumberThen(raw, &pos, "]<")) {
-            size_t close = raw.find(">:", pos);
-            if (close != std::string_view::npos && close - pos <= 8) {
-              line.rank = *rank;
-              line.text = raw.substr(close + 2);
-              return line;
-            }
-          }
-        }
-      }
-      break;
-    }
-    case LabelStyle::kBracket: {  // "[3] "
-      if (raw.substr(0, 1) == "[") {
-        pos = 1;
-        if (auto rank = NumberThen(raw, &pos, "] ")) {
-          line.rank = *rank;
-          line.text = raw.substr(pos);
-          return line;
-        }
+    case LabelStyle::kTagged: {  // "[1,3]<stdout>:" (also <stderr>, <stddiag>, <hydra>)
+      if (auto rank = TagAt(raw, &pos)) {
+        line.rank = *rank;
+        line.text = raw.substr(pos);
+        return line;
       }
       break;
     }
@@ -178,6 +176,41 @@ OutputLine ParseOutputLine(std::string_view raw, LabelStyle style) {
 
 std::string DisplayLine(const OutputLine& line) {
   return line.rank < 0 ? line.text : std::to_string(line.rank) + ": " + line.text;
+}
+
+RankLines::RankLines(LabelStyle style, size_t max_line) : style_(style), max_line_(max_line) {}
+
+std::vector<OutputLine> RankLines::Add(std::string_view raw) {
+  if (style_ != LabelStyle::kTagged) return {ParseOutputLine(raw, style_)};
+  std::vector<OutputLine> lines;
+  size_t pos = 0;
+  int rank = TagAt(raw, &pos).value_or(-1);
+  while (true) {
+    // The next label, if any, ends this rank's piece: a chunk that did not end its line.
+    size_t next = raw.find('[', pos), after = 0;
+    std::optional<int> next_rank;
+    for (; next != std::string_view::npos; next = raw.find('[', next + 1)) {
+      after = next;
+      if ((next_rank = TagAt(raw, &after))) break;
+    }
+    std::string& line = pending_[rank];
+    line.append(raw.substr(pos, next == std::string_view::npos ? raw.size() - pos : next - pos));
+    if (!next_rank || line.size() >= max_line_) {
+      lines.push_back({rank, std::move(line)});
+      pending_.erase(rank);
+    }
+    if (!next_rank) return lines;
+    rank = *next_rank;
+    pos = after;
+  }
+}
+
+std::vector<OutputLine> RankLines::Finish() {
+  std::vector<OutputLine> lines;
+  for (auto& [rank, text] : pending_)
+    if (!text.empty()) lines.push_back({rank, std::move(text)});
+  pending_.clear();
+  return lines;
 }
 
 AttemptLog::AttemptLog(const BadNodePatterns* patterns, std::vector<std::string> active_nodes)

@@ -27,6 +27,27 @@ OutputLine ParseOutputLine(std::string_view raw, LabelStyle style);
 // The line as the launcher passes it through: "<rank>: text" or the text alone.
 std::string DisplayLine(const OutputLine& line);
 
+// Whole lines of each rank from one output stream of the MPI launcher. kTagged launchers label
+// every chunk a rank writes, not every line, and chunks of different ranks interleave: rank 0's
+// "step=1 loss=" and "2.5\n", written apart, arrive as
+// "[1,0]<stdout>:step=1 loss=[1,1]<stdout>:hello\n[1,0]<stdout>:2.5\n". Each rank's pieces are
+// joined up to its newline. kColon and kNone lines are taken as they come: srun sends whole
+// lines (test_launch_slurm.py); PALS is assumed to, which no test here can check.
+class RankLines {
+ public:
+  explicit RankLines(LabelStyle style, size_t max_line = 64 * 1024);
+  // One line of the stream as read, without its newline: the ranks' lines it completes (a rank's
+  // line that reaches max_line is passed on as it is).
+  std::vector<OutputLine> Add(std::string_view raw);
+  // At the end of the stream: what the ranks left unfinished, in rank order.
+  std::vector<OutputLine> Finish();
+
+ private:
+  LabelStyle style_;
+  size_t max_line_;
+  std::map<int, std::string> pending_;  // rank (-1: unlabelled) -> its line so far
+};
+
 // The trainer's last word when a stop signal ended it (docs/architecture.md, "Progress line"):
 // "stopped step=<n> signal=<SIG> checkpoint=<path|none> exit=<143|75>".
 struct StoppedLine {

@@ -56,7 +56,7 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
       std::string map = "ppr:" + Str(spec.ranks_per_node) + ":node";
       if (depth > 1) map += ":PE=" + Str(depth);
       Append(&argv, {"--map-by", map, "--bind-to", "core", "--tag-output"});
-      out.labels = LabelStyle::kOpenMpi;
+      out.labels = LabelStyle::kTagged;
     } else {  // Cray PALS, the mpiexec of PBS systems running MPICH
       Append(&argv, {"--ppn", Str(spec.ranks_per_node), "--cpu-bind", "depth", "--depth",
                      Str(depth), "--label"});
@@ -72,14 +72,14 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
       Append(&argv, {"--host", hosts});
     }
     Append(&argv, {"--oversubscribe", "--bind-to", "none", "--tag-output"});
-    out.labels = LabelStyle::kOpenMpi;
+    out.labels = LabelStyle::kTagged;
   } else {  // local MPICH: Hydra's mpiexec
     Append(&argv,
            {spec.mpi_launcher.empty() ? "mpiexec" : spec.mpi_launcher, "-n", Str(spec.ranks)});
     if (nodes > 1 || spec.nodes[0] != "localhost")
       Append(&argv, {"-hosts", JoinHosts(spec.nodes), "-ppn", Str(spec.ranks_per_node)});
-    argv.push_back("-l");
-    out.labels = LabelStyle::kBracket;
+    Append(&argv, {"-prepend-pattern", kHydraLabelPattern});
+    out.labels = LabelStyle::kTagged;
   }
 
   if (spec.mpi == MpiFlavour::kOpenMpi && spec.scheduler != Scheduler::kSlurm) {

@@ -10,13 +10,17 @@
 
 namespace crucible {
 
-// How the MPI launcher prefixes each output line with the rank that wrote it.
+// How the MPI launcher labels its output with the rank that wrote it.
 enum class LabelStyle {
-  kNone,     // no prefix (one process, no MPI launcher)
-  kColon,    // "3: text"               srun --label, PALS --label
-  kOpenMpi,  // "[1,3]<stdout>:text"    mpirun --tag-output
-  kBracket,  // "[3] text"              MPICH Hydra -l
+  kNone,    // no label (one process, no MPI launcher)
+  kColon,   // "3: text" at each line's start: srun --label, PALS --label
+  kTagged,  // "[1,3]<stdout>:text" at each chunk a rank writes, mid-line too: mpirun
+            // --tag-output; Hydra with -prepend-pattern "[%g,%r]<hydra>:"
 };
+
+// The pattern Hydra is given: the same tag as Open MPI's, which cannot be mistaken for text
+// (its own -l label, "[3] ", can: "a[3] = 5").
+inline constexpr const char* kHydraLabelPattern = "[%g,%r]<hydra>:";
 
 struct LaunchSpec {
   Scheduler scheduler = Scheduler::kLocal;

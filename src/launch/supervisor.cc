@@ -67,20 +67,21 @@ void DrainSignalPipe() {
   }
 }
 
-// One output stream of the job: bytes in, complete lines out.
+constexpr size_t kMaxLine = 64 * 1024;
+
+// One output stream of the job: bytes in, complete lines of each rank out.
 struct Stream {
-  int fd = -1;
-  int out_fd = 1;
+  Stream(int fd, int out_fd, LabelStyle labels) : fd(fd), out_fd(out_fd), ranks(labels, kMaxLine) {}
+  int fd;
+  int out_fd;
   std::string partial;
+  RankLines ranks;
   bool open() const { return fd >= 0; }
 };
 
-constexpr size_t kMaxLine = 64 * 1024;
-
 class Watcher {
  public:
-  Watcher(const SupervisorOptions& options, AttemptLog* log, LabelStyle labels)
-      : options_(options), log_(log), labels_(labels) {
+  Watcher(const SupervisorOptions& options, AttemptLog* log) : options_(options), log_(log) {
     if (!options.log_path.empty()) {
       log_fd_ = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (log_fd_ < 0) ThrowErrno("cannot open attempt log " + options.log_path);
@@ -98,6 +99,7 @@ class Watcher {
     if (n <= 0) {
       if (!stream->partial.empty()) Line(stream, stream->partial);
       stream->partial.clear();
+      for (const OutputLine& line : stream->ranks.Finish()) Show(stream, line);
       close(stream->fd);
       stream->fd = -1;
       return false;
@@ -127,8 +129,11 @@ class Watcher {
     const double now = timer_.Seconds();
     last_line_seconds_ = now;
     if (first_line_seconds_ < 0) first_line_seconds_ = now;
-    OutputLine line = ParseOutputLine(raw, labels_);
-    if (log_) log_->Add(line, now);
+    for (const OutputLine& line : stream->ranks.Add(raw)) Show(stream, line);
+  }
+
+  void Show(Stream* stream, const OutputLine& line) {
+    if (log_) log_->Add(line, timer_.Seconds());
     std::string shown = DisplayLine(line) + "\n";
     if (log_fd_ >= 0) WriteAll(log_fd_, shown);
     RankIdentity ignored;
@@ -138,7 +143,6 @@ class Watcher {
 
   const SupervisorOptions& options_;
   AttemptLog* log_;
-  LabelStyle labels_;
   int log_fd_ = -1;
   Timer timer_;
   double last_line_seconds_ = 0;
@@ -213,7 +217,7 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   InstallLaunchSignalHandlers();
   if (!command.hostfile_path.empty())
     AtomicWriteFile(command.hostfile_path, command.hostfile_contents);
-  Watcher watcher(options, log, command.labels);
+  Watcher watcher(options, log);
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) ThrowErrno("pipe");
   const int signals_before = signal_count.load();
@@ -248,11 +252,7 @@ AttemptRun RunSupervised(const LaunchCommand& command, const SupervisorOptions& 
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
-  Stream streams[2];
-  streams[0].fd = out_pipe[0];
-  streams[0].out_fd = 1;
-  streams[1].fd = err_pipe[0];
-  streams[1].out_fd = 2;
+  Stream streams[2] = {{out_pipe[0], 1, command.labels}, {err_pipe[0], 2, command.labels}};
 
   AttemptRun run;
   int child_status = 0;

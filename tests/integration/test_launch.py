@@ -2,6 +2,7 @@
 failover decisions that need no cluster, a faked PBS job, bad input. See docs/launch.md."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +97,28 @@ def test_output_passes_through_line_by_line_with_rank_labels(tmp_path):
     assert "crucible-rank:" not in proc.stdout + proc.stderr  # announcements stay in the log
     log = (tmp_path / "launch" / "attempt-1.log").read_text()
     assert "crucible-rank: rank=1" in log
+
+
+PIECES = str(ROOT / "tests" / "integration" / "launch" / "pieces.py")
+PIECES_STDOUT = ["0: step=1 loss=2.5", "0: step=2 loss=2.0", "1: rank 1 ends without a newline",
+                 "1: rank 1 says hello"]
+
+
+# Open MPI's --tag-output and Hydra label every chunk a rank writes, not every line (seen on CI:
+# a `stopped` line cut by a stray label); srun's lines are tested in test_launch_slurm.py.
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
+def test_a_line_written_in_pieces_passes_through_whole(tmp_path, mpi):
+    if mpi == "mpich" and not (shutil.which("mpiexec.hydra") or shutil.which("mpiexec.mpich")):
+        pytest.skip("MPICH's Hydra is not installed")
+    proc = launch(["--run-dir", str(tmp_path), "--np", "2"], [sys.executable, PIECES],
+                  env=clean_env(CRUCIBLE_MPI=mpi))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(proc.stdout.splitlines()) == PIECES_STDOUT, proc.stdout
+    assert sorted(l for l in proc.stderr.splitlines() if l.startswith(("0: ", "1: "))) == [
+        "0: warning: slow", "1: e1"], proc.stderr
+    log = (tmp_path / "launch" / "attempt-1.log").read_text().splitlines()
+    assert [l for l in log if l.startswith("0: step=")] == ["0: step=1 loss=2.5", "0: step=2 loss=2.0"]
+    assert attempts(tmp_path)[0]["last_step"] == 2
 
 
 def test_retries_back_off_then_succeed(tmp_path):

@@ -246,6 +246,22 @@ def test_real_mpi_ranks_talk_across_the_virtual_nodes(cluster, walltime_job, tmp
     assert "--mpi=pmix" in record["argv"] and "--nodelist=n1,n2,n3" in record["argv"]
 
 
+def test_srun_passes_lines_written_in_pieces_through_whole(cluster, walltime_job, tmp_path):
+    """srun --label: each rank's line whole and labelled with its rank, though written in pieces
+    (the same program as test_launch.py's Open MPI and Hydra test)."""
+    folder, env = cluster
+    proc = subprocess.run(["salloc", "-N", "2", "--time=5", CRUCIBLE, "launch", "--run-dir", str(tmp_path / "run"),
+                           "--nodes", "2", "--timeout", "60", "--", sys.executable,
+                           str(ROOT / "tests/integration/launch/pieces.py")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(l for l in proc.stdout.splitlines() if l.startswith(("0: ", "1: "))) == [
+        "0: step=1 loss=2.5", "0: step=2 loss=2.0", "1: rank 1 ends without a newline",
+        "1: rank 1 says hello"], proc.stdout
+    assert sorted(l for l in proc.stderr.splitlines() if l.startswith(("0: ", "1: "))) == [
+        "0: warning: slow", "1: e1"], proc.stderr
+
+
 def launcher_pid(run_dir):
     """The pid of the `crucible launch --run-dir run_dir` process (salloc's child)."""
     for proc in Path("/proc").iterdir():

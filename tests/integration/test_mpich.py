@@ -7,6 +7,7 @@ both installed)."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -173,12 +174,12 @@ def test_crucible_launch_with_mpich_runs_hydra_and_ends_bit_identical(mpich_cruc
                          capture_output=True, text=True, env=env, timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert "mpi:         mpich" in dry.stdout
-    command = dry.stdout.split("command:\n", 1)[1].split()
+    command = shlex.split(dry.stdout.split("command:\n", 1)[1].splitlines()[0])
     launcher = shutil.which(command[0], path=env.get("PATH"))
     assert launcher, command
     # Hydra, whatever mpiexec on PATH is (Open MPI's on a Debian default with both installed).
     assert re.search(r"mpich|hydra", os.path.realpath(launcher)), (command[0], os.path.realpath(launcher))
-    assert command[1:4] == ["-n", "2", "-l"], command
+    assert command[1:5] == ["-n", "2", "-prepend-pattern", "[%g,%r]<hydra>:"], command
 
     proc = subprocess.run([mpich_crucible, "launch", "--run-dir", str(run_dir), "--np", "2", "--", *train],
                           capture_output=True, text=True, env=env, timeout=300)

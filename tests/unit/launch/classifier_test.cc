@@ -13,15 +13,16 @@ namespace {
 
 const std::vector<std::string> kActive = {"n1", "n2", "n3"};
 
-// Feeds an excerpt through the same path the supervisor uses: label parsing, then the log.
+// Feeds an excerpt through the same path the supervisor uses: RankLines, then the log.
 struct Excerpt {
   explicit Excerpt(const std::string& text, LabelStyle labels = LabelStyle::kColon,
                    std::vector<std::string> active = kActive)
       : patterns(BadNodePatterns::Defaults()), log(&patterns, std::move(active)) {
     double t = 0;
-    for (const std::string& line : Split(text, '\n')) {
-      if (!line.empty()) log.Add(ParseOutputLine(line, labels), t += 0.1);
-    }
+    RankLines ranks(labels);
+    for (const std::string& raw : Split(text, '\n'))
+      if (!raw.empty())
+        for (const OutputLine& line : ranks.Add(raw)) log.Add(line, t += 0.1);
   }
   Classification Classify(int exit_code, std::optional<double> time_left = std::nullopt,
                           bool previous_reached_step = true, int stop_signal = 0) {
@@ -132,18 +133,18 @@ TEST(Classifier, BadNodeNamedByEachFamilyOfMessages) {
       {"openmpi",
        "[1,0]<stdout>:step=3\nmpirun noticed that process rank 2 with PID 0 on node n3 exited on "
        "signal 9 (Killed).\n",
-       LabelStyle::kOpenMpi, "n3", "ompi-rank-signal"},
+       LabelStyle::kTagged, "n3", "ompi-rank-signal"},
       {"openmpi-daemon",
        "ORTE has lost communication with a remote daemon.\n\n  HNP daemon   : [[47975,0],0] on "
        "node n1\n  Remote daemon: [[47975,0],2] on node n3\n",
-       LabelStyle::kOpenMpi, "n3", "ompi-lost-daemon"},
+       LabelStyle::kTagged, "n3", "ompi-lost-daemon"},
       {"mpich",
-       "[0] "
-       "step=3\n==================================================================================="
+       "[0,0]<hydra>:step=3\n======================================================================"
+       "============="
        "\n"
        "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   RANK 1 PID 4242 RUNNING AT "
        "n2\n=   KILLED BY SIGNAL: 9 (Killed)\n",
-       LabelStyle::kBracket, "n2", "mpich-bad-term"},
+       LabelStyle::kTagged, "n2", "mpich-bad-term"},
       {"pals", "0: step=3\nN3.hsn.cm.example.com: rank 2 died from signal 9\n", LabelStyle::kColon,
        "n3", "pals-rank-died"},
       {"slurm-node-failure", "0: step=3\nsrun: error: Node failure on n2\n", LabelStyle::kColon,
@@ -168,16 +169,11 @@ TEST(Classifier, BadNodeNamedByEachFamilyOfMessages) {
   };
   for (const NamedCase& test : cases) {
     std::string ranks = kRanks;
-    if (test.labels == LabelStyle::kOpenMpi)
+    if (test.labels == LabelStyle::kTagged)
       ranks =
           "[1,0]<stderr>:crucible-rank: rank=0 local_rank=0 world=3 node=n1 pid=1\n"
           "[1,1]<stderr>:crucible-rank: rank=1 local_rank=0 world=3 node=n2 pid=2\n"
           "[1,2]<stderr>:crucible-rank: rank=2 local_rank=0 world=3 node=n3 pid=3\n";
-    if (test.labels == LabelStyle::kBracket)
-      ranks =
-          "[0] crucible-rank: rank=0 local_rank=0 world=3 node=n1 pid=1\n"
-          "[1] crucible-rank: rank=1 local_rank=0 world=3 node=n2 pid=2\n"
-          "[2] crucible-rank: rank=2 local_rank=0 world=3 node=n3 pid=3\n";
     Excerpt e(ranks + test.log, test.labels);
     Classification c = e.Classify(1);
     EXPECT_EQ(c.verdict, Verdict::kBadNode) << test.name << ": " << c.evidence;
@@ -286,7 +282,7 @@ const char kOpenMpiConfigError[] =
     "--------------------------------------------------------------------------\n";
 
 TEST(Evidence, OpenMpiBannersAreSkippedForTheErrorLine) {
-  Excerpt e(kOpenMpiConfigError, LabelStyle::kOpenMpi, {"vm"});
+  Excerpt e(kOpenMpiConfigError, LabelStyle::kTagged, {"vm"});
   Classification c = e.Classify(2);
   EXPECT_EQ(c.verdict, Verdict::kConfigError);
   EXPECT_EQ(c.evidence,
@@ -305,7 +301,7 @@ TEST(Evidence, OpenMpiRankKilledNamesTheSignalNotTheSeparator) {
       "--------------------------------------------------------------------------\n"
       "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).\n"
       "--------------------------------------------------------------------------\n",
-      LabelStyle::kOpenMpi, {"n1"});
+      LabelStyle::kTagged, {"n1"});
   Classification c = e.Classify(137);
   EXPECT_EQ(c.verdict, Verdict::kUnknown);
   EXPECT_EQ(c.evidence,
@@ -315,8 +311,8 @@ TEST(Evidence, OpenMpiRankKilledNamesTheSignalNotTheSeparator) {
 
 TEST(Evidence, HydraBoxIsSkipped) {
   Excerpt e(
-      "[0] step=1\n"
-      "[1] step=1\n"
+      "[0,0]<hydra>:step=1\n"
+      "[0,1]<hydra>:step=1\n"
       "\n"
       "==================================================================================="
       "\n"
@@ -330,7 +326,7 @@ TEST(Evidence, HydraBoxIsSkipped) {
       "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n"
       "This typically refers to a problem with your application.\n"
       "Please see the FAQ page for debugging suggestions\n",
-      LabelStyle::kBracket, {"n1"});
+      LabelStyle::kTagged, {"n1"});
   Classification c = e.Classify(9);
   EXPECT_EQ(c.evidence,
             "exit 9: YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)");

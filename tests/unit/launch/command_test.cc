@@ -68,7 +68,7 @@ TEST(LaunchCommand, PbsOpenMpiWritesHostfileAndBindsCores) {
                   "-x", "CRUCIBLE_ATTEMPT", "-x", "CRUCIBLE_RUN_DIR"}));
   EXPECT_EQ(c.hostfile_path, "/run/launch/hostfile-2");
   EXPECT_EQ(c.hostfile_contents, "n1 slots=2\nn3 slots=2\nn4 slots=2\n");
-  EXPECT_EQ(c.labels, LabelStyle::kOpenMpi);
+  EXPECT_EQ(c.labels, LabelStyle::kTagged);
 }
 
 TEST(LaunchCommand, PbsMpichUsesPalsOptions) {
@@ -99,8 +99,9 @@ TEST(LaunchCommand, LocalOpenMpiOnThisHostOnly) {
 
 TEST(LaunchCommand, LocalMpichUsesHydra) {
   LaunchCommand c = BuildLaunchCommand(Spec(Scheduler::kLocal, MpiFlavour::kMpich));
-  EXPECT_EQ(c.argv, With({"mpiexec", "-n", "6", "-hosts", "n1,n3,n4", "-ppn", "2", "-l"}));
-  EXPECT_EQ(c.labels, LabelStyle::kBracket);
+  EXPECT_EQ(c.argv, With({"mpiexec", "-n", "6", "-hosts", "n1,n3,n4", "-ppn", "2",
+                          "-prepend-pattern", "[%g,%r]<hydra>:"}));
+  EXPECT_EQ(c.labels, LabelStyle::kTagged);
 }
 
 TEST(LaunchCommand, LocalRunsTheChosenMpiLauncher) {
@@ -108,7 +109,8 @@ TEST(LaunchCommand, LocalRunsTheChosenMpiLauncher) {
   mpich.nodes = {"localhost"};
   mpich.ranks = 2;
   mpich.mpi_launcher = "mpiexec.mpich";
-  EXPECT_EQ(BuildLaunchCommand(mpich).argv, With({"mpiexec.mpich", "-n", "2", "-l"}));
+  EXPECT_EQ(BuildLaunchCommand(mpich).argv,
+            With({"mpiexec.mpich", "-n", "2", "-prepend-pattern", "[%g,%r]<hydra>:"}));
   LaunchSpec openmpi = Spec(Scheduler::kLocal, MpiFlavour::kOpenMpi);
   openmpi.nodes = {"localhost"};
   openmpi.ranks = 2;
