@@ -88,28 +88,42 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
 // (zero past the diagonal, rounded to bf16 when `round`), updates each row's running maximum and
 // sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved. The
 // row loops are vec16.h's: exp_fast, lane_max and lane_sum bit for bit, in one pass for the
-// exponentials and their sum. alpha = 1 (the maximum did not move) skips a multiplication by 1.
+// exponentials and their sum (a row of S is padded to kTile, so its tail is a masked vector).
+// The rows' maxima are taken first, then their exponentials, then the rescaling factors 16 rows
+// at a time (vec16::Exp, exp_fast's bits): one row's chain of a maximum, the exponentials that
+// wait for it and a scalar exponential no longer runs alone. alpha = 1 (the maximum did not move)
+// skips a multiplication by 1.
 [[gnu::always_inline]] inline void OnlineSoftmaxRows(float* S, int64_t rows, int64_t cols,
                                                      int64_t r0, int64_t c0, bool round,
                                                      float* run_max, float* run_sum, float* acc,
                                                      int64_t D) {
+  static_assert(kTile % vec16::kWidth == 0);
+  alignas(64) float m[kTile] = {}, sum[kTile], alpha[kTile];  // m past `rows`: read, unused
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
+    const float tile_max = vec16::MaxPadded(S + i * kTile, n);
+    m[i] = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
+  }
   for (int64_t i = 0; i < rows; ++i) {
     float* row = S + i * kTile;
-    const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
-    const float tile_max = vec16::Max(row, n);
-    const float m = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
-    const float sum = vec16::ExpShiftedSum(row, row, n, m);
-    for (int64_t j = n; j < cols; ++j) row[j] = 0.0f;
+    const int64_t n = std::min(cols, r0 + i - c0 + 1);
+    sum[i] = vec16::ExpShiftedSumPadded(row, row, n, m[i]);
+    for (int64_t j = (n + vec16::kWidth - 1) / vec16::kWidth * vec16::kWidth; j < cols; ++j)
+      row[j] = 0.0f;
     if (round) RoundToBfloat16(row, row, n);
-    if (c0 == 0) {
-      run_sum[i] = sum;
-    } else {
-      const float alpha = exp_fast(run_max[i] - m);
-      run_sum[i] = run_sum[i] * alpha + sum;
-      if (alpha != 1.0f)
-        for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha;
-    }
-    run_max[i] = m;
+  }
+  if (c0 == 0) {
+    std::copy(sum, sum + rows, run_sum);
+    std::copy(m, m + rows, run_max);
+    return;
+  }
+  for (int64_t i = 0; i < rows; i += vec16::kWidth)
+    vec16::Store(alpha + i, vec16::Exp(vec16::Load(run_max + i) - vec16::Load(m + i)));
+  for (int64_t i = 0; i < rows; ++i) {
+    run_sum[i] = run_sum[i] * alpha[i] + sum[i];
+    if (alpha[i] != 1.0f)
+      for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= alpha[i];
+    run_max[i] = m[i];
   }
 }
 

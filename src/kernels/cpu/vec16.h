@@ -109,12 +109,10 @@ constexpr int64_t kWidth = 16;
   t = Larger(t, __builtin_shuffle(t, I{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
   t = Larger(t, __builtin_shuffle(t, I{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
   const float tree = t[0];
-  if (tree != 0.0f && tree == tree) {
-    const I nan = acc != acc;  // a NaN lane can hide from the tree
-    int32_t any = 0;
-    for (int l = 0; l < kWidth; ++l) any |= nan[l];
-    if (any == 0) return tree;
-  }
+  // A NaN lane can hide from the tree. acc - acc is 0 on every finite lane and NaN on a NaN or
+  // infinite one, so its sum is exactly 0 when no lane is either (an infinity only takes the
+  // ordered walk, which is right for any lanes); in vector registers, not lane by lane.
+  if (tree != 0.0f && tree == tree && SumLanes(acc - acc) == 0.0f) return tree;
   float m = acc[0];
   for (int l = 1; l < kWidth; ++l) m = m > acc[l] ? m : acc[l];
   return m;
@@ -162,6 +160,41 @@ constexpr int64_t kWidth = 16;
   if (i < n) {
     const F e = Exp(LoadFirst(x + i, n - i) - shift);
     acc = FirstLanes(n - i) ? acc + e : acc;
+  }
+  return SumLanes(acc);
+}
+
+// The same two loops on a row inside a padded buffer: x (and out) readable (writable) up to the
+// next multiple of 16 past n, so the row's last vector is a whole load with its lanes past n
+// masked off (the same bits as above) instead of a copy through memory. out[j] = 0 for those
+// lanes (n <= j < the multiple of 16).
+[[gnu::always_inline]] inline float MaxPadded(const float* x, int64_t n) {
+  F acc = Splat(x[0]);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const F v = Load(x + i);
+    acc = acc > v ? acc : v;
+  }
+  if (i < n) {
+    const F v = Load(x + i);
+    acc = FirstLanes(n - i) ? (acc > v ? acc : v) : acc;
+  }
+  return MaxLanes(acc);
+}
+[[gnu::always_inline]] inline float ExpShiftedSumPadded(float* out, const float* x, int64_t n,
+                                                        float shift) {
+  F acc{};
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const F e = Exp(Load(x + i) - shift);
+    Store(out + i, e);
+    acc += e;
+  }
+  if (i < n) {
+    const I first = FirstLanes(n - i);
+    const F e = first ? Exp(Load(x + i) - shift) : F{};
+    Store(out + i, e);
+    acc = first ? acc + e : acc;
   }
   return SumLanes(acc);
 }

@@ -27,6 +27,8 @@ struct Loops {
   float (*sum_write)(float* out, const float* x, int64_t n, float shift);
   float (*sum)(const float* x, int64_t n, float shift);
   void (*scaled)(float* x, int64_t n, float shift, float scale);
+  float (*max_padded)(const float* x, int64_t n);
+  float (*sum_padded)(float* out, const float* x, int64_t n, float shift);
 };
 
 [[gnu::always_inline]] inline void ExpAll(float* out, const float* x, int64_t n) {
@@ -34,29 +36,37 @@ struct Loops {
     vec16::Store(out + i, vec16::Exp(vec16::Load(x + i)));
 }
 
-#define CRUCIBLE_VEC16_LOOPS(suffix, attr)                                          \
-  attr void Exp##suffix(float* out, const float* x, int64_t n) {                    \
-    ExpAll(out, x, n);                                                              \
-  }                                                                                 \
-  attr float Max##suffix(const float* x, int64_t n) {                               \
-    return vec16::Max(x, n);                                                        \
-  }                                                                                 \
-  attr float SumWrite##suffix(float* out, const float* x, int64_t n, float shift) { \
-    return vec16::ExpShiftedSum(out, x, n, shift);                                  \
-  }                                                                                 \
-  attr float Sum##suffix(const float* x, int64_t n, float shift) {                  \
-    return vec16::ExpShiftedSum(x, n, shift);                                       \
-  }                                                                                 \
-  attr void Scaled##suffix(float* x, int64_t n, float shift, float scale) {         \
-    vec16::ExpShiftedScaled(x, n, shift, scale);                                    \
+#define CRUCIBLE_VEC16_LOOPS(suffix, attr)                                           \
+  attr void Exp##suffix(float* out, const float* x, int64_t n) {                     \
+    ExpAll(out, x, n);                                                               \
+  }                                                                                  \
+  attr float Max##suffix(const float* x, int64_t n) {                                \
+    return vec16::Max(x, n);                                                         \
+  }                                                                                  \
+  attr float SumWrite##suffix(float* out, const float* x, int64_t n, float shift) {  \
+    return vec16::ExpShiftedSum(out, x, n, shift);                                   \
+  }                                                                                  \
+  attr float Sum##suffix(const float* x, int64_t n, float shift) {                   \
+    return vec16::ExpShiftedSum(x, n, shift);                                        \
+  }                                                                                  \
+  attr void Scaled##suffix(float* x, int64_t n, float shift, float scale) {          \
+    vec16::ExpShiftedScaled(x, n, shift, scale);                                     \
+  }                                                                                  \
+  attr float MaxPadded##suffix(const float* x, int64_t n) {                          \
+    return vec16::MaxPadded(x, n);                                                   \
+  }                                                                                  \
+  attr float SumPadded##suffix(float* out, const float* x, int64_t n, float shift) { \
+    return vec16::ExpShiftedSumPadded(out, x, n, shift);                             \
   }
 CRUCIBLE_VEC16_LOOPS(Avx2, )
 CRUCIBLE_VEC16_LOOPS(Avx512, __attribute__((target("avx512f"))))
 
 std::vector<Loops> LoopsHere() {
-  std::vector<Loops> loops = {{ExpAvx2, MaxAvx2, SumWriteAvx2, SumAvx2, ScaledAvx2}};
+  std::vector<Loops> loops = {
+      {ExpAvx2, MaxAvx2, SumWriteAvx2, SumAvx2, ScaledAvx2, MaxPaddedAvx2, SumPaddedAvx2}};
   if (cpu_has_avx512f())
-    loops.push_back({ExpAvx512, MaxAvx512, SumWriteAvx512, SumAvx512, ScaledAvx512});
+    loops.push_back({ExpAvx512, MaxAvx512, SumWriteAvx512, SumAvx512, ScaledAvx512, MaxPaddedAvx512,
+                     SumPaddedAvx512});
   return loops;
 }
 
@@ -124,6 +134,19 @@ TEST(Vec16, RowLoopsGiveTheBitsOfTheScalarLaneLoops) {
       for (int64_t j = 0; j < n; ++j)
         ASSERT_EQ(Bits(scaled[j]), Bits(exp_fast(x[j] - shift) * 0.37f)) << "n=" << n << " j=" << j;
       EXPECT_EQ(scaled[n], 123.0f) << "written past the row, n=" << n;
+
+      // In a padded row, whatever lies past n (here huge values and a NaN) changes nothing; the
+      // padding up to the next multiple of 16 is zeroed, the next value is not touched.
+      const int64_t padded = (n + 15) / 16 * 16;
+      std::vector<float> row(padded + 1, 1e30f);
+      std::copy(x.begin(), x.end(), row.begin());
+      if (n < padded) row[padded - 1] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_EQ(Bits(loops.max_padded(row.data(), n)), Bits(shift)) << "n=" << n;
+      std::vector<float> out(padded + 1, 123.0f);
+      EXPECT_EQ(Bits(loops.sum_padded(out.data(), row.data(), n, shift)), Bits(want_sum)) << n;
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), n * sizeof(float)), 0) << "n=" << n;
+      for (int64_t j = n; j < padded; ++j) EXPECT_EQ(Bits(out[j]), 0u) << "n=" << n << " j=" << j;
+      EXPECT_EQ(out[padded], 123.0f) << "written past the padding, n=" << n;
     }
   }
 }
@@ -135,6 +158,17 @@ TEST(Vec16, MaxPicksTheZeroAndTheNanLaneMaxPicks) {
     for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = -0.0f;
     for (int64_t n : {1, 2, 16, 17, 33})
       EXPECT_EQ(Bits(loops.max(zeros.data(), n)), Bits(lane_max(zeros.data(), n))) << n;
+    // Infinities take the ordered walk (their lanes' acc - acc is NaN): the same value.
+    const float inf = std::numeric_limits<float>::infinity();
+    for (float special : {inf, -inf}) {
+      for (int64_t at : {0, 7, 20}) {
+        std::vector<float> with_inf(33);
+        for (size_t i = 0; i < with_inf.size(); ++i) with_inf[i] = static_cast<float>(i % 5) - 2;
+        with_inf[at] = special;
+        EXPECT_EQ(Bits(loops.max(with_inf.data(), 33)), Bits(lane_max(with_inf.data(), 33)))
+            << special << " at " << at;
+      }
+    }
     // A NaN survives in its lane only until a later value of that lane replaces it, in both.
     for (int64_t at : {0, 5, 21, 37, 39}) {
       std::vector<float> with_nan(40);
