@@ -246,7 +246,7 @@ def test_real_mpi_ranks_talk_across_the_virtual_nodes(cluster, walltime_job, tmp
     assert "--mpi=pmix" in record["argv"] and "--nodelist=n1,n2,n3" in record["argv"]
 
 
-def test_srun_passes_lines_written_in_pieces_through_whole(cluster, walltime_job, tmp_path):
+def test_srun_passes_lines_written_in_pieces_through_whole(cluster, tmp_path):
     """srun --label: each rank's line whole and labelled with its rank, though written in pieces
     (the same program as test_launch.py's Open MPI and Hydra test)."""
     folder, env = cluster
