@@ -88,7 +88,7 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
 // (zero past the diagonal, rounded to bf16 when `round`), updates each row's running maximum and
 // sum, and rescales the row's accumulator acc (leading dimension D) when the maximum moved. The
 // row loops are vec16.h's: exp_fast, lane_max and lane_sum bit for bit, in one pass for the
-// exponentials and their sum (a row of S is padded to kTile, so its tail is a masked vector).
+// exponentials and their sum (a row of S is padded to kTile: their padded forms).
 // The rows' maxima are taken first, then their exponentials, then the rescaling factors 16 rows
 // at a time (vec16::Exp, exp_fast's bits): one row's chain of a maximum, the exponentials that
 // wait for it and a scalar exponential no longer runs alone. alpha = 1 (the maximum did not move)
@@ -101,13 +101,13 @@ void PackHeadTransposed(const float* src, int64_t ld, int64_t T, int64_t D, bool
   alignas(64) float m[kTile] = {}, sum[kTile], alpha[kTile];  // m past `rows`: read, unused
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t n = std::min(cols, r0 + i - c0 + 1);  // keys j <= r0 + i
-    const float tile_max = vec16::MaxPadded(S + i * kTile, n);
+    const float tile_max = vec16::Max<true>(S + i * kTile, n);
     m[i] = c0 == 0 ? tile_max : std::max(run_max[i], tile_max);
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* row = S + i * kTile;
     const int64_t n = std::min(cols, r0 + i - c0 + 1);
-    sum[i] = vec16::ExpShiftedSumPadded(row, row, n, m[i]);
+    sum[i] = vec16::ExpShiftedSum<true>(row, row, n, m[i]);
     for (int64_t j = (n + vec16::kWidth - 1) / vec16::kWidth * vec16::kWidth; j < cols; ++j)
       row[j] = 0.0f;
     if (round) RoundToBfloat16(row, row, n);

@@ -120,6 +120,11 @@ constexpr int64_t kWidth = 16;
 
 // lane_max(x, n) (lanes.h), n >= 1: the same running maxima per lane and the same closing order,
 // so even the sign of a zero maximum and which NaN wins agree.
+// Padded (this and ExpShiftedSum below): x (and out) readable (writable) up to the next multiple
+// of 16 past n, as a row inside a padded tile is, so the row's last vector is a whole load with
+// its lanes past n masked off (the same bits) instead of a copy through memory; out[j] = 0 for
+// those lanes.
+template <bool kPadded = false>
 [[gnu::always_inline]] inline float Max(const float* x, int64_t n) {
   F acc = Splat(x[0]);
   int64_t i = 0;
@@ -128,13 +133,14 @@ constexpr int64_t kWidth = 16;
     acc = acc > v ? acc : v;
   }
   if (i < n) {
-    const F v = LoadFirst(x + i, n - i);
+    const F v = kPadded ? Load(x + i) : LoadFirst(x + i, n - i);
     acc = FirstLanes(n - i) ? (acc > v ? acc : v) : acc;
   }
   return MaxLanes(acc);
 }
 
 // out[j] = exp_fast(x[j] - shift) for j < n (out may be x), returning lane_sum(out, n).
+template <bool kPadded = false>
 [[gnu::always_inline]] inline float ExpShiftedSum(float* out, const float* x, int64_t n,
                                                   float shift) {
   F acc{};
@@ -145,9 +151,16 @@ constexpr int64_t kWidth = 16;
     acc += e;
   }
   if (i < n) {
-    const F e = Exp(LoadFirst(x + i, n - i) - shift);
-    StoreFirst(out + i, e, n - i);
-    acc = FirstLanes(n - i) ? acc + e : acc;
+    const I first = FirstLanes(n - i);
+    if constexpr (kPadded) {
+      const F e = first ? Exp(Load(x + i) - shift) : F{};
+      Store(out + i, e);
+      acc = first ? acc + e : acc;
+    } else {
+      const F e = Exp(LoadFirst(x + i, n - i) - shift);
+      StoreFirst(out + i, e, n - i);
+      acc = first ? acc + e : acc;
+    }
   }
   return SumLanes(acc);
 }
@@ -160,41 +173,6 @@ constexpr int64_t kWidth = 16;
   if (i < n) {
     const F e = Exp(LoadFirst(x + i, n - i) - shift);
     acc = FirstLanes(n - i) ? acc + e : acc;
-  }
-  return SumLanes(acc);
-}
-
-// The same two loops on a row inside a padded buffer: x (and out) readable (writable) up to the
-// next multiple of 16 past n, so the row's last vector is a whole load with its lanes past n
-// masked off (the same bits as above) instead of a copy through memory. out[j] = 0 for those
-// lanes (n <= j < the multiple of 16).
-[[gnu::always_inline]] inline float MaxPadded(const float* x, int64_t n) {
-  F acc = Splat(x[0]);
-  int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth) {
-    const F v = Load(x + i);
-    acc = acc > v ? acc : v;
-  }
-  if (i < n) {
-    const F v = Load(x + i);
-    acc = FirstLanes(n - i) ? (acc > v ? acc : v) : acc;
-  }
-  return MaxLanes(acc);
-}
-[[gnu::always_inline]] inline float ExpShiftedSumPadded(float* out, const float* x, int64_t n,
-                                                        float shift) {
-  F acc{};
-  int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth) {
-    const F e = Exp(Load(x + i) - shift);
-    Store(out + i, e);
-    acc += e;
-  }
-  if (i < n) {
-    const I first = FirstLanes(n - i);
-    const F e = first ? Exp(Load(x + i) - shift) : F{};
-    Store(out + i, e);
-    acc = first ? acc + e : acc;
   }
   return SumLanes(acc);
 }

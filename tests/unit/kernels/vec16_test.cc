@@ -53,10 +53,10 @@ struct Loops {
     vec16::ExpShiftedScaled(x, n, shift, scale);                                     \
   }                                                                                  \
   attr float MaxPadded##suffix(const float* x, int64_t n) {                          \
-    return vec16::MaxPadded(x, n);                                                   \
+    return vec16::Max<true>(x, n);                                                   \
   }                                                                                  \
   attr float SumPadded##suffix(float* out, const float* x, int64_t n, float shift) { \
-    return vec16::ExpShiftedSumPadded(out, x, n, shift);                             \
+    return vec16::ExpShiftedSum<true>(out, x, n, shift);                             \
   }
 CRUCIBLE_VEC16_LOOPS(Avx2, )
 CRUCIBLE_VEC16_LOOPS(Avx512, __attribute__((target("avx512f"))))
