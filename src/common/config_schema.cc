@@ -213,6 +213,9 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "shapes, "
        "measured once and cached in ~/.cache/crucible/gemm-ceiling.json",
        false, AtLeast(0)},
+      {"metrics.remeasure_peak", T::kBool, V(false),
+       "measure the GEMM ceiling again although it is cached; the cache keeps the higher of the "
+       "two (a ceiling measured while the machine was slower reads every MFU too high)"},
       {"metrics.per_rank", T::kBool, V(false),
        "with several ranks, every rank also writes metrics-rank<r>.jsonl (its loss share, time)"},
       {"metrics.profile", T::kBool, V(false),

@@ -191,17 +191,28 @@ double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const st
                                   const std::string& key, ComputeBackend* backend) {
   const std::vector<GemmShapeRate> rates =
       backend ? MeasureBackendGemmShapes(*backend, shapes) : MeasureGemmShapes(shapes);
-  double best = 0;
-  nlohmann::json per_shape = nlohmann::json::object();
+  // Re-read just before writing: another process may have added its entry meanwhile.
+  nlohmann::json cache = ReadCache(path, false);
+  // A measurement can only come out too low (the machine busy, or in a slower phase), so one
+  // cached before under this key is merged by the maximum, overall and per shape.
+  auto number = [](const nlohmann::json& object, const std::string& name) {
+    const auto it = object.is_object() ? object.find(name) : object.end();
+    return it != object.end() && it->is_number() ? std::max(it->get<double>(), 0.0) : 0.0;
+  };
+  const nlohmann::json before = cache.contains(key) ? cache[key] : nlohmann::json::object();
+  const nlohmann::json before_shapes =
+      before.is_object() && before.contains("shapes") ? before["shapes"] : nlohmann::json::object();
+  double best = number(before, "gflops");
+  nlohmann::json per_shape = before_shapes.is_object() ? before_shapes : nlohmann::json::object();
   for (const GemmShapeRate& r : rates) {
-    best = std::max(best, r.gflops);
-    per_shape[ShapeName(r.shape)] = r.gflops;
+    const std::string name = ShapeName(r.shape);
+    const double rate = std::max(r.gflops, number(before_shapes, name));
+    best = std::max(best, rate);
+    per_shape[name] = rate;
   }
   char when[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  // Re-read just before writing: another process may have added its entry meanwhile.
-  nlohmann::json cache = ReadCache(path, false);
   cache[key] = {{"gflops", best}, {"measured_at", when}, {"shapes", per_shape}};
   try {
     MakeDirectories(ParentDirectory(path));

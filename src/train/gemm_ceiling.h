@@ -17,8 +17,10 @@
 // stepping (a VM's name alone, "AMD EPYC", is the same on Zen 4 and Zen 5, whose ceilings differ
 // 2x), its vector features (avx2, avx512f, avx512_bf16, amx), the BLAS build, oneDNN's version and
 // ISA, the products' library rule, the OpenMP threads, the ranks sharing the host, and the shapes.
-// A key present is used as is ("cached"); delete the file (or the entry) to measure again. A cache
-// that cannot be read or written costs a warning and a measurement, never the run.
+// A key present is used as is ("cached"); metrics.remeasure_peak measures again and keeps the
+// higher of the two (a 2-core Zen 5 VM cached 432 GFLOP/s in a slow afternoon and measured 498
+// that night: every MFU in between read 15% high). A cache that cannot be read or written costs a
+// warning and a measurement, never the run.
 //
 // In bf16 compute the ceiling is that of the backend's own products instead (its MatmulForward
 // over the same shapes: on the CPU the AMX or AVX-512 BF16 tiles, or the emulation's rounding and
@@ -80,7 +82,9 @@ std::string GemmCeilingCachePath();
 double LookupGemmCeiling(const std::string& path, const std::string& key);
 // Measures `shapes` (MeasureGemmShapes, or MeasureBackendGemmShapes when `backend` is given) and
 // records the best under `key` in the file at `path` (atomically; a failure to write is a
-// warning). Returns the ceiling.
+// warning). An entry already under `key` is merged by the maximum, overall and per shape: a
+// measurement can only come out too low (the machine busy or in a slower phase), so measuring
+// again (metrics.remeasure_peak) never lowers a ceiling. Returns the ceiling.
 double MeasureAndCacheGemmCeiling(const std::vector<GemmShape>& shapes, const std::string& path,
                                   const std::string& key, ComputeBackend* backend = nullptr);
 

@@ -2,8 +2,9 @@
 // percentage of the peak FLOP/s of the job's machines. The peak comes from the config
 // ([metrics] peak_gflops, per rank) or is the machine's GEMM ceiling for the model's shapes (fp32,
 // or in bf16 compute the backend's own bf16 products), measured once and cached
-// (train/gemm_ceiling.h). A peak below an achieved rate is known to be
-// wrong (a machine busy while it was measured): from then on no MFU is reported.
+// (train/gemm_ceiling.h; metrics.remeasure_peak measures it again, keeping the higher). A peak
+// below an achieved rate is known to be wrong (a machine busy while it was measured): from then on
+// no MFU is reported.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,10 @@ class MfuMeter {
   // than the peak allows (warns once, at that step, suggesting metrics.peak_gflops).
   double Percent(double tokens_per_second, int64_t step);
   double peak_gflops() const { return peak_.gflops; }  // of the whole job
+  // With metrics.profile: warns when a profiled kernel ran faster than the ceiling per rank (the
+  // whole job's over `ranks`). A step can sit below a stale ceiling (the products are 85% of it)
+  // while its products run above it; that shows a ceiling cached too low where the step cannot.
+  void CheckProfiledKernels(int ranks) const;
 
  private:
   PeakFlops peak_;

@@ -549,7 +549,10 @@ int Trainer::Finish(const Timer& train_timer) {
     }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
   }
-  if (leader() && KernelProfileEnabled()) PrintKernelProfile(mfu_meter_->peak_gflops() / world_);
+  if (leader() && KernelProfileEnabled()) {
+    PrintKernelProfile(mfu_meter_->peak_gflops() / world_);
+    mfu_meter_->CheckProfiledKernels(world_);
+  }
   comm().Barrier("end of training");
   mesh_->Finalize();
   if (leader())

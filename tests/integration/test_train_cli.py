@@ -139,6 +139,55 @@ def test_the_gemm_ceiling_is_measured_once_then_read_from_the_cache_and_mfu_stay
     assert len(cache) == 1 and "threads=" in next(iter(cache)) and "ranks_on_host=1" in next(iter(cache))
 
 
+def test_a_ceiling_cached_too_low_is_caught_by_the_profile_and_measuring_again_only_raises_it(tmp_path):
+    # A ceiling measured while the machine was slower (a 2-core VM cached 432 GFLOP/s one afternoon
+    # and measured 498 that night) reads every later MFU too high. A step slower than that stale
+    # ceiling does not show it; a profiled product faster than the ceiling does.
+    env = {"CRUCIBLE_CACHE": str(tmp_path / "cache")}
+    path = tmp_path / "cache" / "gemm-ceiling.json"
+    base = [*SMALL[:-2], "--set", "training.steps=2"]
+
+    def start_of(proc):
+        line = next(l for l in proc.stdout.splitlines() if l.startswith("phase=start "))
+        return float(re.search(r"peak_gflops=([0-9.e+]+)", line).group(1)), line
+
+    def set_cache(gflops):
+        cache = json.loads(path.read_text())
+        (key,) = cache
+        cache[key]["gflops"] = gflops
+        cache[key]["shapes"] = {shape: gflops for shape in cache[key]["shapes"]}
+        path.write_text(json.dumps(cache))
+        return key
+
+    run_crucible("train", *base, "--set", f"job.dump_folder={tmp_path / 'first'}", env=env)
+    key = set_cache(0.01)
+    proc = run_crucible("train", *base, "--set", "metrics.profile=true",
+                        "--set", f"job.dump_folder={tmp_path / 'stale'}", env=env)
+    peak, line = start_of(proc)
+    assert peak == 0.01 and "peak_source=cached" in line, line
+    above = [l for l in proc.stderr.splitlines() if "above the GEMM ceiling" in l]
+    assert len(above) == 1, proc.stderr
+    assert re.search(r"metrics.profile: matmul(_backward)? ran at [0-9.e+]+ GFLOP/s", above[0]), above
+    assert "peak_source=cached" in above[0], above
+    assert "metrics.remeasure_peak=true" in above[0], above
+
+    proc = run_crucible("train", *base, "--set", "metrics.remeasure_peak=true", "--set", "metrics.profile=true",
+                        "--set", f"job.dump_folder={tmp_path / 'again'}", env=env)
+    assert f"phase=peak_flops status=measuring shapes=5 cache={path}" in proc.stdout, proc.stdout
+    peak, line = start_of(proc)
+    assert peak > 0.01 and "peak_source=measured" in line, line
+    assert json.loads(path.read_text())[key]["gflops"] == pytest.approx(peak, rel=1e-3)
+
+    # Measuring again never lowers a ceiling: one cached above any machine's stays.
+    set_cache(1e6)
+    proc = run_crucible("train", *base, "--set", "metrics.remeasure_peak=true", "--set", "metrics.profile=true",
+                        "--set", f"job.dump_folder={tmp_path / 'high'}", env=env)
+    peak, line = start_of(proc)
+    assert peak == 1e6, line
+    assert json.loads(path.read_text())[key]["gflops"] == 1e6
+    assert "above the GEMM ceiling" not in proc.stderr, proc.stderr
+
+
 def error_of(*args):
     proc = run_crucible(*args, check=False, timeout=120)
     assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr

@@ -72,6 +72,42 @@ TEST(GemmCeiling, AMeasurementIsCachedUnderItsKeyAndOtherEntriesStay) {
   std::filesystem::remove_all(dir);
 }
 
+// A measurement can only come out too low (the machine busy, or in a slower phase: a 2-core VM
+// measured 432 GFLOP/s one afternoon and 498 that night), so measuring again keeps the higher of
+// the cached and the new value, overall and per shape; it never lowers a ceiling.
+TEST(GemmCeiling, MeasuringAgainKeepsTheHigherCeilingPerShapeAndOverall) {
+  const std::string dir = "/tmp/crucible-gemm-ceiling-again-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/gemm-ceiling.json";
+  const std::vector<GemmShape> shapes = {{64, 32, 48}, {64, 48, 32}};
+  auto write = [&](double gflops, double first, double second) {
+    nlohmann::json cache;
+    cache["k"] = {{"gflops", gflops},
+                  {"measured_at", "2026-01-01T00:00:00Z"},
+                  {"shapes", {{"64x32x48", first}, {"64x48x32", second}}}};
+    std::ofstream(path) << cache.dump();
+  };
+  // Cached too low (1 MFLOP/s): the new measurement replaces it.
+  write(1e-3, 1e-3, 1e-3);
+  const double again = MeasureAndCacheGemmCeiling(shapes, path, "k");
+  EXPECT_GT(again, 1e-3);
+  EXPECT_EQ(LookupGemmCeiling(path, "k"), again);
+  nlohmann::json cache = nlohmann::json::parse(ReadFile(path));
+  EXPECT_NE(cache["k"]["measured_at"], "2026-01-01T00:00:00Z");
+  EXPECT_GT(cache["k"]["shapes"]["64x32x48"].get<double>(), 1e-3);
+  // Cached higher than any machine reaches for one shape: that shape and the ceiling stay, the
+  // other shape takes the new measurement.
+  write(1e9, 1e9, 1e-3);
+  EXPECT_EQ(MeasureAndCacheGemmCeiling(shapes, path, "k"), 1e9);
+  EXPECT_EQ(LookupGemmCeiling(path, "k"), 1e9);
+  cache = nlohmann::json::parse(ReadFile(path));
+  EXPECT_EQ(cache["k"]["shapes"]["64x32x48"].get<double>(), 1e9);
+  EXPECT_GT(cache["k"]["shapes"]["64x48x32"].get<double>(), 1e-3);
+  EXPECT_LT(cache["k"]["shapes"]["64x48x32"].get<double>(), 1e9);
+  std::filesystem::remove_all(dir);
+}
+
 // Two CPUs with one model name and one feature list (this VM type on Zen 4 and on Zen 5) get
 // different keys, from the first processor's fields; missing fields have placeholders.
 TEST(GemmCeiling, TheCpuKeyTellsCpusOfOneNameAndFeatureListApart) {
