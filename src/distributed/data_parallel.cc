@@ -26,6 +26,8 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
                                   float* grads) {
   if (zero_stage_ != 0 && zero_stage_ != 1)
     throw Error(kExitFailure, "internal: StartReduction is for ZeRO stages 0 and 1");
+  if (accumulator.in_place())
+    throw Error(kExitFailure, "internal: an in-place accumulator has nothing to reduce");
   if (zero_stage_ == 1 && receive_.empty()) {
     receive_.resize(kMaxInFlight);
     for (size_t i = 0; i < kMaxInFlight; ++i) free_buffers_.push_back(static_cast<int>(i));
@@ -72,12 +74,18 @@ double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grad
   in_flight_.clear();
   completed_ = 0;
   const double seconds = waited.Seconds();
-  if (zero_stage_ == 0) Int128ToFloat(accumulator.data(), grads, n_params());
+  if (zero_stage_ == 0 && !accumulator.in_place())
+    Int128ToFloat(accumulator.data(), grads, n_params());
   return seconds;
 }
 
 void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) {
   ScopedKernelTimer profile_timer("gradient_reduce");
+  if (accumulator.in_place()) {  // one rank, one micro-batch: the gradients are the sums
+    if (comm_.size() != 1)
+      throw Error(kExitFailure, "internal: an in-place accumulator on more than one rank");
+    return;
+  }
   if (accumulator.size() != padded_size())
     throw Error(kExitFailure, "internal: accumulator not padded");
   if (zero_stage_ == 0) {

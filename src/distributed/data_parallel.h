@@ -52,7 +52,8 @@ class DataParallel {
   size_t n_params() const { return layout_.n_params(); }
   Communicator& comm() { return comm_; }
 
-  // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end).
+  // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end). An
+  // in-place accumulator (one rank, one micro-batch) has already left the sums in grads.
   void ReduceGradients(ExactAccumulator& accumulator, float* grads);
   // Stages 0 and 1, overlapped: starts the exact reduction of accumulator[begin, end) (a
   // unit's final sum on this rank); FinishReductions() waits for every reduction started and

@@ -118,7 +118,11 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
             ? 16.0 * DataParallel::kMaxInFlight *
                   std::max(1.0, std::min(static_cast<double>(DataParallel::kReducePiece), shard))
             : 0.0;
-    plan.model_state = (4 + 4 + 16) * padded + state_bytes + receive + owner_buffers + tensor_state;
+    // The exact accumulator's 16 bytes an element, except where one rank runs one micro-batch a
+    // step: its gradients are rounded in place (distributed/exact_sum.h).
+    const double accumulator = world == 1 && shape.accumulation == 1 ? 0.0 : 16 * padded;
+    plan.model_state =
+        (4 + 4) * padded + accumulator + state_bytes + receive + owner_buffers + tensor_state;
   }
   // Rank 0 writes checkpoints: the host snapshot of the async writer, and during a save the full
   // optimizer state (and under ZeRO-3 the full weights) gathered from the shards.

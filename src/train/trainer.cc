@@ -159,7 +159,12 @@ void Trainer::AllocateState() {
   base_ = sharded_ ? data_parallel_->shard_begin() : 0;
   weights_.resize(sharded_ ? shard : padded);
   grads_.resize(sharded_ ? shard : padded);
-  accumulator_ = std::make_unique<ExactAccumulator>(sharded_ ? 0 : padded);
+  // One rank and one micro-batch in every step: one contribution per gradient, rounded in place
+  // (exact_sum.h), with no 128-bit sums (16 bytes a parameter) to keep, fill and convert.
+  accumulator_ = std::make_unique<ExactAccumulator>(!sharded_ && world_ == 1 &&
+                                                            training_.max_accumulation() == 1
+                                                        ? ExactAccumulator::InPlace()
+                                                        : ExactAccumulator(sharded_ ? 0 : padded));
   update_begin_ = data_parallel_->update_begin();
   update_end_ = data_parallel_->update_end();
   // Checkpoints hold the optimizer state of every parameter (optimizer_->full_state()): a resume

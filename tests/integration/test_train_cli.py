@@ -188,6 +188,26 @@ def test_a_ceiling_cached_too_low_is_caught_by_the_profile_and_measuring_again_o
     assert "above the GEMM ceiling" not in proc.stderr, proc.stderr
 
 
+def test_one_rank_with_one_micro_batch_rounds_its_gradients_in_place_to_the_same_bits(tmp_path):
+    # One contribution per gradient: the exact sum is rounded in place, without the 16 bytes per
+    # parameter of 128-bit sums (distributed/exact_sum.h). ZeRO-3 keeps its own exact sums on one
+    # rank too, so it is the reference; two micro-batches a step need the 128-bit sums again.
+    def run(name, *extra):
+        proc = run_crucible("train", *SMALL, "--set", f"job.dump_folder={tmp_path / name}", *extra)
+        memory = next(l for l in proc.stdout.splitlines() if l.startswith("phase=memory "))
+        planned = re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", proc.stdout, re.M).group(1)
+        assert f"model_state_bytes={planned} " in memory, (planned, memory)
+        done = next(l for l in proc.stdout.splitlines() if l.startswith("done "))
+        return re.search(r"weights_xxh3=(\w+)", done).group(1), re.search(r"accumulator=(\S+ \S+)", memory).group(1)
+
+    in_place = [run(f"stage{stage}", "--set", f"parallelism.zero_stage={stage}") for stage in (0, 1)]
+    sharded, _ = run("stage3", "--set", "parallelism.zero_stage=3")
+    assert [a for _, a in in_place] == ["0 B", "0 B"], in_place
+    assert [w for w, _ in in_place] == [sharded, sharded]
+    _, summed = run("two_micro_batches", "--set", "training.global_batch_size=8")
+    assert summed != "0 B", summed
+
+
 def error_of(*args):
     proc = run_crucible(*args, check=False, timeout=120)
     assert "Traceback" not in proc.stderr and "core dumped" not in proc.stderr

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -52,12 +54,12 @@ TEST(ExactSum, MagnitudesFrom2ToThe62AreRefusedAndZeroed) {
 TEST(ExactSum, AddRangeTouchesOnlyItsRangeAndSkipsWhatItRefuses) {
   ExactAccumulator accumulator(4);
   accumulator.Zero();
-  const float values[2] = {0.5f, -2.0f};
+  float values[2] = {0.5f, -2.0f};
   EXPECT_TRUE(accumulator.AddRange(1, 3, values));
   EXPECT_TRUE(accumulator.AddRange(1, 3, values));
   EXPECT_TRUE(accumulator.data()[0] == 0 && accumulator.data()[3] == 0);
   EXPECT_TRUE(accumulator.data()[1] == kOne && accumulator.data()[2] == -4 * kOne);
-  const float bad[2] = {1.0f, std::numeric_limits<float>::infinity()};
+  float bad[2] = {1.0f, std::numeric_limits<float>::infinity()};
   EXPECT_FALSE(accumulator.AddRange(0, 2, bad));
   EXPECT_TRUE(accumulator.data()[0] == kOne);  // the finite element was added
   EXPECT_TRUE(accumulator.data()[1] == kOne);  // the refused one was not
@@ -80,6 +82,66 @@ TEST(ExactSum, TheSumConvertsToTheNearestFloat) {
   EXPECT_EQ(out[1], std::nextafter(1.0f, 2.0f));
   EXPECT_EQ(out[2], -0.25f);
   EXPECT_EQ(out[3], std::ldexp(1.0f, 62));  // sums beyond what one value may be
+}
+
+// One contribution per element (one rank, one micro-batch): the exact sum of one value is that
+// value truncated at 2^-64, so it is rounded in place, with the bits of the 128-bit round trip.
+TEST(ExactSum, RoundingInPlaceGivesTheBitsOfThe128BitRoundTrip) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -0.75f,
+                               std::ldexp(1.75f, -64),
+                               -std::ldexp(1.75f, -64),
+                               std::ldexp(1.0f, -65),
+                               -std::ldexp(1.0f, -65),  // truncates to zero: +0, as the sum's
+                               -1e-30f,
+                               std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::denorm_min(),
+                               std::nextafter(std::ldexp(1.0f, 62), 0.0f),
+                               -std::nextafter(std::ldexp(1.0f, 62), 0.0f)};
+  uint32_t state = 12345;
+  for (int i = 0; i < 200000; ++i) {  // every exponent from 2^-90 to 2^40, both signs
+    state = state * 1664525u + 1013904223u;
+    const float mantissa = 1.0f + static_cast<float>(state >> 9) * 0x1p-23f;
+    const int exponent = static_cast<int>((state >> 1) % 131) - 90;
+    values.push_back((state & 1 ? -1.0f : 1.0f) * std::ldexp(mantissa, exponent));
+  }
+  std::vector<__int128> fixed(values.size());
+  ASSERT_TRUE(FloatToInt128(values.data(), fixed.data(), values.size()));
+  std::vector<float> expected(values.size());
+  Int128ToFloat(fixed.data(), expected.data(), values.size());
+  std::vector<float> rounded = values;
+  ASSERT_TRUE(RoundToFixedPointInPlace(rounded.data(), rounded.size()));
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(rounded[i]), std::bit_cast<uint32_t>(expected[i]))
+        << "value " << values[i] << " (index " << i << ")";
+  EXPECT_EQ(std::bit_cast<uint32_t>(rounded[7]), 0u);  // -2^-65: +0, not -0
+}
+
+TEST(ExactSum, RoundingInPlaceLeavesWhatItRefusesForTheCallerToFind) {
+  std::vector<float> values = {std::ldexp(1.75f, -64), std::nanf(""),
+                               std::numeric_limits<float>::infinity(), std::ldexp(1.0f, 62), 2.0f};
+  EXPECT_FALSE(RoundToFixedPointInPlace(values.data(), values.size()));
+  EXPECT_EQ(values[0], std::ldexp(1.0f, -64));  // the others are still rounded
+  EXPECT_TRUE(std::isnan(values[1]));
+  EXPECT_TRUE(std::isinf(values[2]));
+  EXPECT_EQ(values[3], std::ldexp(1.0f, 62));
+  EXPECT_EQ(values[4], 2.0f);
+}
+
+TEST(ExactSum, AnInPlaceAccumulatorHoldsNoSumsAndRoundsOnlyItsRange) {
+  ExactAccumulator accumulator = ExactAccumulator::InPlace();
+  EXPECT_TRUE(accumulator.in_place());
+  EXPECT_EQ(accumulator.size(), 0u);
+  accumulator.Zero();
+  float grads[4] = {std::ldexp(1.75f, -64), std::ldexp(1.75f, -64), std::ldexp(1.75f, -64), 3.0f};
+  EXPECT_TRUE(accumulator.AddRange(1, 3, grads + 1));
+  EXPECT_EQ(grads[0], std::ldexp(1.75f, -64));  // outside the range: untouched
+  EXPECT_EQ(grads[1], std::ldexp(1.0f, -64));
+  EXPECT_EQ(grads[2], std::ldexp(1.0f, -64));
+  EXPECT_EQ(grads[3], 3.0f);
+  EXPECT_FALSE(ExactAccumulator(4).in_place());
 }
 
 }  // namespace
