@@ -5,8 +5,9 @@
 //   "cpu"   compute/cpu_backend.cc: host memory, the OpenMP kernels of kernels/cpu/ (fp32, or
 //           bf16 operands with fp32 accumulation when the run asks for bfloat16 compute).
 //   "cuda"  compute/cuda/: device memory on the GPU that LOCAL_RANK picks, CUDA kernels and
-//           cuBLASLt. Registered only by a build made with the CUDA toolkit (-DCRUCIBLE_CUDA=ON,
-//           the default where nvcc is found); a build without it refuses "cuda" in one line.
+//           cuBLASLt. Registered only by a build made with the CUDA toolkit (-DCRUCIBLE_CUDA=AUTO,
+//           the default, builds it where nvcc is found; ON requires nvcc, OFF never builds it);
+//           a build without it refuses "cuda" in one line.
 //
 // Every pointer a kernel takes is a device pointer of this backend: memory from Allocate (or a
 // DeviceArray), never host memory unless host_memory() says the two are the same. Shapes are

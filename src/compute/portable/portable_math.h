@@ -9,7 +9,7 @@
 // the host they are plain operators, and the file that includes this header must be compiled
 // with -ffp-contract=off (the project's flags; CMakeLists.txt sets it on every build type).
 //
-// Accuracy (tests/unit/compute/portable_math_test.cc measures it against long double): the
+// Accuracy (tests/unit/kernels/portable_math_test.cc measures it against long double): the
 // double functions are within a few ulp of double; the float functions compute in double and
 // round once, so they are correctly rounded except within about 2^-29 of a float rounding
 // boundary (measured: at most 1 ulp of float). Sin and Cos reduce by pi/2 in three 33-bit
