@@ -152,12 +152,12 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
       throw DataError(StrFormat("%s: %s: dtype mismatch: the index holds %s, the manifest says %s",
                                 where.c_str(), IdxPath(entry.prefix).c_str(),
                                 DtypeName(data.dtype()), m.dtype.c_str()));
-    if (data.total_tokens() != m.tokens || data.sequence_count() != m.documents)
+    if (data.total_tokens() != m.tokens || data.document_count() != m.documents)
       throw DataError(
-          StrFormat("%s: %s: holds %lld tokens in %lld sequences, the manifest says %lld "
+          StrFormat("%s: %s: holds %lld tokens in %lld documents, the manifest says %lld "
                     "in %lld (stale shard)",
                     where.c_str(), IdxPath(entry.prefix).c_str(), (long long)data.total_tokens(),
-                    (long long)data.sequence_count(), (long long)m.tokens, (long long)m.documents));
+                    (long long)data.document_count(), (long long)m.tokens, (long long)m.documents));
     if (tokenizer.empty()) {
       tokenizer = m.tokenizer_checksum;
       tokenizer_source = where;

@@ -97,7 +97,7 @@ ShardManifest DescribeShard(const std::string& prefix, const std::string& tokeni
   {
     IndexedDataset data(prefix);
     m.dtype = DtypeName(data.dtype());
-    m.documents = data.sequence_count();
+    m.documents = data.document_count();  // Megatron's documents, which may span sequences
     m.tokens = data.total_tokens();
     m.max_token = data.MaxToken();
   }

@@ -129,6 +129,48 @@ def test_we_read_a_shard_megatron_wrote(tmp_path, megatron):
     assert [json.loads(line) for line in out] == [[x * 40 for x in d] for d in docs]
 
 
+MEGATRON_WRITE_SPLIT = r"""
+import json, sys
+import numpy as np, torch
+import megatron_compat
+module = megatron_compat.indexed_dataset()
+prefix, docs, pieces = json.load(open(sys.argv[1]))
+builder = module.IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+for d, lengths in zip(docs, pieces):
+    builder.add_document(torch.tensor(d, dtype=torch.int64), lengths)
+builder.finalize(prefix + ".idx")
+ds = module.IndexedDataset(prefix)
+print(json.dumps({"sequences": len(ds), "documents": len(ds.document_indices) - 1}))
+"""
+
+
+def test_manifest_counts_megatron_documents_not_sequences(tmp_path, tokenizer_json, megatron):
+    """A Megatron document may span several sequences: documents= is megatron's document count
+    (len(document_indices) - 1), not the sequence count."""
+    tok = hf(tokenizer_json)
+    eos = tok.token_to_id(EOS_TOKEN)
+    docs = [tok.encode(text).ids + [eos] for text in corpus(30, "s")]
+    # Document i is cut into 1 + i % 3 sequences (the last one holds the rest).
+    pieces = []
+    for i, d in enumerate(docs):
+        n = 1 + i % 3
+        cuts = [len(d) * k // n for k in range(n + 1)]
+        pieces.append([cuts[k + 1] - cuts[k] for k in range(n)])
+    (tmp_path / "split.json").write_text(json.dumps([str(tmp_path / "meg"), docs, pieces]))
+    counts = json.loads(megatron.run(MEGATRON_WRITE_SPLIT, tmp_path / "split.json"))
+    assert counts == {"sequences": sum(len(p) for p in pieces), "documents": 30}
+    out = run_crucible("data", "manifest", "-t", tokenizer_json, tmp_path / "meg").stdout
+    assert "documents=30 " in out
+    manifest = json.loads((tmp_path / "meg.manifest.json").read_text())
+    assert manifest["documents"] == 30
+    assert manifest["tokens"] == sum(len(d) for d in docs)
+    lst = tmp_path / "blend.txt"
+    lst.write_text("1 meg megatron\n")
+    assert "verified shards=1 bad=0" in run_crucible("data", "verify", "--list", lst).stdout
+    run_crucible("data", "inspect", "-q", "--list", lst, "--seq-len", 16, "--samples", 20,
+                 "--tokenizer", tokenizer_json, "--decode", 0)
+
+
 def test_megatron_written_shard_joins_a_blend(tmp_path, tokenizer_json, megatron):
     """A shard written by Megatron's IndexedDatasetBuilder, given a manifest, blends with ours."""
     tok = hf(tokenizer_json)
