@@ -19,7 +19,9 @@ side. Crucible's per-kernel table is the run's profile
 (metrics.profile = true, one extra run of --steps steps), written to <out>/kernels-<flavor>.txt.
 
 Without a CUDA GPU (or without torch.cuda) it prints one line and exits 2. --budget-s stops
-starting new runs once the budget is spent and says what it skipped.
+starting new runs once the budget is spent and says what it skipped; --hard-stop-s kills a run
+still going at that time (it is recorded as an error), so the whole ends before the caller's cap.
+<out>/gpu_train.json is rewritten after every row, so a run cut short keeps what it measured.
 """
 import argparse
 import json
@@ -90,7 +92,7 @@ class GpuMemoryWatcher:
         return self.peak
 
 
-def crucible_side(binary, flavor, seq_len, batch, steps, warmup, run_dir, profile=False):
+def crucible_side(binary, flavor, seq_len, batch, steps, warmup, run_dir, timeout, profile=False):
     args = [binary, "train", "--set", f"model.flavor={flavor}", "--set", "training.device=cuda",
             "--set", "training.mixed_precision_param=bfloat16", "--set", f"training.seq_len={seq_len}",
             "--set", f"training.local_batch_size={batch}", "--set", f"training.steps={warmup + steps}",
@@ -99,7 +101,13 @@ def crucible_side(binary, flavor, seq_len, batch, steps, warmup, run_dir, profil
             "--set", f"job.dump_folder={run_dir}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher = GpuMemoryWatcher(proc.pid)
-    stdout, stderr = proc.communicate()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        watcher.done()
+        return {"error": f"killed at the hard stop ({timeout:.0f} s left)"}
     peak = watcher.done()
     if proc.returncode != 0:
         return {"error": (stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]}
@@ -110,11 +118,14 @@ def crucible_side(binary, flavor, seq_len, batch, steps, warmup, run_dir, profil
             "peak_gpu_bytes": peak, "start": start, "stdout": stdout}
 
 
-def torch_side(flavor, seq_len, batch, steps, warmup, compile_):
+def torch_side(flavor, seq_len, batch, steps, warmup, compile_, timeout):
     args = [sys.executable, str(HERE / "torch_peer.py"), "--flavor", flavor, "--seq-len", str(seq_len),
             "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup), "--device", "cuda",
             "--autocast", "bf16", "--attention", "sdpa", "--compile" if compile_ else "--no-compile"]
-    proc = subprocess.run(args, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"killed at the hard stop ({timeout:.0f} s left)"}
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]}
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -137,7 +148,10 @@ def main():
     parser.add_argument("--batch", default="4,1", help="micro-batch per flavor, comma-separated")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--budget-s", type=float, default=140)
+    parser.add_argument("--budget-s", type=float, default=140,
+                        help="start no run after this many seconds")
+    parser.add_argument("--hard-stop-s", type=float, default=None,
+                        help="kill a run still going after this many seconds (default budget + 60)")
     parser.add_argument("--out", default="gpu-bench-out")
     args = parser.parse_args()
     binary = os.environ.get("CRUCIBLE", str(HERE.parent / "build" / "crucible"))
@@ -159,15 +173,31 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     batches += [batches[-1]] * (len(flavors) - len(batches))
     began = time.perf_counter()
+    hard_stop = args.hard_stop_s if args.hard_stop_s is not None else args.budget_s + 60
+
+    def left():
+        return max(1.0, hard_stop - (time.perf_counter() - began))
+
     ceiling = matmul_ceiling_tflops()
     print(f"gpu: {torch.cuda.get_device_name()} torch {torch.__version__}; bf16 matmul ceiling "
           f"{ceiling:.0f} TFLOP/s (measured), datasheet {DATASHEET_TFLOPS:.0f}", flush=True)
     rows, skipped = [], []
+
+    def write_json():  # after every row: a run cut short keeps what it measured
+        path = out / "gpu_train.json"
+        path.with_suffix(".tmp").write_text(json.dumps(
+            {"ceiling_tflops": ceiling, "rows": [dict(flavor=f, batch=b, side=n, **{k: v for k, v in r.items()
+                                                                                    if k != "stdout"})
+                                                 for f, b, n, r, _ in rows], "skipped": skipped}, indent=1))
+        path.with_suffix(".tmp").replace(path)
+
     for flavor, batch in zip(flavors, batches):
         sides = [("crucible", lambda: crucible_side(binary, flavor, args.seq_len, batch, args.steps,
-                                                    args.warmup, work / f"run-{flavor}")),
-                 ("torch eager", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, False)),
-                 ("torch compile", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, True))]
+                                                    args.warmup, work / f"run-{flavor}", left())),
+                 ("torch eager", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, False,
+                                                    left())),
+                 ("torch compile", lambda: torch_side(flavor, args.seq_len, batch, args.steps, args.warmup, True,
+                                                      left()))]
         flops = flops_per_token(binary, flavor, args.seq_len)
         for name, run in sides:
             if time.perf_counter() - began > args.budget_s:
@@ -175,6 +205,7 @@ def main():
                 continue
             result = run()
             rows.append((flavor, batch, name, result, flops))
+            write_json()
             rate = result.get("tokens_per_second", 0.0)
             print(f"{flavor} seq={args.seq_len} batch={batch} {name}: "
                   + (f"ERROR {result['error']}" if "error" in result else
@@ -183,7 +214,7 @@ def main():
                      f"peak GPU memory {result['peak_gpu_bytes'] / 2 ** 30:.2f} GiB"), flush=True)
         if time.perf_counter() - began <= args.budget_s:
             profiled = crucible_side(binary, flavor, args.seq_len, batch, args.steps, 0,
-                                     work / f"profile-{flavor}", profile=True)
+                                     work / f"profile-{flavor}", left(), profile=True)
             table = [l for l in profiled.get("stdout", "").splitlines() if "kernel" in l or "profile" in l]
             (out / f"kernels-{flavor}.txt").write_text("\n".join(table) + "\n")
         else:
@@ -199,10 +230,7 @@ def main():
               f"{ratio:.2f} |" if "error" not in result else f"| {flavor} | {batch} | {name} | error: {result['error']} |")
     if skipped:
         print(f"skipped (budget {args.budget_s:.0f} s spent): {', '.join(skipped)}")
-    (out / "gpu_train.json").write_text(json.dumps(
-        {"ceiling_tflops": ceiling, "rows": [dict(flavor=f, batch=b, side=n, **{k: v for k, v in r.items()
-                                                                                if k != "stdout"})
-                                             for f, b, n, r, _ in rows], "skipped": skipped}, indent=1))
+    write_json()
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
