@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps venv current-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
+.PHONY: all build build-mpich deps demo-deps demo-build venv current-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
 
 all: build
 
@@ -29,7 +29,10 @@ current-env: deps
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
 
+# A build folder that `make demo` configured without the tests gets them back here.
 build: deps $(BUILD)/build.ninja
+	@if grep -qs '^CRUCIBLE_TESTS:BOOL=OFF' $(BUILD)/CMakeCache.txt; then \
+	  cmake -S . -B $(BUILD) -DCRUCIBLE_TESTS=ON > /dev/null; fi
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The crucible binary built against MPICH instead of Open MPI, and the communicator tests of
@@ -60,7 +63,16 @@ test-gpu: build
 gpu-pack: build
 	scripts/pack-gpu-build.sh $(BUILD) gpu-pack
 
-demo: build venv
+# `make demo` installs only what the demo needs (the compiler and the libraries `crucible` links;
+# no test frameworks, schedulers or torch) and builds only the `crucible` program, each phase in
+# one line with its log file.
+demo-deps:
+	@scripts/install-deps.sh --demo
+
+demo-build: demo-deps
+	@scripts/quiet-build.sh $(BUILD)
+
+demo: demo-build
 	@scripts/demo.sh
 
 bench: build venv current-env
