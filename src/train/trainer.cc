@@ -26,7 +26,15 @@ namespace crucible {
 
 std::string RunDirectory(const Config& config) {
   const std::string& folder = config.String("job.dump_folder");
-  return folder.empty() ? JoinPath("runs", config.String("job.name")) : folder;
+  if (!folder.empty()) return folder;
+  const std::string& name = config.String("job.name");
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    throw UsageError(
+        (config.Origin("job.name").empty() ? "" : config.Origin("job.name") + ": ") +
+        "job.name = \"" + name + "\"" +
+        " is not a folder name (it names runs/<job.name>: no '/', not '.' or '..', not empty); "
+        "set job.dump_folder to put the run directory elsewhere");
+  return JoinPath("runs", name);
 }
 
 namespace {
