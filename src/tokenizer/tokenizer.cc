@@ -240,10 +240,18 @@ Tokenizer Tokenizer::FromJson(std::string_view json_text, const std::string& nam
     parts.unk_token = model["unk_token"].get<std::string>();
   if (!model.contains("vocab") || !model["vocab"].is_object())
     throw DataError(name + ": model has no \"vocab\" object");
+  constexpr uint64_t kMaxId = 0x7fffffffULL;  // ids are int32 wherever they are stored
+  std::map<uint64_t, std::string> token_of_id;
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_unsigned() || id.get<uint64_t>() > 0x7fffffffULL)
+    if (!id.is_number_unsigned())
       throw DataError(name + ": vocab entry " + Quote(token) + " has id " + id.dump() +
                       ", not a non-negative integer");
+    if (id.get<uint64_t>() > kMaxId)
+      throw DataError(name + ": vocab entry " + Quote(token) + ": id " + id.dump() +
+                      " is out of range (ids are 0 to " + std::to_string(kMaxId) + ")");
+    if (auto [it, added] = token_of_id.emplace(id.get<uint64_t>(), token); !added)
+      throw DataError(name + ": vocab entries " + Quote(it->second) + " and " + Quote(token) +
+                      " have the same id " + id.dump() + " (each id names one token)");
     parts.vocab.emplace_back(token, id.get<uint32_t>());
   }
   if (!model.contains("merges") || !model["merges"].is_array())
