@@ -2,7 +2,7 @@
 """The optimizer table: the same model, the same tokens and the same steps for each optimizer,
 each at the learning rate `crucible lr-find` suggests for it, in one run.
 
-    .venv/bin/python bench/optimizers.py [--optimizers AdamW,Muon,Mano,SophiaG] [--flavor small]
+    .venv/bin/python bench/optimizers.py [--optimizers AdamW,Muon,Mano,Mano_v2,SophiaG] [--flavor small]
         [--steps 200] [--seq-len 256] [--batch 8] [--lr Muon=0.02 ...] [--work DIR]
 
 Data: the demo corpora (scripts/fetch-demo-corpora.sh: King James Bible, fortunes, Jargon File,
@@ -68,6 +68,7 @@ def prepare_data(work):
 
 # Each optimizer's published betas (docs/optimizers.md); AdamW keeps the project's defaults.
 PUBLISHED = {"Muon": ["optimizer.beta1=0.95"], "Mano": ["optimizer.beta1=0.95"],
+             "Mano_v2": ["optimizer.beta1=0.95"],
              "SophiaG": ["optimizer.beta1=0.965", "optimizer.beta2=0.99"]}
 
 
@@ -111,7 +112,7 @@ def train_and_eval(opts, work, blend, heldout, tokenizer, optimizer, lr):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--optimizers", default="AdamW,Muon,Mano,SophiaG")
+    parser.add_argument("--optimizers", default="AdamW,Muon,Mano,Mano_v2,SophiaG")
     parser.add_argument("--flavor", default="small")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seq-len", type=int, default=256)

@@ -42,12 +42,13 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -m pip check --disable-pip-version-check >&2
   (cd "$repo/tests/integration" && "$venv/bin/python" -c "
 import accelerate, lm_eval, lm_eval.evaluator, lm_eval.models.huggingface, numpy, safetensors
-import tokenizers, torch, transformers
+import lion_pytorch, tokenizers, torch, transformers
 import megatron_compat
 megatron_compat.indexed_dataset(), megatron_compat.blending_helper()
 from importlib.metadata import version
 print('setup-current:', ', '.join(f'{p} {version(p)}' for p in
-      ['torch', 'transformers', 'tokenizers', 'lm_eval', 'accelerate', 'megatron-core', 'numpy']))
+      ['torch', 'transformers', 'tokenizers', 'lm_eval', 'accelerate', 'megatron-core', 'numpy',
+       'lion-pytorch']))
 " >&2)
   touch "$stamp"
 fi

@@ -242,27 +242,69 @@ class Muon(torch.optim.Optimizer):
 
 class Mano(torch.optim.Optimizer):
     """Mano (Gu & Xie 2026, "Mano: Restriking Manifold Optimization for LLM Training", arXiv
-    2601.23000) on 2-D matrices: at the k-th update (k from 0) along d = k mod 2 (0: columns,
-    1: rows), M = b M + G; T = M - sum_d(M * W) * W (the tangent space of the Oblique manifold at
-    W); U = T / max(|T|_d, eps); W = W (1 - lr wd) - lr 0.2 sqrt(size_d) U."""
+    2601.23000) on 2-D matrices, written from the paper's Algorithm 1 (form="paper"), or from the
+    official repository's mano_v2.py (form="v2", xie-lab-ml/Mano-Restriking-Manifold-Optimization-
+    for-LLM-Training at 8f4e0f1: no line 6, W itself in the projection, norm + eps). At the
+    matrix's t-th update (t from 0), with |.|_k and <.,.>_k the norms and dots of each column
+    (k = 0, torch dim 0) or row (k = 1); the eps clamps are the official mano.py's (at b78b952)."""
 
-    def __init__(self, params, lr, momentum, weight_decay, eps=1e-8):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps))
+    def __init__(self, params, lr, momentum, weight_decay, nesterov=False, form="paper", eps=1e-8):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps,
+                                      nesterov=nesterov, form=form))
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
+            mu, eps, lr = group["momentum"], group["eps"], group["lr"]
             for p in group["params"]:
                 state = self.state[p]
-                m = state.setdefault("momentum_buffer", torch.zeros_like(p))
-                k = state.setdefault("steps", 0)
-                d = k % 2
-                m.mul_(group["momentum"]).add_(p.grad)
-                tangent = m - (m * p).sum(dim=d, keepdim=True) * p
-                norm = tangent.norm(dim=d, keepdim=True).clamp(min=group["eps"])
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(tangent / norm, alpha=-group["lr"] * 0.2 * p.size(d) ** 0.5)
-                state["steps"] = k + 1
+                M = state.setdefault("momentum_buffer", torch.zeros_like(p))
+                t = state.setdefault("steps", 0)
+                M.mul_(mu).add_(p.grad)  # Alg. 1 line 4: M_t = mu M_{t-1} + g_t
+                V = p.grad + mu * M if group["nesterov"] else M  # mano.py's nesterov option
+                k = t % 2  # line 5: the rotating manifold
+                if group["form"] == "paper":  # line 6: theta^ = theta / |theta|_{2,k}
+                    unit = p / p.norm(dim=k, keepdim=True).clamp(min=eps)
+                else:
+                    unit = p
+                v = V - unit * (V * unit).sum(dim=k, keepdim=True)  # line 7: tangent momentum
+                norm = v.norm(dim=k, keepdim=True)
+                v_hat = v / (norm + eps if group["form"] == "v2" else norm.clamp(min=eps))  # line 8
+                # line 9: theta = theta - lr (0.2 sqrt(n_k) v^ + wd theta), n_0 = m, n_1 = n
+                p.sub_(lr * (0.2 * p.size(k) ** 0.5 * v_hat + group["weight_decay"] * p))
+                state["steps"] = t + 1
+
+
+def torch_muon(params, lr, momentum, weight_decay, nesterov, scale, ns_precision):
+    """torch.optim.Muon (PyTorch >= 2.9) with Crucible's options: scale "moonlight" is its
+    adjust_lr_fn="match_rms_adamw", "keller" its "original"; ns_precision "fp32" runs torch's own
+    Newton-Schulz function in the parameters' float64 (torch casts its input to bf16, by
+    .to(dtype=torch.bfloat16) in 2.15, .bfloat16() before: the input is handed over as a tensor
+    whose casts to bf16 keep its precision, and the result is checked to be float64), "bf16"
+    leaves torch's own bf16 iteration."""
+    import torch.optim._muon as muon_module
+    if ns_precision == "fp32" and not getattr(muon_module, "_crucible_keeps_precision", False):
+        original = muon_module._zeropower_via_newtonschulz
+
+        class KeepsPrecision(torch.Tensor):
+            def bfloat16(self, *args, **kwargs):
+                return self.as_subclass(torch.Tensor).clone()
+
+            def to(self, *args, **kwargs):
+                plain = self.as_subclass(torch.Tensor)
+                if kwargs.get("dtype") is torch.bfloat16 or torch.bfloat16 in args:
+                    return plain.clone()
+                return plain.to(*args, **kwargs)
+
+        def in_input_precision(grad, *args, **kwargs):
+            out = original(grad.as_subclass(KeepsPrecision), *args, **kwargs).as_subclass(torch.Tensor)
+            assert out.dtype == grad.dtype, f"torch's Newton-Schulz ran in {out.dtype}: its cast changed"
+            return out
+
+        muon_module._zeropower_via_newtonschulz = in_input_precision
+        muon_module._crucible_keeps_precision = True
+    return torch.optim.Muon(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                            adjust_lr_fn={"moonlight": "match_rms_adamw", "keller": "original"}[scale])
 
 
 class Combined:
@@ -282,11 +324,13 @@ class Combined:
 
 
 class SophiaG(torch.optim.Optimizer):
-    """SophiaG (Liu et al. 2023, Algorithm 3 with the Gauss-Newton-Bartlett estimator), as
-    published; PyTorch has none: w = w (1 - lr wd); m = b1 m + (1 - b1) g;
-    w = w - lr clip(m / max(rho h, 1e-15), 1); every k steps h = b2 h + (1 - b2) B g^ g^, g^ the
-    gradient of the mean loss against labels sampled from the model's logits, B the tokens per
-    batch. (The official code keeps h / B and writes rho B h in the denominator: the same.)"""
+    """SophiaG (Liu et al. 2023, "Sophia: A Scalable Stochastic Second-order Optimizer for Language
+    Model Pre-training", arXiv 2305.14342), written from the paper's Algorithm 3 (Sophia) with its
+    Algorithm 2 (the Gauss-Newton-Bartlett estimator), in the paper's form, not the official
+    code's: the estimate is B g^ (.) g^ and the clip divides by max(gamma h, eps); PyTorch has
+    none. (The official code keeps h / B and writes rho B h + eps in the denominator.) The
+    schedule of the estimate is the caller's (train_losses: the official script's, after the
+    update of every step % k == 0, where Algorithm 3 estimates before the update of t mod k = 1)."""
 
     def __init__(self, params, lr, betas, rho, batch_tokens, weight_decay=0.0):
         super().__init__(params, dict(lr=lr, betas=betas, rho=rho, weight_decay=weight_decay))
@@ -295,17 +339,22 @@ class SophiaG(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         for group, p in each_parameter(self):
+            beta1, lr, gamma, eps = group["betas"][0], group["lr"], group["rho"], 1e-15
             m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
-            h = self.state[p].setdefault("hessian", torch.zeros_like(p))
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            m.mul_(group["betas"][0]).add_(p.grad, alpha=1 - group["betas"][0])
-            p.add_(torch.clamp(m / torch.clamp(group["rho"] * h, min=1e-15), -1, 1), alpha=-group["lr"])
+            h = self.state[p].setdefault("hessian", torch.zeros_like(p))  # Alg. 3: h_{1-k} = 0
+            m.mul_(beta1).add_(p.grad, alpha=1 - beta1)  # Alg. 3: m_t = beta1 m_{t-1} + (1 - beta1) g_t
+            p.mul_(1 - lr * group["weight_decay"])  # Alg. 3: theta_t = theta_t - eta_t lambda theta_t
+            # Alg. 3: theta_{t+1} = theta_t - eta_t clip(m_t / max(gamma h_t, eps), 1), clip(z, 1) = max(min(z, 1), -1)
+            p.sub_(lr * torch.clamp(m / torch.clamp(gamma * h, min=eps), -1, 1))
 
     @torch.no_grad()
     def update_hessian(self):
+        """p.grad: Alg. 2's g^, the gradient of the mean loss against labels y^ ~ softmax(logits)."""
         for group, p in each_parameter(self):
+            beta2 = group["betas"][1]
             h = self.state[p].setdefault("hessian", torch.zeros_like(p))
-            h.mul_(group["betas"][1]).add_(self.batch_tokens * p.grad * p.grad, alpha=1 - group["betas"][1])
+            h_hat = self.batch_tokens * p.grad * p.grad  # Alg. 2: output B g^ (.) g^
+            h.mul_(beta2).add_(h_hat, alpha=1 - beta2)  # Alg. 3: h_t = beta2 h_{t-k} + (1 - beta2) h^_t
 
 
 def philox4x32(counter, key):
@@ -346,20 +395,26 @@ def make_optimizer(name, groups, lr, beta1, beta2, s=None):
     if name == "SGD":
         return torch.optim.SGD([dict(g, weight_decay=0.0, decoupled=g["weight_decay"]) for g in groups],
                                lr=lr, momentum=beta1, dampening=0.0)
+    if name == "Lion" and (s or {}).get("reference") == "lion-pytorch":
+        import lion_pytorch  # the current set only (scripts/requirements-current.txt)
+        return lion_pytorch.Lion(groups, lr=lr, betas=(beta1, beta2))
     if name == "Lion":
         return Lion(groups, lr=lr, betas=(beta1, beta2))
     if name == "SophiaG":
         return SophiaG(groups, lr=lr, betas=(beta1, beta2), rho=s["sophia_rho"],
                        batch_tokens=s["global_batch"] * s["seq_len"])
-    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion, SophiaG, Muon, Mano)")
+    sys.exit(f"llama_reference: unknown optimizer {name!r} (AdamW, SGD, Lion, SophiaG, Muon, Mano, Mano_v2)")
 
 
 def train_losses(weights_path, stream_path, settings_path, out_path):
     """The per-step losses of an optimizer training the reference on consecutive windows of the
     token stream (.npy), with warmup and clipping as Crucible's trainer does; settings (JSON):
     n_heads, n_kv_heads, seq_len, global_batch, steps, lr, warmup, weight_decay, max_norm, and
-    optionally optimizer (AdamW, SGD, Lion, SophiaG; default AdamW), beta1, beta2 (0.9, 0.95),
-    decay_norms, decay_embeddings (false: norms and the embedding are not decayed); SophiaG:
+    optionally optimizer (AdamW, SGD, Lion, SophiaG, Muon, Mano, Mano_v2; default AdamW), beta1,
+    beta2 (0.9, 0.95), decay_norms, decay_embeddings (false: norms and the embedding are not
+    decayed); reference: "torch.optim.Muon" (Muon: torch's, with muon_scale, muon_nesterov,
+    ns_precision) or "lion-pytorch" (Lion: that package's), else the references written here;
+    mano_nesterov, mano_v2_nesterov; SophiaG:
     sophia_k, sophia_rho, seed (the Hessian pass after the update of every step % k == 0, on
     the step's batch, its gradient clipped as the step's)."""
     s = json.loads(open(settings_path).read())
@@ -372,11 +427,19 @@ def train_losses(weights_path, stream_path, settings_path, out_path):
     groups = [{"params": [p for n, p in named.items() if n not in exempt], "weight_decay": s["weight_decay"]},
               {"params": [named[n] for n in exempt], "weight_decay": 0.0}]
     name = s.get("optimizer", "AdamW")
-    if name in ("Muon", "Mano"):  # the hidden matrices; AdamW (betas 0.9, 0.95) for the rest
+    if name in ("Muon", "Mano", "Mano_v2"):  # the hidden matrices; AdamW (betas 0.9, 0.95) for the rest
         hidden = [p for n, p in named.items() if n.startswith("model.layers.") and not n.endswith("norm.weight")]
         rest = [dict(g, params=[p for p in g["params"] if all(p is not h for h in hidden)]) for g in groups]
-        matrices = (Muon if name == "Muon" else Mano)(hidden, lr=s["lr"], momentum=s.get("beta1", 0.9),
-                                                      weight_decay=s["weight_decay"])
+        common = dict(lr=s["lr"], momentum=s.get("beta1", 0.9), weight_decay=s["weight_decay"])
+        if name == "Muon" and s.get("reference") == "torch.optim.Muon":
+            matrices = torch_muon(hidden, nesterov=s.get("muon_nesterov", True), scale=s.get("muon_scale", "moonlight"),
+                                  ns_precision=s.get("ns_precision", "fp32"), **common)
+        elif name == "Muon":
+            matrices = Muon(hidden, **common)
+        elif name == "Mano":
+            matrices = Mano(hidden, nesterov=s.get("mano_nesterov", False), form="paper", **common)
+        else:
+            matrices = Mano(hidden, nesterov=s.get("mano_v2_nesterov", True), form="v2", **common)
         opt = Combined(matrices, make_optimizer("AdamW", rest, s["lr"], 0.9, 0.95))
     else:
         opt = make_optimizer(name, groups, s["lr"], s.get("beta1", 0.9), s.get("beta2", 0.95), s)

@@ -1,4 +1,4 @@
-"""Muon and Mano through `crucible train` (src/optim/muon.cc, mano.cc; docs/optimizers.md): bad
+"""Muon, Mano and Mano_v2 through `crucible train` (src/optim/muon.cc, mano.cc; docs/optimizers.md): bad
 settings are one-line errors naming the key with exit 2, an unknown optimizer name lists them, and
 a tiny run with each trains (the loss falls) and writes each tensor's state under its optimizer's
 names in optimizer.safetensors."""
@@ -27,7 +27,7 @@ def crucible_train(run_dir, settings):
     ("optimizer.ns_steps=0", "optimizer.ns_steps = 0 is out of range"),
     ("optimizer.ns_precision=fp8", "optimizer.ns_precision: expected fp32 or bf16"),
     ("optimizer.muon_scale=adam", "optimizer.muon_scale: expected moonlight or keller"),
-    ("optimizer.name=Adam", "choose one of AdamW, Lion, Mano, Muon, SGD"),
+    ("optimizer.name=Adam", "choose one of AdamW, Lion, Mano, Mano_v2, Muon, SGD"),
 ])
 def test_bad_settings_are_one_line_errors_with_exit_2(tmp_path, setting, message):
     proc = crucible_train(tmp_path / "run", ["optimizer.name=Muon", setting])
@@ -45,6 +45,7 @@ def safetensors_names(path):
 @pytest.mark.parametrize("optimizer,names", [
     ("Muon", {"momentum_buffer", "ns_max_abs", "ns_orthogonality", "exp_avg", "exp_avg_sq"}),
     ("Mano", {"momentum_buffer", "mano_steps", "update_rms", "exp_avg", "exp_avg_sq"}),
+    ("Mano_v2", {"momentum_buffer", "mano_steps", "update_rms", "exp_avg", "exp_avg_sq"}),
 ])
 def test_a_tiny_run_trains_and_checkpoints_each_optimizers_state(tmp_path, optimizer, names):
     run_dir = tmp_path / "run"

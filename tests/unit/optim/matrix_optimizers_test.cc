@@ -142,45 +142,130 @@ TEST(Muon, StepsMatchTheReferenceNewtonSchulzInDoubleWithEitherScale) {
     }
 }
 
-TEST(Mano, StepsMatchThePublishedRuleInDoubleAlternatingColumnsAndRows) {
-  for (bool nesterov : {false, true}) {
-    SCOPED_TRACE(nesterov ? "nesterov" : "plain");
-    const double mu = 0.95, wd = 0.2;
-    int64_t updates = 0;
-    MatrixRule rule = [&](Matrix& w, const Matrix& g, Matrix& m, double lr, int64_t, size_t rows,
-                          size_t cols) {
-      // Each matrix is updated once per step; both matrices share `updates` / 2 as k.
-      const bool columns = (updates++ / 2) % 2 == 0;
-      Matrix v(g.size());
-      for (size_t i = 0; i < g.size(); ++i) {
-        m[i] = mu * m[i] + g[i];
-        v[i] = nesterov ? g[i] + mu * m[i] : m[i];
-      }
-      const size_t lines = columns ? cols : rows;
-      auto line = [&](size_t i, size_t j) { return columns ? j : i; };
-      Matrix dot(lines, 0.0), norm(lines, 0.0);
-      for (size_t i = 0; i < rows; ++i)
-        for (size_t j = 0; j < cols; ++j) dot[line(i, j)] += v[i * cols + j] * w[i * cols + j];
-      for (size_t i = 0; i < rows; ++i)
-        for (size_t j = 0; j < cols; ++j) {
-          v[i * cols + j] -= dot[line(i, j)] * w[i * cols + j];
-          norm[line(i, j)] += v[i * cols + j] * v[i * cols + j];
-        }
-      const double scale = 0.2 * std::sqrt(static_cast<double>(columns ? rows : cols));
+// Mano references in double, written from the paper and the official code, not from
+// src/optim/mano.cc. Gu & Xie 2026, arXiv 2601.23000, Algorithm 1, for an m x n matrix at its
+// t-th update (t from 0):
+//   line 4  M = mu M + g                         (the official mano.py's nesterov option:
+//                                                 V = g + mu M, else V = M)
+//   line 5  k = t mod 2                           k = 0: each column (torch dim 0, over the rows)
+//   line 6  W^ = W / |W|_{2,k}                    |.|_{2,k}: the norm of each column (k = 0) or
+//   line 7  v = V - W^ * <V, W^>_k                 row (k = 1); <.,.>_k the same lines' dots
+//   line 8  v^ = v / |v|_{2,k}
+//   line 9  W = W - lr (0.2 sqrt(n_k) v^ + wd W)  n_0 = m, n_1 = n
+// The official mano.py (xie-lab-ml/Mano-Restriking-Manifold-Optimization-for-LLM-Training at
+// b78b952, the form of 966f04d and b6d74d7) divides by max(norm, eps) at lines 6 and 8 and
+// decays W before adding the step: the same as line 9. Its mano_v2.py (8f4e0f1) skips line 6
+// (v = V - W * <V, W>_k, the unnormalised W), divides by norm + eps at line 8 and defaults to
+// nesterov = True.
+struct ManoReference {
+  bool unit_weights;  // line 6 (Mano) or not (Mano_v2)
+  bool eps_added;     // v / (|v| + eps) (Mano_v2) or v / max(|v|, eps) (Mano)
+  bool nesterov;
+  double mu, wd, eps = 1e-8;
+};
+
+// The norm of each column (k = 0) or row (k = 1) of x, rows x cols.
+Matrix LineNorms(const Matrix& x, size_t rows, size_t cols, int k) {
+  Matrix out(k == 0 ? cols : rows, 0.0);
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < cols; ++j) out[k == 0 ? j : i] += x[i * cols + j] * x[i * cols + j];
+  for (double& v : out) v = std::sqrt(v);
+  return out;
+}
+
+MatrixRule ManoRule(const ManoReference& r, int64_t& updates) {
+  return [&r, &updates](Matrix& w, const Matrix& g, Matrix& m, double lr, int64_t, size_t rows,
+                        size_t cols) {
+    // Each matrix is updated once per step, two matrices: this one's t is updates / 2.
+    const int k = static_cast<int>((updates++ / 2) % 2);
+    Matrix V(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      m[i] = r.mu * m[i] + g[i];                      // line 4
+      V[i] = r.nesterov ? g[i] + r.mu * m[i] : m[i];  // mano.py's nesterov option
+    }
+    auto at = [&](size_t i, size_t j) { return k == 0 ? j : i; };  // the line of (i, j)
+    Matrix unit = w;
+    if (r.unit_weights) {  // line 6
+      const Matrix norms = LineNorms(w, rows, cols, k);
       for (size_t i = 0; i < rows; ++i)
         for (size_t j = 0; j < cols; ++j)
-          w[i * cols + j] =
-              w[i * cols + j] * (1 - lr * wd) -
-              lr * scale * v[i * cols + j] / std::max(std::sqrt(norm[line(i, j)]), 1e-8);
-    };
+          unit[i * cols + j] = w[i * cols + j] / std::max(norms[at(i, j)], r.eps);
+    }
+    Matrix dots(k == 0 ? cols : rows, 0.0);  // <V, W^>_k
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j) dots[at(i, j)] += V[i * cols + j] * unit[i * cols + j];
+    Matrix v(g.size());
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j)
+        v[i * cols + j] = V[i * cols + j] - unit[i * cols + j] * dots[at(i, j)];  // line 7
+    const Matrix norms = LineNorms(v, rows, cols, k);
+    const double n_k = k == 0 ? static_cast<double>(rows) : static_cast<double>(cols);
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j) {
+        const double norm = norms[at(i, j)];
+        const double v_hat = v[i * cols + j] / (r.eps_added ? norm + r.eps : std::max(norm, r.eps));
+        w[i * cols + j] -= lr * (0.2 * std::sqrt(n_k) * v_hat + r.wd * w[i * cols + j]);  // line 9
+      }
+  };
+}
+
+// SmallTable's weights are in [-1, 1): their columns and rows have norms near 1.3, not 1, so
+// line 6 matters (the unnormalised projection is off by a large part of a step).
+TEST(Mano, StepsMatchThePapersAlgorithm1WithTheWeightsNormalisedAlongEachLine) {
+  for (bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "plain");
+    int64_t updates = 0;
+    const ManoReference reference{true, false, nesterov, 0.95, 0.2};
     const auto [matrices, others] =
         Errors("Mano",
                {"optimizer.beta1=0.95", "optimizer.weight_decay=0.2",
                 std::string("optimizer.mano_nesterov=") + (nesterov ? "true" : "false")},
-               rule);
+               ManoRule(reference, updates));
     EXPECT_LT(matrices, 2e-5);
     EXPECT_LT(others, 2e-5);
   }
+}
+
+TEST(Mano, DefaultsToPlainMomentumAsThePaperAndTheOfficialManoPy) {
+  int64_t updates = 0;
+  const ManoReference reference{true, false, false, 0.95, 0.2};
+  EXPECT_LT(Errors("Mano", {"optimizer.beta1=0.95", "optimizer.weight_decay=0.2"},
+                   ManoRule(reference, updates))
+                .first,
+            2e-5);
+}
+
+TEST(ManoV2, StepsMatchTheOfficialManoV2WithTheUnnormalisedWeightsAndNesterovByDefault) {
+  for (const char* nesterov : {"", "false", "true"}) {  // "": the default, true
+    SCOPED_TRACE(nesterov);
+    int64_t updates = 0;
+    const ManoReference reference{false, true, std::string(nesterov) != "false", 0.95, 0.2};
+    std::vector<std::string> overrides{"optimizer.beta1=0.95", "optimizer.weight_decay=0.2"};
+    if (*nesterov) overrides.push_back(std::string("optimizer.mano_v2_nesterov=") + nesterov);
+    const auto [matrices, others] = Errors("Mano_v2", overrides, ManoRule(reference, updates));
+    EXPECT_LT(matrices, 2e-5);
+    EXPECT_LT(others, 2e-5);
+  }
+}
+
+// The two forms differ on these weights by far more than the tolerance: the tests above tell
+// them apart.
+TEST(Mano, AndManoV2DifferByMoreThanTheTestsTolerance) {
+  const ParameterTable table = SmallTable();
+  auto run = [&](const std::string& name, const std::string& nesterov_key) {
+    const OptimizerConfig config = ConfigFor(name, {nesterov_key + "=false"});
+    OptimizerShard shard(config, table, 0, table.total());
+    std::vector<float> weights = Values(table.total(), 1);
+    for (int64_t step = 1; step <= 2; ++step)
+      shard.Step(weights.data(), Values(table.total(), 10 + step).data(), 0.02, step);
+    return weights;
+  };
+  const std::vector<float> mano = run("Mano", "optimizer.mano_nesterov"),
+                           v2 = run("Mano_v2", "optimizer.mano_v2_nesterov");
+  double largest = 0;
+  for (size_t i = 0; i < mano.size(); ++i)
+    largest = std::max(largest, std::abs(double(mano[i]) - v2[i]));
+  EXPECT_GT(largest, 1e-3);
 }
 
 // What the combination declares: the matrices optimizer's state names, carried by the hidden
@@ -196,9 +281,10 @@ TEST(PerGroupOptimizer, DeclaresEachOptimizersStateNamesAndUpdatesWholeMatrices)
   EXPECT_EQ(names("Muon"),
             (std::vector<std::string>{"momentum_buffer", "ns_max_abs/1", "ns_orthogonality/1",
                                       "exp_avg", "exp_avg_sq"}));
-  EXPECT_EQ(names("Mano"), (std::vector<std::string>{"momentum_buffer", "mano_steps/1",
+  for (const char* mano : {"Mano", "Mano_v2"})
+    EXPECT_EQ(names(mano), (std::vector<std::string>{"momentum_buffer", "mano_steps/1",
                                                      "update_rms/1", "exp_avg", "exp_avg_sq"}));
-  for (const char* name : {"Muon", "Mano"}) {
+  for (const char* name : {"Muon", "Mano", "Mano_v2"}) {
     const OptimizerConfig config = ConfigFor(name);
     for (const StateSpec& spec : config.optimizer->state()) {
       const bool adamw = spec.name == "exp_avg" || spec.name == "exp_avg_sq";
@@ -285,7 +371,7 @@ TEST(MatricesOnlyOptimizers, RefuseAModelWithoutHiddenMatricesAndBadSettingsInOn
   no_matrices.Add("embed", {7, 5}, ParamKind::kEmbedding, -1);
   no_matrices.Add("norm", {5}, ParamKind::kNorm, -1);
   no_matrices.EndUnit();
-  for (const char* name : {"Muon", "Mano"}) {
+  for (const char* name : {"Muon", "Mano", "Mano_v2"}) {
     const std::string message =
         UsageErrorOf([&] { CheckOptimizerFitsTable(ConfigFor(name), no_matrices, "toy"); });
     EXPECT_EQ(message.rfind("optimizer.name: ", 0), 0u) << message;
