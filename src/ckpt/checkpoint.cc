@@ -166,7 +166,7 @@ void CheckUncarriedEntryIsZero(const SafetensorsReader& file, const std::string&
 
 std::string ReadSmallFile(const std::string& path) {
   try {
-    return ReadFile(path);
+    return ReadConfigFile(path);
   } catch (const Error&) {
     return "";
   }
@@ -515,7 +515,7 @@ std::optional<std::string> FindResumeCheckpoint(
 RunWeights FindRunWeights(const std::string& run_dir, const std::string& verb,
                           const std::function<void(const std::string&)>& report) {
   const std::string config_path = JoinPath(run_dir, "config.toml");
-  const Config config = Config::Parse(ReadFile(config_path), config_path);
+  const Config config = Config::Parse(ReadConfigFile(config_path), config_path);
   const std::string root = JoinPath(run_dir, config.String("checkpoint.folder"));
   std::vector<std::pair<std::string, std::string>> skipped;  // (folder, reason)
   size_t folders = 0;
@@ -557,7 +557,7 @@ nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& tabl
   const std::string state_path = JoinPath(dir, "state.json");
   nlohmann::json state;
   try {
-    state = nlohmann::json::parse(ReadFile(state_path));
+    state = nlohmann::json::parse(ReadConfigFile(state_path));
   } catch (const nlohmann::json::exception& e) {
     throw DataError(state_path + ": not valid JSON (" + e.what() + ")");
   }

@@ -40,7 +40,7 @@ void FindBosEos(const nlohmann::json& tokenizer, nlohmann::json* bos, nlohmann::
 
 nlohmann::json ReadJson(const std::string& path) {
   try {
-    return nlohmann::json::parse(ReadFile(path));
+    return nlohmann::json::parse(ReadConfigFile(path));
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path + ": not valid JSON (" + e.what() + ")");
   }
@@ -83,7 +83,7 @@ void ExportHfModel(const std::string& out, const ModelSpec& model, const Paramet
     nlohmann::json bos = nullptr, eos = nullptr, bos_token = nullptr, eos_token = nullptr;
     std::string tokenizer_text;
     if (!tokenizer_path.empty()) {
-      tokenizer_text = ReadFile(tokenizer_path);
+      tokenizer_text = ReadConfigFile(tokenizer_path);
       nlohmann::json tokenizer = nlohmann::json::parse(tokenizer_text, nullptr, false);
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
       FindBosEos(tokenizer, &bos, &eos, &bos_token, &eos_token);

@@ -53,7 +53,7 @@ CommandRun SetupExport(CLI::App& app) {
   return [o, hf]() {
     if (!hf->parsed()) return kExitUsage;
     ExportSource source = ResolveSource(o->source);
-    Config config = Config::Parse(ReadFile(source.config_path), source.config_path);
+    Config config = Config::Parse(ReadConfigFile(source.config_path), source.config_path);
     const std::shared_ptr<const ModelSpec> model = BuildModelSpec(config);
     const ParameterTable table = model->BuildTable();
     std::vector<float> weights(table.total());

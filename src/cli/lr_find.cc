@@ -1,5 +1,5 @@
 // crucible lr-find --config FILE [--set k=v ...] [--min 1e-6 --max 1 --steps 100]
-//                  [--apply OUT.toml] [--out DIR]
+//                  [--apply OUT.toml [--overwrite]] [--out DIR]
 #include <memory>
 
 #include "cli/command.h"
@@ -35,7 +35,9 @@ CommandRun SetupLrFind(CLI::App& app) {
                  "directory>-lr-find; never inside the run directory)");
   app.add_option("--apply", options->sweep.apply_path,
                  "write the config with optimizer.lr = the suggestion to this file (a copy; "
-                 "never the --config file)");
+                 "never the --config file; its folder must exist)");
+  app.add_flag("--overwrite", options->sweep.overwrite,
+               "let --apply replace an existing file (refused without it, before the sweep)");
   app.footer(
       "An exponential LR sweep from --min to --max on the run's model, optimizer, batch and "
       "data (fresh weights, no warmup or decay), the loss smoothed by a bias-corrected EMA "

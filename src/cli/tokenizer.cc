@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/command.h"
 #include "common/error.h"
@@ -161,47 +162,41 @@ class DocumentReader {
   size_t first_line_ = 1;
 };
 
-// A file written under a temporary name and renamed into place by Commit(); removed if never
-// committed. stdout when the path is empty or "-".
-class OutputFile {
+// The output of encode or decode: a file written by the policy of common/files.h (replaced
+// atomically by Commit(), or written through to a device or FIFO), or stdout when the path is
+// empty or "-". Buffered: the writes come a document at a time.
+class CommandOutput {
  public:
-  explicit OutputFile(const std::string& path) : path_(path) {
-    if (path.empty() || path == "-") {
-      file_ = stdout;
-      return;
-    }
+  explicit CommandOutput(const std::string& path) {
+    if (path.empty() || path == "-") return;
     const std::string parent = ParentDirectory(path);
     if (!parent.empty()) MakeDirectories(parent);
-    temporary_ = path + ".tmp." + std::to_string(::getpid());
-    file_ = std::fopen(temporary_.c_str(), "wb");
-    if (!file_) ThrowErrno("cannot create " + temporary_);
-  }
-  ~OutputFile() {
-    if (file_ && file_ != stdout) {
-      std::fclose(file_);
-      ::unlink(temporary_.c_str());
-    }
+    file_.emplace(path);
   }
   void Write(const void* data, size_t size) {
-    if (size && std::fwrite(data, 1, size, file_) != size) ThrowErrno("cannot write to " + Name());
+    if (!file_) {  // through stdio's buffer, in order with the lines printed beside it
+      if (size && std::fwrite(data, 1, size, stdout) != size) ThrowErrno("cannot write to stdout");
+      return;
+    }
+    buffer_.append(static_cast<const char*>(data), size);
+    if (buffer_.size() >= (1u << 20)) Flush();
   }
   void Commit() {
-    if (file_ == stdout) {
+    if (!file_) {
       if (std::fflush(stdout) != 0) ThrowErrno("cannot write to stdout");
       return;
     }
-    if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)
-      ThrowErrno("cannot write to " + path_);
-    std::fclose(file_);
-    file_ = nullptr;
-    if (::rename(temporary_.c_str(), path_.c_str()) != 0) ThrowErrno("cannot rename to " + path_);
-    FsyncDirectory(ParentDirectory(path_));
+    Flush();
+    file_->Commit();
   }
 
  private:
-  std::string Name() const { return file_ == stdout ? "stdout" : path_; }
-  std::string path_, temporary_;
-  FILE* file_ = nullptr;
+  void Flush() {
+    file_->Write(buffer_);
+    buffer_.clear();
+  }
+  std::optional<OutputFile> file_;
+  std::string buffer_;
 };
 
 void AppendIds(const std::vector<uint32_t>& ids, std::string* out) {
@@ -263,7 +258,7 @@ int RunEncode(const TokenizerOptions& o) {
                      ": --eos given but the tokenizer has no end-of-text token (name one with "
                      "--eos-token)");
   const bool binary = !o.out_bin.empty();
-  OutputFile out(binary ? o.out_bin : o.out);
+  CommandOutput out(binary ? o.out_bin : o.out);
   DocumentReader reader(o);
   std::vector<std::string_view> documents;
   Timer total;
@@ -317,7 +312,7 @@ int RunEncode(const TokenizerOptions& o) {
 
 int RunDecode(const TokenizerOptions& o) {
   Tokenizer tokenizer = Tokenizer::Load(o.tokenizer_path);
-  OutputFile out(o.out);
+  CommandOutput out(o.out);
   auto emit = [&](const std::vector<uint32_t>& ids) {
     std::string decoded = tokenizer.Decode(ids, o.skip_special);
     if (o.jsonl_out) decoded = nlohmann::json({{o.field, decoded}}).dump();

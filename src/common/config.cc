@@ -143,9 +143,10 @@ Config Config::Defaults() {
 }
 
 Config Config::Load(const std::string& path, const std::vector<std::string>& overrides) {
-  if (!FileExists(path)) throw UsageError(path + ": config file not found");
+  const std::string missing = StatFailure(path);
+  if (!missing.empty()) throw UsageError(path + ": config file not found: " + missing);
   if (IsDirectory(path)) throw UsageError(path + ": is a directory, expected a TOML config file");
-  return Parse(ReadFile(path), path, overrides);
+  return Parse(ReadConfigFile(path), path, overrides);
 }
 
 Config Config::Parse(std::string_view toml_text, const std::string& source,

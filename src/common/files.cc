@@ -5,27 +5,99 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
-#include <sstream>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace crucible {
+namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!FileExists(path)) throw UsageError(path + ": no such file");
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string DescribeStatError(int error) {
+  if (error == ENOENT) return "no such file";
+  if (error == ELOOP) return "a symlink loop (ELOOP)";
+  return std::strerror(error);
+}
+
+// Reads a regular file whole, at most `max_bytes` (SIZE_MAX: no cap).
+std::string ReadRegularFile(const std::string& path, size_t max_bytes) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ELOOP || error == ENOTDIR)
+      throw UsageError(path + ": " + DescribeStatError(error));
+    errno = error;
     ThrowErrno("cannot read " + path);
   }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
+  const auto not_regular = [&]() {
+    return UsageError(path + ": " + KindOf(st.st_mode) +
+                      ", not a regular file: name a file (a FIFO or a device may never end)");
+  };
+  if (!S_ISREG(st.st_mode)) throw not_regular();  // refused unopened
+  // O_NONBLOCK: a FIFO swapped in after the stat must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) ThrowErrno("cannot read " + path);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw not_regular();
+  }
+  const auto too_large = [&]() {
+    ::close(fd);
+    return UsageError(
+        StrFormat("%s: larger than %zu MiB, the most a config-like input may hold "
+                  "(is it the right file?)",
+                  path.c_str(), max_bytes >> 20));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) throw too_large();
+  std::string contents;
+  contents.reserve(static_cast<size_t>(st.st_size));
+  char buffer[1 << 16];
+  for (;;) {  // to the end, not to st_size: /proc files report size 0
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      errno = error;
+      ThrowErrno("cannot read " + path);
+    }
+    if (contents.size() + static_cast<size_t>(n) > max_bytes) throw too_large();
+    contents.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return contents;
+}
+
+}  // namespace
+
+std::string ReadFile(const std::string& path) {
+  return ReadRegularFile(path, SIZE_MAX);
+}
+
+std::string ReadConfigFile(const std::string& path) {
+  return ReadRegularFile(path, kConfigFileMaxBytes);
 }
 
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string StatFailure(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? "" : DescribeStatError(errno);
 }
 
 bool IsDirectory(const std::string& path) {
@@ -58,37 +130,77 @@ void FsyncDirectory(const std::string& path) {
   ::close(fd);
 }
 
-void AtomicWriteFile(const std::string& path, const void* data, size_t size) {
-  std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) ThrowErrno("cannot create " + temporary);
+OutputFile::OutputFile(const std::string& path) : path_(path), target_(path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {  // written through, never replaced
+      fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+      if (fd_ < 0) ThrowErrno("cannot open " + path);
+      return;
+    }
+    if (!S_ISREG(st.st_mode))
+      throw UsageError(path + ": " + KindOf(st.st_mode) +
+                       ", not a file: name a file to write (a special file is never replaced)");
+    struct stat link;
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      if (char* real = ::realpath(path.c_str(), nullptr)) {
+        target_ = real;
+        std::free(real);
+      }
+    }
+  } else if (errno == ELOOP) {
+    throw UsageError(path + ": " + DescribeStatError(ELOOP));
+  }
+  temporary_ = target_ + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) ThrowErrno("cannot create " + temporary_);
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temporary_.empty()) ::unlink(temporary_.c_str());
+}
+
+void OutputFile::Write(const void* data, size_t size) {
+  if (fd_ < 0) throw Error(kExitFailure, path_ + ": written after Commit()");
   const char* bytes = static_cast<const char*>(data);
   size_t written = 0;
   while (written < size) {
-    ssize_t n = ::write(fd, bytes + written, size - written);
+    const ssize_t n = ::write(fd_, bytes + written, size - written);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int saved = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      errno = saved;
-      ThrowErrno("cannot write " + path);
+      ThrowErrno("cannot write " + path_);
     }
     written += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int saved = errno;
-    ::unlink(temporary.c_str());
-    errno = saved;
-    ThrowErrno("cannot write " + path);
+}
+
+void OutputFile::Commit() {
+  if (fd_ < 0) throw Error(kExitFailure, path_ + ": committed twice");
+  const int fd = fd_;
+  fd_ = -1;
+  if (writes_through()) {
+    if (::close(fd) != 0) ThrowErrno("cannot write " + path_);
+    committed_ = true;
+    return;
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    int saved = errno;
-    ::unlink(temporary.c_str());
-    errno = saved;
-    ThrowErrno("cannot rename " + temporary + " to " + path);
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    ThrowErrno("cannot write " + path_);
   }
-  FsyncDirectory(ParentDirectory(path));
+  if (::close(fd) != 0) ThrowErrno("cannot write " + path_);
+  if (::rename(temporary_.c_str(), target_.c_str()) != 0)
+    ThrowErrno("cannot rename " + temporary_ + " to " + target_);
+  committed_ = true;
+  FsyncDirectory(ParentDirectory(target_));
+}
+
+void AtomicWriteFile(const std::string& path, const void* data, size_t size) {
+  OutputFile out(path);
+  out.Write(data, size);
+  out.Commit();
 }
 
 void AtomicWriteFile(const std::string& path, std::string_view contents) {

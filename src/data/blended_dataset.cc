@@ -129,8 +129,10 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
   for (size_t d = 0; d < entries.size(); ++d) {
     const FileListEntry& entry = entries[d];
     const std::string& where = entry.where;
-    for (const std::string& file : {BinPath(entry.prefix), IdxPath(entry.prefix)})
-      if (!FileExists(file)) throw DataError(where + ": " + file + ": no such file");
+    for (const std::string& file : {BinPath(entry.prefix), IdxPath(entry.prefix)}) {
+      const std::string missing = StatFailure(file);
+      if (!missing.empty()) throw DataError(where + ": " + file + ": " + missing);
+    }
     if (!FileExists(ManifestPath(entry.prefix)))
       throw DataError(where + ": " + entry.prefix + ": unknown corpus file: no " +
                       ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");

@@ -11,8 +11,9 @@
 namespace crucible {
 
 std::vector<FileListEntry> ReadFileList(const std::string& path) {
-  if (!FileExists(path)) throw UsageError(path + ": file list not found");
-  return ParseFileList(ReadFile(path), path);
+  const std::string missing = StatFailure(path);
+  if (!missing.empty()) throw UsageError(path + ": file list not found: " + missing);
+  return ParseFileList(ReadConfigFile(path), path);
 }
 
 std::vector<FileListEntry> ParseFileList(const std::string& text, const std::string& path) {

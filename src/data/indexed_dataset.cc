@@ -49,19 +49,6 @@ const uint8_t* MapFile(const std::string& path, size_t* size) {
   return static_cast<const uint8_t*>(map);
 }
 
-void WriteAll(int fd, const void* data, size_t size, const std::string& path) {
-  const char* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, bytes, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ThrowErrno("cannot write " + path);
-    }
-    bytes += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 int DtypeSize(uint8_t code) {
@@ -338,21 +325,11 @@ IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDtype
       max_token_(DtypeMaxToken(dtype)) {
   if (max_token_ == 0)
     throw UsageError(std::string("cannot write token ids as ") + DtypeName(dtype));
-  const std::string suffix = ".tmp." + std::to_string(::getpid());
-  bin_temporary_ = BinPath(prefix) + suffix;
-  idx_temporary_ = IdxPath(prefix) + suffix;
-  bin_fd_ = ::open(bin_temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (bin_fd_ < 0) ThrowErrno("cannot create " + bin_temporary_);
+  bin_ = std::make_unique<OutputFile>(BinPath(prefix));
   buffer_.reserve(1 << 22);
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (bin_fd_ >= 0) ::close(bin_fd_);
-  if (!committed_) {
-    ::unlink(bin_temporary_.c_str());
-    ::unlink(idx_temporary_.c_str());
-  }
-}
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;  // an uncommitted output is removed
 
 void IndexedDatasetWriter::AddDocument(const uint32_t* tokens, size_t count,
                                        const std::string& where) {
@@ -386,7 +363,7 @@ void IndexedDatasetWriter::AddDocument(const uint32_t* tokens, size_t count,
 }
 
 void IndexedDatasetWriter::Flush() {
-  WriteAll(bin_fd_, buffer_.data(), buffer_.size(), bin_temporary_);
+  bin_->Write(buffer_.data(), buffer_.size());
   bin_hasher_.Update(buffer_.data(), buffer_.size());
   bin_bytes_ += static_cast<int64_t>(buffer_.size());
   buffer_.clear();
@@ -394,12 +371,6 @@ void IndexedDatasetWriter::Flush() {
 
 void IndexedDatasetWriter::Commit() {
   Flush();
-  if (::fsync(bin_fd_) != 0) ThrowErrno("cannot write " + bin_temporary_);
-  if (::close(bin_fd_) != 0) {
-    bin_fd_ = -1;
-    ThrowErrno("cannot write " + bin_temporary_);
-  }
-  bin_fd_ = -1;
 
   const uint64_t sequences = lengths_.size();
   std::string idx;
@@ -426,25 +397,11 @@ void IndexedDatasetWriter::Commit() {
   idx_checksum_ = idx_hasher.HexDigest128();
   idx_bytes_ = static_cast<int64_t>(idx.size());
   bin_checksum_ = bin_hasher_.HexDigest128();
-  int fd = ::open(idx_temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) ThrowErrno("cannot create " + idx_temporary_);
-  try {
-    WriteAll(fd, idx.data(), idx.size(), idx_temporary_);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) ThrowErrno("cannot write " + idx_temporary_);
-  if (::rename(bin_temporary_.c_str(), BinPath(prefix_).c_str()) != 0)
-    ThrowErrno("cannot rename " + bin_temporary_);
-  if (::rename(idx_temporary_.c_str(), IdxPath(prefix_).c_str()) != 0) {
-    int saved = errno;
-    ::unlink(BinPath(prefix_).c_str());
-    errno = saved;
-    ThrowErrno("cannot rename " + idx_temporary_);
-  }
-  committed_ = true;
-  FsyncDirectory(ParentDirectory(prefix_));
+  // Both are written before either is renamed into place.
+  OutputFile idx_out(IdxPath(prefix_));
+  idx_out.Write(idx.data(), idx.size());
+  bin_->Commit();
+  idx_out.Commit();
 }
 
 }  // namespace crucible

@@ -13,9 +13,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "common/hash.h"
 
 namespace crucible {
@@ -129,18 +131,17 @@ class IndexedDatasetWriter {
 
  private:
   void Flush();
-  std::string prefix_, bin_temporary_, idx_temporary_;
+  std::string prefix_;
   TokenDtype dtype_;
   int width_;
   int64_t max_token_;
-  int bin_fd_ = -1;
+  std::unique_ptr<OutputFile> bin_;  // replaced or written through (common/files.h)
   std::vector<uint8_t> buffer_;
   StreamHasher bin_hasher_;
   std::string bin_checksum_, idx_checksum_;
   int64_t bin_bytes_ = 0, idx_bytes_ = 0;
   std::vector<int32_t> lengths_;
   int64_t tokens_ = 0;
-  bool committed_ = false;
 };
 
 }  // namespace crucible

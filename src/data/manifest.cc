@@ -68,7 +68,7 @@ ShardManifest ReadManifest(const std::string& prefix) {
                     " was not completed by `crucible data prepare` (or is not a prepared shard)");
   ShardManifest m;
   try {
-    nlohmann::json j = nlohmann::json::parse(ReadFile(path));
+    nlohmann::json j = nlohmann::json::parse(ReadConfigFile(path));
     if (j.at("format").get<std::string>() != kFormat || j.at("version").get<int>() != 1)
       throw DataError(path + ": not a crucible shard manifest (format/version)");
     m.content_checksum = j.at("content_checksum").get<std::string>();

@@ -142,7 +142,7 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
         ": not a run directory (config.toml), a checkpoint (MANIFEST) or a Hugging Face "
         "folder (config.json)");
   }
-  Config config = Config::Parse(ReadFile(config_path), config_path);
+  Config config = Config::Parse(ReadConfigFile(config_path), config_path);
   model.spec = BuildModelSpec(config);
   const ParameterTable table = model.spec->BuildTable();
   model.weights.resize(table.total());

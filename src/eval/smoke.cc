@@ -131,6 +131,14 @@ nlohmann::ordered_json Observe(const std::string& run_dir) {
 }  // namespace
 
 int RunSmoke(const SmokeOptions& options) {
+  // The golden is read before the run, so a wrong --golden fails at once.
+  std::string golden_text;
+  if (!options.update) {
+    if (!FileExists(options.golden))
+      throw UsageError(options.golden + ": golden file not found (create it with crucible smoke " +
+                       (options.portable ? "--portable " : "") + "--update)");
+    golden_text = ReadConfigFile(options.golden);
+  }
   std::string work = options.work_dir;
   bool temporary = work.empty();
   if (temporary) {
@@ -201,12 +209,9 @@ int RunSmoke(const SmokeOptions& options) {
     AtomicWriteFile(options.golden, golden.dump(2) + "\n");
     PrintLine("smoke: golden written to " + options.golden);
   } else {
-    if (!FileExists(options.golden))
-      throw UsageError(options.golden + ": golden file not found (create it with crucible smoke " +
-                       (options.portable ? "--portable " : "") + "--update)");
     nlohmann::json golden;
     try {
-      golden = nlohmann::json::parse(ReadFile(options.golden));
+      golden = nlohmann::json::parse(golden_text);
     } catch (const nlohmann::json::exception& e) {
       throw DataError(options.golden + ": not valid JSON: " + e.what());
     }

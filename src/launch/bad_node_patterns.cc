@@ -42,7 +42,7 @@ BadNodePatterns BadNodePatterns::Defaults() {
 void BadNodePatterns::AddFile(const std::string& path) {
   std::string text;
   try {
-    text = ReadFile(path);
+    text = ReadConfigFile(path);
   } catch (const Error& e) {
     throw UsageError("cannot read bad-node pattern file " + path + ": " + e.what());
   }

@@ -34,7 +34,7 @@ std::vector<std::string> ListDirectory(const std::string& path) {
 
 std::string ReadSmallFile(const std::string& path) {
   try {
-    return Trim(ReadFile(path));
+    return Trim(ReadConfigFile(path));
   } catch (const Error&) {
     return "";
   }

@@ -87,7 +87,7 @@ std::vector<std::string> ExpandHostList(std::string_view list) {
 std::vector<std::string> ReadHostFile(const std::string& path) {
   std::string text;
   try {
-    text = ReadFile(path);
+    text = ReadConfigFile(path);
   } catch (const Error& e) {
     throw UsageError("cannot read host file " + path + ": " + e.what());
   }

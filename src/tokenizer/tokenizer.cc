@@ -285,7 +285,7 @@ Tokenizer Tokenizer::FromJson(std::string_view json_text, const std::string& nam
 }
 
 Tokenizer Tokenizer::Load(const std::string& path) {
-  return FromJson(ReadFile(path), path);
+  return FromJson(ReadConfigFile(path), path);
 }
 
 // ---------------------------------------------------------------------------------------------

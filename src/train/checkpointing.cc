@@ -53,7 +53,7 @@ std::string ReadLatest(const std::string& root) {
   std::string path = JoinPath(root, "latest");
   if (!FileExists(path)) return "none";
   try {
-    return Trim(ReadFile(path));
+    return Trim(ReadConfigFile(path));
   } catch (const Error&) {
     return "unreadable";
   }
@@ -189,7 +189,7 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   }
   Timer timer;
   const std::string saved_config_path = JoinPath(dir, "config.toml");
-  Config saved = Config::Parse(ReadFile(saved_config_path), saved_config_path);
+  Config saved = Config::Parse(ReadConfigFile(saved_config_path), saved_config_path);
   ConfigChanges changes = CompareResumeConfigs(saved, config_);
   if (!changes.breaking.empty()) {
     std::string keys;

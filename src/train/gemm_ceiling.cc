@@ -165,7 +165,7 @@ namespace {
 nlohmann::json ReadCache(const std::string& path, bool warn) {
   if (!FileExists(path)) return nlohmann::json::object();
   try {
-    nlohmann::json cache = nlohmann::json::parse(ReadFile(path));
+    nlohmann::json cache = nlohmann::json::parse(ReadConfigFile(path));
     if (!cache.is_object()) throw std::runtime_error("not a JSON object");
     return cache;
   } catch (const std::exception& e) {

@@ -1,5 +1,7 @@
 #include "train/lr_finder.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -94,6 +96,17 @@ void CheckLrFindOptions(const LrFindOptions& options) {
       Canonical(options.apply_path) == Canonical(options.config_path))
     throw UsageError("--apply " + options.apply_path +
                      " is the input config: the LR finder writes a copy, never over --config");
+  // Checked before the sweep, so a sweep's result is never lost at its end.
+  if (!options.apply_path.empty()) {
+    const std::string parent = ParentDirectory(options.apply_path);
+    if (!parent.empty() && !IsDirectory(parent))
+      throw UsageError("--apply " + options.apply_path + ": the folder " + parent +
+                       " does not exist (create it, or name a file in an existing folder)");
+    struct stat st;
+    if (!options.overwrite && ::stat(options.apply_path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      throw UsageError("--apply " + options.apply_path +
+                       ": exists; give --overwrite to replace it, or name a new file");
+  }
 }
 
 double SweepLearningRate(const LrFindOptions& options, int64_t step) {
@@ -233,8 +246,6 @@ int RunLrFind(Config config, const LrFindOptions& given) {
   if (!options.apply_path.empty()) {
     Config applied = original;
     applied.Set("optimizer.lr", result.suggested_lr);
-    const std::string parent = ParentDirectory(options.apply_path);
-    if (!parent.empty()) MakeDirectories(parent);
     AtomicWriteFile(options.apply_path, applied.ToToml());
     PrintLine(StrFormat("phase=lr_find status=applied path=%s optimizer.lr=%.6g",
                         options.apply_path.c_str(), result.suggested_lr));

@@ -44,7 +44,8 @@ struct LrFindOptions {
   int64_t steps = 100;
   double smoothing = 0.9;   // beta of the moving average of the loss, in [0, 1)
   std::string out_dir;      // empty: <run directory>-lr-find, beside (never in) the run directory
-  std::string apply_path;   // empty: no config copy
+  std::string apply_path;   // empty: no config copy; its folder must exist
+  bool overwrite = false;   // --overwrite: --apply may replace an existing file
   std::string config_path;  // the input file (empty: defaults); --apply may not name it
 };
 

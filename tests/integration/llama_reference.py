@@ -276,7 +276,7 @@ class Mano(torch.optim.Optimizer):
 
 
 def torch_muon(params, lr, momentum, weight_decay, nesterov, scale, ns_precision):
-    """torch.optim.Muon (PyTorch >= 2.9) with Crucible's options: scale "moonlight" is its
+    """torch.optim.Muon (in PyTorch 2.15, the current set) with Crucible's options: scale "moonlight" is its
     adjust_lr_fn="match_rms_adamw", "keller" its "original"; ns_precision "fp32" runs torch's own
     Newton-Schulz function in the parameters' float64 (torch casts its input to bf16, by
     .to(dtype=torch.bfloat16) in 2.15, .bfloat16() before: the input is handed over as a tensor

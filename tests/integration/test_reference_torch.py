@@ -211,7 +211,7 @@ def test_bf16_compute_matches_pytorch_with_the_same_roundings(tmp_path, torch_en
 
 
 # The references that are packages, imported in the current set (scripts/requirements-current.txt):
-# torch.optim.Muon (PyTorch >= 2.9) and lion-pytorch. torch.optim.Muon differs from Crucible's
+# torch.optim.Muon (PyTorch 2.15) and lion-pytorch. torch.optim.Muon differs from Crucible's
 # defaults in four documented ways (docs/optimizers.md), each set to match here: its
 # Newton-Schulz runs in bf16 (Crucible's default is fp32: torch's own iteration runs in the
 # reference's float64 for ns_precision=fp32, and in its bf16 for ns_precision=bf16), its default

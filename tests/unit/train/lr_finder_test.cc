@@ -4,10 +4,13 @@
 #include "train/lr_finder.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace crucible {
 namespace {
@@ -132,6 +135,33 @@ TEST(LrFinder, BadOptionsAreUsageErrorsNamingTheOption) {
   o.config_path = "configs/tiny.toml";
   o.apply_path = "configs/../configs/tiny.toml";
   ExpectUsageError(o, "--apply");
+}
+
+TEST(LrFinder, AnApplyFileInAMissingFolderIsRefusedInsteadOfCreatingTheFolder) {
+  LrFindOptions o;
+  const std::string folder = ::testing::TempDir() + "/lr_find_missing-" + std::to_string(getpid());
+  o.apply_path = folder + "/deeper/applied.toml";
+  ExpectUsageError(o,
+                   "--apply " + o.apply_path + ": the folder " + folder + "/deeper does not exist");
+  EXPECT_FALSE(FileExists(folder));
+}
+
+TEST(LrFinder, AnExistingApplyFileIsRefusedUnlessOverwriteIsGiven) {
+  LrFindOptions o;
+  o.apply_path = ::testing::TempDir() + "/lr_find_existing-" + std::to_string(getpid()) + ".toml";
+  AtomicWriteFile(o.apply_path, "[optimizer]\nlr = 1\n");
+  ExpectUsageError(o, "--apply " + o.apply_path + ": exists; give --overwrite to replace it");
+  o.overwrite = true;
+  CheckLrFindOptions(o);
+  ::unlink(o.apply_path.c_str());
+}
+
+TEST(LrFinder, AnApplyDeviceIsWrittenThroughWithoutOverwrite) {
+  LrFindOptions o;
+  o.apply_path = ::testing::TempDir() + "/lr_find_fifo-" + std::to_string(getpid());
+  ASSERT_EQ(::mkfifo(o.apply_path.c_str(), 0644), 0);
+  CheckLrFindOptions(o);  // a FIFO or device is not replaced, so nothing needs --overwrite
+  ::unlink(o.apply_path.c_str());
 }
 
 }  // namespace
