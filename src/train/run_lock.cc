@@ -50,7 +50,8 @@ std::string DescribeHolder(const std::string& record) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& run_dir) : path_(JoinPath(run_dir, "train.lock")) {
+RunLock::RunLock(const std::string& folder, const std::string& key)
+    : path_(JoinPath(folder, "train.lock")) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) ThrowErrno("cannot open the run-directory lock " + path_);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -59,18 +60,16 @@ RunLock::RunLock(const std::string& run_dir) : path_(JoinPath(run_dir, "train.lo
     ::close(fd_);
     fd_ = -1;
     if (error == EWOULDBLOCK)
-      throw UsageError(run_dir + " is in use by another crucible train (" + holder + "; lock " +
-                       path_ +
-                       "): wait for it to end or stop it, or give this run another "
-                       "job.dump_folder");
+      throw UsageError(folder + " is in use by another crucible train (" + holder + "; lock " +
+                       path_ + "): wait for it to end or stop it, or give this run another " + key);
     LogWarn("cannot lock " + path_ + " (" + std::strerror(error) +
-            "): this filesystem has no flock, so nothing stops a second run on " + run_dir);
+            "): this filesystem has no flock, so nothing stops a second run on " + folder);
     return;
   }
   const std::string previous = ReadRecord(fd_);
   if (!previous.empty())
     LogWarn("taking over " + path_ + " from a run that is no longer running (" +
-            DescribeHolder(previous) + "): it ended without releasing the run directory");
+            DescribeHolder(previous) + "): it ended without releasing " + folder);
   const nlohmann::json record = {{"host", ThisHost()},
                                  {"pid", static_cast<int64_t>(::getpid())},
                                  {"started", UtcNow()},

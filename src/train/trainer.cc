@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,24 +48,40 @@ double PeakResidentBytes() {
   return 0;
 }
 
-// Rank 0 creates and locks the run directory, before anything in it is written; every rank
+// Whether two paths name one existing file.
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat first, second;
+  return ::stat(a.c_str(), &first) == 0 && ::stat(b.c_str(), &second) == 0 &&
+         first.st_dev == second.st_dev && first.st_ino == second.st_ino;
+}
+
+// Rank 0 creates and locks the run directory, and the checkpoint folder where checkpoints are
+// on (it may lie outside the run directory), before anything in them is written; every rank
 // learns whether that worked (and rank 0's exit code), so a refused job stops on every rank
 // instead of leaving the others waiting in the next collective.
-std::unique_ptr<RunLock> TakeRunDirectory(const std::string& run_dir, Communicator& comm) {
-  std::unique_ptr<RunLock> lock;
+std::vector<std::unique_ptr<RunLock>> TakeRunDirectory(const std::string& run_dir,
+                                                       const Config& config, Communicator& comm) {
+  std::vector<std::unique_ptr<RunLock>> locks;
   int64_t exit_code = 0;
   std::string failure;
   if (comm.rank() == 0) {
     try {
       MakeDirectories(run_dir);
-      lock = std::make_unique<RunLock>(run_dir);
+      locks.push_back(std::make_unique<RunLock>(run_dir));
+      const std::string checkpoints = JoinPath(run_dir, config.String("checkpoint.folder"));
+      if (config.Bool("checkpoint.enable")) {
+        MakeDirectories(checkpoints);
+        // checkpoint.folder = "." is the run directory itself, locked already.
+        if (!SameFile(JoinPath(checkpoints, "train.lock"), locks.front()->path()))
+          locks.push_back(std::make_unique<RunLock>(checkpoints, "checkpoint.folder"));
+      }
     } catch (const Error& e) {
       exit_code = e.exit_code();
       failure = e.what();
     }
   }
   comm.AllReduceInt64(&exit_code, 1, "run-directory lock");  // only rank 0 adds its code
-  if (exit_code == 0) return lock;
+  if (exit_code == 0) return locks;
   if (comm.rank() == 0) throw Error(static_cast<int>(exit_code), failure);
   throw Error(static_cast<int>(exit_code),
               StrFormat("rank %d: stopped: rank 0 could not take the run directory %s (rank 0 "
@@ -152,7 +169,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
     source_ = MakeTokenSource(config_, model_spec_->vocab_size(), training_.shape.seq_len,
                               training_.steps, training_.batches);
   run_dir_ = RunDirectory(config_);
-  run_lock_ = TakeRunDirectory(run_dir_, comm());
+  run_locks_ = TakeRunDirectory(run_dir_, config_, comm());
 }
 
 // The model, the flat buffers of this rank's part, the optimizer and the checkpoints.

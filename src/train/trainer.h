@@ -143,7 +143,9 @@ class Trainer {
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;
   std::string run_dir_;
-  std::unique_ptr<RunLock> run_lock_;  // held until everything that writes in run_dir is gone
+  // The run directory's and the checkpoint folder's, held until everything that writes in them
+  // is gone.
+  std::vector<std::unique_ptr<RunLock>> run_locks_;
 
   // ---- model state ----
   std::shared_ptr<ComputeBackend> backend_;  // what model_ computes on (training.device)

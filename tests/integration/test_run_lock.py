@@ -51,8 +51,36 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_finishes_untou
     assert steps == list(range(1, 41))  # every line whole, each step once
     checkpoints = sorted(os.listdir(run_dir / "ckpt"))
     assert not [c for c in checkpoints if "replaced" in c or c.startswith(".")], checkpoints
-    assert checkpoints == ["latest", "step-20", "step-30", "step-40"], checkpoints
+    assert checkpoints == ["latest", "step-20", "step-30", "step-40", "train.lock"], checkpoints
     assert (run_dir / "train.lock").read_text() == ""  # released at the end
+    assert (run_dir / "ckpt" / "train.lock").read_text() == ""
+
+
+def test_a_second_run_with_its_own_run_directory_but_the_same_checkpoint_folder_is_refused(tmp_path):
+    shared = tmp_path / "shared-ckpt"  # absolute: outside both run directories
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    items = ("training.steps=40", "checkpoint.interval=10", f"checkpoint.folder={shared}")
+    first = start_run(first_dir, *items)
+    first.send_signal(signal.SIGSTOP)  # still holding the lock, whatever the machine's load
+    try:
+        second = run_crucible("train", *settings(f"job.dump_folder={second_dir}", *items), env=ONE_THREAD,
+                              check=False)
+    finally:
+        first.send_signal(signal.SIGCONT)
+        rest, errors = first.communicate(timeout=600)
+    assert second.returncode == 2, second.stderr
+    lines = [l for l in second.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, lines
+    assert f"{shared} is in use by another crucible train" in lines[0], lines
+    assert f"host {socket.gethostname()}" in lines[0] and f"pid {first.pid}" in lines[0], lines
+    assert "checkpoint.folder" in lines[0], lines
+    assert second.stdout.count("step=") == 0  # it neither resumed nor trained
+
+    assert first.returncode == 0, errors
+    assert rest.splitlines()[-1].startswith("done steps=40 ")
+    checkpoints = sorted(os.listdir(shared))
+    assert checkpoints == ["latest", "step-20", "step-30", "step-40", "train.lock"], checkpoints
+    assert (shared / "train.lock").read_text() == ""  # released at the end
 
 
 def test_the_lock_of_a_killed_run_is_taken_over_and_said_so(tmp_path):
@@ -65,7 +93,10 @@ def test_the_lock_of_a_killed_run_is_taken_over_and_said_so(tmp_path):
 
     proc = run_crucible("train", *settings(f"job.dump_folder={run_dir}", "training.steps=3"), env=ONE_THREAD)
     taken = [l for l in proc.stderr.splitlines() if "train.lock" in l]
-    assert len(taken) == 1 and f"pid {first.pid}" in taken[0] and "no longer running" in taken[0], proc.stderr
+    # One line for each lock it held: the run directory's and the checkpoint folder's.
+    assert sorted(l.split()[3] for l in taken) == [str(run_dir / "ckpt" / "train.lock"),
+                                                   str(run_dir / "train.lock")], proc.stderr
+    assert all(f"pid {first.pid}" in l and "no longer running" in l for l in taken), proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("done steps=3 ")
 
 
