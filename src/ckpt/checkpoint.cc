@@ -406,6 +406,12 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return found;
 }
 
+std::string NewestCheckpointBefore(const std::string& root, int64_t step) {
+  for (const auto& [found, dir] : ListCheckpoints(root))
+    if (found < step && VerifyCheckpoint(dir, VerifyDepth::kSizes).empty()) return dir;
+  return "";
+}
+
 std::string VerifyCheckpoint(const std::string& dir, VerifyDepth depth) {
   if (!IsDirectory(dir)) return dir + ": not a folder";
   const std::string complete_path = JoinPath(dir, "COMPLETE");

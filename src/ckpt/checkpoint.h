@@ -106,6 +106,9 @@ std::vector<std::string> RemoveStaleCheckpointTemporaries(const std::string& roo
 
 // The step-<n> folders under `root`, newest first (complete or not).
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root);
+// The newest step folder under `root` from before step `step` that verifies by its sizes
+// (VerifyDepth::kSizes), or "" when there is none: what to roll back to past a bad checkpoint.
+std::string NewestCheckpointBefore(const std::string& root, int64_t step);
 
 // Checks COMPLETE, MANIFEST and every file's size and checksum (kSizes: sizes only, which reads
 // no tensor data; what `crucible launch` checks before it reports a stop as complete). Returns ""

@@ -19,17 +19,22 @@ OptimizerConfig BuildOptimizerConfig(const Config& config) {
   if (per_group) o.others = "AdamW";
   o.groups = BuildParamGroups(config, per_group);
   // Single keys are range-checked by Config::Validate; this is what they mean together.
-  // The decoupled decay multiplies the weights by 1 - lr * weight_decay every step.
-  const double lr = config.Float("optimizer.lr");
-  for (const ParamGroup& group : o.groups.groups()) {
-    const double group_lr = lr * group.settings.lr_scale, decay = group.settings.weight_decay;
-    if (group_lr * decay >= 1)
-      throw UsageError(StrFormat(
-          "optimizer.lr x optimizer.weight_decay = %g x %g = %g: must be below 1 (the decoupled "
-          "weight decay multiplies the weights by 1 - lr x weight_decay every step)",
-          group_lr, decay, group_lr * decay));
-  }
+  CheckDecayBelowOne(o, config.Float("optimizer.lr"));
   return o;
+}
+
+void CheckDecayBelowOne(const OptimizerConfig& config, double lr, double factor,
+                        const std::string& context) {
+  for (const ParamGroup& group : config.groups.groups()) {
+    const double group_lr = lr * group.settings.lr_scale, decay = group.settings.weight_decay;
+    if (group_lr * factor * decay < 1) continue;
+    const std::string times = factor == 1 ? "" : StrFormat(" x %g", factor);
+    throw UsageError(StrFormat(
+        "%s%s%s x %s = %g%s x %g = %g: must be below 1 (the decoupled weight decay multiplies the "
+        "weights by 1 - lr x weight_decay every step)",
+        context.c_str(), group.lr_key.c_str(), times.c_str(), group.decay_key.c_str(), group_lr,
+        times.c_str(), decay, group_lr * factor * decay));
+  }
 }
 
 void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,

@@ -51,6 +51,13 @@ std::vector<bool> WholeTensors(const OptimizerConfig& config, const ParameterTab
 // A matrices-only optimizer (Muon, Mano) trains the hidden matrices and AdamW the rest
 // (optim/per_group_optimizer.h); every other optimizer trains every group.
 OptimizerConfig BuildOptimizerConfig(const Config& config);
+// The decoupled weight decay multiplies the weights by 1 - lr x weight_decay every step:
+// UsageError (exit 2) unless lr x weight_decay < 1 for every group of `config`, at the peak
+// learning rate `lr` (optimizer.lr, before a group's lr_scale) times `factor` (1, or what scales
+// it, e.g. a batch-ramp stage), naming the group's keys after `context` (a prefix saying where
+// `factor` comes from).
+void CheckDecayBelowOne(const OptimizerConfig& config, double lr, double factor = 1,
+                        const std::string& context = "");
 // UsageError (exit 2) naming optimizer.name when `config`'s optimizer is matrices-only and
 // `table` (of model `model`) has no 2-D hidden matrix, or one of more or fewer dimensions.
 void CheckOptimizerFitsTable(const OptimizerConfig& config, const ParameterTable& table,

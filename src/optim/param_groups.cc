@@ -43,14 +43,21 @@ ParamGroups BuildParamGroups(const Config& config, bool adamw_for_others) {
   }
   GroupSettings undecayed = decayed;
   undecayed.weight_decay = 0.0;
-  return ParamGroups({
+  std::vector<ParamGroup> groups = {
       {"matrices", {ParamKind::kLinear, ParamKind::kOutputProjection}, matrices},
       {"embeddings",
        {ParamKind::kEmbedding},
        config.Bool("optimizer.decay_embeddings") ? decayed : undecayed},
       {"head", {ParamKind::kHead}, decayed},
       {"norms", {ParamKind::kNorm}, config.Bool("optimizer.decay_norms") ? decayed : undecayed},
-  });
+  };
+  if (adamw_for_others) {
+    for (size_t g = 1; g < groups.size(); ++g) {
+      groups[g].decay_key = "optimizer.adamw_weight_decay";
+      if (config.Float("optimizer.adamw_lr") > 0) groups[g].lr_key = "optimizer.adamw_lr";
+    }
+  }
+  return ParamGroups(std::move(groups));
 }
 
 }  // namespace crucible

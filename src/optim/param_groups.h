@@ -26,6 +26,8 @@ struct ParamGroup {
   std::string name;              // "matrices", "embeddings", "head", "norms"
   std::vector<ParamKind> kinds;  // the tensors it holds
   GroupSettings settings;
+  // The keys its learning rate and weight decay come from (for messages).
+  std::string lr_key = "optimizer.lr", decay_key = "optimizer.weight_decay";
 };
 
 class ParamGroups {

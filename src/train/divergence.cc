@@ -63,7 +63,7 @@ void DivergenceGuard::CheckWeights(const float* weights, size_t base, size_t beg
                 "%s: training diverged; nothing of this step was saved (last "
                 "checkpoint: %s); lower optimizer.lr",
                 (long long)step, Describe(indices[rank], static_cast<float>(values[rank])).c_str(),
-                last_checkpoint_().c_str()));
+                last_checkpoint_(step).c_str()));
 }
 
 void DivergenceGuard::CheckFinalWeights(const float* weights) const {
@@ -72,7 +72,7 @@ void DivergenceGuard::CheckFinalWeights(const float* weights) const {
   throw Error(kExitDiverged,
               StrFormat("the final weights are non-finite, first in %s: model.safetensors was "
                         "not written (last checkpoint: %s)",
-                        Describe(first, weights[first]).c_str(), last_checkpoint_().c_str()));
+                        Describe(first, weights[first]).c_str(), last_checkpoint_(0).c_str()));
 }
 
 }  // namespace crucible

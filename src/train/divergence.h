@@ -22,9 +22,10 @@ size_t FirstNonFinite(const float* values, size_t count);
 
 class DivergenceGuard {
  public:
-  // `last_checkpoint` names what a diverged run leaves to go back to (for the message).
+  // `last_checkpoint(step)` names what a run that diverged from the state before `step` leaves
+  // to go back to (for the message).
   DivergenceGuard(const ParameterTable& table, DataParallel& data_parallel,
-                  std::function<std::string()> last_checkpoint)
+                  std::function<std::string(int64_t)> last_checkpoint)
       : table_(table),
         data_parallel_(data_parallel),
         last_checkpoint_(std::move(last_checkpoint)) {}
@@ -43,7 +44,7 @@ class DivergenceGuard {
 
   const ParameterTable& table_;
   DataParallel& data_parallel_;
-  std::function<std::string()> last_checkpoint_;
+  std::function<std::string(int64_t)> last_checkpoint_;
 };
 
 }  // namespace crucible

@@ -10,20 +10,22 @@
 namespace crucible {
 
 StepGuard::StepGuard(const GuardConfig& config, bool leader,
-                     std::function<std::string()> last_checkpoint)
+                     std::function<std::string(int64_t)> last_checkpoint)
     : config_(config), leader_(leader), last_checkpoint_(std::move(last_checkpoint)) {}
 
 bool StepGuard::SkipUpdate(int64_t step, double loss, double grad_norm) {
   WarnOnRise(step, grad_norm);
   std::string why;
-  bool spike = false;
+  bool spike = false, non_finite = false;
   if (std::find(config_.skip_steps.begin(), config_.skip_steps.end(), step) !=
       config_.skip_steps.end()) {
     why = "listed in debug.skip_steps";
   } else if (!std::isfinite(loss)) {
     why = StrFormat("non-finite loss: %s", FormatValue(loss).c_str());
+    non_finite = true;
   } else if (!std::isfinite(grad_norm)) {
     why = "non-finite gradient norm";
+    non_finite = true;
   } else if (config_.spike_metric != SpikeMetric::kOff) {
     why = SpikeReason(config_.spike_metric == SpikeMetric::kLoss ? loss : grad_norm);
     spike = !why.empty();
@@ -35,7 +37,7 @@ bool StepGuard::SkipUpdate(int64_t step, double loss, double grad_norm) {
     return false;
   }
   ++skipped_;
-  ++consecutive_skips_;
+  if (consecutive_skips_++ == 0) streak_non_finite_ = non_finite;
   consecutive_spikes_ = spike ? consecutive_spikes_ + 1 : 0;
   if (leader_)
     LogWarn(StrFormat("step %lld: update skipped (%s); skipped=%lld, %lld in a row",
@@ -89,10 +91,12 @@ void StepGuard::WarnOnRise(int64_t step, double grad_norm) {
 }
 
 void StepGuard::Stop(int64_t step, const std::string& why) const {
+  const int64_t streak_began = step - consecutive_skips_ + 1;
   throw Error(kExitDiverged,
               StrFormat("step %lld: %s: training stopped; nothing of this step was saved; roll "
                         "back to the last checkpoint: %s",
-                        (long long)step, why.c_str(), last_checkpoint_().c_str()));
+                        (long long)step, why.c_str(),
+                        last_checkpoint_(streak_non_finite_ ? streak_began : 0).c_str()));
 }
 
 nlohmann::json StepGuard::State() const {

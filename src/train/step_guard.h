@@ -11,10 +11,11 @@
 // training.max_consecutive_skips skipped updates in a row, or of spike_limit spikes in a row,
 // stops the run with exit 3 (kExitDiverged, never retried) naming the step the streak began at
 // and the checkpoint to roll back to: the last from before the streak, since a skipped step
-// writes no interval checkpoint (train/step_hooks.cc). It also warns when the gradient norm rises
-// by training.grad_norm_rise_warn in one step. Every rank sees the same loss and norm, so every
-// rank decides alike. Its state (counts, the window) goes into the checkpoint's state.json, so a
-// resumed run decides as the uninterrupted one would.
+// writes no interval checkpoint (train/step_hooks.cc), and one from before that when the streak
+// began with a non-finite loss or gradient at the first step after it (its state gave them). It
+// also warns when the gradient norm rises by training.grad_norm_rise_warn in one step. Every rank
+// sees the same loss and norm, so every rank decides alike. Its state (counts, the window) goes
+// into the checkpoint's state.json, so a resumed run decides as the uninterrupted one would.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +30,11 @@ namespace crucible {
 
 class StepGuard {
  public:
-  // `leader`: this rank prints the log lines. `last_checkpoint` names what a stopped run leaves
-  // to roll back to.
-  StepGuard(const GuardConfig& config, bool leader, std::function<std::string()> last_checkpoint);
+  // `leader`: this rank prints the log lines. `last_checkpoint(step)` names what a stopped run
+  // leaves to roll back to when the trouble began from the state before `step` (0: a streak that
+  // did not begin with a non-finite value, which says nothing of that state).
+  StepGuard(const GuardConfig& config, bool leader,
+            std::function<std::string(int64_t)> last_checkpoint);
 
   // Before the update of `step`, with the step's global loss and pre-clip gradient norm (NaN
   // when a gradient was not finite): whether to skip the update. Logs a line when a guard fires;
@@ -53,10 +56,11 @@ class StepGuard {
 
   GuardConfig config_;
   bool leader_;
-  std::function<std::string()> last_checkpoint_;
+  std::function<std::string(int64_t)> last_checkpoint_;
   int64_t skipped_ = 0, consecutive_skips_ = 0, consecutive_spikes_ = 0;
-  std::deque<double> window_;   // the watched value of the last accepted steps, oldest first
-  double previous_norm_ = NAN;  // the previous step's pre-clip gradient norm
+  bool streak_non_finite_ = false;  // the streak of skips began with a non-finite loss or norm
+  std::deque<double> window_;       // the watched value of the last accepted steps, oldest first
+  double previous_norm_ = NAN;      // the previous step's pre-clip gradient norm
 };
 
 }  // namespace crucible

@@ -1,5 +1,6 @@
 #include "train/step_hooks.h"
 
+#include <cmath>
 #include <vector>
 
 #include "common/error.h"
@@ -68,6 +69,9 @@ class CheckpointHook : public TrainerHook {
     // rotates out, checkpoint.keep_latest_k) checkpoints past the last one from before it, which a
     // stopped run names to roll back to. The last step saves whatever happened.
     held_ = due && report.skipped && !report.last;
+    // A run whose last loss is not finite stops as diverged (Trainer::Finish, exit 3): nothing of
+    // that state is saved.
+    if (report.last && !std::isfinite(report.loss)) due = false;
     if (held_) {
       due = false;
       if (leader)

@@ -89,6 +89,11 @@ std::vector<std::unique_ptr<RunLock>> TakeRunDirectory(const std::string& run_di
                         comm.rank(), run_dir.c_str()));
 }
 
+// training.batch_ramp_lr's value.
+const char* RampLrName(RampLrRule rule) {
+  return rule == RampLrRule::kLinear ? "linear" : rule == RampLrRule::kSqrt ? "sqrt" : "constant";
+}
+
 // " batch_ramp=4@1,16@3,32@5 batch_ramp_lr=sqrt" (steps), or "" without a ramp.
 std::string DescribeRamp(const TrainingConfig& training) {
   if (training.batches.constant()) return "";
@@ -96,10 +101,7 @@ std::string DescribeRamp(const TrainingConfig& training) {
   for (const BatchStage& stage : training.batches.stages())
     stages += StrFormat("%s%lld@%lld", stages.empty() ? "" : ",", (long long)stage.global_batch,
                         (long long)stage.first_step);
-  const char* rule = training.ramp_lr == RampLrRule::kLinear ? "linear"
-                     : training.ramp_lr == RampLrRule::kSqrt ? "sqrt"
-                                                             : "constant";
-  return StrFormat(" batch_ramp=%s batch_ramp_lr=%s", stages.c_str(), rule);
+  return StrFormat(" batch_ramp=%s batch_ramp_lr=%s", stages.c_str(), RampLrName(training.ramp_lr));
 }
 
 void FreeBuffer(std::vector<float>& buffer) {
@@ -156,6 +158,15 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
                      " scales its Hessian estimate by a fixed batch size; a batch ramp with it is "
                      "not supported yet (remove training.batch_ramp or choose another optimizer)");
   optimizer_config_.batch_tokens = static_cast<double>(training_.tokens_per_step(1));
+  // The batch ramp's LR rule scales the schedule's LR stage by stage: the decay must fit there too.
+  for (const BatchStage& stage : training_.batches.stages())
+    if (const double factor = training_.LrFactor(stage.first_step); factor != 1)
+      CheckDecayBelowOne(
+          optimizer_config_, schedule_.lr, factor,
+          StrFormat("training.batch_ramp: the stage from step %lld (global batch %lld, "
+                    "batch_ramp_lr = %s: %g x the LR): ",
+                    (long long)stage.first_step, (long long)stage.global_batch,
+                    RampLrName(training_.ramp_lr), factor));
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
   CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_);
@@ -203,18 +214,24 @@ void Trainer::AllocateState() {
       std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
                                       &optimizer_->full_state(), training_.batches, rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
-  divergence_ = std::make_unique<DivergenceGuard>(table(), *data_parallel_,
-                                                  [this]() { return LastCheckpoint(); });
+  divergence_ = std::make_unique<DivergenceGuard>(
+      table(), *data_parallel_, [this](int64_t step) { return LastCheckpoint(step); });
   guard_ = std::make_unique<StepGuard>(training_.guards, leader(),
-                                       [this]() { return LastCheckpoint(); });
+                                       [this](int64_t step) { return LastCheckpoint(step); });
 }
 
-std::string Trainer::LastCheckpoint() const {
+std::string Trainer::LastCheckpoint(int64_t trouble_step) const {
   if (!leader()) return "kept by rank 0";  // only rank 0 saves
   if (!checkpointing_->enabled()) return "none (checkpoint.enable = false)";
-  if (checkpointing_->last_saved_step() <= 0) return "none";
-  return JoinPath(checkpointing_->root(),
-                  "step-" + std::to_string(checkpointing_->last_saved_step()));
+  const int64_t last = checkpointing_->last_saved_step();
+  if (last <= 0) return "none";
+  const std::string path = JoinPath(checkpointing_->root(), CheckpointDirName(last));
+  if (trouble_step != last + 1) return path;
+  // The trouble began at the first step from that checkpoint's state (a resume replays it).
+  const std::string before = NewestCheckpointBefore(checkpointing_->root(), last);
+  return StrFormat("%s (not %s: the trouble began at step %lld, the first step from its state)",
+                   before.empty() ? "none kept from before it" : before.c_str(), path.c_str(),
+                   (long long)trouble_step);
 }
 
 // A checkpoint to resume, else the configured initial weights (a file, a Hugging Face folder,
@@ -406,6 +423,10 @@ StepReport Trainer::Step(int64_t step) {
   r.consumed_samples = loader_->consumed_samples();
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;
+  if (std::isfinite(r.loss))
+    non_finite_loss_since_ = 0;
+  else if (non_finite_loss_since_ == 0)
+    non_finite_loss_since_ = step;
   r.tokens_seen = tokens_seen_;
   r.step_seconds = step_timer.Seconds();
   r.tokens_per_second = static_cast<double>(training_.tokens_per_step(step)) / r.step_seconds;
@@ -437,7 +458,9 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
                   (long long)step, normalizer_));
   loss_scale_ = 1.0f / static_cast<float>(normalizer_);
   micro_losses_.assign(accumulation, 0.0);
-  bool finite = true;
+  // One warning per step and rank: the first tensor and micro-batch, and how many were not finite.
+  std::string first_non_finite;
+  int64_t non_finite_micro_batches = 0;
   if (sharded_)
     sharded_access_->BeginStep();
   else
@@ -466,14 +489,19 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
     }
     model_->Backward(*access_, loss_scale_);
     if (!non_finite_where_.empty()) {
-      finite = false;
-      LogWarn(StrFormat(
-          "step %lld: non-finite gradient in %s (micro-batch %lld); the update will be skipped",
-          (long long)step, non_finite_where_.c_str(), (long long)(rank_ * accumulation + m)));
+      if (non_finite_micro_batches++ == 0)
+        first_non_finite = StrFormat("%s (micro-batch %lld)", non_finite_where_.c_str(),
+                                     (long long)(rank_ * accumulation + m));
       non_finite_where_.clear();
     }
   }
-  return !data_parallel_->Any(!finite);
+  if (non_finite_micro_batches > 0)
+    LogWarn(StrFormat(
+        "step %lld: non-finite gradient in %s, in %lld of %lld micro-batches%s; the update will "
+        "be skipped",
+        (long long)step, first_non_finite.c_str(), (long long)non_finite_micro_batches,
+        (long long)accumulation, world_ > 1 ? " of this rank" : ""));
+  return !data_parallel_->Any(non_finite_micro_batches > 0);
 }
 
 double Trainer::ReduceGradients(int64_t step) {
@@ -558,11 +586,24 @@ void Trainer::ReportOptimizerMetrics(int64_t step, StepReport& report) {
 
 // After the last step: the final weights (checked, hashed, saved), the peak memory, the profile.
 int Trainer::Finish(const Timer& train_timer) {
+  // Whatever the guards let through, a run never ends with exit 0 on a loss that is not finite
+  // (every rank has the same loss, so every rank stops here).
+  if (!std::isfinite(last_loss_))
+    throw Error(
+        kExitDiverged,
+        StrFormat(
+            "the final loss (step %lld) is not finite (%s)%s: training diverged; "
+            "model.safetensors was not written; roll back to the last checkpoint: %s",
+            (long long)training_.steps, FormatValue(last_loss_).c_str(),
+            non_finite_loss_since_ > 0 && non_finite_loss_since_ < training_.steps
+                ? StrFormat(", nor any since step %lld", (long long)non_finite_loss_since_).c_str()
+                : "",
+            LastCheckpoint(non_finite_loss_since_).c_str()));
   const size_t n_params = table().total();
   const float* final_weights = FullWeights();
   const uint64_t weights_hash = leader() ? Hash64(final_weights, n_params * sizeof(float)) : 0;
+  if (leader()) divergence_->CheckFinalWeights(final_weights);
   if (leader() && training_.checkpoint_enable) {
-    divergence_->CheckFinalWeights(final_weights);
     PrintLine("phase=save path=" + JoinPath(run_dir_, "model.safetensors"));
     SaveModelWeights(JoinPath(run_dir_, "model.safetensors"), table(), *model_spec_, final_weights);
   }
@@ -588,10 +629,10 @@ int Trainer::Finish(const Timer& train_timer) {
   if (leader())
     PrintLine(
         StrFormat("done steps=%lld tokens=%lld wall_s=%.2f train_s=%.2f final_loss=%.6f "
-                  "tok/s=%.1f weights_xxh3=%s",
+                  "tok/s=%.1f skipped=%lld weights_xxh3=%s",
                   (long long)training_.steps, (long long)tokens_seen_, wall_.Seconds(),
                   train_seconds, last_loss_, train_seconds > 0 ? tokens_seen_ / train_seconds : 0.0,
-                  HexU64(weights_hash).c_str()));
+                  (long long)guard_->skipped(), HexU64(weights_hash).c_str()));
   return kExitOk;
 }
 

@@ -126,8 +126,10 @@ class Trainer {
   // The optimizer's metrics of this step into `report`, with their warnings (rank 0: once when
   // a metric crosses its threshold).
   void ReportOptimizerMetrics(int64_t step, StepReport& report);
-  // What a diverged or stopped run leaves to roll back to (for the messages).
-  std::string LastCheckpoint() const;
+  // What a diverged or stopped run leaves to roll back to (for the messages): the last
+  // checkpoint, or the newest before it when `trouble_step` (0: unknown) is the first step after
+  // it, whose state the trouble then began from.
+  std::string LastCheckpoint(int64_t trouble_step = 0) const;
   // ---- the end ----
   int Finish(const Timer& train_timer);
 
@@ -184,6 +186,7 @@ class Trainer {
   double normalizer_ = 0;
   int64_t tokens_seen_ = 0;
   double last_loss_ = 0;
+  int64_t non_finite_loss_since_ = 0;  // the first step of the last losses that are not finite
   std::vector<std::unique_ptr<TrainerHook>> hooks_;
 };
 

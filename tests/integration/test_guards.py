@@ -81,3 +81,24 @@ def test_a_ramp_stage_that_does_not_divide_is_exit_2_naming_the_key(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert ("training.batch_ramp: stage \"10@3\": its global batch 10 is not a multiple of local_batch_size x "
             "ranks (2 x 2)") in proc.stderr
+
+
+def test_a_run_that_ends_on_a_non_finite_loss_exits_3_without_final_weights(tmp_path):
+    # Lion moves every weight by lr: at 1e20 the weights stay finite but every loss from step 2 on
+    # overflows; with both skip limits off, no guard stops it, and yet the run must not exit 0.
+    run_dir = tmp_path / "run"
+    proc = mpirun(1, BASE + ["training.steps=4", "optimizer.name=Lion", "optimizer.lr=1e20",
+                             "optimizer.weight_decay=0", "training.max_consecutive_skips=0",
+                             "training.spike_limit=0", f"job.dump_folder={run_dir}"], check=False)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("crucible: error:")]
+    assert len(errors) == 1 and "the final loss (step 4) is not finite" in errors[0], proc.stderr
+    assert not (run_dir / "model.safetensors").exists()
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("done ")]
+
+
+def test_the_done_line_counts_the_skipped_updates(tmp_path):
+    proc = mpirun(1, BASE + ["training.steps=5", "debug.skip_steps=\"2,3\"", "training.max_consecutive_skips=0",
+                             "training.spike_limit=0", f"job.dump_folder={tmp_path / 'run'}"])
+    done = proc.stdout.splitlines()[-1]
+    assert done.startswith("done steps=5 ") and " skipped=2 " in done, done

@@ -64,6 +64,26 @@ TEST(OptimizerConfig, WeightDecayThatWouldZeroTheWeightsEveryStepIsRejected) {
   EXPECT_EQ(UsageErrorOf([&] { BuildOptimizerConfig(config); }), "");
 }
 
+TEST(OptimizerConfig, TheDecayErrorOfAMatricesOnlyOptimizerNamesTheAdamWKeysThatFailed) {
+  for (const char* name : {"Muon", "Mano"}) {
+    Config config = Config::Defaults();
+    config.ApplyOverride(std::string("optimizer.name=") + name);
+    config.ApplyOverride("optimizer.lr=0.5");
+    config.ApplyOverride("optimizer.weight_decay=0.1");        // 0.05: fine
+    config.ApplyOverride("optimizer.adamw_weight_decay=2.5");  // 1.25 on AdamW's groups
+    std::string message = UsageErrorOf([&] { BuildOptimizerConfig(config); });
+    EXPECT_NE(message.find("optimizer.lr x optimizer.adamw_weight_decay = 0.5 x 2.5 = 1.25"),
+              std::string::npos)
+        << name << ": " << message;
+    // With adamw_lr, that is the learning rate of those groups.
+    config.ApplyOverride("optimizer.adamw_lr=0.8");
+    message = UsageErrorOf([&] { BuildOptimizerConfig(config); });
+    EXPECT_NE(message.find("optimizer.adamw_lr x optimizer.adamw_weight_decay = 0.8 x 2.5 = 2"),
+              std::string::npos)
+        << name << ": " << message;
+  }
+}
+
 TEST(LrScheduleConfig, WsdWarmupThatRunsIntoTheDecayIsRejected) {
   Config config = Config::Defaults();
   config.ApplyOverride("training.steps=100");

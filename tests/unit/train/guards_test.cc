@@ -145,6 +145,65 @@ TEST_F(GuardsTest, TheConsecutiveSkipLimitStopsWithExit3NamingTheCheckpointBefor
             kExitOk);
 }
 
+// Lion moves every weight by lr: at 1e20 the update of step 1 leaves weights that are finite
+// but so large that every later loss overflows, and with max_consecutive_skips = 0 no guard stops
+// the skips.
+const std::vector<std::string> kBlownUp = {
+    "optimizer.name=\"Lion\"",          "optimizer.lr=1e20",     "optimizer.weight_decay=0",
+    "training.max_consecutive_skips=0", "checkpoint.interval=2", "training.local_batch_size=1"};
+
+TEST_F(GuardsTest, ARunWhoseFinalLossIsNotFiniteExits3WithoutFinalWeightsWhateverTheGuards) {
+  try {
+    Train("blown", 5, kBlownUp);
+    FAIL() << "a run that ended on a non-finite loss exited 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitDiverged);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the final loss (step 5) is not finite (nan)"), std::string::npos) << what;
+    EXPECT_NE(what.find("model.safetensors was not written"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(root_ / "blown" / "model.safetensors"));
+  // Nothing of the diverged steps is saved: the last step's checkpoint is not written either.
+  EXPECT_FALSE(fs::exists(root_ / "blown" / "ckpt" / "step-5"));
+  EXPECT_EQ(Metrics("blown").size(), 5u);  // every step is still logged
+}
+
+TEST_F(GuardsTest, TheRollBackAdviceSkipsTheCheckpointWhoseStateTheNonFiniteLossesCameFrom) {
+  // Saved after step 1, whose update blew the weights up: the losses from step 2 on are NaN, so
+  // resuming from step-1 would replay them.
+  std::vector<std::string> sets = kBlownUp;
+  sets.push_back("checkpoint.interval=1");
+  try {
+    Train("saved", 3, sets);
+    FAIL() << "a run that ended on a non-finite loss exited 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitDiverged);
+    const std::string step1 = (root_ / "saved" / "ckpt" / "step-1").string();
+    EXPECT_NE(std::string(e.what()).find("nor any since step 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("roll back to the last checkpoint: none kept from before "
+                                         "it (not " +
+                                         step1 + ": the trouble began at step 2"),
+              std::string::npos)
+        << e.what();
+    EXPECT_TRUE(fs::exists(step1));
+  }
+}
+
+TEST_F(GuardsTest, NonFiniteGradientsWarnOncePerStepWithTheirCount) {
+  testing::internal::CaptureStderr();
+  EXPECT_THROW(Train("warned", 3, kBlownUp), Error);
+  const std::string log = testing::internal::GetCapturedStderr();
+  // Four micro-batches a step (global batch 4, micro-batch 1), every one non-finite from step 2.
+  for (const char* step : {"step 2: ", "step 3: "}) {
+    size_t lines = 0;
+    for (size_t at = log.find(std::string(step) + "non-finite gradient"); at != std::string::npos;
+         at = log.find(std::string(step) + "non-finite gradient", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << log;
+  }
+  EXPECT_NE(log.find("in 4 of 4 micro-batches"), std::string::npos) << log;
+}
+
 TEST_F(GuardsTest, TheSpikeLimitStopsWithExit3) {
   try {
     Train("spikes", 8,
@@ -195,6 +254,35 @@ TEST_F(GuardsTest, ARampedRunGrowsItsBatchAndResumedMidStageEqualsTheUninterrupt
   ASSERT_EQ(Train("resumed", 8, ramp, 0, "auto"), kExitOk);
   EXPECT_EQ(Losses("resumed"), Losses("straight"));
   EXPECT_EQ(Weights("resumed", 8), Weights("straight", 8));
+}
+
+TEST_F(GuardsTest, ARampStageWhoseLearningRateTimesTheDecayReachesOneIsRefusedAtStartUp) {
+  // 0.05 x 10 = 0.5 passes the peak's check; batch_ramp_lr = linear makes the LR of the stage
+  // from step 3 four times that: 0.2 x 10 = 2, which would flip the weights' sign every step.
+  const std::vector<std::string> ramp = {"optimizer.lr=0.05", "optimizer.weight_decay=10",
+                                         "training.batch_ramp=[\"4x@3\"]",
+                                         "training.batch_ramp_lr=\"linear\""};
+  try {
+    Train("ramp", 4, ramp);
+    FAIL() << "a ramp stage at lr x weight_decay = 2 trained";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_NE(what.find("training.batch_ramp: the stage from step 3 (global batch 16, "
+                        "batch_ramp_lr = linear: 4 x the LR): optimizer.lr x 4 x "
+                        "optimizer.weight_decay = 0.05 x 4 x 10 = 2: must be below 1"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_FALSE(fs::exists(root_ / "ramp" / "metrics.jsonl"));  // refused before step 1
+  // Under sqrt the stage's LR is 2 x 0.05: 0.1 x 10 = 1, still refused; at weight_decay 9, 0.9.
+  EXPECT_THROW(Train("sqrt", 4, {ramp[0], ramp[1], ramp[2], "training.batch_ramp_lr=\"sqrt\""}),
+               Error);
+  EXPECT_EQ(
+      Train("fits", 4,
+            {ramp[0], "optimizer.weight_decay=9", ramp[2], "training.batch_ramp_lr=\"sqrt\""}),
+      kExitOk);
 }
 
 // BuildTrainingConfig's message for `ramp` (and batch_ramp_lr `rule`) on `world` ranks of
@@ -279,7 +367,7 @@ namespace {
 TEST(StepGuardTest, WarnsOnceWhenTheGradientNormRisesByTheFactorInOneStep) {
   GuardConfig config;
   config.grad_norm_rise_warn = 3.0;
-  StepGuard guard(config, /*leader=*/true, [] { return std::string("none"); });
+  StepGuard guard(config, /*leader=*/true, [](int64_t) { return std::string("none"); });
   testing::internal::CaptureStderr();
   EXPECT_FALSE(guard.SkipUpdate(1, 2.0, 1.0));
   EXPECT_FALSE(guard.SkipUpdate(2, 2.0, 2.9));   // x2.9: below the factor
@@ -291,7 +379,7 @@ TEST(StepGuardTest, WarnsOnceWhenTheGradientNormRisesByTheFactorInOneStep) {
             std::string::npos)
       << warnings;
   config.grad_norm_rise_warn = 0;  // off
-  StepGuard quiet(config, true, [] { return std::string("none"); });
+  StepGuard quiet(config, true, [](int64_t) { return std::string("none"); });
   testing::internal::CaptureStderr();
   quiet.SkipUpdate(1, 2.0, 1.0);
   quiet.SkipUpdate(2, 2.0, 100.0);
