@@ -31,6 +31,8 @@ struct Communicator::Mpi {
   MpiHandle handle;
   MPI_Datatype int128 = MPI_DATATYPE_NULL;  // 16 contiguous bytes
   MPI_Op int128_sum = MPI_OP_NULL;
+  MPI_Datatype int48 = MPI_DATATYPE_NULL;  // 6 contiguous bytes, a little-endian integer
+  MPI_Op int48_sum = MPI_OP_NULL;
   // By handle. Handles are never reused: a completed operation is erased, and testing or waiting
   // for a handle that is gone reports it complete. Element addresses are stable.
   std::unordered_map<Handle, Pending> pending;
@@ -43,6 +45,20 @@ void SumInt128(void* in, void* inout, int* count, MPI_Datatype*) {
   const __int128* a = static_cast<const __int128*>(in);
   __int128* b = static_cast<__int128*>(inout);
   for (int i = 0; i < *count; ++i) b[i] += a[i];
+}
+
+// 48-bit two's-complement integers, little-endian; the sums are exact within 48 bits (the caller
+// leaves headroom), so wrapping never happens.
+void SumInt48(void* in, void* inout, int* count, MPI_Datatype*) {
+  const unsigned char* a = static_cast<const unsigned char*>(in);
+  unsigned char* b = static_cast<unsigned char*>(inout);
+  for (int i = 0; i < *count; ++i, a += 6, b += 6) {
+    uint64_t x = 0, y = 0;
+    std::memcpy(&x, a, 6);
+    std::memcpy(&y, b, 6);
+    const uint64_t sum = x + y;  // modulo 2^64: the low 48 bits are the 48-bit sum
+    std::memcpy(b, &sum, 6);
+  }
 }
 
 std::string Hostname() {
@@ -113,6 +129,9 @@ Communicator::Communicator(const MpiHandle& handle, int job_rank, double timeout
   MPI_Type_contiguous(16, MPI_BYTE, &mpi_->int128);
   MPI_Type_commit(&mpi_->int128);
   MPI_Op_create(&SumInt128, /*commute=*/1, &mpi_->int128_sum);
+  MPI_Type_contiguous(6, MPI_BYTE, &mpi_->int48);
+  MPI_Type_commit(&mpi_->int48);
+  MPI_Op_create(&SumInt48, /*commute=*/1, &mpi_->int48_sum);
 }
 
 Communicator::~Communicator() {
@@ -126,6 +145,8 @@ void Communicator::ReleaseMpi() {
   if (!finalized) {
     MPI_Op_free(&mpi_->int128_sum);
     MPI_Type_free(&mpi_->int128);
+    MPI_Op_free(&mpi_->int48_sum);
+    MPI_Type_free(&mpi_->int48);
     if (mpi_->handle.owned) MPI_Comm_free(&mpi_->handle.comm);
   }
   mpi_.reset();
@@ -182,6 +203,16 @@ void Communicator::AllReduceInt64(int64_t* data, size_t count, const char* what)
   MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_INT64_T, MPI_SUM,
                  mpi_->handle.comm, &request);
   Wait(&request, what);
+}
+
+void Communicator::AllReduceMaxBytes(uint8_t* data, size_t count, const char* what) {
+  if (!communicates()) return;
+  for (size_t done = 0; done < count; done += kMaxCount) {
+    MPI_Request request;
+    MPI_Iallreduce(MPI_IN_PLACE, data + done, static_cast<int>(std::min(kMaxCount, count - done)),
+                   MPI_UINT8_T, MPI_MAX, mpi_->handle.comm, &request);
+    Wait(&request, what);
+  }
 }
 
 void Communicator::AllReduceOr(bool* flag, const char* what) {
@@ -279,6 +310,41 @@ Communicator::Handle Communicator::StartAllReduceInt128(__int128* data, size_t c
   Handle handle = -1;
   MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_->int128, mpi_->int128_sum,
                  mpi_->handle.comm, &NewOperation(what, &handle).request);
+  return handle;
+}
+
+namespace {
+void CheckNarrowWidth(int width) {
+  if (width != 4 && width != 6)
+    throw Error(kExitFailure, StrFormat("internal: %d-byte integers are not summed", width));
+}
+}  // namespace
+
+Communicator::Handle Communicator::StartAllReduceNarrow(void* data, size_t count, int width,
+                                                        const char* what) {
+  CheckNarrowWidth(width);
+  if (count > kMaxCount) throw Error(kExitFailure, "all-reduce block too large for MPI");
+  if (!communicates()) return -1;
+  Handle handle = -1;
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count),
+                 width == 4 ? MPI_INT32_T : mpi_->int48, width == 4 ? MPI_SUM : mpi_->int48_sum,
+                 mpi_->handle.comm, &NewOperation(what, &handle).request);
+  return handle;
+}
+
+Communicator::Handle Communicator::StartReduceScatterNarrow(const void* send, void* receive,
+                                                            const std::vector<size_t>& counts,
+                                                            int width, const char* what) {
+  CheckNarrowWidth(width);
+  if (!communicates()) {
+    std::memcpy(receive, send, counts[0] * static_cast<size_t>(width));
+    return -1;
+  }
+  Handle handle = -1;
+  Pending& op = NewOperation(what, &handle);
+  op.arrays[0] = ToMpi(counts, what);
+  MPI_Ireduce_scatter(send, receive, op.arrays[0].data(), width == 4 ? MPI_INT32_T : mpi_->int48,
+                      width == 4 ? MPI_SUM : mpi_->int48_sum, mpi_->handle.comm, &op.request);
   return handle;
 }
 

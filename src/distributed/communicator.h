@@ -59,6 +59,8 @@ class Communicator {
   // holds the exact sum of this rank's block.
   void ReduceScatterInt128InPlace(__int128* data, size_t count, const char* what);
   void AllReduceInt64(int64_t* data, size_t count, const char* what);
+  // Element-wise maximum of bytes (the shared exponents of exact sums, exact_group_sum.h).
+  void AllReduceMaxBytes(uint8_t* data, size_t count, const char* what);
   void AllReduceOr(bool* flag, const char* what);
   // Rank r contributes `count` values; everyone receives all size()*count in rank order.
   void AllGatherFloat(const float* send, float* receive, size_t count, const char* what);
@@ -89,6 +91,11 @@ class Communicator {
   Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
                                   const std::vector<size_t>& counts, const char* what);
   Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
+  // The same sums for narrow two's-complement integers of `width` bytes (4, or 6: 48 bits,
+  // little-endian), which the caller guarantees cannot overflow (ExactGroupSum).
+  Handle StartAllReduceNarrow(void* data, size_t count, int width, const char* what);
+  Handle StartReduceScatterNarrow(const void* send, void* receive,
+                                  const std::vector<size_t>& counts, int width, const char* what);
   // All-to-all: `send` holds size() blocks of `count` elements, block q for rank q; on completion
   // block q of `receive` holds what rank q sent to this rank. The buffers must not overlap.
   template <typename T>

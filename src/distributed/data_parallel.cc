@@ -12,8 +12,9 @@
 
 namespace crucible {
 
-DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage)
+DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage, ExactGrid grid)
     : comm_(comm),
+      exact_(comm, grid),
       layout_(n_params, comm.size(), comm.rank(), kNormChunk),
       zero_stage_(zero_stage),
       update_(zero_stage == 0 ? Range{0, n_params} : layout_.Owned()) {
@@ -38,9 +39,9 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
     if (in_flight_.size() - completed_ >= kMaxInFlight)
       CompletePiece(in_flight_[completed_++], grads);
     if (zero_stage_ == 0) {
-      in_flight_.push_back({comm_.StartAllReduceInt128(accumulator.data() + begin, end - begin,
-                                                       "gradient all-reduce"),
-                            -1, begin, end - begin});
+      in_flight_.push_back(
+          {exact_.StartAllReduce(accumulator.data() + begin, end - begin, "gradient all-reduce"),
+           -1, begin, end - begin});
       continue;
     }
     // Rank r receives the part of [begin, end) inside its shard; those parts are consecutive.
@@ -49,22 +50,22 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
     free_buffers_.pop_back();
     std::vector<__int128>& receive = receive_[buffer];
     receive.resize(std::max<size_t>(1, std::min(kReducePiece, shard_size())));
-    in_flight_.push_back({comm_.StartReduceScatterInt128(accumulator.data() + begin, receive.data(),
-                                                         layout_.Parts(begin, end).counts,
-                                                         "gradient reduce-scatter"),
-                          buffer, mine.begin, mine.size()});
+    in_flight_.push_back(
+        {exact_.StartReduceScatter(accumulator.data() + begin, receive.data(),
+                                   layout_.Parts(begin, end).counts, "gradient reduce-scatter"),
+         buffer, mine.begin, mine.size()});
   }
 }
 
 void DataParallel::CompletePiece(Piece& piece, float* grads) {
-  comm_.WaitFor(piece.handle);
+  exact_.WaitFor(piece.handle);
   if (piece.buffer < 0) return;  // stage 0: converted all at once at the end
   Int128ToFloat(receive_[piece.buffer].data(), grads + piece.first, piece.count);
   free_buffers_.push_back(piece.buffer);
 }
 
 void DataParallel::Progress() {
-  for (size_t i = completed_; i < in_flight_.size(); ++i) comm_.Test(in_flight_[i].handle);
+  for (size_t i = completed_; i < in_flight_.size(); ++i) exact_.Test(in_flight_[i].handle);
 }
 
 double DataParallel::FinishReductions(ExactAccumulator& accumulator, float* grads) {
@@ -89,12 +90,12 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
   if (accumulator.size() != padded_size())
     throw Error(kExitFailure, "internal: accumulator not padded");
   if (zero_stage_ == 0) {
-    comm_.AllReduceInt128(accumulator.data(), padded_size(), "gradient all-reduce");
+    exact_.AllReduce(accumulator.data(), padded_size(), "gradient all-reduce");
     Int128ToFloat(accumulator.data(), grads, n_params());
     return;
   }
   // In place: this rank's sums land at the start of the accumulator (one rank: where they are).
-  comm_.ReduceScatterInt128InPlace(accumulator.data(), shard_size(), "gradient reduce-scatter");
+  exact_.ReduceScatterInPlace(accumulator.data(), shard_size(), "gradient reduce-scatter");
   const __int128* mine = comm_.size() > 1 ? accumulator.data() : accumulator.data() + update_.begin;
   Int128ToFloat(mine, grads + update_.begin, update_.size());
 }
@@ -189,15 +190,25 @@ void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* 
 size_t DataParallel::CommunicatedBytesPerStep(int64_t micro_batches) const {
   const size_t world = static_cast<size_t>(comm_.size());
   if (world == 1) return 0;
-  // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer.
-  const size_t padded = padded_size(), gradient = 16 * padded;
-  if (zero_stage_ == 0) return 2 * gradient * (world - 1) / world;
-  if (zero_stage_ == 1) return gradient * (world - 1) / world + 4 * padded * (world - 1) / world;
+  // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer. The
+  // sums travel as exact_.wire_bytes() each (the narrow formats when they fit, the usual case),
+  // preceded by the all-reduce of two bytes per block of ExactGrid::kBlock that agrees on them.
+  const size_t padded = padded_size();
+  const size_t describe = exact_.wire_bytes() < 16 ? 2 * 2 * padded / ExactGrid::kBlock : 0;
+  const size_t all_reduce = 2 * exact_.wire_bytes() * padded + describe;
+  const size_t reduce_scatter = exact_.wire_bytes() * padded + describe;
+  if (zero_stage_ == 0) return all_reduce * (world - 1) / world;
+  if (zero_stage_ == 1) return (reduce_scatter + 4 * padded) * (world - 1) / world;
   // Stage 3, per micro-batch: the gradient reduce-scatter, and each unit's parameters gathered
   // for the forward and again for the backward pass (an upper bound: units still cached from
   // the forward pass, the tail and the last layer, are not gathered again).
-  return static_cast<size_t>(micro_batches) *
-         (gradient * (world - 1) / world + 2 * 4 * padded * (world - 1) / world);
+  return static_cast<size_t>(micro_batches) * (reduce_scatter + 2 * 4 * padded) * (world - 1) /
+         world;
+}
+
+size_t DataParallel::Fp32RingBytesPerStep() const {
+  const size_t world = static_cast<size_t>(comm_.size());
+  return 2 * 4 * n_params() * (world - 1) / world;
 }
 
 }  // namespace crucible

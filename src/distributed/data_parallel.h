@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "distributed/communicator.h"
+#include "distributed/exact_group_sum.h"
 #include "distributed/exact_sum.h"
 #include "distributed/shard_layout.h"
 
@@ -35,8 +36,9 @@ class DataParallel {
   static constexpr size_t kReducePiece = size_t{1} << 19;
   static constexpr size_t kMaxInFlight = 8;
 
-  // Over the data-parallel group `comm` (ProcessMesh::data_parallel()), which must outlive it.
-  DataParallel(Communicator& comm, size_t n_params, int zero_stage);
+  // Over the data-parallel group `comm` (ProcessMesh::data_parallel()), which must outlive it;
+  // the gradient sums travel in the format of `grid` ([parallelism] exact_reduction).
+  DataParallel(Communicator& comm, size_t n_params, int zero_stage, ExactGrid grid = {});
 
   int zero_stage() const { return zero_stage_; }
   // How the flat buffers are sharded over the group (also for stage 0, which does not shard).
@@ -51,6 +53,8 @@ class DataParallel {
   size_t shard_begin() const { return layout_.shard_begin(); }
   size_t n_params() const { return layout_.n_params(); }
   Communicator& comm() { return comm_; }
+  // The exact sum over the group that every gradient reduction goes through.
+  ExactGroupSum& exact() { return exact_; }
 
   // Exact sum of every rank's accumulator; fp32 result in grads[update_begin, update_end). An
   // in-place accumulator (one rank, one micro-batch) has already left the sums in grads.
@@ -88,9 +92,13 @@ class DataParallel {
   // Bytes this rank sends per step for the gradient reduction and parameter gathers (model of
   // ring algorithms; ZeRO-3 reduce-scatters once per micro-batch).
   size_t CommunicatedBytesPerStep(int64_t micro_batches = 1) const;
+  // The minimum of an fp32 ring all-reduce of the gradient, 2 (R-1)/R 4 P bytes: what the
+  // exact formats are measured against.
+  size_t Fp32RingBytesPerStep() const;
 
  private:
   Communicator& comm_;
+  ExactGroupSum exact_;
   ShardLayout layout_;
   int zero_stage_;
   Range update_;
@@ -99,7 +107,7 @@ class DataParallel {
   // reduce-scatters it into one of kMaxInFlight receive buffers of this rank's sums (receive_),
   // converted to fp32 into the gradient when the piece completes.
   struct Piece {
-    Communicator::Handle handle;
+    ExactGroupSum::Handle handle;
     int buffer;           // into receive_, or -1 (stage 0: reduced in place)
     size_t first, count;  // the parameters its sums belong to
   };

@@ -1,8 +1,10 @@
 #include "distributed/exact_sum.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "common/error.h"
 #include "common/profile.h"
 
 namespace crucible {
@@ -34,7 +36,41 @@ void ExactAccumulator::Zero() {
   for (int64_t i = 0; i < n; ++i) sum_[i] = 0;
 }
 
+ExactGrid ExactGrid::Parse(const std::string& name, const char* key) {
+  for (ExactFormat format : {ExactFormat::kFixed128, ExactFormat::kBlock48, ExactFormat::kBlock32})
+    if (name == ExactGrid{format}.name()) return ExactGrid{format};
+  throw UsageError(std::string(key) + ": '" + name +
+                   "' is not an exact reduction format (choose block48, block32 or fixed128)");
+}
+
+void RoundToBlockGrid(float* values, size_t count, const ExactGrid& grid) {
+  const int bits = grid.mantissa_bits();
+  if (bits < 0) return;
+  const int64_t blocks = static_cast<int64_t>((count + ExactGrid::kBlock - 1) / ExactGrid::kBlock);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    float* v = values + b * ExactGrid::kBlock;
+    const size_t n = std::min(ExactGrid::kBlock, count - b * ExactGrid::kBlock);
+    float largest = 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+      const float a = std::fabs(v[i]);
+      finite = finite && std::isfinite(v[i]);
+      largest = a > largest ? a : largest;
+    }
+    if (!finite || largest == 0.0f) continue;
+    int e = 0;
+    std::frexp(largest, &e);  // largest = m * 2^e with m in [0.5, 1): its leading bit is 2^(e-1)
+    // In double, where v * 2^(bits - e + 1) is exact for every float and scale (|shift| < 200).
+    const int shift = bits - (e - 1);
+    const double up = std::ldexp(1.0, shift), down = std::ldexp(1.0, -shift);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>(std::nearbyint(static_cast<double>(v[i]) * up) * down);
+  }
+}
+
 bool ExactAccumulator::AddRange(size_t begin, size_t end, float* values) {
+  RoundToBlockGrid(values, end - begin, grid_);
   if (in_place_) return RoundToFixedPointInPlace(values, end - begin);
   // A float read, a 128-bit sum read and written per element.
   ScopedKernelTimer profile_timer("exact_accumulate", 0, 36.0 * static_cast<double>(end - begin));

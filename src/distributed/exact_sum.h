@@ -11,35 +11,80 @@
 // keeps no 128-bit sums (16 bytes a parameter) and rounds the gradients where they are, in one
 // pass, to the bits the 128-bit round trip gives, so a run on one rank still ends bit-identical
 // to one on any number of ranks.
+//
+// The grid ([parallelism] exact_reduction, ExactGrid). "fixed128" adds each value as it is
+// (truncated at 2^-64). "block48" and "block32" first round each contribution (one micro-batch's
+// gradient of a unit, one rank's partial sum) onto a grid per block of kBlock consecutive values:
+// with e the exponent of the block's largest magnitude (2^e <= max|v| < 2^(e+1)), every value of
+// the block is rounded to the nearest multiple of 2^(e - mantissa_bits) (ties to even),
+// RoundToBlockGrid. The rounding is a function of the contribution alone, so the sum of the
+// rounded values is still independent of order, rank count and micro-batch split; what it buys is
+// that the 128-bit sums of a block then span few bits and travel losslessly as 48- or 32-bit
+// integers (distributed/exact_group_sum.h).
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace crucible {
 
+enum class ExactFormat { kFixed128, kBlock48, kBlock32 };
+
+// How values are put on the grid of an exact sum, and how wide its sums travel.
+struct ExactGrid {
+  static constexpr size_t kBlock = 256;  // values sharing one exponent, aligned to a unit's start
+  ExactFormat format = ExactFormat::kFixed128;
+
+  // Bits kept below each block's leading bit (a block's largest value keeps 1 + mantissa_bits
+  // significant bits); -1: no block rounding (fixed128).
+  int mantissa_bits() const {
+    return format == ExactFormat::kBlock48 ? 23 : format == ExactFormat::kBlock32 ? 16 : -1;
+  }
+  // Width of one sum on the wire, in bits: 128, 48 or 32.
+  int wire_bits() const {
+    return format == ExactFormat::kBlock48 ? 48 : format == ExactFormat::kBlock32 ? 32 : 128;
+  }
+  const char* name() const {
+    return format == ExactFormat::kBlock48   ? "block48"
+           : format == ExactFormat::kBlock32 ? "block32"
+                                             : "fixed128";
+  }
+  // "fixed128", "block48" or "block32"; anything else is a UsageError naming `key`.
+  static ExactGrid Parse(const std::string& name, const char* key);
+};
+
+// Rounds values[0, n) onto the grid, in blocks of kBlock from values[0]: each value to the
+// nearest multiple of 2^(e - mantissa_bits), e the exponent of its block's largest magnitude
+// (ties to even; the results are floats again). A block holding a non-finite value is left as it
+// is (the fixed-point conversion then refuses it). Nothing to do for fixed128.
+void RoundToBlockGrid(float* values, size_t n, const ExactGrid& grid);
+
 class ExactAccumulator {
  public:
-  explicit ExactAccumulator(size_t size) : sum_(size) {}
+  explicit ExactAccumulator(size_t size, ExactGrid grid = {}) : sum_(size), grid_(grid) {}
   // For one contribution per element per step (one rank, one micro-batch): no sums are kept;
   // AddRange rounds the values in place, and they are then the step's gradients.
-  static ExactAccumulator InPlace() {
-    ExactAccumulator a(0);
+  static ExactAccumulator InPlace(ExactGrid grid = {}) {
+    ExactAccumulator a(0, grid);
     a.in_place_ = true;
     return a;
   }
+  const ExactGrid& grid() const { return grid_; }
   bool in_place() const { return in_place_; }
   size_t size() const { return sum_.size(); }  // 0 when in place
   void Zero();
   // sum[begin, end) += values[0, end - begin) (in place: values = their fixed-point value,
-  // RoundToFixedPointInPlace); returns false (and adds nothing for those elements, or leaves them
-  // as they are in place) if any value is non-finite or too large to represent, so the caller can
-  // find and report a non-finite gradient.
+  // RoundToFixedPointInPlace), after rounding the values onto the block grid (RoundToBlockGrid,
+  // in place; [begin, end) is one unit, whose start aligns the blocks); returns false (and adds
+  // nothing for those elements, or leaves them as they are in place) if any value is non-finite or
+  // too large to represent, so the caller can find and report a non-finite gradient.
   bool AddRange(size_t begin, size_t end, float* values);
   __int128* data() { return sum_.data(); }
 
  private:
   std::vector<__int128> sum_;
+  ExactGrid grid_;
   bool in_place_ = false;
 };
 

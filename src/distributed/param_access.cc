@@ -153,7 +153,7 @@ void ShardedAccess::Progress() {
   for (GatherBuffer& g : gathers_)
     if (g.pending) comm_.Test(g.handle);
   for (Reduction& r : reductions_)
-    if (r.pending) comm_.Test(r.handle);
+    if (r.pending) dp_.exact().Test(r.handle);
 }
 
 const float* ShardedAccess::AcquireWeights(int unit) {
@@ -196,7 +196,7 @@ void ShardedAccess::Complete(Reduction& reduction) {
   if (!reduction.pending) return;
   {
     ScopedKernelTimer profile_timer("gradient_reduce_wait");
-    comm_.WaitFor(reduction.handle);
+    dp_.exact().WaitFor(reduction.handle);
   }
   reduction.pending = false;
   AddInt128(reduction.receive.data(), shard_sum_.data() + reduction.receive_offset,
@@ -207,6 +207,7 @@ void ShardedAccess::GradientsReady(int unit) {
   const ParamUnit& u = table_.units()[unit];
   float* grads = Gradients(unit);
   InjectTestNan(test_nan_, u, grads);
+  RoundToBlockGrid(grads, u.size(), dp_.exact().grid());  // blocks from the unit's start
   // In pieces, so the buffers stay small and the first piece is on its way early.
   for (size_t begin = u.begin; begin < u.end; begin += DataParallel::kReducePiece)
     StartReduction(begin, std::min(u.end, begin + DataParallel::kReducePiece),
@@ -234,7 +235,7 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
   reduction->started = ++clock_;
   reduction->pending = true;
   reduction->handle =
-      comm_.StartReduceScatterInt128(reduction->send.data(), reduction->receive.data(),
+      dp_.exact().StartReduceScatter(reduction->send.data(), reduction->receive.data(),
                                      layout.Parts(begin, end).counts, "gradient reduce-scatter");
   if (!overlap_) Complete(*reduction);
   Progress();

@@ -107,7 +107,7 @@ class ShardedAccess : public ParameterAccess {
   struct Reduction {
     std::vector<__int128> send, receive;
     size_t receive_offset = 0, receive_count = 0;  // where the sums go in the shard
-    Communicator::Handle handle = -1;
+    ExactGroupSum::Handle handle = -1;
     bool pending = false;
     uint64_t started = 0;
   };

@@ -188,8 +188,8 @@ void Trainer::AllocateState() {
   model_ = model_spec_->Build(training_.shape.micro_batch, training_.shape.seq_len, backend_);
   const size_t n_params = table().total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
-  data_parallel_ =
-      std::make_unique<DataParallel>(mesh_->data_parallel(), n_params, training_.shape.zero_stage);
+  data_parallel_ = std::make_unique<DataParallel>(
+      mesh_->data_parallel(), n_params, training_.shape.zero_stage, training_.shape.exact_grid);
   sharded_ = data_parallel_->zero_stage() == 3;
   const size_t padded = data_parallel_->padded_size(), shard = data_parallel_->shard_size();
   base_ = sharded_ ? data_parallel_->shard_begin() : 0;
@@ -197,10 +197,11 @@ void Trainer::AllocateState() {
   grads_.resize(sharded_ ? shard : padded);
   // One rank and one micro-batch in every step: one contribution per gradient, rounded in place
   // (exact_sum.h), with no 128-bit sums (16 bytes a parameter) to keep, fill and convert.
-  accumulator_ = std::make_unique<ExactAccumulator>(!sharded_ && world_ == 1 &&
-                                                            training_.max_accumulation() == 1
-                                                        ? ExactAccumulator::InPlace()
-                                                        : ExactAccumulator(sharded_ ? 0 : padded));
+  const ExactGrid grid = training_.shape.exact_grid;
+  accumulator_ = std::make_unique<ExactAccumulator>(
+      !sharded_ && world_ == 1 && training_.max_accumulation() == 1
+          ? ExactAccumulator::InPlace(grid)
+          : ExactAccumulator(sharded_ ? 0 : padded, grid));
   update_begin_ = data_parallel_->update_begin();
   update_end_ = data_parallel_->update_end();
   // Checkpoints hold the optimizer state of every parameter (optimizer_->full_state()): a resume
@@ -335,17 +336,21 @@ void Trainer::ConnectModel() {
   const double weight_bytes = 4.0 * weights_.size(), grad_bytes = 4.0 * grads_.size();
   const double accumulator_bytes = 16.0 * accumulator_->size();
   const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
+  // Bytes sent per rank per step, beside an fp32 ring all-reduce's minimum (docs/distributed.md).
+  const double communicated =
+      static_cast<double>(data_parallel_->CommunicatedBytesPerStep(training_.shape.accumulation));
+  const double fp32_ring = static_cast<double>(data_parallel_->Fp32RingBytesPerStep());
   PrintLine(StrFormat(
       "phase=memory zero_stage=%d weights=%s grads=%s accumulator=%s optimizer_state=%s "
       "optimizer_state_bytes=%.0f comm_buffers=%s model_state_bytes=%.0f activations=%s "
-      "communicated_per_step=%s overlap=%s",
+      "communicated_per_step=%s fp32_ring_per_step=%s vs_fp32_ring=%.2f exact_reduction=%s "
+      "overlap=%s",
       data_parallel_->zero_stage(), HumanBytes(weight_bytes).c_str(),
       HumanBytes(grad_bytes).c_str(), HumanBytes(accumulator_bytes).c_str(),
       HumanBytes(4 * state_floats).c_str(), 4 * state_floats, HumanBytes(buffers).c_str(), total,
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(),
-      HumanBytes(static_cast<double>(
-                     data_parallel_->CommunicatedBytesPerStep(training_.shape.accumulation)))
-          .c_str(),
+      HumanBytes(communicated).c_str(), HumanBytes(fp32_ring).c_str(),
+      fp32_ring > 0 ? communicated / fp32_ring : 0.0, training_.shape.exact_grid.name(),
       overlap ? "on" : "off"));
 }
 
@@ -619,6 +624,10 @@ int Trainer::Finish(const Timer& train_timer) {
       list += StrFormat("%.0f", p);
     }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
+    // Reductions whose block sums did not fit the narrow format and travelled as 16 bytes.
+    PrintLine(StrFormat("phase=exact_reduction format=%s wide_reductions=%lld",
+                        training_.shape.exact_grid.name(),
+                        (long long)data_parallel_->exact().wide_reductions()));
   }
   if (leader() && KernelProfileEnabled()) {
     PrintKernelProfile(mfu_meter_->peak_gflops() / world_);

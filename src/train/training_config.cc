@@ -185,6 +185,8 @@ TrainingConfig BuildTrainingConfig(Config& config, int world) {
   t.guards = BuildGuards(config);
   t.shape.zero_stage = static_cast<int>(config.Int("parallelism.zero_stage"));
   t.shape.overlap = config.Bool("parallelism.overlap_grad_reduce") && world > 1;
+  t.shape.exact_grid =
+      ExactGrid::Parse(config.String("parallelism.exact_reduction"), "parallelism.exact_reduction");
   t.max_norm = config.Float("training.max_norm");
   t.log_freq = config.Int("metrics.log_freq");
   t.consistency_check_steps = config.Int("parallelism.consistency_check_steps");

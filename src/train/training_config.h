@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "compute/backend.h"
 #include "data/batch_schedule.h"
+#include "distributed/exact_sum.h"
 
 namespace crucible {
 
@@ -19,6 +20,7 @@ namespace crucible {
 struct TrainingShape {
   int64_t micro_batch = 0, seq_len = 0, accumulation = 0;
   int zero_stage = 1;
+  ExactGrid exact_grid;  // [parallelism] exact_reduction
   bool overlap = false;  // overlapped gradient reduction (with more than one rank)
 };
 

@@ -75,6 +75,33 @@ def test_every_stage_with_accumulation_tied_head_and_overlap_on_or_off_matches_o
             assert result(proc, run_dir) == reference, (zero_stage, overlap)
 
 
+@pytest.mark.parametrize("mode", ["block48", "block32"])
+def test_each_compact_exact_format_gives_identical_bits_on_one_two_and_four_ranks_at_every_stage(tmp_path, mode):
+    # Two micro-batches per rank on two ranks (so the local sums and the wire both see several
+    # contributions); the narrow wire must carry every reduction (wide_reductions=0).
+    settings = BASE + ["training.steps=4", "training.local_batch_size=1", f"parallelism.exact_reduction={mode}"]
+    results = {}
+    for np in (1, 2, 4):
+        for zero_stage in (0, 1, 3):
+            run_dir = tmp_path / f"np{np}-z{zero_stage}"
+            proc = mpirun(np, settings + [f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"])
+            assert f"exact_reduction={mode}" in proc.stdout
+            assert f"phase=exact_reduction format={mode} wide_reductions=0" in proc.stdout, proc.stdout
+            results[(np, zero_stage)] = result(proc, run_dir)
+    for zero_stage in (0, 1, 3):  # the blocking reductions too
+        run_dir = tmp_path / f"np2-z{zero_stage}-blocking"
+        proc = mpirun(2, settings + [f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}",
+                                     "parallelism.overlap_grad_reduce=false"])
+        assert "wide_reductions=0" in proc.stdout
+        results[(2, zero_stage, "blocking")] = result(proc, run_dir)
+    reference = results[(1, 0)]
+    assert all(r == reference for r in results.values()), {k: v[1] for k, v in results.items()}
+    # The format is a different grid from fixed128's: the same run there gives other bits.
+    fixed = tmp_path / "fixed128"
+    proc = mpirun(2, BASE + ["training.steps=4", "training.local_batch_size=1", f"job.dump_folder={fixed}"])
+    assert result(proc, fixed)[1] != reference[1]
+
+
 @pytest.mark.parametrize("write_stage,resume_stage", [(1, 1), (3, 3), (3, 0)])
 def test_checkpoint_of_two_ranks_resumes_bit_exact_on_one_and_four(tmp_path, write_stage, resume_stage):
     straight = tmp_path / "straight"
@@ -85,6 +112,21 @@ def test_checkpoint_of_two_ranks_resumes_bit_exact_on_one_and_four(tmp_path, wri
                           f"parallelism.zero_stage={write_stage}"])
         proc = mpirun(resume_ranks, BASE + ["training.steps=8", "checkpoint.interval=4", f"job.dump_folder={run_dir}",
                                             f"parallelism.zero_stage={resume_stage}"])
+        assert "phase=resume" in proc.stdout
+        assert result(proc, run_dir) == reference
+
+
+@pytest.mark.parametrize("mode", ["block48", "block32"])
+def test_a_checkpoint_in_a_compact_format_resumes_bit_exact_on_other_rank_counts_and_stages(tmp_path, mode):
+    settings = BASE + [f"parallelism.exact_reduction={mode}"]
+    straight = tmp_path / "straight"
+    reference = result(mpirun(1, settings + ["training.steps=8", f"job.dump_folder={straight}"]), straight)
+    for resume_ranks, resume_stage in ((1, 0), (4, 1)):
+        run_dir = tmp_path / f"resumed{resume_ranks}"
+        mpirun(2, settings + ["training.steps=4", "checkpoint.interval=4", f"job.dump_folder={run_dir}",
+                              "parallelism.zero_stage=3"])
+        proc = mpirun(resume_ranks, settings + ["training.steps=8", "checkpoint.interval=4",
+                                                f"job.dump_folder={run_dir}", f"parallelism.zero_stage={resume_stage}"])
         assert "phase=resume" in proc.stdout
         assert result(proc, run_dir) == reference
 
