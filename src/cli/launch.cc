@@ -22,6 +22,9 @@ CommandRun SetupLaunch(CLI::App& app) {
   app.add_option("--hostfile", o->hostfile, "file of hosts to use instead of the allocation's");
   app.add_option("--mpi", o->mpi, "MPI flavour: auto, openmpi, mpich or none")
       ->check(CLI::IsMember({"auto", "openmpi", "mpich", "none"}));
+  app.add_flag("--oversubscribe", o->oversubscribe,
+               "run more ranks per node than the allocation's slots (locally: CPUs); without it "
+               "that is refused (exit 2)");
   app.add_flag("--dry-run", o->dry_run, "print the exact command and environment, run nothing");
   app.add_option(
       "--timeout", o->timeout_seconds,
@@ -65,7 +68,8 @@ CommandRun SetupLaunch(CLI::App& app) {
       "checkpoint (a grace measured from the save times); a second TERM/INT/HUP kills at once.\n"
       "Exit: the job's exit code; after a stop 143 only when the checkpoint the trainer names is\n"
       "complete, else 75; 124 when the watchdog killed it; 2 for bad usage (every number\n"
-      "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7).\n"
+      "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7; more\n"
+      "ranks per node than the allocation's slots, or locally CPUs, needs --oversubscribe).\n"
       "Records: RUN_DIR/launch/attempts.jsonl, attempt-<k>.log, bad_nodes.txt. See "
       "docs/launch.md.");
   return [o]() { return RunLaunch(*o, CurrentEnvironment()); };

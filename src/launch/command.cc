@@ -35,16 +35,25 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
     Append(&argv,
            {"srun", "--nodelist=" + JoinHosts(spec.nodes), "-N", Str(nodes), "-n", Str(spec.ranks),
             "--ntasks-per-node=" + Str(spec.ranks_per_node), "--kill-on-bad-exit=1", "--label"});
+    if (spec.oversubscribe) argv.push_back("--overcommit");
     if (spec.mpi == MpiFlavour::kOpenMpi) argv.push_back("--mpi=pmix");
     if (spec.mpi == MpiFlavour::kMpich) argv.push_back("--mpi=pmi2");
     if (!spec.step_name.empty()) argv.push_back("--job-name=" + spec.step_name);
     out.labels = LabelStyle::kColon;
   } else if (spec.mpi == MpiFlavour::kNone) {
-    if (spec.ranks > 1 || nodes > 1)
+    if ((spec.ranks > 1 || nodes > 1) && spec.mpi_chosen_by.empty())
       throw UsageError(StrFormat(
           "%d ranks on %d node(s) need an MPI launcher, and none was found on PATH (install "
           "openmpi-bin or pass --mpi)",
           spec.ranks, nodes));
+    if (spec.ranks > 1 || nodes > 1)
+      throw UsageError(StrFormat(
+          "%s runs the command once, without an MPI launcher, but %d ranks on %d node(s) were "
+          "asked for: %s, or ask for one rank (--np 1)",
+          spec.mpi_chosen_by.c_str(), spec.ranks, nodes,
+          StartsWith(spec.mpi_chosen_by, "--mpi")
+              ? "pass --mpi auto, openmpi or mpich to start them through MPI"
+              : "unset CRUCIBLE_MPI, or set it to openmpi or mpich, to start them through MPI"));
   } else if (spec.scheduler == Scheduler::kPbs) {
     out.hostfile_path = spec.hostfile_path;
     for (const std::string& node : spec.nodes)
@@ -56,6 +65,7 @@ LaunchCommand BuildLaunchCommand(const LaunchSpec& spec) {
       std::string map = "ppr:" + Str(spec.ranks_per_node) + ":node";
       if (depth > 1) map += ":PE=" + Str(depth);
       Append(&argv, {"--map-by", map, "--bind-to", "core", "--tag-output"});
+      if (spec.oversubscribe) argv.push_back("--oversubscribe");
       out.labels = LabelStyle::kTagged;
     } else {  // Cray PALS, the mpiexec of PBS systems running MPICH
       Append(&argv, {"--ppn", Str(spec.ranks_per_node), "--cpu-bind", "depth", "--depth",

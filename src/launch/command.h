@@ -34,7 +34,11 @@ struct LaunchSpec {
   std::string step_name;      // srun --job-name, to find the step again
   std::string mpi_launcher;   // local: the MPI launcher (empty: mpirun for Open MPI, mpiexec
                               // for MPICH); see LocalMpiLauncher
-  Environment env;            // variables every rank gets (CRUCIBLE_RUN_DIR, ...)
+  std::string mpi_chosen_by;  // "--mpi none", "CRUCIBLE_MPI=none": how kNone was chosen; empty
+                              // when no MPI launcher was found on PATH
+  // More ranks per node than slots: srun --overcommit, PBS's Open MPI mpiexec --oversubscribe.
+  bool oversubscribe = false;
+  Environment env;  // variables every rank gets (CRUCIBLE_RUN_DIR, ...)
   std::vector<std::string>
       rank_wrapper;  // argv prefix run on each rank, e.g. crucible launch-rank --
   std::vector<std::string> command;

@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -45,6 +47,64 @@ bool IsNumber(std::string_view text) {
   for (char c : text)
     if (c < '0' || c > '9') return false;
   return true;
+}
+
+// A count of slots or CPUs: 1 to 1000000, else 0 (not a count).
+int SmallCount(std::string_view text) {
+  if (!IsNumber(text) || text.size() > 7) return 0;
+  const int count = std::stoi(std::string(text));
+  return count <= 1000000 ? count : 0;
+}
+
+// SLURM_JOB_CPUS_PER_NODE ("72(x2),36"): the CPUs of the smallest node; 0 when unreadable.
+int LeastSlurmCpus(std::string_view value) {
+  int least = 0;
+  for (const std::string& entry : Split(value, ',')) {
+    const int cpus = SmallCount(entry.substr(0, entry.find('(')));
+    if (cpus == 0) return 0;
+    least = least == 0 ? cpus : std::min(least, cpus);
+  }
+  return least;
+}
+
+// A hostfile's slots per node, as Open MPI ("host slots=N") or Hydra ("host:N") writes them,
+// summed over a host's lines: the smallest host's. 0 when a line states no count (a bare host
+// name means its cores to Open MPI, unknown here).
+int LeastHostFileSlots(const std::string& text) {
+  std::vector<std::pair<std::string, int>> slots;  // in file order
+  for (const std::string& raw : Split(text, '\n')) {
+    const std::string line = Trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    const size_t end = line.find_first_of(" \t:");
+    const std::string host = line.substr(0, end);
+    int count = 0;
+    if (end != std::string::npos && line[end] == ':') {
+      count = SmallCount(Trim(line.substr(end + 1)));
+    } else {
+      std::string fields = line;
+      std::replace(fields.begin(), fields.end(), '\t', ' ');
+      for (const std::string& field : Split(fields, ' '))
+        if (StartsWith(field, "slots=")) count = SmallCount(field.substr(6));
+    }
+    if (count == 0) return 0;
+    auto it =
+        std::find_if(slots.begin(), slots.end(), [&](const auto& s) { return s.first == host; });
+    if (it == slots.end())
+      slots.emplace_back(host, count);
+    else
+      it->second += count;
+  }
+  int least = 0;
+  for (const auto& [host, count] : slots) least = least == 0 ? count : std::min(least, count);
+  return least;
+}
+
+// The CPUs this process may run on (what `nproc` prints).
+int LocalCpuCount() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return CPU_COUNT(&cpus);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 0;
 }
 
 // "HH:MM:SS" (or "MM:SS", or plain seconds) -> seconds.
@@ -152,6 +212,8 @@ Allocation DetectAllocation(const Environment& env, const std::string& hostfile)
       for (const std::string& line : Split(ReadFile(nodefile), '\n'))
         if (NormalizeHost(Trim(line)) == NormalizeHost(allocation.nodes[0])) ++slots;
       allocation.slots_per_node = slots;
+      allocation.max_ranks_per_node = slots;
+      allocation.max_ranks_source = allocation.source;
     }
   } else if (allocation.scheduler == Scheduler::kSlurm) {
     if (!slurm_vars && hostfile.empty())
@@ -162,15 +224,27 @@ Allocation DetectAllocation(const Environment& env, const std::string& hostfile)
       allocation.nodes = ExpandHostList(slurm_nodelist);
       allocation.source = "SLURM_JOB_NODELIST=" + slurm_nodelist;
       const std::string per_node = Get(env, "SLURM_NTASKS_PER_NODE");
-      if (IsNumber(per_node)) allocation.slots_per_node = std::stoi(per_node);
+      const std::string cpus = Get(env, "SLURM_JOB_CPUS_PER_NODE");
+      if (SmallCount(per_node) > 0) {
+        allocation.slots_per_node = SmallCount(per_node);
+        allocation.max_ranks_per_node = allocation.slots_per_node;
+        allocation.max_ranks_source = "SLURM_NTASKS_PER_NODE=" + per_node;
+      } else if (LeastSlurmCpus(cpus) > 0) {
+        allocation.max_ranks_per_node = LeastSlurmCpus(cpus);
+        allocation.max_ranks_source = "SLURM_JOB_CPUS_PER_NODE=" + cpus;
+      }
     }
   } else if (hostfile.empty()) {
     allocation.nodes = {"localhost"};
     allocation.source = "local";
+    allocation.max_ranks_per_node = LocalCpuCount();
+    allocation.max_ranks_source = StrFormat("this machine's %d CPUs", LocalCpuCount());
   }
   if (!hostfile.empty()) {
     allocation.nodes = ReadHostFile(hostfile);
     allocation.source = "--hostfile " + hostfile;
+    allocation.max_ranks_per_node = LeastHostFileSlots(ReadConfigFile(hostfile));
+    allocation.max_ranks_source = allocation.max_ranks_per_node > 0 ? allocation.source : "";
   }
   if (allocation.nodes.empty()) throw UsageError("the allocation has no nodes");
   return allocation;

@@ -31,6 +31,11 @@ struct Allocation {
   std::vector<std::string> nodes;  // every allocated node, in the scheduler's order
   int slots_per_node = 0;          // ranks per node the allocation implies; 0 when unknown
   std::string source;              // where the node list came from, for --dry-run
+  // The most ranks a node runs without oversubscribing: its slots (PBS_NODEFILE, a hostfile's
+  // slots=N), Slurm's tasks or CPUs per node, or this machine's CPUs for a local job; 0 when
+  // unknown. `max_ranks_source` says where it came from, for messages.
+  int max_ranks_per_node = 0;
+  std::string max_ranks_source;
 };
 
 // Scheduler: CRUCIBLE_SCHEDULER if set, else PBS (PBS_JOBID + PBS_NODEFILE), else Slurm

@@ -83,7 +83,8 @@ int CeilDiv(int a, int b) {
 struct Plan {
   Allocation allocation;
   MpiFlavour mpi = MpiFlavour::kNone;
-  std::string mpi_launcher;  // local jobs: mpirun, mpiexec, mpiexec.mpich, ...
+  std::string mpi_chosen_by;  // "--mpi none", "CRUCIBLE_MPI=mpich"; empty when detected
+  std::string mpi_launcher;   // local jobs: mpirun, mpiexec, mpiexec.mpich, ...
   Accelerator accelerator;
   BadNodePatterns patterns;
   int active_nodes = 1;
@@ -105,7 +106,11 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
     if (!file.empty()) plan.patterns.AddFile(file);
   for (const std::string& file : options.pattern_files) plan.patterns.AddFile(file);
   std::string mpi = options.mpi;
-  if (mpi == "auto" && !Getenv(env, "CRUCIBLE_MPI").empty()) mpi = Getenv(env, "CRUCIBLE_MPI");
+  if (mpi != "auto") plan.mpi_chosen_by = "--mpi " + mpi;
+  if (mpi == "auto" && !Getenv(env, "CRUCIBLE_MPI").empty()) {
+    mpi = Getenv(env, "CRUCIBLE_MPI");
+    plan.mpi_chosen_by = "CRUCIBLE_MPI=" + mpi;
+  }
   plan.mpi = mpi == "auto" ? DetectMpiFlavour(env) : ParseMpiFlavour(mpi);
   if (plan.allocation.scheduler == Scheduler::kLocal)
     plan.mpi_launcher = LocalMpiLauncher(plan.mpi, env);
@@ -137,6 +142,17 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
   if (plan.ranks > plan.active_nodes * plan.ranks_per_node)
     throw UsageError(StrFormat("--np %d does not fit on %d node(s) x %d rank(s) per node",
                                plan.ranks, plan.active_nodes, plan.ranks_per_node));
+  const int most = plan.allocation.max_ranks_per_node;
+  if (most > 0 && plan.ranks_per_node > most && !options.oversubscribe) {
+    const std::string asked = options.ppn  ? StrFormat("--ppn %d", *options.ppn)
+                              : options.np ? StrFormat("--np %d", *options.np)
+                                           : StrFormat("%d ranks", plan.ranks);
+    throw UsageError(StrFormat(
+        "%s puts %d rank(s) on each of %d node(s), more than the %d a node runs without "
+        "oversubscribing (%s): ask for at most %d rank(s) in all, or pass --oversubscribe",
+        asked.c_str(), plan.ranks_per_node, plan.active_nodes, most,
+        plan.allocation.max_ranks_source.c_str(), most * plan.active_nodes));
+  }
   plan.retries = options.retries.value_or(options.auto_retry ? 10 : 0);
   std::random_device random;
   plan.launch_id = StrFormat("%d-%08x", static_cast<int>(getpid()), random());
@@ -159,6 +175,8 @@ LaunchSpec MakeSpec(const Plan& plan, const LaunchOptions& options,
   spec.hostfile_path = JoinPath(plan.launch_dir, StrFormat("hostfile-%d", attempt));
   spec.step_name = "crucible-" + plan.launch_id;
   spec.mpi_launcher = plan.mpi_launcher;
+  spec.mpi_chosen_by = plan.mpi_chosen_by;
+  spec.oversubscribe = options.oversubscribe;
   spec.env = {{"CRUCIBLE_RUN_DIR", plan.run_dir},
               {"CRUCIBLE_ATTEMPT", std::to_string(attempt)},
               {"CRUCIBLE_NODELIST", JoinHosts(nodes)},

@@ -22,6 +22,8 @@ struct LaunchOptions {
   std::optional<int> nodes;
   std::string hostfile;
   std::string mpi = "auto";  // auto, openmpi, mpich, none
+  // Run more ranks per node than the allocation's slots (or, locally, CPUs); refused otherwise.
+  bool oversubscribe = false;
   bool dry_run = false;
   // Watchdog; not given: off.
   std::optional<double> timeout_seconds;

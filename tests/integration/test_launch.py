@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRUCIBLE = os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible"))
 FAKE = str(ROOT / "tests" / "integration" / "launch" / "fake_trainer.py")
 OPENMPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+CPUS = len(os.sched_getaffinity(0))  # what a local job's ranks are checked against
 
 
 def clean_env(**extra):
@@ -276,12 +277,31 @@ def test_dry_run_prints_command_and_environment_and_runs_nothing(tmp_path):
     (["--timeout", "nan"], ["true"], "--timeout: nan is not a finite number"),
     (["--retries", "-1"], ["true"], "--retries: -1 is out of range"),
     (["--np", "0"], ["true"], "--np: 0 is out of range"),
+    (["--mpi", "none", "--np", "2"], ["true"], "--mpi none runs the command once, without an MPI launcher"),
+    (["--np", "100000"], ["true"], f"--np 100000 puts 100000 rank(s) on each of 1 node(s), more than the {CPUS}"),
+    (["--ppn", str(CPUS + 1)], ["true"], f"--ppn {CPUS + 1} puts {CPUS + 1} rank(s) on each of 1 node(s)"),
 ])
 def test_bad_input_is_a_clear_usage_error(tmp_path, args, cmd, message):
     proc = launch(["--run-dir", str(tmp_path / "run"), *args], cmd)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_more_ranks_than_cpus_are_refused_naming_both_unless_oversubscribed(tmp_path):
+    proc = launch(["--run-dir", str(tmp_path / "run"), "--np", "100000"], ["true"])
+    assert proc.returncode == 2 and f"this machine's {CPUS} CPUs" in proc.stderr, proc.stderr
+    assert "--oversubscribe" in proc.stderr, proc.stderr
+    dry = launch(["--run-dir", str(tmp_path / "run"), "--np", str(CPUS + 1), "--oversubscribe", "--dry-run"],
+                 ["true"])
+    assert dry.returncode == 0 and f"mpirun --np {CPUS + 1} " in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_no_mpi_chosen_by_the_environment_is_named_as_such(tmp_path):
+    proc = launch(["--run-dir", str(tmp_path / "run"), "--np", "2"], ["true"], env=clean_env(CRUCIBLE_MPI="none"))
+    assert proc.returncode == 2, proc.stderr
+    assert "CRUCIBLE_MPI=none runs the command once, without an MPI launcher" in proc.stderr, proc.stderr
+    assert "found on PATH" not in proc.stderr, proc.stderr
 
 
 def test_invalid_regex_in_a_pattern_file_is_a_usage_error(tmp_path):

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace crucible {
@@ -138,6 +140,52 @@ TEST(LaunchCommand, RejectsLayoutsNoLauncherCanRun) {
   spec = Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi);
   spec.command.clear();
   EXPECT_THROW(BuildLaunchCommand(spec), Error);
+}
+
+std::string RefusalOf(const LaunchSpec& spec) {
+  try {
+    BuildLaunchCommand(spec);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    return e.what();
+  }
+  ADD_FAILURE() << "the spec was accepted";
+  return "";
+}
+
+TEST(LaunchCommand, NoMpiChosenSaysWhatThatMeansAndWhatToDo) {
+  LaunchSpec spec = Spec(Scheduler::kLocal, MpiFlavour::kNone);
+  spec.nodes = {"localhost"};
+  spec.ranks = 2;
+  spec.mpi_chosen_by = "--mpi none";
+  const std::string chosen = RefusalOf(spec);
+  EXPECT_NE(chosen.find("--mpi none runs the command once, without an MPI launcher"),
+            std::string::npos)
+      << chosen;
+  EXPECT_NE(chosen.find("2 ranks"), std::string::npos) << chosen;
+  EXPECT_NE(chosen.find("--mpi auto, openmpi or mpich"), std::string::npos) << chosen;
+  EXPECT_EQ(chosen.find("found on PATH"), std::string::npos) << chosen;
+  spec.mpi_chosen_by.clear();  // none detected
+  EXPECT_NE(RefusalOf(spec).find("none was found on PATH"), std::string::npos);
+}
+
+TEST(LaunchCommand, OversubscribeAsksEachLauncherThatLimitsRanksToSlots) {
+  auto has = [](const LaunchSpec& spec, const std::string& flag) {
+    const Argv argv = BuildLaunchCommand(spec).argv;
+    return std::count(argv.begin(), argv.end(), flag);
+  };
+  LaunchSpec slurm = Spec(Scheduler::kSlurm, MpiFlavour::kOpenMpi);
+  LaunchSpec pbs = Spec(Scheduler::kPbs, MpiFlavour::kOpenMpi);
+  EXPECT_EQ(has(slurm, "--overcommit"), 0);
+  EXPECT_EQ(has(pbs, "--oversubscribe"), 0);
+  slurm.oversubscribe = pbs.oversubscribe = true;
+  EXPECT_EQ(has(slurm, "--overcommit"), 1);
+  EXPECT_EQ(has(pbs, "--oversubscribe"), 1);
+  // Local Open MPI always oversubscribes (mpirun counts cores, not the job's slots).
+  LaunchSpec local = Spec(Scheduler::kLocal, MpiFlavour::kOpenMpi);
+  EXPECT_EQ(has(local, "--oversubscribe"), 1);
+  local.oversubscribe = true;
+  EXPECT_EQ(has(local, "--oversubscribe"), 1);
 }
 
 TEST(LaunchCommand, ArgumentsStayArgvNotShell) {

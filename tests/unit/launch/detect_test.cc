@@ -1,6 +1,7 @@
 #include "launch/detect.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,6 +56,45 @@ TEST(Detect, OverrideAndHostfile) {
   EXPECT_THROW(DetectAllocation({{"CRUCIBLE_SCHEDULER", "slurm"}}, ""), Error);
   EXPECT_THROW(DetectAllocation({{"CRUCIBLE_SCHEDULER", "lsf"}}, ""), Error);
   EXPECT_THROW(DetectAllocation({}, testing::TempDir() + "/no-such-hostfile"), Error);
+}
+
+TEST(Detect, TheMostRanksANodeRunsAreItsSlotsOrItsCpus) {
+  const Environment slurm = {{"SLURM_JOB_ID", "42"}, {"SLURM_JOB_NODELIST", "n[1-3]"}};
+  Environment env = slurm;
+  env["SLURM_NTASKS_PER_NODE"] = "2";
+  env["SLURM_JOB_CPUS_PER_NODE"] = "8(x3)";
+  Allocation a = DetectAllocation(env, "");
+  EXPECT_EQ(a.max_ranks_per_node, 2);
+  EXPECT_EQ(a.max_ranks_source, "SLURM_NTASKS_PER_NODE=2");
+  env = slurm;
+  env["SLURM_JOB_CPUS_PER_NODE"] = "8(x2),4";
+  a = DetectAllocation(env, "");
+  EXPECT_EQ(a.max_ranks_per_node, 4);  // the smallest node
+  EXPECT_EQ(a.max_ranks_source, "SLURM_JOB_CPUS_PER_NODE=8(x2),4");
+  EXPECT_EQ(a.slots_per_node, 0);  // CPUs bound the ranks, they do not set their default
+  EXPECT_EQ(DetectAllocation(slurm, "").max_ranks_per_node, 0);
+
+  const std::string nodefile = testing::TempDir() + "/pbs_nodefile_slots";
+  std::ofstream(nodefile) << "x1\nx1\nx1\nx2\nx2\nx2\n";
+  a = DetectAllocation({{"PBS_JOBID", "7"}, {"PBS_NODEFILE", nodefile}}, "");
+  EXPECT_EQ(a.max_ranks_per_node, 3);
+  EXPECT_EQ(a.max_ranks_source, "PBS_NODEFILE=" + nodefile);
+
+  const std::string hostfile = testing::TempDir() + "/hosts_slots";
+  std::ofstream(hostfile) << "# hosts\na slots=4\nb\tslots=2 max_slots=8\n";
+  a = DetectAllocation({}, hostfile);
+  EXPECT_EQ(a.max_ranks_per_node, 2);
+  EXPECT_EQ(a.max_ranks_source, "--hostfile " + hostfile);
+  std::ofstream(hostfile) << "a:3\nb:5\na:1\n";
+  EXPECT_EQ(DetectAllocation({}, hostfile).max_ranks_per_node, 4);  // a: 3 + 1
+  std::ofstream(hostfile) << "a slots=4\nb\n";  // b's slots are its cores, unknown here
+  EXPECT_EQ(DetectAllocation({}, hostfile).max_ranks_per_node, 0);
+
+  cpu_set_t cpus;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  a = DetectAllocation({}, "");
+  EXPECT_EQ(a.max_ranks_per_node, CPU_COUNT(&cpus));
+  EXPECT_NE(a.max_ranks_source.find("CPUs"), std::string::npos) << a.max_ranks_source;
 }
 
 void Touch(const std::string& path, const std::string& contents = "") {
