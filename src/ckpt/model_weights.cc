@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "ckpt/safetensors.h"
 #include "common/error.h"
@@ -26,6 +27,20 @@ void SaveModelWeights(const std::string& path, const ParameterTable& table, cons
 
 void LoadModelWeights(const std::string& path, const ParameterTable& table, float* weights) {
   SafetensorsReader reader(path);
+  std::set<std::string> names;
+  for (const auto& p : table.params()) names.insert(p.name);
+  const TensorEntry* first_extra = nullptr;
+  size_t extras = 0;
+  for (const auto& t : reader.tensors()) {
+    if (names.count(t.name)) continue;
+    if (!first_extra) first_extra = &t;
+    ++extras;
+  }
+  if (first_extra)
+    throw DataError(StrFormat(
+        "%s: tensor '%s' is not in the model (%zu tensor%s not): the file holds another model's "
+        "weights (biases, more layers or an untied head?); load weights written for this model",
+        path.c_str(), first_extra->name.c_str(), extras, extras == 1 ? " is" : "s are"));
   for (const auto& p : table.params()) reader.ReadFloat32(p.name, p.shape, weights + p.offset);
   RequireFiniteWeights(table, weights, [&](const std::string&) { return path; });
 }

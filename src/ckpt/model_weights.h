@@ -19,8 +19,9 @@ void SaveModelWeights(const std::string& path, const ParameterTable& table, cons
                       const float* weights,
                       const std::function<std::string(const ParamInfo&)>& name_of = nullptr);
 // Fills `weights` from a safetensors file; every tensor of the table must be present with its
-// shape (F32, BF16, F16 or F64) and every value finite once converted to float32. Throws
-// DataError naming the file and tensor otherwise.
+// shape (F32, BF16, F16 or F64), no other tensor may be (a file of another model, e.g. one with
+// attention biases), and every value must be finite once converted to float32. Throws DataError
+// naming the file and tensor otherwise.
 void LoadModelWeights(const std::string& path, const ParameterTable& table, float* weights);
 
 // Throws DataError when `weights` (table layout) hold a NaN or an infinity, naming the file the

@@ -56,3 +56,28 @@ def test_a_hugging_face_folder_holding_nan_is_refused_for_training_and_eval(tmp_
     task = small_task("kjv_next_verse", tmp_path / "kjv.jsonl", 2)
     line = refusal(run_crucible("eval", bad, "--tasks", task, check=False, env=ENV))
     assert "tensor 'model.embed_tokens.weight' holds 7 non-finite values" in line, line
+
+
+def test_weights_with_tensors_the_model_lacks_are_refused_by_init_weights_and_grads(tmp_path):
+    """A file of a model with attention biases holds every tensor of ours and more: loading it would
+    score another model (its biases dropped), so it is refused as a file lacking a tensor is."""
+    model = ["--set", "model.flavor=debug", "--set", "model.vocab_size=512"]
+    weights = tmp_path / "biased.safetensors"
+    run_crucible("model", "init", *model, "--out", weights, env=ENV)
+    tensors = load_file(str(weights))
+    for layer in range(2):
+        for projection in ("q_proj", "k_proj", "v_proj"):
+            rows = tensors[f"model.layers.{layer}.self_attn.{projection}.weight"].shape[0]
+            tensors[f"model.layers.{layer}.self_attn.{projection}.bias"] = np.full(rows, 0.5, np.float32)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    expected = f"{weights}: tensor 'model.layers.0.self_attn.k_proj.bias' is not in the model (6 tensors are not)"
+    proc = run_crucible("train", *SMALL, "--set", f"model.init_weights={weights}",
+                        "--set", f"job.dump_folder={tmp_path / 'run'}", check=False, env=ENV)
+    assert expected in refusal(proc)
+    batch = tmp_path / "batch.safetensors"
+    tokens = np.arange(16, dtype=np.int32).reshape(2, 8)
+    save_file({"tokens": tokens, "targets": tokens}, str(batch))
+    proc = run_crucible("model", "grads", *model, "--weights", weights, "--batch", batch,
+                        "--out", tmp_path / "grads.safetensors", check=False, env=ENV)
+    assert expected in refusal(proc)
+    assert not (tmp_path / "grads.safetensors").exists()

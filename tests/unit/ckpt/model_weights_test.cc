@@ -1,4 +1,5 @@
-// Loading model weights: a file whose values are not all finite is refused at load, naming it.
+// Loading model weights: a file whose values are not all finite, or that holds tensors the model
+// does not have, is refused at load, naming it.
 #include "ckpt/model_weights.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "ckpt/safetensors.h"
 #include "common/config.h"
 #include "common/error.h"
 
@@ -61,6 +63,31 @@ TEST_F(ModelWeightsTest, NonFiniteValuesAreBadDataNamingTheFileTheFirstTensorAnd
   EXPECT_EQ(message.find(path_ + ": tensor '" + second.name + "' holds 2 non-finite values"), 0u)
       << message;
   EXPECT_NE(message.find("3 in all, in 2 tensors"), std::string::npos) << message;
+}
+
+// A file from another model (one with attention biases) holds every tensor of this one and more:
+// loading it would drop the biases and score another model, so it is refused like a file that
+// lacks a tensor.
+TEST_F(ModelWeightsTest, TensorsTheModelDoesNotHaveAreBadDataNamingTheFileAndTheFirstOne) {
+  std::vector<TensorView> views;
+  for (const auto& p : table_->params())
+    views.push_back({p.name, p.shape, weights_.data() + p.offset});
+  const std::vector<float> bias(16, 0.5f);
+  views.push_back({"model.layers.0.self_attn.q_proj.bias", {16}, bias.data()});
+  views.push_back({"model.layers.1.self_attn.q_proj.bias", {16}, bias.data()});
+  WriteSafetensors(path_, views, {{"format", "pt"}});
+  std::vector<float> loaded(table_->total());
+  try {
+    LoadModelWeights(path_, *table_, loaded.data());
+    FAIL() << "loaded a file with tensors the model does not have";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(e.exit_code(), kExitBadData);
+    EXPECT_EQ(message.find(path_ + ": tensor 'model.layers.0.self_attn.q_proj.bias' is not in the "
+                                   "model (2 tensors are not)"),
+              0u)
+        << message;
+  }
 }
 
 }  // namespace
