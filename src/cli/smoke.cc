@@ -29,7 +29,8 @@ CommandRun SetupSmoke(CLI::App& app) {
                  "keep the run in this folder instead of a temporary one");
   app.footer(
       "Exit codes: 0 bit-identical to the golden, 1 a difference (the first differing step "
-      "and tensor are printed), 2 usage error.");
+      "and tensor are printed), 2 usage error (a missing golden, checked before the run; a "
+      "device this build or machine cannot run).");
   return [options]() {
     if (options->device != "cpu" && !options->portable && options->golden.empty())
       throw UsageError("smoke --device " + options->device +

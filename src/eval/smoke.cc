@@ -190,6 +190,14 @@ int RunSmoke(const SmokeOptions& options) {
     std::string last_line;
     for (const std::string& line : Split(ReadFile(log_path), '\n'))
       if (!Trim(line).empty()) last_line = line;
+    // The run refusing its configuration (a device this build or this machine cannot run) is
+    // the smoke's usage error, not a difference: said once, without the run's own prefix.
+    const std::string prefix = "crucible: error: ";
+    if (status == kExitUsage)
+      throw UsageError(
+          "smoke: " +
+          (StartsWith(last_line, prefix) ? last_line.substr(prefix.size()) : last_line) +
+          " (the run's log: " + log_path + ")");
     throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d (%s); see %s",
                                         status, last_line.c_str(), log_path.c_str()));
   }

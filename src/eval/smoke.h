@@ -23,7 +23,9 @@ struct SmokeOptions {
   std::string device = "cpu";
 };
 
-// Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch.
+// Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch. A missing
+// golden is a UsageError before the run; so is the run's own exit 2 (a device this build or
+// machine cannot run), with the run's message.
 int RunSmoke(const SmokeOptions& options);
 
 // The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true.

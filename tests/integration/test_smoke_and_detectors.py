@@ -49,9 +49,23 @@ def test_smoke_update_writes_a_golden_that_then_passes(tmp_path):
     run_crucible("smoke", "--golden", golden)
 
 
-def test_missing_golden_is_a_usage_error(tmp_path):
-    proc = run_crucible("smoke", "--golden", tmp_path / "none.json", check=False)
-    assert proc.returncode == 2 and "none.json" in proc.stderr
+def test_a_missing_golden_is_a_usage_error_before_the_run(tmp_path):
+    proc = run_crucible("smoke", "--golden", tmp_path / "none.json", "--work-dir", tmp_path / "work",
+                        check=False)
+    assert proc.returncode == 2 and "none.json: golden file not found" in proc.stderr, proc.stderr
+    assert "status=training" not in proc.stdout and not (tmp_path / "work").exists(), proc.stdout
+
+
+def test_a_device_this_machine_cannot_run_is_exit_2_in_one_line(tmp_path):
+    # A build without the CUDA backend, or a machine without a GPU (CI): the run's own refusal,
+    # a usage error, not the exit 1 of "a difference from the golden".
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has a GPU")
+    proc = run_crucible("smoke", "--device", "cuda", "--portable", "--work-dir", tmp_path, check=False)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr)
+    assert lines[0].startswith("crucible: error: smoke: ") and 'training.device = "cuda"' in lines[0], lines
+    assert "crucible: error: training.device" not in lines[0], lines  # the run's prefix is not repeated
 
 
 def warnings_of(tmp_path, *settings):
