@@ -33,13 +33,24 @@ def mpirun(np, *args, mesh="", timeout=120, extra_env=None):
 
 def passed_on_every_rank(proc, np):
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    # Every rank ran the same tests, none skipped, and they all passed.
-    assert len(re.findall(r"^\[  PASSED  \] 5 tests\.$", proc.stdout, re.M)) == np, proc.stdout
+    # Every rank ran the same tests, none skipped, and they all passed: the count is each rank's
+    # own "Running N tests", so a test added to tests/mpi/ needs no change here.
+    running = re.findall(r"^\[==========\] Running (\d+) tests? from ", proc.stdout, re.M)
+    passed = re.findall(r"^\[  PASSED  \] (\d+) tests?\.$", proc.stdout, re.M)
+    assert len(running) == np and len(set(running)) == 1 and int(running[0]) > 0, proc.stdout
+    assert passed == running, proc.stdout
 
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_all_to_all_moves_every_block_to_its_rank(np):
     passed_on_every_rank(mpirun(np), np)
+
+
+def test_a_filtered_run_counts_the_tests_each_rank_ran():
+    # The count comes from the program's output: two of its tests, not a fixed number.
+    proc = mpirun(2, "--gtest_filter=AllToAll.*")
+    passed_on_every_rank(proc, 2)
+    assert re.findall(r"^\[  PASSED  \] (\d+) tests?\.$", proc.stdout, re.M) == ["2", "2"], proc.stdout
 
 
 @pytest.mark.parametrize("np,mesh", [(4, "data_parallel=2,tensor_parallel=2"),
