@@ -28,6 +28,8 @@ const char* ConfigTypeName(ConfigType type) {
       return "an array of strings";
     case ConfigType::kIntOrString:
       return "an integer or a string";
+    case ConfigType::kBoolOrString:
+      return "true, false or a string";
   }
   return "?";
 }
@@ -77,6 +79,10 @@ bool Convert(const toml::node& node, ConfigType type, ConfigValue* out) {
       return false;
     case ConfigType::kIntOrString:
       if (auto v = node.value_exact<int64_t>()) return *out = *v, true;
+      if (auto v = node.value_exact<std::string>()) return *out = *v, true;
+      return false;
+    case ConfigType::kBoolOrString:
+      if (auto v = node.value_exact<bool>()) return *out = std::string(*v ? "true" : "false"), true;
       if (auto v = node.value_exact<std::string>()) return *out = *v, true;
       return false;
     case ConfigType::kStringList: {
@@ -236,7 +242,8 @@ void Config::ApplyOverride(const std::string& assignment) {
     }
   } catch (const toml::parse_error&) {
     if (IsBareWord(text) &&
-        (spec->type == ConfigType::kString || spec->type == ConfigType::kIntOrString)) {
+        (spec->type == ConfigType::kString || spec->type == ConfigType::kIntOrString ||
+         spec->type == ConfigType::kBoolOrString)) {
       value = text;  // a bare word is taken as a string
       converted = true;
     } else if (IsBareWord(text)) {

@@ -17,7 +17,9 @@ namespace crucible {
 
 using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>>;
 
-enum class ConfigType { kBool, kInt, kFloat, kString, kStringList, kIntOrString };
+// kBoolOrString holds a string: a TOML boolean is read as its spelling, "true" or "false" (a key
+// whose words include true and false, like model.tie_embeddings's true, false or flavor).
+enum class ConfigType { kBool, kInt, kFloat, kString, kStringList, kIntOrString, kBoolOrString };
 
 // The values a numeric key accepts: from `min` to `max`, either end open or closed (an infinite
 // end is no limit). A float key must also be finite. Keys of other types have no range.

@@ -54,7 +54,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "key/value heads (grouped-query attention); 0 takes the flavor's", true, kDimension},
       {"model.ffn_hidden_dim", T::kInt, V(int64_t{0}), "SwiGLU hidden size; 0 takes the flavor's",
        true, kDimension},
-      {"model.tie_embeddings", T::kString, V(std::string("flavor")),
+      {"model.tie_embeddings", T::kBoolOrString, V(std::string("flavor")),
        "share the input embedding with the output head: true, false, or flavor", true},
       {"model.rope_theta", T::kFloat, V(10000.0), "rotary embedding base", true, Above(0)},
       {"model.norm_eps", T::kFloat, V(1e-5), "RMSNorm epsilon (float32)", true,

@@ -58,6 +58,9 @@ TEST(Config, EveryDefaultHasTheTypeOfItsKey) {
         matches =
             std::holds_alternative<int64_t>(value) || std::holds_alternative<std::string>(value);
         break;
+      case ConfigType::kBoolOrString:
+        matches = std::holds_alternative<std::string>(value);
+        break;
     }
     EXPECT_TRUE(matches) << spec.key << " defaults to " << FormatConfigValue(value) << ", not "
                          << ConfigTypeName(spec.type);

@@ -183,6 +183,28 @@ TEST(LlamaSpec, PlansWhatItBuildsAndInitialisesAShardAsTheWhole) {
   }
 }
 
+// `crucible config keys` documents tie_embeddings as true, false or flavor: a TOML boolean is
+// taken as --set takes the word.
+TEST(LlamaSpec, TieEmbeddingsTakesATomlBoolean) {
+  for (const std::string value : {"true", "false"}) {
+    Config config = Config::Parse("[model]\ntie_embeddings = " + value + "\n", "tied.toml");
+    const ParameterTable table = BuildModelSpec(config)->BuildTable();
+    bool has_head = false;
+    for (const auto& p : table.params()) has_head |= p.name == "lm_head.weight";
+    EXPECT_EQ(has_head, value == "false") << value;
+    EXPECT_EQ(config.String("model.tie_embeddings"), value);
+  }
+  try {
+    Config::Parse("[model]\ntie_embeddings = 1\n", "tied.toml");
+    FAIL() << "an integer was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_STREQ(e.what(),
+                 "tied.toml:2: model.tie_embeddings: expected true, false or a string, got an "
+                 "integer");
+  }
+}
+
 TEST(LlamaHf, ConfigJsonReadsBackAsTheSameModel) {
   const std::shared_ptr<const ModelSpec> spec = Spec(kSmall);
   ASSERT_NE(spec->hf(), nullptr);
