@@ -156,7 +156,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "Muon/Mano: AdamW's decoupled weight decay (decay_norms/decay_embeddings apply)", true,
        AtLeast(0)},
       {"optimizer.ns_steps", T::kInt, V(int64_t{5}), "Muon: Newton-Schulz iterations", true,
-       AtLeast(1)},
+       Closed(1, 100)},
       {"optimizer.ns_precision", T::kString, V(std::string("fp32")),
        "Muon: Newton-Schulz in fp32, or bf16 (emulated exactly: bf16 values, fp32 sums)", true},
       {"optimizer.ns_warn_max", T::kFloat, V(100.0),

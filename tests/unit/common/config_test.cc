@@ -176,6 +176,20 @@ TEST(ConfigRange, OutOfRangeValueNamesWhereKeyValueAndRange) {
   EXPECT_NE(message.find(">= 1.17549e-38"), std::string::npos) << message;
 }
 
+// `crucible config keys` states the range the optimizer enforces, and a value far out of it is
+// printed as written, not through a double (2^63 - 1 would read ...808).
+TEST(ConfigRange, NsStepsIsOneToAHundredAndAnOutOfRangeValueIsPrintedAsWritten) {
+  const ConfigKeySpec* spec = Config::FindSpec("optimizer.ns_steps");
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(spec->range.Describe(spec->type), "an integer in [1, 100]");
+  std::string message;
+  Config config = Config::Parse("[optimizer]\nns_steps = 9223372036854775807\n", "m.toml");
+  EXPECT_EQ(ExitCodeOf([&] { config.Validate(); }, &message), kExitUsage);
+  EXPECT_EQ(message,
+            "m.toml:2: optimizer.ns_steps = 9223372036854775807 is out of range: expected an "
+            "integer in [1, 100]");
+}
+
 TEST(ConfigRange, RejectsNonFiniteAndMeaninglessValues) {
   for (const char* bad : {"optimizer.lr=inf",
                           "optimizer.lr=nan",
