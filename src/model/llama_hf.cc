@@ -74,7 +74,8 @@ double ReadRopeTheta(const nlohmann::json& c, const std::string& path) {
 }
 
 // Refuses (DataError naming the file and key) a config.json whose model crucible's Llama cannot
-// reproduce exactly: another activation, biases or RoPE. (The model_type chose this family.)
+// reproduce exactly: another activation, biases, a head_dim other than hidden_size/heads, or
+// another RoPE. (The model_type chose this family.)
 void RequireReproducible(const nlohmann::json& c, const std::string& path) {
   // A string value as 'text', anything else as JSON.
   auto quoted = [](const nlohmann::json& value) {
@@ -86,6 +87,17 @@ void RequireReproducible(const nlohmann::json& c, const std::string& path) {
   for (const char* key : {"attention_bias", "mlp_bias"})
     if (Boolean(c, key, false, path))
       throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
+  auto integer = [&](const char* key) {
+    return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : int64_t{0};
+  };
+  const int64_t head_dim = integer("head_dim"), hidden = integer("hidden_size"),
+                heads = integer("num_attention_heads");
+  if (c.contains("head_dim") && c["head_dim"].is_number_integer() && heads > 0 &&
+      hidden % heads == 0 && head_dim != hidden / heads)
+    throw DataError(StrFormat(
+        "%s: head_dim=%lld is not hidden_size/num_attention_heads=%lld: not supported (crucible's "
+        "Llama splits hidden_size evenly over the heads); use a model whose head_dim is that",
+        path.c_str(), (long long)head_dim, (long long)(hidden / heads)));
   ReadRopeTheta(c, path);
 }
 
@@ -160,11 +172,7 @@ std::vector<std::string> LlamaSpec::Differences(const nlohmann::json& c,
   if (kv != m.n_kv_heads)
     differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld",
                                     (long long)kv, (long long)m.n_kv_heads));
-  if (c.contains("head_dim") && c["head_dim"].is_number_integer() &&
-      c["head_dim"].get<int64_t>() != m.head_dim())
-    differences.push_back(StrFormat("head_dim=%lld vs dim/n_heads=%lld",
-                                    (long long)c["head_dim"].get<int64_t>(),
-                                    (long long)m.head_dim()));
+  // head_dim: RequireReproducible made it hidden_size / heads, compared above.
   real("rms_norm_eps", Number(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6), m.norm_eps,
        "model.norm_eps");
   real("rope_theta", ReadRopeTheta(c, path), m.rope_theta, "model.rope_theta");

@@ -276,6 +276,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq
     ("not-llama", {"model_type": "qwen2"}, "model_type 'qwen2'"),
     ("gelu", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("bias", {"attention_bias": True}, "attention_bias=true"),
+    ("head_dim", {"head_dim": 64}, "head_dim=64 is not hidden_size/num_attention_heads=32: not supported"),
 ]])
 def test_config_crucible_cannot_reproduce_is_refused_naming_file_and_key(tmp_path, case, keys, message):
     folder = tmp_path / case

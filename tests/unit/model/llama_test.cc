@@ -218,6 +218,7 @@ TEST(LlamaHf, ConfigJsonReadsBackAsTheSameModel) {
   EXPECT_EQ(read->BuildTable().total(), spec->BuildTable().total());
   nlohmann::json wider = config;
   wider["hidden_size"] = 64;
+  wider["head_dim"] = 16;  // hidden_size / heads, as transformers writes it
   EXPECT_EQ(spec->hf()->Differences(wider, "config.json"),
             std::vector<std::string>{"hidden_size=64 vs model.dim=32"});
 }
