@@ -73,7 +73,8 @@ CommandRun SetupEval(CLI::App& app) {
   app.add_option("--limit", o->limit, "score only the first N items / documents of each file")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-length", o->max_length,
-                 "context length in tokens (default: seq_len or max_position_embeddings)")
+                 "context length in tokens, at most the model's positions (default: seq_len or "
+                 "max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("-q,--quiet", o->quiet, "no phase=eval heartbeats");
   return [o]() {

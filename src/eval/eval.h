@@ -44,7 +44,8 @@ struct EvalModel {
 // model.safetensors, with the run's config.toml), one checkpoint folder (ckpt/step-<n>), or a
 // Hugging Face folder (config.json + model.safetensors + tokenizer.json, as `crucible export hf`
 // writes). `tokenizer_path` overrides the tokenizer (needed when [model] tokenizer_path is
-// unset or relative to another folder); `max_length` > 0 overrides the context length.
+// unset or relative to another folder); `max_length` > 0 overrides the context length, up to the
+// model's positions (training.seq_len, max_position_embeddings; UsageError above them).
 EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_path,
                         int64_t max_length);
 

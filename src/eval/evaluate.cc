@@ -28,6 +28,16 @@ Tokenizer LoadTokenizerFor(const std::string& path, const std::string& origin) {
   return Tokenizer::Load(path);
 }
 
+// A --max-length above the positions the model was made for (`positions`, named by `source`; 0:
+// not stated) is refused before its weights are read.
+void RequireWithinPositions(int64_t max_length, int64_t positions, const std::string& source) {
+  if (positions > 0 && max_length > positions)
+    throw UsageError(StrFormat(
+        "--max-length %lld is more than the model's %lld positions (%s); "
+        "give at most %lld",
+        (long long)max_length, (long long)positions, source.c_str(), (long long)positions));
+}
+
 void FinishModel(EvalModel& model, int64_t max_length) {
   if (max_length > 0) model.max_length = max_length;
   if (model.max_length <= 0) throw UsageError("--max-length must be positive");
@@ -112,6 +122,8 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
     model.kind = "hf";
     int64_t max_positions = 0;
     model.spec = ReadHfModelSpec(path, &max_positions);
+    RequireWithinPositions(max_length, max_positions,
+                           "max_position_embeddings of " + JoinPath(path, "config.json"));
     const ParameterTable table = model.spec->BuildTable();
     model.weights.resize(table.total());
     ImportHfModel(path, *model.spec, table, model.weights.data());
@@ -144,6 +156,8 @@ EvalModel LoadEvalModel(const std::string& path, const std::string& tokenizer_pa
   }
   Config config = Config::Parse(ReadConfigFile(config_path), config_path);
   model.spec = BuildModelSpec(config);
+  RequireWithinPositions(max_length, config.Int("training.seq_len"),
+                         "training.seq_len of " + config_path);
   const ParameterTable table = model.spec->BuildTable();
   model.weights.resize(table.total());
   LoadModelWeights(weights_path, table, model.weights.data());

@@ -144,6 +144,19 @@ def test_missing_inputs_are_usage_errors(model, tmp_path):
     assert proc.returncode == 65 and "model.safetensors" in proc.stderr, proc.stderr
 
 
+def test_a_max_length_beyond_the_models_positions_is_a_usage_error_naming_both(model, tmp_path):
+    root, run, hf, tokenizer = model  # trained and exported with 128 positions (training.seq_len)
+    task = small_task("kjv_next_verse", tmp_path / "kjv.jsonl", 2)
+    for target, source in ((hf, f"max_position_embeddings of {hf}/config.json"),
+                           (run, f"training.seq_len of {run}/")):
+        proc = evaluate(target, "--tasks", task, "--max-length", 2000000000, check=False)
+        assert proc.returncode == 2, (target, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "--max-length 2000000000 is more than the model's 128 positions" in proc.stderr, proc.stderr
+        assert source in proc.stderr, proc.stderr
+    evaluate(hf, "--tasks", task, "--max-length", 128, "-q")
+
+
 def test_limit_scores_only_the_first_items(model, tmp_path):
     root, run, hf, tokenizer = model
     task = small_task("fortune_ending", tmp_path / "fortune.jsonl", 10)
