@@ -3,7 +3,8 @@
 // scores them, so `crucible eval` and `lm_eval --model hf` on an export agree item by item.
 //
 // Multiple choice. Each choice is a request (context, " " + choice) (target_delimiter " ").
-// Trailing whitespace of the context moves to the front of the continuation; the continuation's
+// Trailing whitespace of the context (Python's rstrip(), eval/python_text.h) moves to the front
+// of the continuation; the continuation's
 // tokens are encode(context + continuation)[len(encode(context)):], without special tokens; the
 // model reads the last max_length + 1 tokens of context + continuation minus the final one, and
 // the request's log-likelihood is the sum of the continuation tokens' log-probabilities.
@@ -15,7 +16,8 @@
 // Perplexity. Each document is encoded whole and scored in lm-eval's rolling windows (prefix
 // token, then disjoint windows of max_length predicted tokens, each with the longest context
 // that fits). bits_per_byte = total nats / (UTF-8 bytes * ln 2), byte and word perplexity as
-// lm-eval's weighted_perplexity (words = re.split(r"\s+", text)), token perplexity per token.
+// lm-eval's weighted_perplexity (words = re.split(r"\s+", text), Unicode whitespace as Python's
+// re), token perplexity per token.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +68,8 @@ struct ChoiceTask {
 
 // Reads a JSONL task, one JSON object per line (blank lines skipped), every line of one shape:
 //   hellaswag: ctx, endings, label (int or digit string); with activity_label, ctx_a and ctx_b the
-//              context and endings get lm-eval's hellaswag preprocessing
+//              context and endings get lm-eval's hellaswag preprocessing, with Python's Unicode
+//              strip() and capitalize()
 //   arc:       question, choices {text: [...], label: [...]}, answerKey; context is
 //              "Question: <question>\nAnswer:" (lm-eval's arc_easy / arc_challenge)
 //   generic:   context, choices, gold (int)

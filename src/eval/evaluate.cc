@@ -11,6 +11,7 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "eval/eval.h"
+#include "eval/python_text.h"
 #include "eval/scorer.h"
 
 namespace crucible {
@@ -88,18 +89,6 @@ std::vector<TokenRequest> RollingWindows(const std::vector<uint32_t>& tokens, ui
     predicted = end;
   }
   return windows;
-}
-
-int64_t PythonWordCount(const std::string& text) {
-  // len(re.split(r"\s+", text)): whitespace runs + 1.
-  int64_t runs = 0;
-  bool in_space = false;
-  for (unsigned char c : text) {
-    bool space = c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-    if (space && !in_space) ++runs;
-    in_space = space;
-  }
-  return runs + 1;
 }
 
 // How many of `available` items or documents an evaluation scores (--limit N: the first N).
@@ -183,13 +172,9 @@ ChoiceResult EvaluateChoiceTask(const EvalModel& model, const ChoiceTask& task,
   std::vector<std::pair<int64_t, int>> owner;
   for (int64_t i = 0; i < items; ++i) {
     const ChoiceItem& item = task.items[i];
-    std::string context = item.context;
-    size_t kept = context.size();
-    while (kept > 0 &&
-           (context[kept - 1] == ' ' || (context[kept - 1] >= '\t' && context[kept - 1] <= '\r')))
-      --kept;
-    const std::string moved = context.substr(kept);
-    context.resize(kept);
+    // lm-eval's _encode_pair: the context's rstrip() (Unicode whitespace) moves to the front.
+    const std::string context = PythonRstrip(item.context);
+    const std::string moved = item.context.substr(context.size());
     for (int c = 0; c < static_cast<int>(item.choices.size()); ++c) {
       texts.push_back(context);
       texts.push_back(context + moved + " " + item.choices[c]);

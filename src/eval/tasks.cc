@@ -7,6 +7,7 @@
 #include "common/lines.h"
 #include "common/strings.h"
 #include "eval/eval.h"
+#include "eval/python_text.h"
 
 namespace crucible {
 namespace {
@@ -18,17 +19,6 @@ std::string StemOf(const std::string& path) {
   return name;
 }
 
-bool IsPythonSpace(unsigned char c) {
-  return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-}
-
-std::string StripSpace(const std::string& text) {
-  size_t begin = 0, end = text.size();
-  while (begin < end && IsPythonSpace(text[begin])) ++begin;
-  while (end > begin && IsPythonSpace(text[end - 1])) --end;
-  return text.substr(begin, end - begin);
-}
-
 std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
   std::string out;
   size_t pos = 0;
@@ -37,14 +27,16 @@ std::string ReplaceAll(std::string text, const std::string& from, const std::str
   return out + text.substr(pos);
 }
 
-// lm-eval's hellaswag preprocess(): strip, " [title]" -> ". ", drop "[...]", "  " -> " ".
+// lm-eval's hellaswag preprocess(): strip() (Unicode whitespace), " [title]" -> ". ", drop
+// re.sub("\\[.*?\\]", ""): a "[" up to the first "]" with no newline between ("." does not
+// match one), then "  " -> " ".
 std::string HellaswagPreprocess(const std::string& raw) {
-  std::string text = ReplaceAll(StripSpace(raw), " [title]", ". ");
+  std::string text = ReplaceAll(PythonStrip(raw), " [title]", ". ");
   std::string kept;
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '[') {
-      size_t close = text.find(']', i + 1);
-      if (close != std::string::npos) {
+      const size_t close = text.find(']', i + 1);
+      if (close != std::string::npos && text.find('\n', i + 1) > close) {
         i = close;
         continue;
       }
@@ -52,16 +44,6 @@ std::string HellaswagPreprocess(const std::string& raw) {
     kept += text[i];
   }
   return ReplaceAll(kept, "  ", " ");
-}
-
-// Python's str.capitalize() on ASCII letters: first upper, the rest lower.
-std::string Capitalize(std::string text) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    unsigned char c = text[i];
-    if (c >= 0x80) continue;
-    text[i] = static_cast<char>(i == 0 ? std::toupper(c) : std::tolower(c));
-  }
-  return text;
 }
 
 struct LineContext {
@@ -111,7 +93,7 @@ ChoiceItem ParseItem(const nlohmann::json& doc, const std::string& shape, const 
     if (doc.contains("activity_label") && doc.contains("ctx_a") && doc.contains("ctx_b")) {
       item.context = HellaswagPreprocess(StringField(doc, "activity_label", at) + ": " +
                                          StringField(doc, "ctx_a", at) + " " +
-                                         Capitalize(StringField(doc, "ctx_b", at)));
+                                         PythonCapitalize(StringField(doc, "ctx_b", at)));
       for (auto& choice : item.choices) choice = HellaswagPreprocess(choice);
     } else {
       item.context = StringField(doc, "ctx", at);

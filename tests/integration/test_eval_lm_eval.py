@@ -13,6 +13,7 @@ tokenizer_config.json); "current" is lm-eval 0.4.13 with transformers 5 on torch
 auto, the tokenizer's own BOS/EOS), as a user runs it. lm-eval runs only in a subprocess,
 offline."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -128,3 +129,96 @@ def test_crucible_eval_matches_lm_eval(tmp_path, tmp_path_factory, lm_eval_env):
     assert held_ours["bits_per_byte"] == pytest.approx(held_theirs["bits_per_byte,none"], rel=BPB_RTOL)
     assert held_ours["byte_perplexity"] == pytest.approx(held_theirs["byte_perplexity,none"], rel=BPB_RTOL)
     assert held_ours["word_perplexity"] == pytest.approx(held_theirs["word_perplexity,none"], rel=BPB_RTOL)
+
+
+# Text where Python's str differs from ASCII rules: capitalize() with full case mappings and the
+# final sigma, strip()/rstrip() and re's \s with Unicode whitespace.
+CTX_B_STARTS = ["\u00e9t\u00e9 ", "la \u00c9COLE ", "\u039f\u0394\u039f\u03a3 ", "\u00df ", "\ufb03 ", "\u01c6 ",
+                "\u0130STANBUL ", "\u0149 ", "\u039f\u03a3'\u0391 ", "\u00c0 LA CAF\u00c9 ", "\u1f80 ", "\u03a3\u03a3 "]
+SPACES = ["\u00a0", "\u3000", "\u2009", "\u0085", "\u2028", "\x1c", "\u202f", "\u1680"]
+
+
+def unicode_hellaswag(out):
+    """HellaSwag items (activity_label, ctx_a, ctx_b, endings) from the fortune task, with non-ASCII
+    text where str.capitalize() and str.strip() act."""
+    lines = (REPO / "configs/tasks/fortune_ending.jsonl").read_text().splitlines()
+    docs = []
+    for i, start in enumerate(CTX_B_STARTS):
+        doc = json.loads(lines[i])
+        words = doc["ctx"].split(" ")
+        half = len(words) // 2
+        space = SPACES[i % len(SPACES)]
+        ctx_a = " ".join(words[:half]) + (space if i % 3 == 0 else "")
+        ctx_b = start + " ".join(words[half:]) + (space if i % 2 else "")
+        endings = [e.replace("[", "(").replace("]", ")") for e in doc["endings"]]  # none preprocesses to ""
+        endings = [space + e if k == 0 else e + SPACES[(i + k) % len(SPACES)] for k, e in enumerate(endings)]
+        if i % 4 == 1:
+            endings[2] = "[note\n" + endings[2] + "] " + endings[2]  # "." does not cross the newline
+        docs.append({"activity_label": ("\u3000" if i % 2 else "") + "Fortune", "ctx_a": ctx_a, "ctx_b": ctx_b,
+                     "ctx": ctx_a + " " + ctx_b, "endings": endings, "label": doc["label"]})
+    out.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return out
+
+
+def unicode_generic(out):
+    """Verse items whose context ends in Unicode whitespace (moved to the continuation by rstrip())."""
+    docs = []
+    for i, line in enumerate((REPO / "configs/tasks/kjv_next_verse.jsonl").read_text().splitlines()[:len(SPACES)]):
+        doc = json.loads(line)
+        docs.append(dict(doc, context=doc["context"] + SPACES[i]))
+    out.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return out
+
+
+def test_unicode_whitespace_and_case_mapping_match_lm_eval(tmp_path, tmp_path_factory, lm_eval_env):
+    run, hf, tokenizer = trained_model(tmp_path_factory)
+    include = tmp_path / "lm_eval_tasks"
+    include.mkdir()
+    # lm-eval's own hellaswag processing (utils.process_docs and the fields of hellaswag.yaml).
+    (include / "hellaswag_utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # noqa\n")
+    metrics = ("metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+               "  - metric: acc_norm\n    aggregation: mean\n    higher_is_better: true\n")
+    tasks = {"hs_unicode": unicode_hellaswag(tmp_path / "hs_unicode.jsonl"),
+             "verse_spaces": unicode_generic(tmp_path / "verse_spaces.jsonl")}
+    fields = {"hs_unicode": 'process_docs: !function hellaswag_utils.process_docs\ndoc_to_text: "{{query}}"\n'
+                            'doc_to_target: "{{label}}"\ndoc_to_choice: "choices"',
+              "verse_spaces": YAMLS["kjv_next_verse"][1]}
+    for name, data in tasks.items():
+        (include / f"{name}.yaml").write_text(
+            f"task: crucible_{name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            f"test_split: test\noutput_type: multiple_choice\n{fields[name]}\n{metrics}")
+    verses = [json.loads(line)["context"] for line in (REPO / "configs/tasks/kjv_next_verse.jsonl").read_text().splitlines()]
+    documents = [space.join(verses[10 * i + k] for k in range(10)).replace(" ", space if i % 2 else " ")
+                 for i, space in enumerate(SPACES)]
+    documents.append("\u00a0".join(verses[100:110]) + "\u3000\u2028")
+    held = tmp_path / "held_unicode.jsonl"
+    held.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    (include / "held_unicode.yaml").write_text(
+        f"task: crucible_held_unicode\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {held}\n"
+        'test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: "{{text}}"\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+
+    names = [f"crucible_{n}" for n in tasks] + ["crucible_held_unicode"]
+    theirs = run_lm_eval(lm_eval_env, hf, include, names, tmp_path / "lm_eval.json", tmp_path / "hf_home")
+    run_crucible("eval", hf, "--tasks", *tasks.values(), "--text", held, "--json", tmp_path / "ours.json",
+                 "--predictions", tmp_path / "ours.jsonl", env=ENV)
+    ours = json.loads((tmp_path / "ours.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
+
+    for name in tasks:
+        mine = [r for r in rows if r["task"] == name]
+        samples = sorted(theirs["samples"][f"crucible_{name}"], key=lambda s: s["doc_id"])
+        assert len(samples) == len(mine) > 0
+        worst = max(float(np.abs(np.array(s["lls"]) - np.array(r["loglikelihoods"])).max())
+                    for r, s in zip(mine, samples))
+        print(f"{lm_eval_env.stack} {name}: max |ll_crucible - ll_lm_eval| = {worst:.3g} nats")
+        assert worst < LL_ATOL, name
+        for row, sample in zip(mine, samples):
+            assert (row["acc"], row["acc_norm"]) == (sample["acc"], sample["acc_norm"]), (name, row, sample)
+    held_ours, held_theirs = ours["perplexity"]["held_unicode"], theirs["results"]["crucible_held_unicode"]
+    words = sum(len(re.split(r"\s+", d)) for d in documents)
+    print(f"{lm_eval_env.stack} words: crucible {held_ours['words']} Python {words}; word_perplexity "
+          f"{held_ours['word_perplexity']:.6f} vs lm-eval {held_theirs['word_perplexity,none']:.6f}")
+    assert held_ours["words"] == words
+    assert held_ours["word_perplexity"] == pytest.approx(held_theirs["word_perplexity,none"], rel=BPB_RTOL)
+    assert held_ours["bits_per_byte"] == pytest.approx(held_theirs["bits_per_byte,none"], rel=BPB_RTOL)

@@ -76,6 +76,20 @@ TEST(ChoiceTask, HellaswagPreprocessingAsLmEval) {
   EXPECT_EQ(task.items[0].gold, 3);
 }
 
+TEST(ChoiceTask, HellaswagPreprocessingStripsAndCapitalizesAsPythonDoes) {
+  // Expected: lm-eval's preprocess() and str.capitalize() run by Python 3.11 on this item.
+  ChoiceTask task = LoadChoiceTask(WriteTemp(
+      "hs_unicode.jsonl",
+      "{\"activity_label\": \"\\u3000Cooking\", \"ctx_a\": \"Stir the soup\\u00a0\", \"ctx_b\": "
+      "\"\\u00e9 la \\u00c9COLE \\u039f\\u0394\\u039f\\u03a3 \\ufb03\", \"ctx\": \"unused\", "
+      "\"endings\": [\"\\u00a0[a\\nb] done [x].\\u2009\", \"b\"], \"label\": 0}\n"));
+  ASSERT_EQ(task.items.size(), 1u);
+  EXPECT_EQ(task.items[0].context,
+            "Cooking: Stir the soup\u00a0 \u00c9 la \u00e9cole \u03bf\u03b4\u03bf\u03c2 \ufb03");
+  // Python's "." does not match a newline, so "[a\nb]" stays.
+  EXPECT_EQ(task.items[0].choices[0], "[a\nb] done .");
+}
+
 TEST(ChoiceTask, LabelOutOfRangeNamesFileAndLine) {
   std::string message;
   EXPECT_EQ(
