@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -162,6 +163,23 @@ void CheckUncarriedEntryIsZero(const SafetensorsReader& file, const std::string&
           "keeps no such state for that tensor; the checkpoint was not written by this "
           "optimizer's configuration",
           file.source().c_str(), entry.c_str(), static_cast<double>(values[k]), k));
+}
+
+// DataError when values[0, count), tensor `entry` of `file` in checkpoint `dir` of step `step`,
+// hold a NaN or an infinity (training from them would only give non-finite updates), naming the
+// newest checkpoint from before it to roll back to.
+void RequireFinite(const std::string& dir, int64_t step, const std::string& file,
+                   const std::string& entry, const float* values, size_t count) {
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += !std::isfinite(values[i]);
+  if (bad == 0) return;
+  const std::string before = NewestCheckpointBefore(ParentDirectory(dir), step);
+  throw DataError(StrFormat(
+      "%s/%s: tensor '%s' holds %zu non-finite value%s (NaN or infinity) of %zu: training from "
+      "this checkpoint would only give non-finite updates; %s",
+      dir.c_str(), file.c_str(), entry.c_str(), bad, bad == 1 ? "" : "s", count,
+      before.empty() ? "no checkpoint from before it is kept: start over with --resume none"
+                     : ("roll back to " + before + " (--resume " + before + ")").c_str()));
 }
 
 std::string ReadSmallFile(const std::string& path) {
@@ -570,8 +588,14 @@ nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& tabl
   if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer())
     throw DataError(state_path + ": no integer 'step'");
 
+  const int64_t step = state["step"].get<int64_t>();
+  // Every value is scanned as a model file's are: a checkpoint verifies by its checksums even
+  // when the state it holds is not finite.
   SafetensorsReader model(JoinPath(dir, "model.safetensors"));
-  for (const auto& p : table.params()) model.ReadFloat32(p.name, p.shape, weights + p.offset);
+  for (const auto& p : table.params()) {
+    model.ReadFloat32(p.name, p.shape, weights + p.offset);
+    RequireFinite(dir, step, "model.safetensors", p.name, weights + p.offset, p.numel);
+  }
   if (state.contains("weights_xxh3")) {
     std::string hash = HexU64(Hash64(weights, table.total() * sizeof(float)));
     if (hash != state["weights_xxh3"].get<std::string>())
@@ -584,6 +608,7 @@ nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& tabl
     if (per_tensor == 0 && carried.empty() &&
         (!CoversWholeTable(table, optimizer_begin, buffer->size()) || optimizer.Find(state_name))) {
       optimizer.ReadFloat32(state_name, {static_cast<int64_t>(buffer->size())}, buffer->data());
+      RequireFinite(dir, step, "optimizer.safetensors", state_name, buffer->data(), buffer->size());
       continue;
     }
     const std::vector<size_t> offsets =
@@ -591,10 +616,13 @@ nlohmann::json LoadCheckpoint(const std::string& dir, const ParameterTable& tabl
     for (size_t t = 0; t < table.params().size(); ++t) {
       const ParamInfo& p = table.params()[t];
       const std::string entry = state_name + "." + p.name;
-      if (offsets[t] == kNone)
+      if (offsets[t] == kNone) {
         CheckUncarriedEntryIsZero(optimizer, entry, StateShape(p, per_tensor));
-      else
-        optimizer.ReadFloat32(entry, StateShape(p, per_tensor), buffer->data() + offsets[t]);
+        continue;
+      }
+      optimizer.ReadFloat32(entry, StateShape(p, per_tensor), buffer->data() + offsets[t]);
+      RequireFinite(dir, step, "optimizer.safetensors", entry, buffer->data() + offsets[t],
+                    per_tensor > 0 ? per_tensor : p.numel);
     }
   }
   return state;

@@ -98,6 +98,13 @@ def rewrite_in_old_layout(checkpoint, params, nonzero=None):
                 if entry == nonzero:
                     tensors[entry].flat[0] = 1.0
     write_safetensors(path, dict(sorted(tensors.items())), metadata)
+    refresh_manifest(checkpoint)
+    return len(tensors) - len(state)
+
+
+def refresh_manifest(checkpoint):
+    """MANIFEST and COMPLETE after optimizer.safetensors was rewritten: the checkpoint verifies."""
+    path = checkpoint / "optimizer.safetensors"
     manifest = (checkpoint / "MANIFEST").read_text().splitlines()
     data = path.read_bytes()
     manifest = [f"{xxh3_128(data)} {len(data)} optimizer.safetensors" if line.endswith(" optimizer.safetensors")
@@ -106,7 +113,6 @@ def rewrite_in_old_layout(checkpoint, params, nonzero=None):
     complete = (checkpoint / "COMPLETE").read_text()
     manifest_hash = xxh3_128((checkpoint / "MANIFEST").read_bytes())
     (checkpoint / "COMPLETE").write_text(re.sub(r"manifest_xxh3=\w+", f"manifest_xxh3={manifest_hash}", complete))
-    return len(tensors) - len(state)
 
 
 def test_a_checkpoint_with_every_state_for_every_tensor_resumes_bit_exactly_unless_an_extra_is_not_zero(tmp_path):
@@ -136,6 +142,34 @@ def test_a_checkpoint_with_every_state_for_every_tensor_resumes_bit_exactly_unle
     assert proc.returncode == 65, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("crucible: error:")]
     assert len(errors) == 1 and entry in errors[0] and "non-zero" in errors[0], proc.stderr
+
+
+@pytest.mark.parametrize("optimizer, entry", [
+    (["optimizer.name=Muon"], "momentum_buffer.model.layers.0.mlp.up_proj.weight"),
+    (["optimizer.name=SophiaG", "optimizer.sophia_k=2", "optimizer.lr=0.003"], "hessian.model.norm.weight"),
+])
+def test_a_non_finite_optimizer_state_is_refused_at_load_naming_it_and_the_checkpoint_before(tmp_path, optimizer,
+                                                                                           entry):
+    # A NaN in a state the checkpoint verifies with (MANIFEST and COMPLETE rewritten for it): a
+    # SophiaG Hessian used to resume with 100% clipping, a Muon momentum to diverge at once and name
+    # this very checkpoint to roll back to.
+    run_dir = tmp_path / "run"
+    settings = optimizer + ["checkpoint.interval=3", "checkpoint.keep_latest_k=0"]
+    train(1, run_dir, settings + ["training.steps=6"])
+    path = run_dir / "ckpt/step-6/optimizer.safetensors"
+    state, metadata = read_safetensors(path)
+    state = {name: np.array(values) for name, values in state.items()}
+    state[entry].flat[1] = np.nan
+    write_safetensors(path, state, metadata)
+    refresh_manifest(run_dir / "ckpt/step-6")
+    proc = train(1, run_dir, settings + ["training.steps=8"], check=False)
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("crucible: error:")]
+    assert len(errors) == 1, proc.stderr
+    step3 = run_dir / "ckpt" / "step-3"
+    assert f"optimizer.safetensors: tensor '{entry}' holds 1 non-finite value" in errors[0], errors[0]
+    assert f"roll back to {step3} (--resume {step3})" in errors[0], errors[0]
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("step=7 ")]
 
 
 def rank0_state_bytes(params, world):

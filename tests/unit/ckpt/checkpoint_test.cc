@@ -97,6 +97,48 @@ TEST_F(CheckpointTest, PerTensorOptimizerStateIsStoredUnderEachParameterName) {
   EXPECT_EQ(m[3], 4.0f);
 }
 
+// Written so (NaN in the state itself, MANIFEST and COMPLETE consistent), a checkpoint verifies:
+// the load must look at the values, as a model load does, and name one from before it.
+TEST_F(CheckpointTest,
+       ANonFiniteOptimizerStateOrWeightIsRefusedNamingTheTensorAndAnEarlierCheckpoint) {
+  WriteCheckpoint(root_.string(), Snapshot(4), *table_, *model_);
+  CheckpointSnapshot poisoned = Snapshot(7);
+  const ParamInfo& last = table_->params().back();
+  poisoned.optimizer_state[1].values[last.offset + 3] = std::nanf("");
+  poisoned.optimizer_state[1].values[last.offset + 5] = INFINITY;
+  WriteCheckpoint(root_.string(), poisoned, *table_, *model_);
+  ASSERT_EQ(VerifyCheckpoint(Dir(7)), "");
+  std::vector<float> weights(table_->total()), m(table_->total()), v(table_->total());
+  auto load_error = [&](int64_t step) -> std::string {
+    try {
+      LoadCheckpoint(Dir(step), *table_, weights.data(), {{"exp_avg", &m}, {"exp_avg_sq", &v}}, 0);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitBadData);
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+      return e.what();
+    }
+    return "";
+  };
+  std::string what = load_error(7);
+  EXPECT_NE(what.find(Dir(7) + "/optimizer.safetensors: tensor 'exp_avg_sq." + last.name +
+                      "' holds 2 non-finite values"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("roll back to " + Dir(4) + " (--resume " + Dir(4) + ")"), std::string::npos)
+      << what;
+  EXPECT_EQ(load_error(4), "");
+  // A weight too, and with no checkpoint before it the advice says so.
+  CheckpointSnapshot bad_weight = Snapshot(2);
+  bad_weight.weights[table_->params()[0].offset] = -INFINITY;
+  WriteCheckpoint(root_.string(), bad_weight, *table_, *model_);
+  what = load_error(2);
+  EXPECT_NE(what.find(Dir(2) + "/model.safetensors: tensor '" + table_->params()[0].name +
+                      "' holds 1 non-finite value"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("no checkpoint from before it"), std::string::npos) << what;
+}
+
 TEST_F(CheckpointTest, VerifyNamesTheDamagedFile) {
   WriteCheckpoint(root_.string(), Snapshot(1), *table_, *model_);
   const std::string model = Dir(1) + "/model.safetensors";
