@@ -1,5 +1,5 @@
-// crucible tokenizer train|encode|decode|info: byte-level BPE tokenizers as Hugging Face
-// tokenizer.json files (see docs/tokenizer.md).
+// crucible tokenizer train|encode|decode|info: BPE tokenizers (byte-level; SentencePiece-style
+// to encode and decode) as Hugging Face tokenizer.json files (see docs/tokenizer.md).
 #include "tokenizer/tokenizer.h"
 
 #include <fcntl.h>

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <queue>
 
+#include "common/error.h"
+#include "tokenizer/utf8.h"
+
 namespace crucible {
 
 size_t StringHash::operator()(std::string_view s) const {
@@ -102,17 +105,69 @@ void WordCache::Insert(std::string_view word, uint64_t hash, const uint32_t* ids
 
 BpeModel::BpeModel(const std::array<int32_t, 256>& byte_ids,
                    const std::vector<std::array<uint32_t, 3>>& merges, TokenIdMap whole_words,
-                   bool ignore_merges)
-    : byte_ids_(byte_ids), whole_words_(std::move(whole_words)), ignore_merges_(ignore_merges) {
+                   bool ignore_merges, BpeUnits units)
+    : byte_ids_(byte_ids),
+      whole_words_(std::move(whole_words)),
+      ignore_merges_(ignore_merges),
+      units_(std::move(units)) {
   pairs_.Reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank)
     pairs_.Insert(merges[rank][0], merges[rank][1], static_cast<uint32_t>(rank), merges[rank][2]);
+  const bool missing_byte =
+      std::any_of(byte_ids_.begin(), byte_ids_.end(), [](int32_t id) { return id < 0; });
+  plain_bytes_ =
+      units_.byte_level && !(missing_byte && (units_.byte_fallback || units_.unk_id >= 0 ||
+                                              !units_.missing_unk_token.empty()));
+}
+
+void BpeModel::Units(std::string_view word, std::vector<uint32_t>* symbols) const {
+  bool pending_unk = false;
+  auto unit = [&](std::string_view spelling, int64_t id) {
+    if (id >= 0) {
+      if (pending_unk) symbols->push_back(static_cast<uint32_t>(units_.unk_id));
+      pending_unk = false;
+      symbols->push_back(static_cast<uint32_t>(id));
+      return;
+    }
+    if (units_.byte_fallback) {
+      bool all = true;
+      for (unsigned char b : spelling) all = all && units_.fallback_ids[b] >= 0;
+      if (all) {  // a pending unk stays pending, as in tokenizers
+        for (unsigned char b : spelling)
+          symbols->push_back(static_cast<uint32_t>(units_.fallback_ids[b]));
+        return;
+      }
+    }
+    if (!units_.missing_unk_token.empty())
+      throw DataError(units_.where + ": unk_token \"" + units_.missing_unk_token +
+                      "\" is not in the vocabulary, and the text holds a character that needs it");
+    if (units_.unk_id < 0) return;  // dropped, as tokenizers does without an unk token
+    if (pending_unk && !units_.fuse_unk) symbols->push_back(static_cast<uint32_t>(units_.unk_id));
+    pending_unk = true;
+  };
+  if (units_.byte_level) {
+    std::string spelling;
+    for (unsigned char b : word) {
+      spelling.clear();
+      AppendUtf8(ByteToCodepoint(b), &spelling);
+      unit(spelling, byte_ids_[b]);
+    }
+  } else {
+    for (size_t pos = 0; pos < word.size();) {
+      const size_t start = pos;
+      NextCodepoint(word, &pos);
+      const std::string_view c = word.substr(start, pos - start);
+      auto it = whole_words_.find(c);
+      unit(c, it == whole_words_.end() ? int64_t{-1} : int64_t{it->second});
+    }
+  }
+  if (pending_unk) symbols->push_back(static_cast<uint32_t>(units_.unk_id));
 }
 
 void BpeModel::EncodeWord(std::string_view word, BpeScratch& scratch,
                           std::vector<uint32_t>* out) const {
   if (word.empty()) return;
-  if (word.size() == 1) {  // a single byte is its own token under either path
+  if (word.size() == 1 && plain_bytes_) {  // a single byte is its own token under either path
     int32_t id = byte_ids_[static_cast<unsigned char>(word[0])];
     if (id >= 0) out->push_back(static_cast<uint32_t>(id));
     return;
@@ -125,8 +180,12 @@ void BpeModel::EncodeWord(std::string_view word, BpeScratch& scratch,
   if (whole != whole_words_.end()) {
     scratch.symbols.push_back(whole->second);
   } else {
-    for (unsigned char b : word)
-      if (byte_ids_[b] >= 0) scratch.symbols.push_back(static_cast<uint32_t>(byte_ids_[b]));
+    if (plain_bytes_) {
+      for (unsigned char b : word)
+        if (byte_ids_[b] >= 0) scratch.symbols.push_back(static_cast<uint32_t>(byte_ids_[b]));
+    } else {
+      Units(word, &scratch.symbols);
+    }
     MergeSymbols(scratch);
   }
   scratch.cache.Insert(word, hash, scratch.symbols.data(), scratch.symbols.size());

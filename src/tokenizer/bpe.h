@@ -82,15 +82,34 @@ struct StringHash {
 };
 using TokenIdMap = std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>>;
 
+// How a word's characters become its first symbols, as Hugging Face's BPE::merge_word does it:
+// each character's token, else (byte_fallback) the <0xNN> tokens of its UTF-8 bytes when all
+// exist, else the unk token (consecutive ones fused into one with fuse_unk), else nothing.
+struct BpeUnits {
+  // true: a word is raw bytes and byte b is spelled as the byte-level character for b (byte_ids);
+  // false: a word is UTF-8 text and each character is looked up in the vocabulary as written.
+  bool byte_level = true;
+  bool byte_fallback = false;
+  bool fuse_unk = false;
+  int64_t unk_id = -1;  // -1: no unk token
+  // The unk token when it is named but not in the vocabulary: encoding a character that needs it
+  // is an error (DataError naming `where`), as in tokenizers.
+  std::string missing_unk_token;
+  std::array<int32_t, 256> fallback_ids;  // id of <0xNN>, or -1
+  std::string where;
+  BpeUnits() { fallback_ids.fill(-1); }
+};
+
 class BpeModel {
  public:
   // byte_ids[b]: id of the single-byte token for byte b, or -1 (such bytes are dropped, as
   // Hugging Face drops characters missing from the vocabulary when there is no unk_token).
   // merges: (left, right, merged) in rank order. whole_words: raw bytes -> id of every model
-  // token, used when ignore_merges is set.
+  // token (byte-level units) or the vocabulary as written (character units), used when
+  // ignore_merges is set and to look characters up.
   BpeModel(const std::array<int32_t, 256>& byte_ids,
            const std::vector<std::array<uint32_t, 3>>& merges, TokenIdMap whole_words,
-           bool ignore_merges);
+           bool ignore_merges, BpeUnits units = BpeUnits());
 
   // Appends the ids of one pre-token.
   void EncodeWord(std::string_view word, BpeScratch& scratch, std::vector<uint32_t>* out) const;
@@ -100,11 +119,15 @@ class BpeModel {
  private:
   void MergeShort(BpeScratch& scratch) const;
   void MergeLong(BpeScratch& scratch) const;
+  // The first symbols of a word when units are characters or a byte can be missing.
+  void Units(std::string_view word, std::vector<uint32_t>* symbols) const;
 
   std::array<int32_t, 256> byte_ids_;
   PairTable pairs_;
   TokenIdMap whole_words_;
   bool ignore_merges_;
+  BpeUnits units_;
+  bool plain_bytes_ = true;  // byte-level units, every byte in the vocabulary or dropped
 };
 
 }  // namespace crucible

@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "tokenizer/oniguruma.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace crucible {
 
@@ -105,6 +106,9 @@ struct PreTokenizer::Step {
                      std::vector<std::string_view>* out) const = 0;
   virtual std::string Describe() const = 0;
   virtual bool is_byte_level() const { return false; }
+  virtual bool is_metaspace_first() const { return false; }
+  // Writes its pieces anew (into the arena) rather than cutting the ones it is given.
+  virtual bool rewrites() const { return false; }
 };
 
 namespace {
@@ -178,6 +182,60 @@ struct ByteLevelStep : PreTokenizer::Step {
   std::unique_ptr<Regex> regex;
 };
 
+// Metaspace: spaces become the replacement character, which is prepended to a piece that does
+// not start with it (prepend_scheme "always", or "first" for the piece that starts the original
+// text), and with `split` each piece is cut before every replacement character
+// (MergedWithNext).
+struct MetaspaceStep : PreTokenizer::Step {
+  enum class Scheme { kAlways, kFirst, kNever };
+  MetaspaceStep(std::string rep, Scheme s, bool sp)
+      : replacement(std::move(rep)), scheme(s), split(sp) {}
+  void Apply(const std::vector<std::string_view>& in, PreTokenizerScratch& scratch,
+             std::vector<std::string_view>* out) const override {
+    for (size_t i = 0; i < in.size(); ++i) {
+      std::string_view piece = in[i];
+      std::string rewritten;
+      rewritten.reserve(piece.size() + replacement.size());
+      const bool prepend = scheme == Scheme::kAlways ||
+                           (scheme == Scheme::kFirst && i == 0 && scratch.first_at_origin);
+      const bool starts =
+          piece.substr(0, 1) == " " || piece.substr(0, replacement.size()) == replacement;
+      if (prepend && !starts) rewritten += replacement;
+      for (char c : piece) {
+        if (c == ' ')
+          rewritten += replacement;
+        else
+          rewritten += c;
+      }
+      scratch.arena.push_back(std::move(rewritten));
+      std::string_view text = scratch.arena.back();
+      if (!split) {
+        out->push_back(text);
+        continue;
+      }
+      size_t start = 0;
+      for (size_t at = text.find(replacement, 1); at != std::string_view::npos;
+           at = text.find(replacement, at + replacement.size())) {
+        out->push_back(text.substr(start, at - start));
+        start = at;
+      }
+      out->push_back(text.substr(start));
+    }
+  }
+  bool is_metaspace_first() const override { return scheme == Scheme::kFirst; }
+  bool rewrites() const override { return true; }
+  std::string Describe() const override {
+    return std::string("Metaspace(") +
+           (scheme == Scheme::kAlways  ? "always"
+            : scheme == Scheme::kFirst ? "first"
+                                       : "never") +
+           (split ? ",split)" : ")");
+  }
+  std::string replacement;
+  Scheme scheme;
+  bool split;
+};
+
 Behavior ParseBehavior(const nlohmann::json& value, const std::string& where) {
   static const std::pair<const char*, Behavior> kNames[] = {
       {"Removed", Behavior::kRemoved},
@@ -230,9 +288,37 @@ void AddSteps(const nlohmann::json& value, const std::string& where,
     steps->push_back(std::make_unique<RegexSplitStep>(
         Pcre2NumericClass(), individual ? Behavior::kIsolated : Behavior::kContiguous, false,
         individual ? "Digits(individual)" : "Digits", where, /*translate=*/false));
+  } else if (type == "Metaspace") {
+    if (!value.contains("replacement") || !value["replacement"].is_string())
+      throw DataError(where + ": Metaspace pre_tokenizer needs a \"replacement\" character");
+    const std::string replacement = value["replacement"].get<std::string>();
+    size_t end = 0;
+    if (replacement.empty() || !IsValidUtf8(replacement) ||
+        (NextCodepoint(replacement, &end), end != replacement.size()))
+      throw DataError(where + ": Metaspace \"replacement\" must be one character, got " +
+                      value["replacement"].dump());
+    std::string scheme = value.contains("prepend_scheme") && value["prepend_scheme"].is_string()
+                             ? value["prepend_scheme"].get<std::string>()
+                             : "always";
+    if (value.contains("add_prefix_space") && value["add_prefix_space"] == false) {
+      if (scheme != "never" && value.contains("prepend_scheme"))
+        throw DataError(where + ": Metaspace: add_prefix_space does not match prepend_scheme");
+      scheme = "never";
+    }
+    MetaspaceStep::Scheme parsed;
+    if (scheme == "always")
+      parsed = MetaspaceStep::Scheme::kAlways;
+    else if (scheme == "first")
+      parsed = MetaspaceStep::Scheme::kFirst;
+    else if (scheme == "never")
+      parsed = MetaspaceStep::Scheme::kNever;
+    else
+      throw DataError(where + ": Metaspace: unknown prepend_scheme \"" + scheme + "\"");
+    steps->push_back(
+        std::make_unique<MetaspaceStep>(replacement, parsed, Bool(value, "split", true, where)));
   } else {
     throw DataError(where + ": unsupported pre_tokenizer type \"" + type +
-                    "\" (supported: ByteLevel, Split, Digits, Sequence)");
+                    "\" (supported: ByteLevel, Split, Digits, Metaspace, Sequence)");
   }
 }
 
@@ -247,16 +333,35 @@ std::unique_ptr<PreTokenizer> PreTokenizer::FromJson(const nlohmann::json& value
   return result;
 }
 
-void PreTokenizer::Split(std::string_view text, PreTokenizerScratch& scratch) const {
+void PreTokenizer::Split(std::string_view text, PreTokenizerScratch& scratch,
+                         bool at_origin) const {
   scratch.arena.clear();
   scratch.pieces.clear();
   if (text.empty()) return;
   scratch.pieces.push_back(text);
+  scratch.first_at_origin = at_origin;
   for (const auto& step : steps_) {
     scratch.next.clear();
+    const char* first = scratch.pieces.empty() ? nullptr : scratch.pieces.front().data();
     step->Apply(scratch.pieces, scratch, &scratch.next);
+    // A step that keeps the first piece's start (or rewrites it in place: Metaspace) keeps it
+    // at the origin; one that removed what began it does not.
+    if (scratch.next.empty() || (scratch.next.front().data() != first && !step->rewrites()))
+      scratch.first_at_origin = false;
     scratch.pieces.swap(scratch.next);
   }
+}
+
+bool PreTokenizer::has_byte_level() const {
+  for (const auto& step : steps_)
+    if (step->is_byte_level()) return true;
+  return false;
+}
+
+bool PreTokenizer::metaspace_first_after_other_step() const {
+  for (size_t i = 1; i < steps_.size(); ++i)
+    if (steps_[i]->is_metaspace_first()) return true;
+  return false;
 }
 
 bool PreTokenizer::byte_level_last() const {

@@ -4,10 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -41,30 +43,6 @@ bool IsNullOrEmptyString(const json& object, const char* key) {
   return it == object.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty());
 }
 
-// Accepts null, a ByteLevel decoder, or a Sequence of ByteLevel decoders.
-bool ParseDecoder(const json& value, const std::string& where) {
-  if (value.is_null()) return false;
-  const std::string type = value.value("type", "");
-  if (type == "ByteLevel") return true;
-  if (type == "Sequence" && value.contains("decoders") && value["decoders"].is_array()) {
-    bool any = false;
-    for (const auto& d : value["decoders"]) any = ParseDecoder(d, where) || any;
-    return any;
-  }
-  throw DataError(where + ": unsupported decoder " + Quote(type.empty() ? value.dump() : type) +
-                  " (supported: ByteLevel)");
-}
-
-void CheckNormalizer(const json& value, const std::string& where) {
-  if (value.is_null()) return;
-  const std::string type = value.value("type", "");
-  if (type == "Sequence" && value.contains("normalizers") && value["normalizers"].is_array() &&
-      value["normalizers"].empty())
-    return;
-  throw DataError(where + ": unsupported normalizer " + Quote(type.empty() ? value.dump() : type) +
-                  " (only byte-level BPE without a normalizer is supported)");
-}
-
 std::pair<std::string, std::string> ParseMerge(const json& merge, size_t index,
                                                const std::string& where) {
   if (merge.is_string()) {
@@ -91,14 +69,24 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
   Impl& t = *impl;
   t.name = parts.name;
   t.ignore_merges = parts.ignore_merges;
+  t.byte_fallback = parts.byte_fallback;
+  t.fuse_unk = parts.fuse_unk;
+  t.unk_token = parts.unk_token;
+  t.normalizer_json = std::move(parts.normalizer_json);
   t.pre_tokenizer_json = std::move(parts.pre_tokenizer_json);
   t.post_processor_json = std::move(parts.post_processor_json);
   t.decoder_json = std::move(parts.decoder_json);
+  t.normalizer = Normalizer::FromJson(t.normalizer_json, t.name);
   t.pre_tokenizer = PreTokenizer::FromJson(t.pre_tokenizer_json, t.name);
-  if (!t.pre_tokenizer->byte_level_last())
+  t.byte_level = t.pre_tokenizer->has_byte_level();
+  if (t.byte_level && !t.pre_tokenizer->byte_level_last())
     throw DataError(t.name + ": pre_tokenizer " + Quote(t.pre_tokenizer->Describe()) +
-                    " is not byte-level (a ByteLevel pre-tokenizer must come last, once)");
-  t.byte_level_decoder = ParseDecoder(t.decoder_json, t.name);
+                    " has a ByteLevel step that is not the last one (it must come last, once)");
+  if (t.pre_tokenizer->metaspace_first_after_other_step() && !t.normalizer->empty())
+    throw DataError(t.name +
+                    ": unsupported: a Metaspace with prepend_scheme \"first\" after "
+                    "another pre-tokenizer step, behind a normalizer");
+  t.decoder = Decoder::FromJson(t.decoder_json, t.name);
 
   // Model vocabulary.
   uint32_t max_id = 0;
@@ -108,21 +96,46 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
   }
   t.model_entries = t.model_vocab.size();
   std::array<int32_t, 256> byte_ids;
+  byte_ids.fill(-1);
   int missing_bytes = 0;
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    AppendUtf8(ByteToCodepoint(static_cast<uint8_t>(b)), &s);
-    auto it = t.model_vocab.find(s);
-    byte_ids[b] = it == t.model_vocab.end() ? -1 : static_cast<int32_t>(it->second);
-    missing_bytes += byte_ids[b] < 0;
+  if (t.byte_level) {
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      AppendUtf8(ByteToCodepoint(static_cast<uint8_t>(b)), &s);
+      auto it = t.model_vocab.find(s);
+      byte_ids[b] = it == t.model_vocab.end() ? -1 : static_cast<int32_t>(it->second);
+      missing_bytes += byte_ids[b] < 0;
+    }
   }
-  if (missing_bytes > 0 && !parts.unk_token.empty())
-    throw DataError(t.name + ": unsupported: unk_token " + Quote(parts.unk_token) + " with " +
-                    std::to_string(missing_bytes) + " bytes missing from the vocabulary");
+  BpeUnits units;
+  units.byte_level = t.byte_level;
+  units.byte_fallback = t.byte_fallback;
+  units.fuse_unk = t.fuse_unk;
+  units.where = t.name;
+  if (!t.unk_token.empty()) {
+    auto it = t.model_vocab.find(t.unk_token);
+    if (it == t.model_vocab.end())
+      units.missing_unk_token = t.unk_token;
+    else
+      units.unk_id = it->second;
+  }
+  if (t.byte_fallback)
+    for (int b = 0; b < 256; ++b) {
+      char spelling[8];
+      std::snprintf(spelling, sizeof(spelling), "<0x%02X>", b);
+      auto it = t.model_vocab.find(spelling);
+      units.fallback_ids[b] = it == t.model_vocab.end() ? -1 : static_cast<int32_t>(it->second);
+    }
+  t.model_options_matter =
+      !t.byte_level || (missing_bytes > 0 && (t.byte_fallback || !t.unk_token.empty()));
   TokenIdMap whole_words;
   std::string bytes;
-  for (const auto& [token, id] : t.model_vocab)
-    if (ByteLevelToBytes(token, &bytes)) whole_words.emplace(bytes, id);
+  for (const auto& [token, id] : t.model_vocab) {
+    if (!t.byte_level)
+      whole_words.emplace(token, id);
+    else if (ByteLevelToBytes(token, &bytes))
+      whole_words.emplace(bytes, id);
+  }
 
   // Merges, in rank order.
   t.merges.reserve(parts.merges.size());
@@ -137,7 +150,8 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
     };
     t.merges.push_back({find(left), find(right), find(left + right)});
   }
-  t.bpe = std::make_unique<BpeModel>(byte_ids, t.merges, std::move(whole_words), t.ignore_merges);
+  t.bpe = std::make_unique<BpeModel>(byte_ids, t.merges, std::move(whole_words), t.ignore_merges,
+                                     std::move(units));
 
   // Added tokens get their ids as Hugging Face's AddedVocabulary::add_tokens gives them.
   std::map<std::string, uint32_t> added_ids;
@@ -161,15 +175,27 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
     added_by_id[token.id] = token;
     max_id = std::max(max_id, token.id);
   }
+  // A normalized added token is matched, and decoded, by its normalized content.
+  std::map<uint32_t, std::string> normalized_content;
   std::vector<AddedToken> plain, normalized;
+  RegexScratch scratch;
   for (const auto& [id, token] : added_by_id) {
     t.added_tokens.push_back(token);
-    (token.normalized ? normalized : plain).push_back(token);
+    if (!token.normalized) {
+      plain.push_back(token);
+      continue;
+    }
+    AddedToken matched = token;
+    if (!t.normalizer->empty()) {
+      t.normalizer->Normalize(token.content, &matched.content, scratch);
+      if (matched.content != token.content) normalized_content[id] = matched.content;
+    }
+    if (!matched.content.empty()) normalized.push_back(std::move(matched));
   }
   t.added_raw = AddedTokenMatcher(plain);
   t.added_normalized = AddedTokenMatcher(normalized);
 
-  // Id -> token and id -> decoded bytes.
+  // Id -> token, the string decoding starts from, and (ByteLevel decoder) decoded bytes.
   t.vocab_size = (t.model_vocab.empty() && t.added_tokens.empty()) ? 0 : int64_t{max_id} + 1;
   t.id_to_token.assign(t.vocab_size, std::string());
   t.id_known.assign(t.vocab_size, 0);
@@ -181,16 +207,21 @@ std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::Build(Parts parts) {
   for (const AddedToken& token : t.added_tokens) {
     t.id_to_token[token.id] = token.content;
     t.id_known[token.id] = 1;
-    t.id_special[token.id] = token.special;
   }
-  // Special status follows the token string, as in Hugging Face's decode.
-  for (size_t id = 0; id < t.id_to_token.size(); ++id)
-    if (auto it = added_ids.find(t.id_to_token[id]); t.id_known[id] && it != added_ids.end())
-      t.id_special[id] = added_by_id[it->second].special;
-  t.id_to_bytes.resize(t.vocab_size);
-  for (size_t id = 0; id < t.id_to_token.size(); ++id)
-    if (!t.byte_level_decoder || !ByteLevelToBytes(t.id_to_token[id], &t.id_to_bytes[id]))
-      t.id_to_bytes[id] = t.id_to_token[id];
+  t.id_to_decode = t.id_to_token;
+  for (const auto& [id, content] : normalized_content) t.id_to_decode[id] = content;
+  // Special status follows the string decoded, as in Hugging Face's decode.
+  std::set<std::string> special_contents;
+  for (const AddedToken& token : t.added_tokens)
+    if (token.special) special_contents.insert(token.content);
+  for (size_t id = 0; id < t.id_to_decode.size(); ++id)
+    t.id_special[id] = t.id_known[id] && special_contents.count(t.id_to_decode[id]) > 0;
+  if (t.decoder->byte_level_only()) {
+    t.id_to_bytes.resize(t.vocab_size);
+    for (size_t id = 0; id < t.id_to_decode.size(); ++id)
+      if (!ByteLevelToBytes(t.id_to_decode[id], &t.id_to_bytes[id]))
+        t.id_to_bytes[id] = t.id_to_decode[id];
+  }
 
   std::vector<std::pair<std::string, int64_t>> added;
   for (const AddedToken& token : t.added_tokens) added.emplace_back(token.content, token.id);
@@ -214,7 +245,6 @@ Tokenizer Tokenizer::FromJson(std::string_view json_text, const std::string& nam
   for (const char* key : {"truncation", "padding"})
     if (root.contains(key) && !root[key].is_null())
       LogWarn(name + ": \"" + key + "\" is ignored: crucible never truncates or pads");
-  CheckNormalizer(root.value("normalizer", json()), name);
 
   if (!root.contains("model") || !root["model"].is_object())
     throw DataError(name + ": no \"model\" object");
@@ -227,15 +257,15 @@ Tokenizer Tokenizer::FromJson(std::string_view json_text, const std::string& nam
       !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
     throw DataError(name + ": unsupported: BPE dropout " + model["dropout"].dump());
   if (!IsNullOrEmptyString(model, "continuing_subword_prefix"))
-    throw DataError(name + ": unsupported: continuing_subword_prefix in a byte-level BPE");
+    throw DataError(name + ": unsupported: continuing_subword_prefix in a BPE");
   if (!IsNullOrEmptyString(model, "end_of_word_suffix"))
-    throw DataError(name + ": unsupported: end_of_word_suffix in a byte-level BPE");
-  if (OptionalBool(model, "byte_fallback", false, name))
-    throw DataError(name + ": unsupported: byte_fallback (a sentencepiece-style BPE)");
+    throw DataError(name + ": unsupported: end_of_word_suffix in a BPE");
 
   Impl::Parts parts;
   parts.name = name;
   parts.ignore_merges = OptionalBool(model, "ignore_merges", false, name);
+  parts.byte_fallback = OptionalBool(model, "byte_fallback", false, name);
+  parts.fuse_unk = OptionalBool(model, "fuse_unk", false, name);
   if (model.contains("unk_token") && model["unk_token"].is_string())
     parts.unk_token = model["unk_token"].get<std::string>();
   if (!model.contains("vocab") || !model["vocab"].is_object())
@@ -278,6 +308,7 @@ Tokenizer Tokenizer::FromJson(std::string_view json_text, const std::string& nam
       parts.added_tokens.push_back(std::move(token));
     }
   }
+  parts.normalizer_json = root.value("normalizer", json());
   parts.pre_tokenizer_json = root.value("pre_tokenizer", json());
   parts.post_processor_json = root.value("post_processor", json());
   parts.decoder_json = root.value("decoder", json());
@@ -295,7 +326,7 @@ struct Tokenizer::Impl::EncoderState {
   PreTokenizerScratch pre;
   BpeScratch bpe;
   std::vector<TextSegment> segments, raw_segments;
-  std::string repaired;
+  std::string repaired, normalized;
 };
 
 Tokenizer::Impl::StateLease::StateLease(const Impl& impl) : impl_(impl) {
@@ -319,30 +350,45 @@ Tokenizer::Impl::~Impl() = default;
 template <class OnPiece>
 void Tokenizer::Impl::ForEachPiece(std::string_view text, EncoderState& state,
                                    OnPiece&& on_piece) const {
-  auto plain = [&](size_t start, size_t end) {
-    pre_tokenizer->Split(text.substr(start, end - start), state.pre);
+  auto plain = [&](std::string_view piece_text, bool at_origin) {
+    pre_tokenizer->Split(piece_text, state.pre, at_origin);
     for (std::string_view piece : state.pre.pieces) on_piece(piece, int64_t{-1});
   };
-  if (added_raw.empty() && added_normalized.empty()) {
-    plain(0, text.size());
+  // Each piece between non-normalized added tokens is normalized on its own, then normalized
+  // added tokens are cut from the result (matched by their normalized content), as in
+  // AddedVocabulary::extract_and_normalize.
+  auto normalized_piece = [&](size_t start, size_t end) {
+    std::string_view piece = text.substr(start, end - start);
+    bool kept = true;
+    if (!normalizer->empty()) {
+      kept = normalizer->Normalize(piece, &state.normalized, state.pre.regex);
+      piece = state.normalized;
+    }
+    const bool at_origin = start == 0 && kept;
+    if (added_normalized.empty()) {
+      plain(piece, at_origin);
+      return;
+    }
+    state.segments.clear();
+    added_normalized.Split(piece, 0, piece.size(), &state.segments);
+    for (const TextSegment& s : state.segments) {
+      if (s.id >= 0)
+        on_piece(piece.substr(s.start, s.end - s.start), s.id);
+      else
+        plain(piece.substr(s.start, s.end - s.start), at_origin && s.start == 0);
+    }
+  };
+  if (added_raw.empty()) {
+    normalized_piece(0, text.size());
     return;
   }
-  // Non-normalized added tokens are cut from the raw text first, then normalized ones from
-  // what is left (there is no normalizer, so both match the raw text).
   state.raw_segments.clear();
   added_raw.Split(text, 0, text.size(), &state.raw_segments);
-  state.segments.clear();
   for (const TextSegment& s : state.raw_segments) {
-    if (s.id >= 0)
-      state.segments.push_back(s);
-    else
-      added_normalized.Split(text, s.start, s.end, &state.segments);
-  }
-  for (const TextSegment& s : state.segments) {
     if (s.id >= 0)
       on_piece(text.substr(s.start, s.end - s.start), s.id);
     else
-      plain(s.start, s.end);
+      normalized_piece(s.start, s.end);
   }
 }
 
@@ -415,16 +461,20 @@ std::string Tokenizer::Decode(const std::vector<uint32_t>& ids) const {
 
 std::string Tokenizer::Decode(const std::vector<uint32_t>& ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
-  std::string bytes;
-  bool first = true;
-  for (uint32_t id : ids) {
-    if (id >= t.id_to_bytes.size() || !t.id_known[id]) continue;
-    if (skip_special_tokens && t.id_special[id]) continue;
-    if (!t.byte_level_decoder && !first) bytes.push_back(' ');  // no decoder: joined by spaces
-    bytes += t.id_to_bytes[id];
-    first = false;
+  auto wanted = [&](uint32_t id) {
+    return id < t.id_known.size() && t.id_known[id] && !(skip_special_tokens && t.id_special[id]);
+  };
+  if (!t.id_to_bytes.empty()) {  // a ByteLevel decoder: each token's bytes, concatenated
+    std::string bytes;
+    for (uint32_t id : ids)
+      if (wanted(id)) bytes += t.id_to_bytes[id];
+    return IsValidUtf8(bytes) ? bytes : RepairUtf8(bytes);
   }
-  return IsValidUtf8(bytes) ? bytes : RepairUtf8(bytes);
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (uint32_t id : ids)
+    if (wanted(id)) tokens.push_back(t.id_to_decode[id]);
+  return t.decoder->Decode(std::move(tokens));
 }
 
 int64_t Tokenizer::vocab_size() const {
@@ -491,8 +541,13 @@ std::vector<std::pair<std::string, uint32_t>> Tokenizer::SpecialTokens() const {
 }
 
 std::string Tokenizer::Describe() const {
-  return std::string("BPE(byte-level") + (impl_->ignore_merges ? ",ignore_merges" : "") +
-         ") pre_tokenizer=" + impl_->pre_tokenizer->Describe();
+  const Impl& t = *impl_;
+  std::string out = std::string("BPE(") + (t.byte_level ? "byte-level" : "characters") +
+                    (t.byte_fallback ? ",byte_fallback" : "") +
+                    (!t.byte_level && !t.unk_token.empty() ? ",unk=" + t.unk_token : "") +
+                    (t.ignore_merges ? ",ignore_merges" : "") + ")";
+  if (!t.normalizer->empty()) out += " normalizer=" + t.normalizer->Describe();
+  return out + " pre_tokenizer=" + t.pre_tokenizer->Describe();
 }
 
 }  // namespace crucible

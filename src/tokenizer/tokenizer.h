@@ -1,11 +1,15 @@
-// Byte-level BPE tokenizer, compatible with Hugging Face `tokenizers` tokenizer.json files
-// (GPT-2 and Llama-3 style): train, encode, decode, load and save.
+// BPE tokenizer, compatible with Hugging Face `tokenizers` tokenizer.json files: byte-level
+// (GPT-2 and Llama-3 style) and over characters (SentencePiece style: Llama 2, Mistral, Gemma,
+// with byte_fallback and unk_token): train (byte-level), encode, decode, load and save.
 //
-// Encoding follows the `tokenizers` pipeline exactly: added tokens (special or not) are cut out
-// of the raw text first (leftmost-longest, honouring lstrip/rstrip/single_word), the remaining
-// pieces go through the pre-tokenizer (Split regexes, ByteLevel, Digits, in a Sequence), and each
-// pre-token is merged by BPE rank (or looked up whole when the model sets ignore_merges). Input
-// that is not valid UTF-8 is read as Python's bytes.decode("utf-8", "replace") reads it.
+// Encoding follows the `tokenizers` pipeline exactly: non-normalized added tokens (special or
+// not) are cut out of the raw text first (leftmost-longest, honouring lstrip/rstrip/single_word),
+// each remaining piece is normalized (NFC/NFKC/Lowercase/Replace/..., tokenizer/normalizer.h) and
+// the normalized added tokens cut from it, the pieces go through the pre-tokenizer (Split
+// regexes, ByteLevel, Digits, Metaspace, in a Sequence), and each pre-token is merged by BPE rank
+// (or looked up whole when the model sets ignore_merges). Decoding runs the decoder chain
+// (tokenizer/decoder.h). Input that is not valid UTF-8 is read as Python's
+// bytes.decode("utf-8", "replace") reads it.
 // A Tokenizer is immutable and cheap to copy; all methods are safe to call from many threads.
 #pragma once
 
@@ -19,7 +23,7 @@ namespace crucible {
 
 class Tokenizer {
  public:
-  // Loads a Hugging Face tokenizer.json (byte-level BPE). Throws UsageError if missing,
+  // Loads a Hugging Face tokenizer.json (a BPE). Throws UsageError if missing,
   // DataError if malformed or of an unsupported model type (the message names the file and the
   // feature).
   static Tokenizer Load(const std::string& path);

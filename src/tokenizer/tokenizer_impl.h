@@ -12,6 +12,8 @@
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/decoder.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,9 +26,10 @@ struct Tokenizer::Impl {
     std::vector<std::pair<std::string, uint32_t>> vocab;
     std::vector<std::pair<std::string, std::string>> merges;  // rank order
     bool ignore_merges = false;
+    bool byte_fallback = false, fuse_unk = false;
     std::string unk_token;
     std::vector<AddedToken> added_tokens;  // in file order
-    nlohmann::json pre_tokenizer_json, post_processor_json, decoder_json;
+    nlohmann::json normalizer_json, pre_tokenizer_json, post_processor_json, decoder_json;
   };
   // Checks and indexes the parts; throws DataError naming parts.name.
   static std::shared_ptr<const Impl> Build(Parts parts);
@@ -55,20 +58,30 @@ struct Tokenizer::Impl {
   nlohmann::ordered_json ToJson() const;
 
   std::string name;
-  std::unordered_map<std::string, uint32_t> model_vocab;  // byte-level spelling -> id
+  std::unordered_map<std::string, uint32_t> model_vocab;  // spelling as written -> id
   size_t model_entries = 0;
   std::vector<std::array<uint32_t, 3>> merges;  // (left, right, merged) in rank order
   bool ignore_merges = false;
-  std::vector<AddedToken> added_tokens;  // id order, ids as Hugging Face assigns them
-  AddedTokenMatcher added_raw, added_normalized;
+  // Byte-level (a ByteLevel pre-tokenizer step: tokens spell bytes) or over characters
+  // (SentencePiece style: tokens are text as written, unknown characters go to byte_fallback's
+  // <0xNN> tokens or unk_token).
+  bool byte_level = true;
+  bool byte_fallback = false, fuse_unk = false;
+  std::string unk_token;
+  bool model_options_matter = false;              // the unk/byte_fallback options can change ids
+  std::vector<AddedToken> added_tokens;           // id order, ids as Hugging Face assigns them
+  AddedTokenMatcher added_raw, added_normalized;  // normalized ones by their normalized content
+  std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   std::unique_ptr<BpeModel> bpe;
-  bool byte_level_decoder = false;
-  nlohmann::json pre_tokenizer_json, post_processor_json, decoder_json;
+  std::unique_ptr<Decoder> decoder;
+  nlohmann::json normalizer_json, pre_tokenizer_json, post_processor_json, decoder_json;
 
   int64_t vocab_size = 0;  // highest id + 1
   std::vector<std::string> id_to_token;
-  std::vector<std::string> id_to_bytes;  // what the decoder makes of each token
+  // The string decoding starts from (a normalized added token's normalized content, as in
+  // tokenizers), and, for a ByteLevel decoder, the bytes it makes of each token.
+  std::vector<std::string> id_to_decode, id_to_bytes;
   std::vector<char> id_known, id_special;
   int64_t eos_id = -1, bos_id = -1;
   std::string checksum;

@@ -52,11 +52,11 @@ ordered_json Tokenizer::Impl::ToJson() const {
   }
   ordered_json model = {{"type", "BPE"},
                         {"dropout", nullptr},
-                        {"unk_token", nullptr},
+                        {"unk_token", unk_token.empty() ? ordered_json() : ordered_json(unk_token)},
                         {"continuing_subword_prefix", nullptr},
                         {"end_of_word_suffix", nullptr},
-                        {"fuse_unk", false},
-                        {"byte_fallback", false},
+                        {"fuse_unk", fuse_unk},
+                        {"byte_fallback", byte_fallback},
                         {"ignore_merges", ignore_merges},
                         {"vocab", std::move(vocab)},
                         {"merges", std::move(merge_list)}};
@@ -65,7 +65,7 @@ ordered_json Tokenizer::Impl::ToJson() const {
   root["truncation"] = nullptr;
   root["padding"] = nullptr;
   root["added_tokens"] = AddedTokensJson(*this);
-  root["normalizer"] = nullptr;
+  root["normalizer"] = ordered_json::parse(normalizer_json.dump());
   root["pre_tokenizer"] = ordered_json::parse(pre_tokenizer_json.dump());
   root["post_processor"] = ordered_json::parse(post_processor_json.dump());
   root["decoder"] = ordered_json::parse(decoder_json.dump());
@@ -74,7 +74,8 @@ ordered_json Tokenizer::Impl::ToJson() const {
 }
 
 // XXH3-128 of a canonical serialisation: what decides the ids (vocab by id, merges by rank as
-// ids, ignore_merges, added tokens with their flags, pre-tokenizer and decoder with sorted keys),
+// ids, ignore_merges, added tokens with their flags, normalizer, pre-tokenizer and decoder with
+// sorted keys, the unk/byte_fallback options where they matter),
 // never the file's formatting, its merges spelling or its path.
 std::string Tokenizer::Impl::ComputeChecksum() const {
   nlohmann::json canonical;
@@ -89,6 +90,11 @@ std::string Tokenizer::Impl::ComputeChecksum() const {
   canonical["added_tokens"] = nlohmann::json::parse(AddedTokensJson(*this).dump());
   canonical["pre_tokenizer"] = pre_tokenizer_json;  // nlohmann::json keeps keys sorted
   canonical["decoder"] = decoder_json;
+  // Present only where they can change ids, so byte-level tokenizers keep their checksums.
+  if (!normalizer_json.is_null()) canonical["normalizer"] = normalizer_json;
+  if (model_options_matter)
+    canonical["model_options"] = {
+        {"unk_token", unk_token}, {"byte_fallback", byte_fallback}, {"fuse_unk", fuse_unk}};
   const std::string text = canonical.dump();
   StreamHasher hasher;
   hasher.Update(text.data(), text.size());

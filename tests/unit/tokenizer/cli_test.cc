@@ -58,17 +58,41 @@ TEST(TokenizerCli, MalformedTokenizerJsonIsExit65NamingTheFile) {
   j["model"]["type"] = "WordPiece";
   ExpectBadData("wordpiece.json", j, "WordPiece");
   j = Valid();
-  j["normalizer"] = {{"type", "NFC"}};
-  ExpectBadData("nfc.json", j, "NFC");
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
+  ExpectBadData("precompiled.json", j, "unsupported normalizer \"Precompiled\"");
+  j = Valid();
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "NFKC"}}, {{"type", "BertNormalizer"}}}}};
+  ExpectBadData("bert_normalizer.json", j, "BertNormalizer");
+  j = Valid();
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", ""}}}, {"content", "x"}};
+  ExpectBadData("empty_replace.json", j, "empty String pattern");
   j = Valid();
   j["pre_tokenizer"] = {{"type", "Metaspace"}};
-  ExpectBadData("metaspace.json", j, "Metaspace");
+  ExpectBadData("metaspace.json", j, "Metaspace pre_tokenizer needs a \"replacement\"");
   j = Valid();
-  j["pre_tokenizer"] = {{"type", "Split"},
-                        {"pattern", {{"Regex", "\\s+"}}},
-                        {"behavior", "Isolated"},
-                        {"invert", false}};
-  ExpectBadData("no_byte_level.json", j, "not byte-level");
+  j["normalizer"] = {{"type", "Lowercase"}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"String", "-"}}},
+         {"behavior", "Removed"},
+         {"invert", false}},
+        {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}}}}};
+  ExpectBadData("metaspace_first_late.json", j, "prepend_scheme \"first\" after another");
+  j = Valid();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "ByteLevel"}},
+                          {{"type", "Split"},
+                           {"pattern", {{"Regex", "\\s+"}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}}}}};
+  ExpectBadData("byte_level_not_last.json", j, "not the last one");
+  j = Valid();
+  j["decoder"] = {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}};
+  ExpectBadData("strip_two_chars.json", j, "must be one character");
   j = Valid();
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
