@@ -209,7 +209,7 @@ MatrixRule ManoRule(const ManoReference& r, int64_t& updates) {
   };
 }
 
-// SmallTable's weights are in [-1, 1): their columns and rows have norms near 1.3, not 1, so
+// SmallTable's weights are in [-1, 1): their columns and rows have norms of 1.3 to 1.4, not 1, so
 // line 6 matters (the unnormalised projection is off by a large part of a step).
 TEST(Mano, StepsMatchThePapersAlgorithm1WithTheWeightsNormalisedAlongEachLine) {
   for (bool nesterov : {false, true}) {
