@@ -250,11 +250,11 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "shard parameters, gradients and optimizer state, gathering each layer when it is needed "
        "(ZeRO-3, the FSDP equivalent)",
        false, Closed(0, 3)},
-      {"parallelism.exact_reduction", T::kString, V(std::string("fixed128")),
-       "format of the exact gradient sums: fixed128 (every value at 2^-64, 16 bytes a value on "
-       "the wire), block48 (each block of 256 values of a micro-batch rounded to 24 bits below "
-       "its largest, 6 bytes a value) or block32 (17 bits, 4 bytes); the same bits on any number "
-       "of ranks in each (docs/distributed.md)"},
+      {"parallelism.exact_reduction", T::kString, V(std::string("block48")),
+       "format of the exact gradient sums: block48 (each block of 256 values of a micro-batch "
+       "rounded to 24 bits below its largest, 6 bytes a value on the wire), block32 (17 bits, 4 "
+       "bytes) or fixed128 (every value at 2^-64, 16 bytes); the same bits on any number of "
+       "ranks in each (docs/distributed.md)"},
       {"parallelism.overlap_grad_reduce", T::kBool, V(true),
        "start each layer's gradient reduction (non-blocking) while the backward pass goes on "
        "with the layers below"},

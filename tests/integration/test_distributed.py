@@ -98,7 +98,8 @@ def test_each_compact_exact_format_gives_identical_bits_on_one_two_and_four_rank
     assert all(r == reference for r in results.values()), {k: v[1] for k, v in results.items()}
     # The format is a different grid from fixed128's: the same run there gives other bits.
     fixed = tmp_path / "fixed128"
-    proc = mpirun(2, BASE + ["training.steps=4", "training.local_batch_size=1", f"job.dump_folder={fixed}"])
+    proc = mpirun(2, BASE + ["training.steps=4", "training.local_batch_size=1", f"job.dump_folder={fixed}",
+                             "parallelism.exact_reduction=fixed128"])
     assert result(proc, fixed)[1] != reference[1]
 
 
