@@ -4,9 +4,11 @@ global batch and micro-batch, in one run. Prints tokens/s of each, the scaling e
 (2x1 rate / 1x2 rate), the bytes each rank sends per step against the theoretical minimum of an
 fp32 ring all-reduce, and the share of the gradient reduction hidden behind the backward pass:
 1 - (time waited for reductions after the backward pass with overlap) / (the same without
-overlap, when the whole reduction runs after the backward pass). ZeRO-3 runs as well.
+overlap, when the whole reduction runs after the backward pass). ZeRO-3 runs as well. Each
+exact reduction format given (--formats, [parallelism] exact_reduction) runs the whole set.
 
     .venv/bin/python bench/dp_scaling.py [--flavor small] [--seq-len 512] [--steps 4]
+        [--formats block48,block32,fixed128]
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
-def run(binary, ranks, threads, args, zero_stage=None, overlap=True):
+def run(binary, ranks, threads, args, zero_stage=None, overlap=True, exact="block48"):
     with tempfile.TemporaryDirectory() as run_dir:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), **MPI_ENV)
         cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core" if ranks > 1 else "none"]
@@ -31,7 +33,8 @@ def run(binary, ranks, threads, args, zero_stage=None, overlap=True):
                 "--set", f"training.global_batch_size={args.global_batch}", "--set", f"training.steps={args.steps}",
                 "--set", f"job.dump_folder={run_dir}", "--set", "checkpoint.enable=false",
                 "--set", f"parallelism.zero_stage={args.zero_stage if zero_stage is None else zero_stage}",
-                "--set", f"parallelism.overlap_grad_reduce={'true' if overlap else 'false'}"]
+                "--set", f"parallelism.overlap_grad_reduce={'true' if overlap else 'false'}",
+                "--set", f"parallelism.exact_reduction={exact}"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr}")
@@ -41,7 +44,8 @@ def run(binary, ranks, threads, args, zero_stage=None, overlap=True):
         wait = sum(r["reduce_wait_s"] for r in records[1:]) / len(timed)
         memory = re.search(r"^phase=memory .*$", proc.stdout, re.M).group(0)
         digest = re.search(r"weights_xxh3=(\w+)", proc.stdout).group(1)
-        return rate, memory, digest, wait
+        wide = re.search(r"wide_reductions=(\d+)", proc.stdout).group(1)
+        return rate, memory + f" wide_reductions={wide}", digest, wait
 
 
 def main():
@@ -53,31 +57,38 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--zero-stage", type=int, default=1)
     parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", "build/crucible"))
+    parser.add_argument("--formats", default="block48,block32,fixed128",
+                        help="comma-separated [parallelism] exact_reduction formats")
     args = parser.parse_args()
-    one, memory_one, digest_one, _ = run(args.crucible, 1, 2, args)
-    blocking, memory_blocking, digest_blocking, wait_blocking = run(args.crucible, 2, 1, args, overlap=False)
-    two, memory_two, digest_two, wait_two = run(args.crucible, 2, 1, args)
-    zero3, memory_zero3, digest_zero3, wait_zero3 = run(args.crucible, 2, 1, args, zero_stage=3)
     params = int(subprocess.run([args.crucible, "model", "info", "--set", f"model.flavor={args.flavor}"],
                                 capture_output=True, text=True, check=True).stdout.split("total_params=")[1].split()[0])
     minimum = 2 * (2 - 1) / 2 * 4 * params
-    sent = re.search(r"communicated_per_step=(\S+ \S+)", memory_two).group(1)
-    sent3 = re.search(r"communicated_per_step=(\S+ \S+)", memory_zero3).group(1)
-    print(f"1 rank x 2 threads:                 tok/s={one:.1f}")
-    print(f"2 ranks x 1 thread, no overlap:     tok/s={blocking:.1f}  reduce_wait_s={wait_blocking:.3f}")
-    print(f"2 ranks x 1 thread, overlap:        tok/s={two:.1f}  reduce_wait_s={wait_two:.3f}")
-    print(f"2 ranks x 1 thread, ZeRO-3 overlap: tok/s={zero3:.1f}  reduce_wait_s={wait_zero3:.3f}")
-    print(f"  {memory_two}")
-    print(f"  {memory_zero3}")
-    print(f"scaling efficiency (2x1 / 1x2), zero_stage={args.zero_stage}: {two / one:.3f} with overlap, "
-          f"{blocking / one:.3f} without; ZeRO-3: {zero3 / one:.3f}")
-    print(f"bytes per rank per step: {sent} (zero_stage={args.zero_stage}, model), {sent3} (ZeRO-3) vs fp32 ring "
-          f"all-reduce minimum {minimum / 2**20:.1f} MiB")
-    hidden = 1 - wait_two / wait_blocking if wait_blocking > 0 else float("nan")
-    print(f"gradient reduction hidden behind the backward pass: {100 * hidden:.1f}% "
-          f"(waited {wait_two:.3f} s per step with overlap vs {wait_blocking:.3f} s without)")
-    same = len({digest_one, digest_blocking, digest_two, digest_zero3}) == 1
-    print(f"identical final weights: {same} ({digest_one} {digest_blocking} {digest_two} {digest_zero3})")
+    for exact in args.formats.split(","):
+        print(f"== exact_reduction={exact}")
+        one, _, digest_one, _ = run(args.crucible, 1, 2, args, exact=exact)
+        blocking, _, digest_blocking, wait_blocking = run(args.crucible, 2, 1, args, overlap=False, exact=exact)
+        two, memory_two, digest_two, wait_two = run(args.crucible, 2, 1, args, exact=exact)
+        zero3, memory_zero3, digest_zero3, wait_zero3 = run(args.crucible, 2, 1, args, zero_stage=3, exact=exact)
+        zero0, memory_zero0, digest_zero0, _ = run(args.crucible, 2, 1, args, zero_stage=0, exact=exact)
+        print(f"1 rank x 2 threads:                 tok/s={one:.1f}")
+        print(f"2 ranks x 1 thread, no overlap:     tok/s={blocking:.1f}  reduce_wait_s={wait_blocking:.3f}")
+        print(f"2 ranks x 1 thread, overlap:        tok/s={two:.1f}  reduce_wait_s={wait_two:.3f}")
+        print(f"2 ranks x 1 thread, ZeRO-3 overlap: tok/s={zero3:.1f}  reduce_wait_s={wait_zero3:.3f}")
+        print(f"2 ranks x 1 thread, ZeRO-0 overlap: tok/s={zero0:.1f}")
+        for stage, memory in ((0, memory_zero0), (args.zero_stage, memory_two), (3, memory_zero3)):
+            sent = re.search(r"communicated_per_step=(\S+ \S+)", memory).group(1)
+            ratio = re.search(r"vs_fp32_ring=(\S+)", memory).group(1)
+            wide = re.search(r"wide_reductions=(\d+)", memory).group(1)
+            print(f"  zero_stage={stage}: bytes per rank per step {sent} = {ratio}x the fp32 ring all-reduce "
+                  f"minimum {minimum / 2**20:.1f} MiB (wide reductions: {wide})")
+        print(f"scaling efficiency (2x1 / 1x2), zero_stage={args.zero_stage}: {two / one:.3f} with overlap, "
+              f"{blocking / one:.3f} without; ZeRO-3: {zero3 / one:.3f}; ZeRO-0: {zero0 / one:.3f}")
+        hidden = 1 - wait_two / wait_blocking if wait_blocking > 0 else float("nan")
+        print(f"gradient reduction hidden behind the backward pass: {100 * hidden:.1f}% "
+              f"(waited {wait_two:.3f} s per step with overlap vs {wait_blocking:.3f} s without)")
+        digests = [digest_one, digest_blocking, digest_two, digest_zero3, digest_zero0]
+        print(f"identical final weights: {len(set(digests)) == 1} ({' '.join(digests)})")
+
 
 if __name__ == "__main__":
     main()
