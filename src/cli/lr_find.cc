@@ -43,8 +43,10 @@ CommandRun SetupLrFind(CLI::App& app) {
       "data (fresh weights, no warmup or decay), the loss smoothed by a bias-corrected EMA "
       "(--smoothing), stopped when the smoothed loss exceeds 4x its best or the loss is not "
       "finite. "
-      "Suggests the smaller of blow-up/10 and the steepest-descent LR (the steepest descent "
-      "when the sweep never blew up). See "
+      "Suggests the smaller of blow-up/10 and the steepest-descent LR (the first 10 points "
+      "skipped; the steepest descent when the sweep never blew up), always below the LR of the "
+      "step before the blow-up; exit 2 when there is none (too few points before the blow-up) or "
+      "the curve is flat (random tokens). See "
       "docs/lr-find.md. Exit codes: 0 done, 2 usage or config error, 65 bad data, 74 I/O "
       "error.");
   return [options]() {

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -135,7 +136,7 @@ LrFindResult AnalyzeSweep(std::vector<LrSweepPoint> points, std::optional<int64_
     --usable;
   }
   double steepest = std::numeric_limits<double>::infinity();
-  for (size_t i = 1; i + 1 < usable; ++i) {
+  for (size_t i = std::max<size_t>(1, kSkipStart); i + 1 < usable; ++i) {
     const LrSweepPoint &before = result.points[i - 1], &after = result.points[i + 1];
     const double slope =
         (after.smoothed - before.smoothed) / (std::log(after.lr) - std::log(before.lr));
@@ -144,16 +145,45 @@ LrFindResult AnalyzeSweep(std::vector<LrSweepPoint> points, std::optional<int64_
       result.steepest_lr = result.points[i].lr;
     }
   }
+  // A curve that never falls has nothing to suggest: its steepest descent is noise.
+  if (usable >= 3) {
+    double best = result.points[0].smoothed;
+    for (size_t i = 1; i < usable; ++i) best = std::min(best, result.points[i].smoothed);
+    const double first = result.points[0].smoothed;
+    if (!(first - best >= kFlatFraction * std::fabs(first)))
+      throw UsageError(StrFormat(
+          "the LR sweep's curve is flat: over its %zu points from lr %.3g to %.3g the smoothed "
+          "loss fell from %.6g to %.6g at best, less than %g%%: no learning rate to suggest (the "
+          "loss of random tokens stays at ln(vocab) whatever the LR; with real data, raise --max)",
+          usable, result.points[0].lr, result.points[usable - 1].lr, first, best,
+          100 * kFlatFraction));
+  }
+  // Never at or past the LR of the step before the blow-up: that step's update gave it.
+  const bool blowup_fits =
+      blowup_step &&
+      (usable > 0 && result.blowup_lr / 10.0 < result.points[usable - 1].lr * (1.0 - 1e-9));
   // The smaller of blow-up / 10 and the steepest descent: a short sweep's loss lags its LR, so
   // blow-up / 10 can land where the loss already rises (seen on `tiny`, 4 steps per decade).
-  if (blowup_step && !(result.steepest_lr && *result.steepest_lr < result.blowup_lr / 10.0)) {
+  if (blowup_fits && !(result.steepest_lr && *result.steepest_lr < result.blowup_lr / 10.0)) {
     result.suggested_lr = result.blowup_lr / 10.0;
     result.suggestion_rule = "blowup/10";
   } else if (result.steepest_lr) {
     result.suggested_lr = *result.steepest_lr;
     result.suggestion_rule = "steepest";
+  } else if (blowup_step) {
+    throw UsageError(StrFormat(
+        "the LR sweep blew up at step %lld (lr %.3g) with %zu point%s before it: too few points "
+        "to suggest a learning rate from (blow-up / 10 = %.3g is not below %.3g, the lr whose "
+        "update the blow-up followed; a steepest descent needs %zu points): lower --min or raise "
+        "--steps",
+        (long long)*blowup_step, result.blowup_lr, usable, usable == 1 ? "" : "s",
+        result.blowup_lr / 10.0, usable > 0 ? result.points[usable - 1].lr : result.blowup_lr,
+        kSkipStart + 2));
   } else {
-    throw UsageError("the LR sweep has no point to suggest a learning rate from");
+    throw UsageError(StrFormat(
+        "the LR sweep has too few points (%zu) to suggest a learning rate from: a steepest "
+        "descent needs %zu; raise --steps",
+        usable, kSkipStart + 2));
   }
   return result;
 }

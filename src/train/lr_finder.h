@@ -12,15 +12,20 @@
 // weights non-finite), or whose smoothed loss exceeds kBlowupFactor x the lowest smoothed loss
 // before it. The blow-up LR is that step's LR.
 //
-// Steepest descent: the LR of the point, among those before the blow-up (and not the first or
-// the last of them), where the smoothed loss falls fastest against log(lr): the most negative
-// central difference (smoothed_{i+1} - smoothed_{i-1}) / (ln lr_{i+1} - ln lr_{i-1}).
+// Steepest descent: the LR of the point, among those before the blow-up (not the first
+// kSkipStart of the curve, as fastai's skip_start, where the bias-corrected average still
+// settles; not the last), where the smoothed loss falls fastest against log(lr): the most
+// negative central difference (smoothed_{i+1} - smoothed_{i-1}) / (ln lr_{i+1} - ln lr_{i-1}).
 //
 // The suggestion is the smaller of blow-up / 10 (the safe default of the reference team)
 // and the steepest-descent LR (a short sweep's loss lags its LR, so blow-up / 10 can sit where
 // the loss already rises); when the sweep never blew up it is the steepest-descent LR, with a
-// blow-up but no steepest descent (too few points) blow-up / 10; the result says which rule
-// chose it.
+// blow-up but no steepest descent blow-up / 10; the result says which rule chose it. It is never
+// at or past the LR of the step before the blow-up, whose update the blow-up followed from:
+// blow-up / 10 is dropped there (a sweep coarser than a decade a step). No suggestion (a
+// UsageError saying why) when none is left (too few points before the blow-up: lower --min or
+// raise --steps), or when the curve is flat: the smoothed loss before the blow-up never falls
+// kFlatFraction below its first value (random tokens, or a range whose LRs never train).
 //
 // It writes nothing into the config's run directory: the Trainer runs in <out>/run (config.toml,
 // metrics.jsonl; checkpoints and validation off, no final weights), and rank 0 writes
@@ -38,6 +43,8 @@
 namespace crucible {
 
 constexpr double kBlowupFactor = 4.0;
+constexpr size_t kSkipStart = 10;
+constexpr double kFlatFraction = 0.02;
 
 struct LrFindOptions {
   double min_lr = 1e-6, max_lr = 1.0;
@@ -87,7 +94,7 @@ struct LrFindResult {
 };
 
 // The steepest-descent LR, the blow-up and the suggestion of a sweep's points (the rules above).
-// UsageError when the sweep blew up before it had any point to suggest from.
+// UsageError when there is no suggestion: too few points before the blow-up, or a flat curve.
 LrFindResult AnalyzeSweep(std::vector<LrSweepPoint> points, std::optional<int64_t> blowup_step);
 
 // The result as JSON text (options, rules, points, blow-up, steepest-descent LR, suggestion).

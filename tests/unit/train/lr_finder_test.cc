@@ -51,56 +51,102 @@ TEST(LrFinder, BlowUpIsFourTimesTheBestSmoothedLossOrNonFinite) {
   EXPECT_TRUE(nan.blew_up());
 }
 
-std::vector<LrSweepPoint> Points(const std::vector<double>& smoothed) {
+// Sweep points with these smoothed losses (the raw loss the same), at `per_decade` points per
+// decade of LR from 10^first. `plateau` points at the first loss come before them: the steepest
+// descent skips the first kSkipStart points of the curve.
+std::vector<LrSweepPoint> Points(std::vector<double> smoothed, double first = -5.0,
+                                 double per_decade = 1.0, size_t plateau = kSkipStart) {
+  smoothed.insert(smoothed.begin(), plateau, smoothed.front());
   std::vector<LrSweepPoint> points;
   for (size_t i = 0; i < smoothed.size(); ++i)
-    points.push_back({static_cast<int64_t>(i + 1), std::pow(10.0, -5.0 + static_cast<double>(i)),
-                      smoothed[i], smoothed[i]});
+    points.push_back({static_cast<int64_t>(i + 1),
+                      std::pow(10.0, first + static_cast<double>(i) / per_decade), smoothed[i],
+                      smoothed[i]});
   return points;
 }
 
+std::string AnalysisError(std::vector<LrSweepPoint> points, std::optional<int64_t> blowup) {
+  try {
+    AnalyzeSweep(std::move(points), blowup);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
 TEST(LrFinder, FindsTheSteepestDescentAndSuggestsTheSmallerOfItAndBlowUpOverTen) {
-  // lr 1e-5 .. 1e1; the fastest fall (central difference) is around 1e-2 (index 3: 5 -> 2).
-  const LrFindResult result = AnalyzeSweep(Points({6, 6, 5, 4, 2, 1.9, 30}), int64_t{7});
+  // After the plateau (lr 1e-15 .. 1e-6), lr 1e-5 .. 1e1: the fastest fall (central difference)
+  // is around 1e-2 (5 -> 2).
+  const LrFindResult result = AnalyzeSweep(Points({6, 6, 5, 4, 2, 1.9, 30}, -15), int64_t{17});
   ASSERT_TRUE(result.blowup_step);
-  EXPECT_EQ(*result.blowup_step, 7);
+  EXPECT_EQ(*result.blowup_step, 17);
   EXPECT_DOUBLE_EQ(result.blowup_lr, 10.0);
   ASSERT_TRUE(result.steepest_lr);
-  EXPECT_DOUBLE_EQ(*result.steepest_lr, 1e-2);
+  EXPECT_NEAR(*result.steepest_lr, 1e-2, 1e-15);
   // Blow-up / 10 (1.0) is above the steepest descent: the smaller one is suggested.
-  EXPECT_DOUBLE_EQ(result.suggested_lr, 1e-2);
+  EXPECT_DOUBLE_EQ(result.suggested_lr, *result.steepest_lr);
   EXPECT_EQ(result.suggestion_rule, "steepest");
 }
 
 TEST(LrFinder, SuggestsBlowUpOverTenWhenItIsBelowTheSteepestDescent) {
-  // Four points per decade from 1e-3: the fastest fall is at index 5 (10^-1.75), the blow-up at
-  // index 8 (1e-1), so blow-up / 10 = 1e-2 is the smaller.
-  const std::vector<double> smoothed = {6, 6, 6, 6, 6, 5, 2, 1.9, 30};
-  std::vector<LrSweepPoint> points;
-  for (size_t i = 0; i < smoothed.size(); ++i)
-    points.push_back({static_cast<int64_t>(i + 1),
-                      std::pow(10.0, -3.0 + 0.25 * static_cast<double>(i)), smoothed[i],
-                      smoothed[i]});
-  const LrFindResult result = AnalyzeSweep(points, int64_t{9});
+  // Four points per decade: the fastest fall is at 10^-1.75, the blow-up at 1e-1, so
+  // blow-up / 10 = 1e-2 is the smaller (and below the 10^-1.25 of the step before the blow-up).
+  const LrFindResult result =
+      AnalyzeSweep(Points({6, 6, 6, 6, 6, 5, 2, 1.9, 30}, -5.5, 4), int64_t{19});
   ASSERT_TRUE(result.steepest_lr);
-  EXPECT_DOUBLE_EQ(*result.steepest_lr, std::pow(10.0, -1.75));
+  EXPECT_NEAR(*result.steepest_lr, std::pow(10.0, -1.75), 1e-15);
   EXPECT_DOUBLE_EQ(result.suggested_lr, result.blowup_lr / 10);
   EXPECT_EQ(result.suggestion_rule, "blowup/10");
 }
 
 TEST(LrFinder, WithoutABlowUpSuggestsTheSteepestDescent) {
-  const LrFindResult result = AnalyzeSweep(Points({6, 5.9, 3, 2.95, 2.9}), std::nullopt);
+  const LrFindResult result = AnalyzeSweep(Points({6, 5.9, 3, 2.95, 2.9}, -14), std::nullopt);
   EXPECT_FALSE(result.blowup_step);
-  EXPECT_DOUBLE_EQ(*result.steepest_lr, 1e-4);  // 6 -> 3 around it, 5.9 -> 2.95 next
+  EXPECT_NEAR(*result.steepest_lr, 1e-3, 1e-16);  // 6 -> 3 around it, 5.9 -> 2.95 next
   EXPECT_EQ(result.suggestion_rule, "steepest");
   EXPECT_DOUBLE_EQ(result.suggested_lr, *result.steepest_lr);
 }
 
-TEST(LrFinder, TheBlowUpPointIsNotACandidateForSteepestDescent) {
-  // Before the blow-up only two points: no interior point, so no steepest-descent LR.
-  const LrFindResult result = AnalyzeSweep(Points({5, 4, 100}), int64_t{3});
-  EXPECT_FALSE(result.steepest_lr);
-  EXPECT_DOUBLE_EQ(result.suggested_lr, 1e-4);
+TEST(LrFinder, TheSteepestDescentSkipsTheFirstPointsOfTheCurve) {
+  // The bias-corrected average's first points fall fastest of all (9 -> 5.8 around the second);
+  // as fastai's, the search starts at point kSkipStart, and finds the fall 5.3 -> 4.4 there.
+  const std::vector<double> smoothed = {9,    6,   5.8,  5.7, 5.65, 5.6, 5.55, 5.5,
+                                        5.45, 5.4, 5.35, 5.3, 4.5,  4.4, 4.35};
+  const std::vector<LrSweepPoint> points = Points(smoothed, -5, 4, 0);
+  const LrFindResult result = AnalyzeSweep(points, std::nullopt);
+  ASSERT_TRUE(result.steepest_lr);
+  EXPECT_DOUBLE_EQ(*result.steepest_lr, points[12].lr);
+}
+
+TEST(LrFinder, NeverSuggestsALearningRateAtOrPastOneTheSweepSawDiverge) {
+  // --min 1e20 --max 1e30 --steps 10: the loss of step 2 is NaN, so the update of step 1 (1e20)
+  // diverged; blow-up / 10 = 1.29e20 is past it, and one point is too few for anything else.
+  std::vector<LrSweepPoint> points = {{1, 1e20, 5.5, 5.5},
+                                      {2, 1e20 * std::pow(1e10, 1.0 / 9), NAN, NAN}};
+  const std::string what = AnalysisError(points, int64_t{2});
+  EXPECT_NE(what.find("blew up at step 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("1 point before it"), std::string::npos) << what;
+  EXPECT_NE(what.find("lower --min"), std::string::npos) << what;
+  // Coarser than a decade a step, blow-up / 10 lies past the step before the blow-up: the
+  // steepest descent is suggested instead.
+  points = Points({6, 6, 5, 3, 2.9, NAN}, -3, 0.8);
+  const LrFindResult result = AnalyzeSweep(points, int64_t{16});
+  EXPECT_GT(result.blowup_lr / 10, points[14].lr);
+  EXPECT_EQ(result.suggestion_rule, "steepest");
+  EXPECT_LT(result.suggested_lr, points[14].lr);
+  // Too few points for a steepest descent, and blow-up / 10 at the step before it: refused.
+  EXPECT_NE(AnalysisError(Points({5, 4, 100}, -5, 1, 0), int64_t{3}).find("too few points"),
+            std::string::npos);
+}
+
+TEST(LrFinder, AFlatCurveIsSaidAndGetsNoSuggestion) {
+  // Random tokens: the loss stays at ln(vocab) whatever the LR.
+  std::vector<double> flat;
+  for (int i = 0; i < 30; ++i) flat.push_back(5.545 + 0.002 * ((i * 7) % 5 - 2));
+  const std::string what = AnalysisError(Points(flat, -6, 5, 0), std::nullopt);
+  EXPECT_NE(what.find("flat"), std::string::npos) << what;
 }
 
 void ExpectUsageError(const LrFindOptions& options, const std::string& names) {
