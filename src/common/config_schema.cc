@@ -304,7 +304,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "bf16 compute on the CPU: auto (the linear layers on AMX-BF16, else AVX-512 BF16, where "
        "the CPU has it), emulated (the exact emulation everywhere), native (as auto, but an error "
        "where the CPU has neither), avx512_bf16 or amx (that kernel; an error where the CPU lacks "
-       "it)",
+       "it, under float32 too)",
        true},
       {"debug.gemm_library", T::kString, V(std::string("auto")),
        "the fp32 products' library on the CPU: auto (the measured table for this CPU's vector ISA "

@@ -59,8 +59,9 @@ class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(const BackendOptions& options) : compute_(options.compute) {
     k::SetGemmLibraryRule(options.gemm_library);
-    if (compute_ != ComputePrecision::kBfloat16) return;
-    gemm_ = ChooseBf16Gemm(options.bf16_path);
+    // A kernel this CPU lacks is refused under float32 as under bfloat16, though only bf16 runs it.
+    const k::Bf16Gemm gemm = ChooseBf16Gemm(options.bf16_path);
+    if (compute_ == ComputePrecision::kBfloat16) gemm_ = gemm;
   }
 
   std::string name() const override { return "cpu"; }

@@ -109,12 +109,14 @@ def test_bf16_compute_trains_and_its_bits_depend_neither_on_threads_nor_ranks(tm
     assert max(abs(a[1] - b[1]) for a, b in zip(steps, fp32_steps)) < 0.05, (steps, fp32_steps)
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float32"])
 @pytest.mark.parametrize("path", ["avx512_bf16", "amx", "native", "amx2"])
-def test_a_bf16_kernel_this_cpu_lacks_or_an_unknown_one_is_refused_in_one_line(tmp_path, path):
+def test_a_bf16_kernel_this_cpu_lacks_or_an_unknown_one_is_refused_in_one_line(tmp_path, path, precision):
+    # Under float32 the kernel would not run, but naming one this CPU lacks is refused alike.
     kernels = native_bf16_kernels()
     if path in kernels or (path == "native" and kernels):
         pytest.skip(f"this CPU runs bf16_path={path}")
-    line = refused(tmp_path, "training.mixed_precision_param=bfloat16", f"debug.bf16_path={path}")
+    line = refused(tmp_path, f"training.mixed_precision_param={precision}", f"debug.bf16_path={path}")
     assert line.startswith("crucible: error: debug.bf16_path"), line
     assert "auto" in line, line  # what to do instead
 
