@@ -289,6 +289,17 @@ void Trainer::Announce() {
   mfu_meter_ = std::make_unique<MfuMeter>(
       peak, model_spec_->TrainFlopsPerToken(table(), training_.shape.seq_len));
   if (!leader()) return;
+  // A Hessian interval this run never reaches leaves the estimate at its start (0 for SophiaG).
+  const int64_t interval = optimizer_config_.optimizer->hessian_interval();
+  const int64_t first_step = resume_.progress.step + 1;
+  if (interval > 0 && first_step <= training_.steps &&
+      training_.steps / interval * interval < first_step)
+    LogWarn(
+        StrFormat("optimizer.name = %s estimates its Hessian every %lld steps, but steps %lld "
+                  "to %lld (training.steps = %lld) hold no multiple of %lld: it is never "
+                  "estimated in this run; lower the interval or raise training.steps",
+                  optimizer_config_.name.c_str(), (long long)interval, (long long)first_step,
+                  (long long)training_.steps, (long long)training_.steps, (long long)interval));
   const TrainingShape& s = training_.shape;
   PrintLine(StrFormat(
       "phase=start run_dir=%s params=%zu %s seq_len=%lld global_batch=%lld micro_batch=%lld "

@@ -142,6 +142,29 @@ TEST_F(TrainerTest, AHookStopsTheRunWithItsExitCodeAfterTheBuiltInHooks) {
   EXPECT_FALSE(fs::exists(root_ / "stopped" / "model.safetensors"));  // not a finished run
 }
 
+TEST_F(TrainerTest, AHessianIntervalLongerThanTheRunWarnsAtStartUpNamingBothNumbers) {
+  Config config = TrainConfig("sophia");
+  config.ApplyOverride("optimizer.name=\"SophiaG\"");
+  config.ApplyOverride("optimizer.sophia_k=20");
+  testing::internal::CaptureStderr();
+  {
+    Trainer trainer(config, "none");
+    ASSERT_EQ(trainer.Run(), kExitOk);
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("optimizer.name = SophiaG estimates its Hessian every 20 steps, but steps 1 "
+                     "to 6 (training.steps = 6) hold no multiple of 20: it is never estimated"),
+            std::string::npos)
+      << log;
+  config.ApplyOverride("optimizer.sophia_k=3");  // steps 3 and 6
+  testing::internal::CaptureStderr();
+  {
+    Trainer trainer(config, "none");
+    ASSERT_EQ(trainer.Run(), kExitOk);
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("never estimated"), std::string::npos);
+}
+
 TEST(TrainingConfigTest, ResolvesTheGlobalBatchAndTheShape) {
   Config config = Config::Defaults();
   config.ApplyOverride("training.local_batch_size=2");
