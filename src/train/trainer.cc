@@ -439,6 +439,7 @@ StepReport Trainer::Step(int64_t step) {
   r.consumed_samples = loader_->consumed_samples();
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;
+  last_step_ran_ = true;
   if (std::isfinite(r.loss))
     non_finite_loss_since_ = 0;
   else if (non_finite_loss_since_ == 0)
@@ -604,7 +605,10 @@ void Trainer::ReportOptimizerMetrics(int64_t step, StepReport& report) {
 int Trainer::Finish(const Timer& train_timer) {
   // Whatever the guards let through, a run never ends with exit 0 on a loss that is not finite
   // (every rank has the same loss, so every rank stops here).
-  if (!std::isfinite(last_loss_))
+  // A run that took no step (steps = 0, or resumed at its last step with no loss recorded) has no
+  // loss to judge: its weights are checked below like any other.
+  const bool has_loss = last_step_ran_ || (resume_.resumed && resume_.progress.step > 0);
+  if (has_loss && !std::isfinite(last_loss_))
     throw Error(
         kExitDiverged,
         StrFormat(

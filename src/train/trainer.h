@@ -186,6 +186,7 @@ class Trainer {
   double normalizer_ = 0;
   int64_t tokens_seen_ = 0;
   double last_loss_ = 0;
+  bool last_step_ran_ = false;         // a step ran in this process, so last_loss_ is its loss
   int64_t non_finite_loss_since_ = 0;  // the first step of the last losses that are not finite
   std::vector<std::unique_ptr<TrainerHook>> hooks_;
 };

@@ -97,6 +97,16 @@ def test_a_run_that_ends_on_a_non_finite_loss_exits_3_without_final_weights(tmp_
     assert not [line for line in proc.stdout.splitlines() if line.startswith("done ")]
 
 
+def test_a_run_of_zero_steps_has_no_loss_and_still_ends_with_exit_0_and_its_initial_weights(tmp_path):
+    # steps = 0 (the demo's untrained model, the interop tests' fresh weights): no step, no loss,
+    # nothing diverged; the final-loss guard must not read the absent loss as NaN.
+    run_dir = tmp_path / "run"
+    proc = mpirun(1, BASE + ["training.steps=0", f"job.dump_folder={run_dir}"], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (run_dir / "model.safetensors").exists()
+    assert proc.stdout.splitlines()[-1].startswith("done steps=0 "), proc.stdout
+
+
 def test_the_done_line_counts_the_skipped_updates(tmp_path):
     proc = mpirun(1, BASE + ["training.steps=5", "debug.skip_steps=\"2,3\"", "training.max_consecutive_skips=0",
                              "training.spike_limit=0", f"job.dump_folder={tmp_path / 'run'}"])
