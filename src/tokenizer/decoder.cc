@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/replace_pattern.h"
 #include "tokenizer/utf8.h"
 
 namespace crucible {
@@ -52,26 +53,19 @@ struct ByteLevelDecode : Decoder::Step {
 // Replace: each match of the pattern in each token becomes `content` (an empty token has no
 // match, as in tokenizers' find_matches).
 struct ReplaceDecode : Decoder::Step {
-  std::string literal, content;
-  std::unique_ptr<Regex> regex;
+  explicit ReplaceDecode(ReplacePattern p) : pattern(std::move(p)) {}
+  ReplacePattern pattern;
   std::vector<std::string> Apply(std::vector<std::string> tokens) const override {
     static thread_local RegexScratch scratch;
     for (std::string& t : tokens) {
       if (t.empty()) continue;
       std::string out;
       size_t previous = 0;
-      auto on_match = [&](size_t start, size_t end) {
+      pattern.ForEachMatch(t, scratch, [&](size_t start, size_t end) {
         out.append(t, previous, start - previous);
-        out += content;
+        out += pattern.content();
         previous = end;
-      };
-      if (regex) {
-        regex->ForEachMatch(t, scratch, on_match);
-      } else {
-        for (size_t at = t.find(literal); at != std::string::npos;
-             at = t.find(literal, at + literal.size()))
-          on_match(at, at + literal.size());
-      }
+      });
       out.append(t, previous, std::string::npos);
       t = std::move(out);
     }
@@ -196,24 +190,8 @@ void AddSteps(const json& value, const std::string& where,
   } else if (type == "ByteLevel") {
     steps->push_back(std::make_unique<ByteLevelDecode>());
   } else if (type == "Replace") {
-    auto step = std::make_unique<ReplaceDecode>();
-    const json& pattern = value.value("pattern", json());
-    if (!value.contains("content") || !value["content"].is_string())
-      throw DataError(where + ": Replace decoder needs a \"content\" string");
-    step->content = value["content"].get<std::string>();
-    if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
-      step->literal = pattern["String"].get<std::string>();
-      if (step->literal.empty())
-        throw DataError(where + ": unsupported: Replace decoder with an empty String pattern");
-    } else if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
-      step->regex = std::make_unique<Regex>(pattern["Regex"].get<std::string>(), where,
-                                            /*allow_fast=*/false);
-    } else {
-      throw DataError(where +
-                      ": Replace decoder pattern must be {\"String\": ...} or "
-                      "{\"Regex\": ...}");
-    }
-    steps->push_back(std::move(step));
+    steps->push_back(
+        std::make_unique<ReplaceDecode>(ReplacePattern(value, where, "Replace decoder")));
   } else if (type == "ByteFallback") {
     steps->push_back(std::make_unique<ByteFallbackDecode>());
   } else if (type == "Fuse") {

@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "tokenizer/added_tokens.h"
+#include "tokenizer/replace_pattern.h"
 #include "tokenizer/unicode_normalization.h"
 #include "tokenizer/utf8.h"
 
@@ -41,33 +42,28 @@ struct LowercaseStep : Normalizer::Step {
 // `content`. A match at the start that is not one character (or that content deletes) moves
 // the start, as tokenizers' alignments do.
 struct ReplaceStep : Normalizer::Step {
-  std::string literal, content;
-  std::unique_ptr<Regex> regex;
+  explicit ReplaceStep(ReplacePattern p) : pattern(std::move(p)) {}
+  ReplacePattern pattern;
   bool Apply(std::string_view in, std::string* out, RegexScratch& scratch) const override {
     bool kept = true;
     size_t previous = 0;
-    auto on_match = [&](size_t start, size_t end) {
+    if (in.empty()) return true;
+    pattern.ForEachMatch(in, scratch, [&](size_t start, size_t end) {
       if (start == 0 && end > 0) {
         size_t first_end = 0;
         NextCodepoint(in, &first_end);
-        kept = !content.empty() && end == first_end;
+        kept = !pattern.content().empty() && end == first_end;
       }
       out->append(in.substr(previous, start - previous));
-      *out += content;
+      *out += pattern.content();
       previous = end;
-    };
-    if (in.empty()) return true;
-    if (regex) {
-      regex->ForEachMatch(in, scratch, on_match);
-    } else {
-      for (size_t at = in.find(literal); at != std::string_view::npos;
-           at = in.find(literal, at + literal.size()))
-        on_match(at, at + literal.size());
-    }
+    });
     out->append(in.substr(previous));
     return kept;
   }
-  std::string Describe() const override { return regex ? "Replace(Regex)" : "Replace(String)"; }
+  std::string Describe() const override {
+    return pattern.is_regex() ? "Replace(Regex)" : "Replace(String)";
+  }
 };
 
 struct PrependStep : Normalizer::Step {
@@ -138,24 +134,8 @@ void AddSteps(const json& value, const std::string& where,
   } else if (type == "Lowercase") {
     steps->push_back(std::make_unique<LowercaseStep>());
   } else if (type == "Replace") {
-    auto step = std::make_unique<ReplaceStep>();
-    const json& pattern = value.value("pattern", json());
-    if (!value.contains("content") || !value["content"].is_string())
-      throw DataError(where + ": Replace normalizer needs a \"content\" string");
-    step->content = value["content"].get<std::string>();
-    if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
-      step->literal = pattern["String"].get<std::string>();
-      if (step->literal.empty())
-        throw DataError(where + ": unsupported: Replace normalizer with an empty String pattern");
-    } else if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
-      step->regex = std::make_unique<Regex>(pattern["Regex"].get<std::string>(), where,
-                                            /*allow_fast=*/false);
-    } else {
-      throw DataError(where +
-                      ": Replace normalizer pattern must be {\"String\": ...} or "
-                      "{\"Regex\": ...}");
-    }
-    steps->push_back(std::move(step));
+    steps->push_back(
+        std::make_unique<ReplaceStep>(ReplacePattern(value, where, "Replace normalizer")));
   } else if (type == "Prepend") {
     auto step = std::make_unique<PrependStep>();
     if (!value.contains("prepend") || !value["prepend"].is_string())
