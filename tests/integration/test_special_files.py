@@ -92,6 +92,10 @@ def world(tmp_path_factory):
     return World(tmp_path_factory.mktemp("special_files"))
 
 
+# An LR sweep long enough for a suggestion (lr-find refuses one from under 12 points, or from a
+# flat curve) on the world's debug model and text.
+SWEEP = ["--min", "1e-4", "--max", "10", "--steps", 40]
+
 # Each command that writes a file, with the file it writes at `target`.
 WRITERS = {
     "tokenizer train -o": lambda w, t: ["tokenizer", "train", "--vocab-size", 300, "-o", t, w.corpus],
@@ -102,7 +106,7 @@ WRITERS = {
                                       "model.vocab_size=300", "--out", t],
     "eval --json": lambda w, t: ["eval", "-q", w.run, "--tasks", w.task, "--json", t],
     "eval --predictions": lambda w, t: ["eval", "-q", w.run, "--tasks", w.task, "--predictions", t],
-    "lr-find --apply": lambda w, t: ["lr-find", "--config", w.config, "--steps", 5, "--out",
+    "lr-find --apply": lambda w, t: ["lr-find", "--config", w.config, *SWEEP, "--out",
                                      w.scratch("lr-find"), "--apply", t],
     "smoke --update --golden": lambda w, t: ["smoke", "--update", "--golden", t, "--work-dir",
                                              w.scratch("smoke")],
@@ -243,7 +247,7 @@ def test_a_symlink_loop_in_a_file_list_is_reported_as_a_loop(world):
 def test_lr_find_apply_into_a_missing_folder_is_refused_before_the_sweep(world):
     folder = world.scratch("apply")
     target = folder / "missing" / "deeper" / "tuned.toml"
-    proc = crucible("lr-find", "--config", world.config, "--steps", 5, "--out", folder / "out", "--apply", target)
+    proc = crucible("lr-find", "--config", world.config, *SWEEP, "--out", folder / "out", "--apply", target)
     assert proc.returncode == 2, proc.stderr
     errors = error_lines(proc)
     assert len(errors) == 1 and f"the folder {target.parent} does not exist" in errors[0], proc.stderr
@@ -255,13 +259,13 @@ def test_lr_find_apply_over_an_existing_file_is_refused_unless_overwrite(world):
     folder = world.scratch("apply")
     target = folder / "tuned.toml"
     target.write_text("# mine\n")
-    proc = crucible("lr-find", "--config", world.config, "--steps", 5, "--out", folder / "out", "--apply", target)
+    proc = crucible("lr-find", "--config", world.config, *SWEEP, "--out", folder / "out", "--apply", target)
     assert proc.returncode == 2, proc.stderr
     errors = error_lines(proc)
     assert len(errors) == 1 and f"--apply {target}: exists; give --overwrite" in errors[0], proc.stderr
     assert target.read_text() == "# mine\n" and "step=" not in proc.stdout
 
-    proc = crucible("lr-find", "--config", world.config, "--steps", 5, "--out", folder / "out2", "--apply", target,
+    proc = crucible("lr-find", "--config", world.config, *SWEEP, "--out", folder / "out2", "--apply", target,
                     "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert f"status=applied path={target}" in proc.stdout
