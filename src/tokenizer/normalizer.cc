@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "tokenizer/added_tokens.h"
+#include "tokenizer/describe_steps.h"
 #include "tokenizer/replace_pattern.h"
 #include "tokenizer/unicode_normalization.h"
 #include "tokenizer/utf8.h"
@@ -185,14 +186,7 @@ bool Normalizer::Normalize(std::string_view text, std::string* out, RegexScratch
 }
 
 std::string Normalizer::Describe() const {
-  if (steps_.empty()) return "none";
-  if (steps_.size() == 1) return steps_[0]->Describe();
-  std::string out = "Sequence[";
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    if (i) out += ',';
-    out += steps_[i]->Describe();
-  }
-  return out + "]";
+  return DescribeSteps(steps_);
 }
 
 }  // namespace crucible

@@ -1,6 +1,7 @@
 #include "tokenizer/pre_tokenizer.h"
 
 #include "common/error.h"
+#include "tokenizer/describe_steps.h"
 #include "tokenizer/oniguruma.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -372,14 +373,7 @@ bool PreTokenizer::byte_level_last() const {
 }
 
 std::string PreTokenizer::Describe() const {
-  if (steps_.empty()) return "none";
-  if (steps_.size() == 1) return steps_[0]->Describe();
-  std::string out = "Sequence[";
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    if (i) out += ',';
-    out += steps_[i]->Describe();
-  }
-  return out + "]";
+  return DescribeSteps(steps_);
 }
 
 }  // namespace crucible
