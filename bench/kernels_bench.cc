@@ -90,6 +90,30 @@ void Backward(benchmark::State& state, bool peer, Bf16Gemm bf16 = Bf16Gemm::kOff
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
+// Muon's X X^T on small's matrices (m x n, m <= n: q/o 512 x 512, k/v 256 x 512, the MLP 512 x
+// 1376): matmul_gram (the upper tiles, mirrored), the whole tiled product it replaces, and one
+// threaded OpenBLAS ssyrk (the peer). Counters: the useful GFLOP/s, 2 m^2 n / s for all three.
+constexpr int64_t kGramShapes[][2] = {{512, 512}, {256, 512}, {512, 1376}};
+void Gram(benchmark::State& state, int how) {
+  const int64_t m = kGramShapes[state.range(0)][0], n = kGramShapes[state.range(0)][1];
+  std::vector<float> x = Filled(m * n, 0.5f), a(m * m);
+  for (auto _ : state) {
+    if (how == 0)
+      crucible::kernels::matmul_gram(a.data(), x.data(), m, n);
+    else if (how == 1)
+      crucible::kernels::matmul_forward(a.data(), x.data(), x.data(), m, n, m);
+    else
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, m, n, 1.0f, x.data(), n, 0.0f, a.data(),
+                  m);
+    benchmark::DoNotOptimize(a.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * m * n * state.iterations() / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+void CrucibleGram(benchmark::State& state) { Gram(state, 0); }
+void CrucibleGramAsProduct(benchmark::State& state) { Gram(state, 1); }
+void OpenblasSyrk(benchmark::State& state) { Gram(state, 2); }
+
 void CrucibleForward(benchmark::State& state) {
   Forward(state, false);
 }
@@ -249,5 +273,9 @@ BENCHMARK(Bf16AmxForward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseR
 BENCHMARK(Bf16AmxBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrucibleBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(OpenblasBackward)->DenseRange(0, 4)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK(CrucibleGram)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(CrucibleGramAsProduct)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(OpenblasSyrk)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -4,6 +4,7 @@ each at the learning rate `crucible lr-find` suggests for it, in one run.
 
     .venv/bin/python bench/optimizers.py [--optimizers AdamW,Muon,Mano,Mano_v2,SophiaG] [--flavor small]
         [--steps 200] [--seq-len 256] [--batch 8] [--lr Muon=0.02 ...] [--work DIR]
+    .venv/bin/python bench/optimizers.py --speed 3 --optimizers AdamW,Muon --steps 12   (speed only)
 
 Data: the demo corpora (scripts/fetch-demo-corpora.sh: King James Bible, fortunes, Jargon File,
 GCIDE), the last 2% of each corpus's documents held out for bits per byte, the rest tokenized with
@@ -110,6 +111,53 @@ def train_and_eval(opts, work, blend, heldout, tokenizer, optimizer, lr):
             "state_bytes": float(state.group(1)) * UNITS[state.group(2)]}
 
 
+def profile_of(stdout):
+    """kernel name -> (seconds, gflop) from the phase=profile lines."""
+    out = {}
+    for m in re.finditer(r"^phase=profile kernel=(\S+) seconds=([\d.]+)(?:.*? gflop=([\d.]+))?", stdout, re.M):
+        out[m.group(1)] = (float(m.group(2)), float(m.group(3) or 0))
+    return out
+
+
+def speed(opts, work, blend, tokenizer, given):
+    """Tokens/s of each optimizer over ROUNDS interleaved rounds (A B A B ...: a drift of the
+    machine's speed falls on all alike), the same tokens and steps each, and for the optimizers
+    whose profile has a newton_schulz entry: its share of the training time against its share of
+    the flops (its gflop over its gflop plus the first optimizer's whole profile, the model's
+    forward and backward)."""
+    names = opts.optimizers.split(",")
+    runs = {name: [] for name in names}
+    for round_ in range(opts.speed):
+        for name in names:
+            run_dir = work / f"speed-{name}"
+            subprocess.run(["rm", "-rf", str(run_dir)])
+            args = [a for a in settings(opts, blend, tokenizer, name, run_dir)]
+            stdout = run([CRUCIBLE, "train", *args, "--set", f"optimizer.lr={given.get(name, '1e-3')}",
+                          "--set", "metrics.profile=true", "--set", "checkpoint.enable=false",
+                          "--resume", "none"], log=work / f"speed-{name}.log")
+            done = re.search(r"^done .*train_s=([\d.]+) .*tok/s=([\d.]+)", stdout, re.M)
+            runs[name].append((float(done.group(2)), float(done.group(1)), profile_of(stdout)))
+            print(f"phase=bench round={round_ + 1}/{opts.speed} optimizer={name} tok/s={done.group(2)}", flush=True)
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    base = names[0]
+    base_tok = median([r[0] for r in runs[base]])
+    model_gflop = median([sum(g for k, (_, g) in r[2].items() if k != "optimizer") for r in runs[base]])
+    print(f"\n{opts.flavor}, seq_len {opts.seq_len}, batch {opts.batch}, {opts.steps} steps x {opts.speed} "
+          f"interleaved rounds, threads {os.environ.get('OMP_NUM_THREADS', 'all')}, load {os.getloadavg()[0]:.1f}; "
+          f"{base}'s kernels: {model_gflop:.0f} GFLOP per run\n")
+    print(f"| optimizer | tokens/s (median) | vs {base} | Newton-Schulz share of train_s | its flops share | its GFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        tok = median([r[0] for r in runs[name]])
+        ns = [(r[2]["newton_schulz"], r[1]) for r in runs[name] if "newton_schulz" in r[2]]
+        if ns:
+            (sec, gflop), train_s = ns[len(ns) // 2]
+            shares = f"{100 * sec / train_s:.1f}% | {100 * gflop / (gflop + model_gflop):.1f}% | {gflop / sec:.0f}"
+        else:
+            shares = "- | - | -"
+        print(f"| {name} | {tok:,.0f} | {tok / base_tok:.2f}x | {shares} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--optimizers", default="AdamW,Muon,Mano,Mano_v2,SophiaG")
@@ -120,11 +168,16 @@ def main():
     parser.add_argument("--lr-find-steps", type=int, default=60)
     parser.add_argument("--lr", action="append", default=[], help="NAME=LR: skip lr-find for NAME")
     parser.add_argument("--work", default=os.path.expanduser("~/.cache/crucible/bench-optimizers"))
+    parser.add_argument("--speed", type=int, default=0, metavar="ROUNDS",
+                        help="only the speed: ROUNDS interleaved rounds of --steps steps per optimizer "
+                             "(no lr-find, no eval; --lr or 1e-3), medians and the Newton-Schulz shares")
     opts = parser.parse_args()
     work = Path(opts.work)
     work.mkdir(parents=True, exist_ok=True)
     given = dict(item.split("=", 1) for item in opts.lr)
     blend, heldout, tokenizer = prepare_data(work)
+    if opts.speed:
+        return speed(opts, work, blend, tokenizer, given)
     rows = []
     for optimizer in opts.optimizers.split(","):
         if optimizer in given:

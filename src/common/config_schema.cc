@@ -288,6 +288,11 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"debug.fake_loss_divisor", T::kFloat, V(1.0),
        "test only: divide the logged loss by this (emulates a loss divided by the DP size)", false,
        Above(0)},
+      {"debug.dump_gradients_step", T::kInt, V(int64_t{0}),
+       "write the reduced gradient of this step (before clipping) to "
+       "gradients-step-<N>.f32 in the run directory, float32 in table order (one rank only; "
+       "bench/exact_reduction_error.py)",
+       false, AtLeast(0)},
       {"debug.inject_nan_step", T::kInt, V(int64_t{0}),
        "test only: put a NaN into the gradient of debug.inject_nan_tensor at this step", false,
        AtLeast(0)},

@@ -15,6 +15,19 @@ inline KernelCost MatmulForwardCost(int64_t N, int64_t C, int64_t OC) {
 }
 // dinp and dweight: two products of 2 N C OC each, reading dout twice (dweight alone without
 // dinp).
+// inp inp^T (N,C) -> (N,N): the flops of the tiles on and above the diagonal of a grid of
+// `tile` x `tile` (what matmul_gram multiplies), inp read once and the whole result written.
+inline KernelCost MatmulGramCost(int64_t N, int64_t C, int64_t tile) {
+  const int64_t tiles = (N + tile - 1) / tile;
+  double products = 0;  // output elements the upper tiles hold
+  for (int64_t i = 0; i < tiles; ++i)
+    for (int64_t j = i; j < tiles; ++j) {
+      const int64_t rows = (i + 1) * tile < N ? tile : N - i * tile;
+      const int64_t cols = (j + 1) * tile < N ? tile : N - j * tile;
+      products += 1.0 * rows * cols;
+    }
+  return {"matmul_gram", 2.0 * products * C, 4.0 * (1.0 * N * C + 1.0 * N * N)};
+}
 inline KernelCost MatmulBackwardCost(int64_t N, int64_t C, int64_t OC, bool dinp) {
   return {"matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
           4.0 * ((dinp ? 2.0 : 1.0) * N * OC + 1.0 * N * C * (dinp ? 2 : 1) + 2.0 * OC * C)};

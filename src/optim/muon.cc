@@ -4,23 +4,30 @@
 //   M = beta1 M + (1 - beta1) G                        (momentum, optimizer.beta1)
 //   U = (1 - beta1) G + beta1 M   (muon_nesterov; else U = M)
 //   O = NewtonSchulz5(U)          (X = U / (|U|_F + 1e-7), transposed when m > n; ns_steps times
-//                                  A = X X^T, B = b A + (c A) A, X = a X + B X with the
-//                                  published (a, b, c) = (3.4445, -4.7750, 2.0315))
+//                                  A = X X^T, B = b A + c (A A) (torch.optim.Muon's addmm), X =
+//                                  a X + B X with the published (a, b, c) = (3.4445, -4.7750,
+//                                  2.0315))
 //   W = W (1 - lr wd) - lr s O    s = 0.2 sqrt(max(m, n)) (muon_scale = moonlight, the default:
 //                                  the update RMS of AdamW, so AdamW's lr and wd transfer) or
 //                                  sqrt(max(1, m / n)) (keller, the reference's)
 // The momentum is the reference's lerp form; Moonlight's M = beta1 M + G differs by the factor
 // 1 / (1 - beta1), which the normalisation removes (up to the 1e-7).
 //
-// ns_precision = bf16 emulates torch's bf16 Newton-Schulz exactly: every matrix (the rounded
-// input, X, A, c A, the products, B) is rounded to bf16, each product summed in fp32. Products
-// are kernels::matmul_forward (fixed tiles, the same bits for any thread count).
+// ns_precision = bf16 emulates the reference's bf16 Newton-Schulz (B = (c A) A, as Python reads
+// `b * A + c * A @ A`): every matrix (the rounded input, X, A, c A, the products, B) is rounded to
+// bf16, each product summed in fp32. Products are the model's GEMM path, kernels::matmul_forward
+// (fixed tiles, the same bits for any thread count); the symmetric ones, X X^T and (fp32) A A,
+// are kernels::matmul_gram, which multiplies only the tiles on and above the diagonal and
+// mirrors them (about 5/8 of the flops for a 512-row X). The products run one matrix at a time,
+// each over all the OpenMP threads.
 //
 // Diagnostics (per-tensor state, overwritten by each update): ns_max_abs, the largest |entry|
 // of any Newton-Schulz iterate X, and ns_orthogonality, |X X^T - I|_F / sqrt(min(m, n)) of the
 // final iterate (0 for an orthogonal X, ~0.3 for the quintic's usual singular values 0.7..1.2). A
 // warning names the matrix when an iterate is non-finite or above optimizer.ns_warn_max.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 
@@ -28,7 +35,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/profile.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/kernel_costs.h"
 #include "optim/optimizer.h"
 
 namespace crucible {
@@ -46,32 +55,70 @@ class NewtonSchulz {
   NewtonSchulzResult Run(std::vector<float>& x, int64_t rows, int64_t cols) const {
     const bool tall = rows > cols;
     const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
-    std::vector<float> X(x.size()), Xt(x.size()), A(m * m), cA(m * m), B(m * m), BX(x.size());
+    ScopedKernelTimer profile_timer("newton_schulz", KernelProfileEnabled() ? Flops(m, n) : 0);
+    const int64_t size = m * n, square = m * m;
+    // This thread's buffers, grown to the largest matrix and reused (nothing to zero per call).
+    thread_local std::vector<float> X_, A_, cA_, B_, BX_;
+    float* X = Grown(X_, size);
+    float* A = Grown(A_, square);
+    float* cA = bf16_ ? Grown(cA_, square) : nullptr;
+    float* B = Grown(B_, square);
+    float* BX = Grown(BX_, size);
     // X (m x n): the input, transposed when tall.
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j)
-        X[tall ? j * n + i : i * cols + j] = Round(x[i * cols + j]);
-    double sum = 0;
-    for (float v : X) sum += static_cast<double>(v) * v;
+    if (tall)
+      Transpose(X, x.data(), rows, cols);
+    else
+      std::copy(x.begin(), x.end(), X);
+    RoundAll(X, size);
+    double sum = 0;  // in element order: one thread
+    for (int64_t i = 0; i < size; ++i) sum += static_cast<double>(X[i]) * X[i];
     const float norm = Round(static_cast<float>(std::sqrt(sum))) + 1e-7f;
-    for (float& v : X) v = Round(v / norm);
+    // |entry| bits (the sign cleared) order as the magnitudes, with infinity at 0x7f800000 and
+    // NaN above it; their maximum is the same for any thread count.
+    uint32_t largest = 0;
+#pragma omp parallel for schedule(static) reduction(max : largest)
+    for (int64_t i = 0; i < size; ++i) {
+      X[i] = Round(X[i] / norm);
+      largest = std::max(largest, std::bit_cast<uint32_t>(X[i]) & 0x7fffffffu);
+    }
     NewtonSchulzResult r;
-    r.max_abs = MaxAbs(X);
     constexpr float a = 3.4445f, b = -4.7750f, c = 2.0315f;
     for (int k = 0; k < steps_; ++k) {
-      Product(A, X, X, m, n, m);  // X X^T
-      for (int64_t i = 0; i < m * m; ++i) cA[i] = Round(c * A[i]);
-      Product(B, cA, A, m, m, m);  // (c A) A^T = (c A) A: A is symmetric
-      for (int64_t i = 0; i < m * m; ++i) B[i] = Round(Round(b * A[i]) + B[i]);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) Xt[j * m + i] = X[i * n + j];
-      Product(BX, B, Xt, m, m, n);  // B (Xt)^T = B X
-      for (size_t i = 0; i < X.size(); ++i) X[i] = Round(Round(a * X[i]) + BX[i]);
-      const float max_abs = MaxAbs(X);
-      r.max_abs =
-          std::isfinite(max_abs) && std::isfinite(r.max_abs) ? std::max(r.max_abs, max_abs) : NAN;
+      kernels::matmul_gram(A, X, m, n);  // X X^T
+      RoundAll(A, square);
+      if (bf16_) {
+        // Keller Jordan's `b * A + c * A @ A`, which Python reads as (c A) @ A, each in bf16.
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < square; ++i) cA[i] = RoundToBfloat16(c * A[i]);
+        kernels::matmul_forward(B, cA, A, m, m, m);  // (c A) A^T = (c A) A: A is symmetric
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < square; ++i)
+          B[i] = RoundToBfloat16(RoundToBfloat16(b * A[i]) + RoundToBfloat16(B[i]));
+      } else {
+        // torch.optim.Muon's addmm(A, A, A, beta=b, alpha=c) = b A + c (A A): A A = A A^T is a
+        // Gram matrix too, so only its upper half is multiplied.
+        kernels::matmul_gram(B, A, m, m);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < square; ++i) B[i] = b * A[i] + c * B[i];
+      }
+      kernels::matmul_nn(BX, B, X, m, m, n);  // B X
+      // X = a X + B X, and the largest |entry| of the new iterate, in one pass.
+      if (bf16_) {
+#pragma omp parallel for schedule(static) reduction(max : largest)
+        for (int64_t i = 0; i < size; ++i) {
+          X[i] = RoundToBfloat16(RoundToBfloat16(a * X[i]) + RoundToBfloat16(BX[i]));
+          largest = std::max(largest, std::bit_cast<uint32_t>(X[i]) & 0x7fffffffu);
+        }
+      } else {
+#pragma omp parallel for schedule(static) reduction(max : largest)
+        for (int64_t i = 0; i < size; ++i) {
+          X[i] = a * X[i] + BX[i];
+          largest = std::max(largest, std::bit_cast<uint32_t>(X[i]) & 0x7fffffffu);
+        }
+      }
     }
-    kernels::matmul_forward(A.data(), X.data(), X.data(), m, n, m);
+    r.max_abs = largest >= 0x7f800000u ? NAN : std::bit_cast<float>(largest);
+    kernels::matmul_gram(A, X, m, n);
     double off = 0;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < m; ++j) {
@@ -79,27 +126,38 @@ class NewtonSchulz {
         off += d * d;
       }
     r.orthogonality = static_cast<float>(std::sqrt(off / static_cast<double>(m)));
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) x[i * cols + j] = X[tall ? j * n + i : i * cols + j];
+    if (tall)
+      Transpose(x.data(), X, cols, rows);
+    else
+      std::copy(X, X + size, x.begin());
     return r;
   }
 
  private:
   float Round(float v) const { return bf16_ ? RoundToBfloat16(v) : v; }
-  // out (N x OC) = inp (N x C) weight (OC x C)^T, rounded as a stored matrix.
-  void Product(std::vector<float>& out, const std::vector<float>& inp,
-               const std::vector<float>& weight, int64_t N, int64_t C, int64_t OC) const {
-    kernels::matmul_forward(out.data(), inp.data(), weight.data(), N, C, OC);
-    if (bf16_)
-      for (float& v : out) v = RoundToBfloat16(v);
+  void RoundAll(float* v, int64_t n) const {
+    if (bf16_) RoundToBfloat16(v, v, static_cast<size_t>(n));
   }
-  static float MaxAbs(const std::vector<float>& v) {
-    float max_abs = 0.0f;
-    for (float e : v) {
-      if (!std::isfinite(e)) return NAN;
-      max_abs = std::max(max_abs, std::abs(e));
-    }
-    return max_abs;
+  static float* Grown(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    return v.data();
+  }
+  // out (cols x rows) = in (rows x cols)^T, in 32 x 32 blocks.
+  static void Transpose(float* out, const float* in, int64_t rows, int64_t cols) {
+    constexpr int64_t kBlock = 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
+      for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
+        for (int64_t i = i0; i < std::min(rows, i0 + kBlock); ++i)
+          for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j) out[j * rows + i] = in[i * cols + j];
+  }
+  // The flops of Run's products for an m x n input (m <= n): per iteration X X^T, then A A
+  // (fp32: a Gram product; bf16: the whole (c A) A) and B X; then the diagnostic's X X^T.
+  double Flops(int64_t m, int64_t n) const {
+    const double gram_mn = kernels::MatmulGramCost(m, n, kernels::kGramTile).flops;
+    const double square =
+        bf16_ ? 2.0 * m * m * m : kernels::MatmulGramCost(m, m, kernels::kGramTile).flops;
+    return steps_ * (gram_mn + square + 2.0 * m * m * n) + gram_mn;
   }
 
   int steps_;

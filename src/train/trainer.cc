@@ -149,6 +149,11 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   rank_ = comm().rank();
   if (comm().distributed()) SetLogRank(rank_);
   training_ = BuildTrainingConfig(config_, world_);
+  dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
+  if (dump_gradients_step_ > 0 && world_ != 1)
+    throw UsageError(StrFormat("debug.dump_gradients_step: writes one rank's whole gradient; this "
+                               "run has %d ranks: run it on one",
+                               world_));
   backend_ = MakeBackend(training_.backend);  // a device this machine lacks fails here
   // Before the model is built: weight init, the RoPE tables, the schedule and the optimizer.
   SetPortableHostMath(training_.backend.portable_exact);
@@ -419,6 +424,7 @@ StepReport Trainer::Step(int64_t step) {
   r.step = step;
   r.last = step == training_.steps;
   r.reduce_wait_seconds = ReduceGradients(step);
+  if (step == dump_gradients_step_) DumpGradients(step);
   r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_, step);
   if (leader() && fresh_model_ && step == 1)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
@@ -536,6 +542,14 @@ double Trainer::ReduceGradients(int64_t step) {
     data_parallel_->CheckConsistentHash(sharded_access_->TakeGatheredHash(), step,
                                         "gathered parameters");
   return waited;
+}
+
+// debug.dump_gradients_step: the gradient as the optimizer would get it (reduced, before
+// clipping), float32 little-endian in table order, for bench/exact_reduction_error.py.
+void Trainer::DumpGradients(int64_t step) const {
+  const std::string path = JoinPath(run_dir_, StrFormat("gradients-step-%lld.f32", (long long)step));
+  AtomicWriteFile(path, grads_.data(), table().total() * sizeof(float));
+  LogInfo("wrote " + path);
 }
 
 double Trainer::GradNorm(bool finite) {

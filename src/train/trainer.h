@@ -117,6 +117,7 @@ class Trainer {
   bool ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets = false);
   double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
   // The global gradient norm before clipping; NaN unless every gradient is `finite`.
+  void DumpGradients(int64_t step) const;
   double GradNorm(bool finite);
   // Clips grads_ to training.max_norm (given their norm); returns the norm after clipping.
   double ClipGradients(double grad_norm);
@@ -145,6 +146,7 @@ class Trainer {
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;
   std::string run_dir_;
+  int64_t dump_gradients_step_ = 0;  // debug.dump_gradients_step
   // The run directory's and the checkpoint folder's, held until everything that writes in them
   // is gone.
   std::vector<std::unique_ptr<RunLock>> run_locks_;

@@ -34,6 +34,17 @@ void matmul_backward(float* dinp, float* dweight, const float* dout, const float
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                      bool accumulate_dweight, Bf16Gemm bf16 = Bf16Gemm::kOff);
 
+// out (M,N) = a (M,K) b (K,N), both row-major and untransposed (Muon's B X), on the tiles and
+// libraries of matmul_backward's dinp product: the same bits for any thread count.
+void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N);
+// inp (N,C) -> out (N,N) = inp inp^T, exactly symmetric: only the tiles on and above the diagonal
+// of a fixed grid of kGramTile x kGramTile tiles (a pure function of N) are multiplied, each one
+// single-threaded sgemm as in matmul_forward, and the upper triangle is mirrored into the lower,
+// so the bits depend neither on the thread count nor on which library computes a tile. About
+// (1 + kGramTile / N) / 2 of matmul_forward(out, inp, inp, N, C, N)'s flops (Muon's X X^T and A A).
+inline constexpr int64_t kGramTile = 128;
+void matmul_gram(float* out, const float* inp, int64_t N, int64_t C);
+
 // ---- embedding ----
 // tokens (N) -> out (N,C) = table[tokens]
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t C);

@@ -16,6 +16,8 @@
 // must not run concurrently), then the same tiles are each computed by gemm_bf16_tile instead of
 // sgemm; the caller checks Bf16GemmAvailable().
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "common/profile.h"
 #include "kernels/cpu/gemm_bf16.h"
@@ -95,6 +97,37 @@ void matmul_forward(float* out, const float* inp, const float* weight, int64_t N
                     int64_t OC, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
   gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, bf16);
+}
+
+void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N) {
+  ScopedKernelTimer profile_timer(MatmulForwardCost(M, K, N));
+  gemm_tiled(GemmProduct::kDinp, false, false, M, N, K, a, K, b, N, 0.0f, out, N, Bf16Gemm::kOff);
+}
+
+void matmul_gram(float* out, const float* inp, int64_t N, int64_t C) {
+  ScopedKernelTimer profile_timer(MatmulGramCost(N, C, kGramTile));
+  const GemmLibrary library = GemmLibraryFor(GemmProduct::kForward, N, N, C);
+  const int64_t tiles = (N + kGramTile - 1) / kGramTile;
+  std::vector<std::pair<int64_t, int64_t>> upper;  // (row tile, column tile), column >= row
+  for (int64_t i = 0; i < tiles; ++i)
+    for (int64_t j = i; j < tiles; ++j) upper.emplace_back(i, j);
+  const int64_t count = static_cast<int64_t>(upper.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t i0 = upper[p].first * kGramTile, j0 = upper[p].second * kGramTile;
+    const int64_t rows = std::min(kGramTile, N - i0), cols = std::min(kGramTile, N - j0);
+    gemm_tile(library, false, true, rows, cols, C, inp + i0 * C, C, inp + j0 * C, C, 0.0f,
+              out + i0 * N + j0, N);
+  }
+  // The mirror, tile by tile (a tile and its image both stay in cache): below the diagonal of a
+  // diagonal tile, and the whole image of each tile above it.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t i0 = upper[p].first * kGramTile, j0 = upper[p].second * kGramTile;
+    const int64_t i1 = std::min(N, i0 + kGramTile), j1 = std::min(N, j0 + kGramTile);
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t i = i0; i < std::min(i1, j); ++i) out[j * N + i] = out[i * N + j];
+  }
 }
 
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,

@@ -23,6 +23,30 @@ using testing::Random;
 
 // The products' thread independence, per GEMM library: gemm_library_test.cc.
 
+// Muon's Gram products: exactly symmetric, the same bits for any thread count, and the product
+// inp inp^T to float rounding (checked in double), for sizes on, off and below the tile grid.
+TEST(Kernels, GramProductIsExactlySymmetricThreadIndependentAndThePlainProduct) {
+  for (int64_t N : {int64_t{1}, int64_t{77}, kGramTile, int64_t{300}}) {
+    const int64_t C = 190;
+    const auto inp = Random(N * C, 40 + N);
+    std::vector<float> out(N * N);
+    ExpectThreadIndependent([&] {
+      matmul_gram(out.data(), inp.data(), N, C);
+      return out;
+    });
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        ASSERT_EQ(out[i * N + j], out[j * N + i]) << "N " << N << " at " << i << ", " << j;
+        double want = 0, magnitude = 0;
+        for (int64_t k = 0; k < C; ++k) {
+          want += static_cast<double>(inp[i * C + k]) * inp[j * C + k];
+          magnitude += std::abs(static_cast<double>(inp[i * C + k]) * inp[j * C + k]);
+        }
+        ASSERT_NEAR(out[i * N + j], want, 1e-6 * magnitude + 1e-30) << "N " << N;
+      }
+  }
+}
+
 TEST(Kernels, AttentionAndNormsAreThreadIndependent) {
   const int64_t B = 2, T = 200, H = 4, KV = 2, D = 16, C = 64;
   auto q = Random(B * T * H * D, 4), k = Random(B * T * KV * D, 5), v = Random(B * T * KV * D, 6);
