@@ -107,12 +107,18 @@ void Gram(benchmark::State& state, int how) {
                   m);
     benchmark::DoNotOptimize(a.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * m * n * state.iterations() / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * m * n * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
-void CrucibleGram(benchmark::State& state) { Gram(state, 0); }
-void CrucibleGramAsProduct(benchmark::State& state) { Gram(state, 1); }
-void OpenblasSyrk(benchmark::State& state) { Gram(state, 2); }
+void CrucibleGram(benchmark::State& state) {
+  Gram(state, 0);
+}
+void CrucibleGramAsProduct(benchmark::State& state) {
+  Gram(state, 1);
+}
+void OpenblasSyrk(benchmark::State& state) {
+  Gram(state, 2);
+}
 
 void CrucibleForward(benchmark::State& state) {
   Forward(state, false);

@@ -320,6 +320,16 @@ void CheckNarrowWidth(int width) {
 }
 }  // namespace
 
+Communicator::Handle Communicator::StartAllReduceMaxBytes(uint8_t* data, size_t count,
+                                                          const char* what) {
+  if (count > kMaxCount) throw Error(kExitFailure, "byte all-reduce block too large for MPI");
+  if (!communicates()) return -1;
+  Handle handle = -1;
+  MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_UINT8_T, MPI_MAX,
+                 mpi_->handle.comm, &NewOperation(what, &handle).request);
+  return handle;
+}
+
 Communicator::Handle Communicator::StartAllReduceNarrow(void* data, size_t count, int width,
                                                         const char* what) {
   CheckNarrowWidth(width);

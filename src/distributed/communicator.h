@@ -91,6 +91,8 @@ class Communicator {
   Handle StartReduceScatterInt128(const __int128* send, __int128* receive,
                                   const std::vector<size_t>& counts, const char* what);
   Handle StartAllReduceInt128(__int128* data, size_t count, const char* what);
+  // The element-wise maximum of every rank's bytes, in place (count within one MPI count).
+  Handle StartAllReduceMaxBytes(uint8_t* data, size_t count, const char* what);
   // The same sums for narrow two's-complement integers of `width` bytes (4, or 6: 48 bits,
   // little-endian), which the caller guarantees cannot overflow (ExactGroupSum).
   Handle StartAllReduceNarrow(void* data, size_t count, int width, const char* what);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/error.h"
 #include "common/profile.h"
@@ -62,58 +63,169 @@ bool Fits(const uint8_t* agreed, size_t blocks, int ranks, int bits) {
   return true;
 }
 
+namespace {
+// Block by block (one shift per block), the width a constant of the loop.
+template <int kWidth>
+void PackAs(const __int128* sums, size_t count, size_t first, const uint8_t* agreed,
+            unsigned char* out) {
+  const size_t kBlock = ExactGrid::kBlock;
+  const int64_t blocks = static_cast<int64_t>((first % kBlock + count + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t block = first / kBlock + b;
+    const size_t begin = std::max(first, block * kBlock) - first;
+    const size_t end = std::min(first + count, (block + 1) * kBlock) - first;
+    const int shift = ShiftOf(agreed, block);
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t value = static_cast<int64_t>(sums[i] >> shift);
+      std::memcpy(out + i * kWidth, &value, kWidth);  // little-endian: the low kWidth bytes
+    }
+  }
+}
+
+template <int kWidth>
+void UnpackAs(const unsigned char* in, size_t count, size_t first, const uint8_t* agreed,
+              __int128* out) {
+  const size_t kBlock = ExactGrid::kBlock;
+  constexpr int kUnused = 64 - 8 * kWidth;
+  const int64_t blocks = static_cast<int64_t>((first % kBlock + count + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t block = first / kBlock + b;
+    const size_t begin = std::max(first, block * kBlock) - first;
+    const size_t end = std::min(first + count, (block + 1) * kBlock) - first;
+    const int shift = ShiftOf(agreed, block);
+    for (size_t i = begin; i < end; ++i) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, in + i * kWidth, kWidth);
+      const int64_t value = static_cast<int64_t>(bits << kUnused) >> kUnused;  // sign-extended
+      out[i] = static_cast<__int128>(static_cast<U128>(static_cast<__int128>(value)) << shift);
+    }
+  }
+}
+}  // namespace
+
 void Pack(const __int128* sums, size_t count, size_t first, const uint8_t* agreed, int width,
           unsigned char* out) {
-  const int64_t n = static_cast<int64_t>(count);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t value =
-        static_cast<int64_t>(sums[i] >> ShiftOf(agreed, (first + i) / ExactGrid::kBlock));
-    std::memcpy(out + i * width, &value, width);  // little-endian: the low `width` bytes
+  switch (width) {
+    case 4:
+      return PackAs<4>(sums, count, first, agreed, out);
+    case 6:
+      return PackAs<6>(sums, count, first, agreed, out);
+    case 8:
+      return PackAs<8>(sums, count, first, agreed, out);
+    default:
+      throw Error(kExitFailure, "internal error: exact_wire::Pack: no wire of " +
+                                    std::to_string(width) + " bytes");
   }
 }
 
 void Unpack(const unsigned char* in, size_t count, size_t first, const uint8_t* agreed, int width,
             __int128* out) {
-  const int64_t n = static_cast<int64_t>(count);
-  const int unused = 64 - 8 * width;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t bits = 0;
-    std::memcpy(&bits, in + i * width, width);
-    const int64_t value = static_cast<int64_t>(bits << unused) >> unused;  // sign-extended
-    out[i] = static_cast<__int128>(static_cast<U128>(static_cast<__int128>(value))
-                                   << ShiftOf(agreed, (first + i) / ExactGrid::kBlock));
+  switch (width) {
+    case 4:
+      return UnpackAs<4>(in, count, first, agreed, out);
+    case 6:
+      return UnpackAs<6>(in, count, first, agreed, out);
+    case 8:
+      return UnpackAs<8>(in, count, first, agreed, out);
+    default:
+      throw Error(kExitFailure, "internal error: exact_wire::Unpack: no wire of " +
+                                    std::to_string(width) + " bytes");
   }
 }
 }  // namespace exact_wire
 
-bool ExactGroupSum::Agree(const __int128* sums, size_t count, std::vector<uint8_t>* agreed,
-                          const char* what) {
+std::vector<unsigned char> ExactGroupSum::TakeBuffer(size_t bytes) {
+  // The spare whose size is nearest above `bytes`, else the largest, grown: a spare keeps its
+  // size (and its pages), so a steady step reuses every buffer without zeroing it again.
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if (best == spare_.end()) {
+      best = it;
+      continue;
+    }
+    const bool fits = it->size() >= bytes, best_fits = best->size() >= bytes;
+    if (fits ? !best_fits || it->size() < best->size() : !best_fits && it->size() > best->size())
+      best = it;
+  }
+  std::vector<unsigned char> buffer;
+  if (best != spare_.end()) {
+    buffer = std::move(*best);
+    spare_.erase(best);
+  }
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer;
+}
+
+void ExactGroupSum::StartAgreement(Operation& op, const __int128* sums, size_t count,
+                                   const char* what) {
   const size_t blocks = (count + ExactGrid::kBlock - 1) / ExactGrid::kBlock;
-  agreed->resize(2 * blocks);
-  exact_wire::Describe(sums, count, agreed->data());
-  group_.AllReduceMaxBytes(agreed->data(), agreed->size(), what);
-  const bool fits = exact_wire::Fits(agreed->data(), blocks, group_.size(), grid_.wire_bits());
-  if (!fits) ++wide_reductions_;
-  return fits;
+  op.agreed.resize(2 * blocks);
+  {
+    ScopedKernelTimer profile_timer("exact_describe");
+    exact_wire::Describe(sums, count, op.agreed.data());
+  }
+  op.what = what;
+  op.agree_handle = group_.StartAllReduceMaxBytes(op.agreed.data(), op.agreed.size(), what);
+  op.agreeing = true;
+}
+
+void ExactGroupSum::StartData(Operation& op) {
+  const char* what = op.what;
+  op.agreeing = false;
+  {
+    // The ranks meet here: the time includes waiting for the slowest to reach this reduction.
+    ScopedKernelTimer profile_timer("exact_agree");
+    group_.WaitFor(op.agree_handle);
+  }
+  const size_t blocks = op.agreed.size() / 2;
+  const bool fits = exact_wire::Fits(op.agreed.data(), blocks, group_.size(), grid_.wire_bits());
+  const bool scatter = !op.counts.empty();
+  if (!fits) {
+    ++wide_reductions_;
+    op.handle = scatter ? group_.StartReduceScatterInt128(op.source, op.out, op.counts, what)
+                        : group_.StartAllReduceInt128(op.out, op.total, what);
+    op.out = nullptr;  // nothing to unpack
+    return;
+  }
+  ScopedKernelTimer profile_timer("exact_pack");
+  const int width = wire_bytes();
+  op.send = TakeBuffer(op.total * width);
+  exact_wire::Pack(op.source, op.total, 0, op.agreed.data(), width, op.send.data());
+  if (!scatter) {
+    op.handle = group_.StartAllReduceNarrow(op.send.data(), op.total, width, what);
+    return;
+  }
+  op.receive = TakeBuffer(std::max<size_t>(1, op.count) * width);
+  op.scattered = true;
+  op.handle =
+      group_.StartReduceScatterNarrow(op.send.data(), op.receive.data(), op.counts, width, what);
+}
+
+void ExactGroupSum::AdvanceUpTo(Handle last) {
+  while (!agreeing_.empty() && agreeing_.front() <= last) {
+    const Handle handle = agreeing_.front();
+    agreeing_.pop_front();
+    auto it = operations_.find(handle);
+    if (it != operations_.end() && it->second.agreeing) StartData(it->second);
+  }
 }
 
 ExactGroupSum::Handle ExactGroupSum::StartAllReduce(__int128* sums, size_t count,
                                                     const char* what) {
   const Handle handle = next_handle_++;
   Operation& op = operations_[handle];
-  if (!narrow_possible() || !Agree(sums, count, &op.agreed, what)) {
+  if (!narrow_possible()) {
     op.handle = group_.StartAllReduceInt128(sums, count, what);
     return handle;
   }
-  ScopedKernelTimer profile_timer("exact_pack");
-  const int width = wire_bytes();
-  op.send.resize(count * width);
-  exact_wire::Pack(sums, count, 0, op.agreed.data(), width, op.send.data());
+  op.source = sums;
   op.out = sums;
-  op.count = count;
-  op.handle = group_.StartAllReduceNarrow(op.send.data(), count, width, what);
+  op.total = op.count = count;
+  StartAgreement(op, sums, count, what);
+  agreeing_.push_back(handle);
+  AdvanceUpTo(handle - kAgreeSlack);
   return handle;
 }
 
@@ -122,37 +234,41 @@ ExactGroupSum::Handle ExactGroupSum::StartReduceScatter(const __int128* send, __
                                                         const char* what) {
   const Handle handle = next_handle_++;
   Operation& op = operations_[handle];
+  if (!narrow_possible()) {
+    op.handle = group_.StartReduceScatterInt128(send, receive, counts, what);
+    return handle;
+  }
   size_t total = 0, first = 0;
   for (size_t r = 0; r < counts.size(); ++r) {
     if (static_cast<int>(r) == group_.rank()) first = total;
     total += counts[r];
   }
-  if (!narrow_possible() || !Agree(send, total, &op.agreed, what)) {
-    op.handle = group_.StartReduceScatterInt128(send, receive, counts, what);
-    return handle;
-  }
-  ScopedKernelTimer profile_timer("exact_pack");
-  const int width = wire_bytes();
-  op.send.resize(total * width);
-  op.receive.resize(std::max<size_t>(1, counts[group_.rank()]) * width);
-  exact_wire::Pack(send, total, 0, op.agreed.data(), width, op.send.data());
+  op.source = send;
   op.out = receive;
+  op.total = total;
   op.count = counts[group_.rank()];
   op.first = first;
-  op.handle =
-      group_.StartReduceScatterNarrow(op.send.data(), op.receive.data(), counts, width, what);
+  op.counts = counts;
+  StartAgreement(op, send, total, what);
+  agreeing_.push_back(handle);
+  AdvanceUpTo(handle - kAgreeSlack);
   return handle;
 }
 
 bool ExactGroupSum::Test(Handle handle) {
   auto it = operations_.find(handle);
   if (it == operations_.end()) return true;
+  if (it->second.agreeing) {  // drive the agreement only: starting the data here would let the
+    group_.Test(it->second.agree_handle);  // ranks start collectives in different orders
+    return false;
+  }
   if (!group_.Test(it->second.handle)) return false;
   WaitFor(handle);  // complete: unpack
   return true;
 }
 
 void ExactGroupSum::WaitFor(Handle handle) {
+  AdvanceUpTo(handle);
   auto it = operations_.find(handle);
   if (it == operations_.end()) return;
   Operation& op = it->second;
@@ -160,9 +276,11 @@ void ExactGroupSum::WaitFor(Handle handle) {
   if (op.out) {
     const int width = wire_bytes();
     // An all-reduce sums in place in `send`; a reduce-scatter into `receive`.
-    const unsigned char* in = op.receive.empty() ? op.send.data() : op.receive.data();
+    const unsigned char* in = op.scattered ? op.receive.data() : op.send.data();
     exact_wire::Unpack(in, op.count, op.first, op.agreed.data(), width, op.out);
   }
+  for (std::vector<unsigned char>* buffer : {&op.send, &op.receive})
+    if (!buffer->empty()) spare_.push_back(std::move(*buffer));
   operations_.erase(it);
 }
 

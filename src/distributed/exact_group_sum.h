@@ -18,12 +18,17 @@
 //   of the block's exponent over the contributions and log2 of their count.
 //
 // The order of a reduction is therefore irrelevant by construction; its grid is stated by the
-// ExactGrid, and ranks must start the same reductions in the same order (one blocking byte
-// all-reduce precedes each narrow one).
+// ExactGrid, and ranks must start the same reductions in the same order. The byte all-reduce
+// of a narrow reduction is started with it and does not block: its sums are packed and sent
+// once kAgreeSlack later reductions have been started, or when it is waited for (Test only
+// drives MPI's progress: it never starts a collective, so every rank starts its collectives in
+// one order, that of the calls to Start* and WaitFor, whatever completes first). A rank thus
+// runs up to kAgreeSlack reductions ahead of the slowest before it waits.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <unordered_map>
 #include <vector>
 
@@ -78,21 +83,40 @@ class ExactGroupSum {
   bool AllReduceFloat(const float* in, float* out, size_t count, const char* what);
 
  private:
+  static constexpr Handle kAgreeSlack = 2;
   struct Operation {
     Communicator::Handle handle = -1;
+    // Until the agreement is waited for: what the data collective will need.
+    bool agreeing = false;
+    Communicator::Handle agree_handle = -1;
+    const __int128* source = nullptr;  // an all-reduce sums in place (source == out)
+    size_t total = 0;                  // sums in `source`
+    std::vector<size_t> counts;        // a reduce-scatter's blocks; empty for an all-reduce
+    const char* what = "";             // for the messages of its collectives
     std::vector<uint8_t> agreed;
-    std::vector<unsigned char> send, receive;
+    std::vector<unsigned char> send, receive;  // from TakeBuffer, at least the bytes they carry
+    bool scattered = false;                    // a reduce-scatter: the result is in `receive`
     __int128* out = nullptr;
     size_t count = 0, first = 0;
   };
-  // The agreed description of sums[0, count); true if they travel narrow.
-  bool Agree(const __int128* sums, size_t count, std::vector<uint8_t>* agreed, const char* what);
+  // Describes sums[0, count) into op.agreed and starts the byte all-reduce of the group.
+  void StartAgreement(Operation& op, const __int128* sums, size_t count, const char* what);
+  // Waits for op's agreement and starts its data collective: narrow when every block fits, else
+  // 16 bytes a sum.
+  void StartData(Operation& op);
+  // StartData for every agreeing operation up to `last`, in the order they were started.
+  void AdvanceUpTo(Handle last);
+  // A byte buffer of at least `bytes` (its size may be larger), from the spares of finished
+  // operations when one is there.
+  std::vector<unsigned char> TakeBuffer(size_t bytes);
   bool narrow_possible() const { return grid_.wire_bits() < 128 && group_.distributed(); }
   Communicator& group_;
   ExactGrid grid_;
   std::unordered_map<Handle, Operation> operations_;
   Handle next_handle_ = 0;
   int64_t wide_reductions_ = 0;
+  std::vector<std::vector<unsigned char>> spare_;
+  std::deque<Handle> agreeing_;  // started, agreement not yet waited for, oldest first
 };
 
 }  // namespace crucible

@@ -27,15 +27,15 @@
 // warning names the matrix when an iterate is non-finite or above optimizer.ns_warn_max.
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "common/bfloat16.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/strings.h"
 #include "common/profile.h"
+#include "common/strings.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/kernel_costs.h"
 #include "optim/optimizer.h"
@@ -134,7 +134,9 @@ class NewtonSchulz {
   }
 
  private:
-  float Round(float v) const { return bf16_ ? RoundToBfloat16(v) : v; }
+  float Round(float v) const {
+    return bf16_ ? RoundToBfloat16(v) : v;
+  }
   void RoundAll(float* v, int64_t n) const {
     if (bf16_) RoundToBfloat16(v, v, static_cast<size_t>(n));
   }
@@ -149,7 +151,8 @@ class NewtonSchulz {
     for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
       for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
         for (int64_t i = i0; i < std::min(rows, i0 + kBlock); ++i)
-          for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j) out[j * rows + i] = in[i * cols + j];
+          for (int64_t j = j0; j < std::min(cols, j0 + kBlock); ++j)
+            out[j * rows + i] = in[i * cols + j];
   }
   // The flops of Run's products for an m x n input (m <= n): per iteration X X^T, then A A
   // (fp32: a Gram product; bf16: the whole (c A) A) and B X; then the diagnostic's X X^T.

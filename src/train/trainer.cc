@@ -151,9 +151,10 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   training_ = BuildTrainingConfig(config_, world_);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
   if (dump_gradients_step_ > 0 && world_ != 1)
-    throw UsageError(StrFormat("debug.dump_gradients_step: writes one rank's whole gradient; this "
-                               "run has %d ranks: run it on one",
-                               world_));
+    throw UsageError(
+        StrFormat("debug.dump_gradients_step: writes one rank's whole gradient; this "
+                  "run has %d ranks: run it on one",
+                  world_));
   backend_ = MakeBackend(training_.backend);  // a device this machine lacks fails here
   // Before the model is built: weight init, the RoPE tables, the schedule and the optimizer.
   SetPortableHostMath(training_.backend.portable_exact);
@@ -547,7 +548,8 @@ double Trainer::ReduceGradients(int64_t step) {
 // debug.dump_gradients_step: the gradient as the optimizer would get it (reduced, before
 // clipping), float32 little-endian in table order, for bench/exact_reduction_error.py.
 void Trainer::DumpGradients(int64_t step) const {
-  const std::string path = JoinPath(run_dir_, StrFormat("gradients-step-%lld.f32", (long long)step));
+  const std::string path =
+      JoinPath(run_dir_, StrFormat("gradients-step-%lld.f32", (long long)step));
   AtomicWriteFile(path, grads_.data(), table().total() * sizeof(float));
   LogInfo("wrote " + path);
 }
