@@ -49,6 +49,21 @@ void ReplicatedAccess::GradientsReady(int unit) {
   if (overlap_) dp_.Progress();
 }
 
+void ReplicatedAccess::BeginStep() {
+  accumulator_.Zero();
+}
+
+double ReplicatedAccess::FinishStep(float* grads) {
+  if (overlap_) return dp_.FinishReductions(accumulator_, grads);
+  Timer waited;
+  dp_.ReduceGradients(accumulator_, grads);
+  return waited.Seconds();
+}
+
+size_t ReplicatedAccess::buffer_bytes() const {
+  return overlap_ ? dp_.OverlapBufferBytes() : 0;
+}
+
 // ---- stage 3 ----
 
 ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_parallel,
@@ -143,7 +158,8 @@ void ShardedAccess::Complete(GatherBuffer& buffer) {
   }
 }
 
-uint64_t ShardedAccess::TakeGatheredHash() {
+std::optional<uint64_t> ShardedAccess::TakeGatheredHash() {
+  if (!hashing_) return std::nullopt;
   uint64_t h = gathered_hash_;
   gathered_hash_ = 0;
   return h;

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,17 +34,48 @@ namespace crucible {
 // gradient), where grads[i - units()[unit].begin] is the gradient of flat parameter i.
 using NonFiniteHandler = std::function<void(int unit, const float* grads)>;
 
-class ReplicatedAccess : public ParameterAccess {
+// What the trainer holds, whatever the ZeRO stage: the model's ParameterAccess and the step
+// around it. The trainer calls BeginStep, then BeginMicroBatch before each micro-batch's forward
+// pass, then FinishStep after the last backward pass, and branches on no layout.
+class TrainingAccess : public ParameterAccess {
+ public:
+  // Before a step's first micro-batch.
+  virtual void BeginStep() = 0;
+  // Before each micro-batch's forward pass. `last`: the step's last micro-batch. `test_nan`
+  // (test only): the flat element whose gradient becomes NaN in this micro-batch, -1 for none.
+  virtual void BeginMicroBatch(bool last, int64_t test_nan) = 0;
+  // After the step's last backward pass: waits for the reductions still in flight and writes
+  // the fp32 gradient of this rank's part into `grads` (the trainer's gradient buffer, in the
+  // layout of its weights). Returns the seconds it waited.
+  virtual double FinishStep(float* grads) = 0;
+  // Bytes of its own buffers (gathers, reductions in flight), besides the weights, gradients and
+  // accumulator the trainer holds.
+  virtual size_t buffer_bytes() const = 0;
+  // The silent-data-corruption check of what a layout gathers: a hash of every unit this rank
+  // gathered since the last call, which must agree across ranks; nullopt where nothing is
+  // gathered (ZeRO 0/1 compare their replicas instead).
+  virtual std::optional<uint64_t> TakeGatheredHash() { return std::nullopt; }
+  // Test only: flip one bit of the next unit this rank gathers, as a faulty node would; a layout
+  // that gathers nothing ignores it (its replicas are corrupted after the update instead).
+  virtual void CorruptNextGather() {}
+};
+
+class ReplicatedAccess : public TrainingAccess {
  public:
   // `overlap`: start each unit's reduction during the last micro-batch's backward pass (else
   // the caller reduces the whole accumulator after the backward pass).
   ReplicatedAccess(const ParameterTable& table, DataParallel& data_parallel,
                    ExactAccumulator& accumulator, const float* weights, float* grads, bool overlap,
                    NonFiniteHandler on_non_finite);
-  // Before each micro-batch's backward pass; `last`: the step's last micro-batch.
-  void BeginMicroBatch(bool last) { last_ = last; }
-  // Test only: the gradient of flat element `offset` becomes NaN in the next units (-1: off).
-  void SetTestNan(int64_t offset) { test_nan_ = offset; }
+  // Zeroes the accumulator.
+  void BeginStep() override;
+  void BeginMicroBatch(bool last, int64_t test_nan) override {
+    last_ = last;
+    test_nan_ = test_nan;
+  }
+  // The reductions still in flight (overlap), or the whole accumulator's (without).
+  double FinishStep(float* grads) override;
+  size_t buffer_bytes() const override;
 
   const float* AcquireWeights(int unit) override;
   float* Gradients(int unit) override;
@@ -60,7 +92,7 @@ class ReplicatedAccess : public ParameterAccess {
   int64_t test_nan_ = -1;
 };
 
-class ShardedAccess : public ParameterAccess {
+class ShardedAccess : public TrainingAccess {
  public:
   static constexpr int kGatherBuffers = 3;     // in use, prefetched, and the tied embedding
   static constexpr int kReductionBuffers = 4;  // gradient pieces in flight
@@ -70,23 +102,19 @@ class ShardedAccess : public ParameterAccess {
                 bool overlap, NonFiniteHandler on_non_finite);
 
   // Before a step's first micro-batch: the parameters changed, so gathered units are stale.
-  void BeginStep();
-  // After the step's last backward pass: waits for the reductions still in flight and writes
-  // the fp32 gradient of this rank's shard (grad_shard[i - shard_begin]). Returns the seconds
-  // it waited.
-  double FinishStep(float* grad_shard);
+  void BeginStep() override;
+  void BeginMicroBatch(bool /*last*/, int64_t test_nan) override { test_nan_ = test_nan; }
+  // Writes the fp32 gradient of this rank's shard (grad_shard[i - shard_begin]).
+  double FinishStep(float* grad_shard) override;
 
   // Silent-data-corruption check: a hash of every unit this rank gathered, in order, since the
   // last TakeGatheredHash(). Ranks gather the same bytes, so their hashes must agree.
   void EnableHashing(bool on) { hashing_ = on; }
-  uint64_t TakeGatheredHash();
-  // Test only: flip one bit of the next unit this rank gathers, as a faulty node would.
-  void CorruptNextGather() { corrupt_next_ = true; }
-  // Test only: the gradient of flat element `offset` becomes NaN in the next units (-1: off).
-  void SetTestNan(int64_t offset) { test_nan_ = offset; }
+  std::optional<uint64_t> TakeGatheredHash() override;
+  void CorruptNextGather() override { corrupt_next_ = true; }
 
   // Bytes of the gather, gradient and reduction buffers (besides the shards).
-  size_t buffer_bytes() const;
+  size_t buffer_bytes() const override;
   // Unit gathers started since construction (each one all-gather of the unit's parameters).
   int64_t gathers_started() const { return gathers_started_; }
 

@@ -24,8 +24,8 @@ FaultInjector::FaultInjector(const Config& config, const ParameterTable& table, 
         static_cast<int64_t>(table.Find(config.String("debug.inject_nan_tensor")).offset);
 }
 
-void FaultInjector::BeforeStep(int64_t step, ShardedAccess* sharded) const {
-  if (sharded && corrupt_rank_ == rank_ && corrupt_step_ == step) sharded->CorruptNextGather();
+void FaultInjector::BeforeStep(int64_t step, TrainingAccess& access) const {
+  if (corrupt_rank_ == rank_ && corrupt_step_ == step) access.CorruptNextGather();
 }
 
 int64_t FaultInjector::NanElement(int64_t step, int64_t micro_batch) const {

@@ -23,7 +23,7 @@
 
 namespace crucible {
 
-class ShardedAccess;
+class TrainingAccess;
 
 class FaultInjector {
  public:
@@ -31,8 +31,9 @@ class FaultInjector {
   // when it has none of that name). Applies CRUCIBLE_TEST_PERTURB_KERNEL.
   FaultInjector(const Config& config, const ParameterTable& table, int rank);
 
-  // Before step `step`'s forward pass, under ZeRO-3 (`sharded`): the next gather is corrupted.
-  void BeforeStep(int64_t step, ShardedAccess* sharded) const;
+  // Before step `step`'s forward pass: the next unit `access` gathers is corrupted (ZeRO-3; a
+  // layout that gathers nothing ignores it and gets the bit flip in AfterUpdate).
+  void BeforeStep(int64_t step, TrainingAccess& access) const;
   // The flat element whose gradient becomes NaN in micro-batch `micro_batch` of `step` on this
   // rank, or -1.
   int64_t NanElement(int64_t step, int64_t micro_batch) const;

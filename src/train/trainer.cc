@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "ckpt/hf.h"
 #include "ckpt/model_weights.h"
@@ -327,15 +328,14 @@ void Trainer::ConnectModel() {
                                                     table().units()[unit].end);
   };
   if (sharded_) {
-    sharded_access_ = std::make_unique<ShardedAccess>(table(), *data_parallel_, weights_.data(),
-                                                      overlap || world_ == 1, on_non_finite);
-    sharded_access_->EnableHashing(training_.check_consistency());
-    access_ = sharded_access_.get();
+    auto sharded = std::make_unique<ShardedAccess>(table(), *data_parallel_, weights_.data(),
+                                                   overlap || world_ == 1, on_non_finite);
+    sharded->EnableHashing(training_.check_consistency());
+    access_ = std::move(sharded);
   } else {
-    replicated_ =
+    access_ =
         std::make_unique<ReplicatedAccess>(table(), *data_parallel_, *accumulator_, weights_.data(),
                                            grads_.data(), overlap, on_non_finite);
-    access_ = replicated_.get();
   }
   if (!leader()) return;
   // Memory per rank (the parameter-sized buffers, from their real sizes; formula in
@@ -346,10 +346,7 @@ void Trainer::ConnectModel() {
   double state_floats = 0;
   for (const ShardState& state : optimizer_->LocalState()) state_floats += state.values.size();
   const double buffers =
-      (sharded_access_
-           ? sharded_access_->buffer_bytes()
-           : (overlap ? static_cast<double>(data_parallel_->OverlapBufferBytes()) : 0.0)) +
-      static_cast<double>(optimizer_->BufferBytes());
+      static_cast<double>(access_->buffer_bytes()) + static_cast<double>(optimizer_->BufferBytes());
   const double weight_bytes = 4.0 * weights_.size(), grad_bytes = 4.0 * grads_.size();
   const double accumulator_bytes = 16.0 * accumulator_->size();
   const double total = weight_bytes + grad_bytes + accumulator_bytes + 4 * state_floats + buffers;
@@ -418,7 +415,7 @@ StepReport Trainer::Step(int64_t step) {
   if (!sharded_ && training_.check_consistency() && step > 1 &&
       (step - 1) % training_.consistency_check_steps == 0)
     data_parallel_->CheckConsistency(weights_.data(), table().total(), step - 1);
-  faults_->BeforeStep(step, sharded_access_.get());
+  faults_->BeforeStep(step, *access_);
   const Batch& batch = NextBatch();
   const bool finite = ForwardBackward(batch, step);
   StepReport r;
@@ -485,17 +482,10 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
   // One warning per step and rank: the first tensor and micro-batch, and how many were not finite.
   std::string first_non_finite;
   int64_t non_finite_micro_batches = 0;
-  if (sharded_)
-    sharded_access_->BeginStep();
-  else
-    accumulator_->Zero();
+  access_->BeginStep();
   for (int64_t m = 0; m < accumulation; ++m) {
-    const int64_t nan_at = sampled_targets ? -1 : faults_->NanElement(step, m);
-    if (replicated_) {
-      replicated_->BeginMicroBatch(m + 1 == accumulation);
-      replicated_->SetTestNan(nan_at);
-    }
-    if (sharded_access_) sharded_access_->SetTestNan(nan_at);
+    access_->BeginMicroBatch(m + 1 == accumulation,
+                             sampled_targets ? -1 : faults_->NanElement(step, m));
     // The fused head (its backward during Forward) unless the targets are resampled from the
     // whole logits.
     const ForwardOptions options =
@@ -532,16 +522,11 @@ double Trainer::ReduceGradients(int64_t step) {
   // The gradient reductions still in flight (all of them without overlap): the time this rank
   // waits here is the communication the backward pass did not hide.
   Timer reduce_timer;
-  if (sharded_)
-    sharded_access_->FinishStep(grads_.data());
-  else if (training_.shape.overlap)
-    data_parallel_->FinishReductions(*accumulator_, grads_.data());
-  else
-    data_parallel_->ReduceGradients(*accumulator_, grads_.data());
+  access_->FinishStep(grads_.data());
   const double waited = reduce_timer.Seconds();
-  if (sharded_ && training_.check_consistency() && step % training_.consistency_check_steps == 0)
-    data_parallel_->CheckConsistentHash(sharded_access_->TakeGatheredHash(), step,
-                                        "gathered parameters");
+  if (training_.check_consistency() && step % training_.consistency_check_steps == 0)
+    if (const std::optional<uint64_t> hash = access_->TakeGatheredHash())
+      data_parallel_->CheckConsistentHash(*hash, step, "gathered parameters");
   return waited;
 }
 

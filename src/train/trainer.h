@@ -172,9 +172,7 @@ class Trainer {
   std::unique_ptr<MfuMeter> mfu_meter_;
 
   // ---- how the model reaches parameters and gradients ----
-  std::unique_ptr<ReplicatedAccess> replicated_;
-  std::unique_ptr<ShardedAccess> sharded_access_;
-  ParameterAccess* access_ = nullptr;
+  std::unique_ptr<TrainingAccess> access_;  // ZeRO 0/1: ReplicatedAccess; 3: ShardedAccess
   std::string non_finite_where_;  // first tensor with a non-finite gradient in a micro-batch
 
   // ---- the loop ----
