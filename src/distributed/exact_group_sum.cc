@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "common/error.h"
 #include "common/profile.h"
@@ -64,75 +65,64 @@ bool Fits(const uint8_t* agreed, size_t blocks, int ranks, int bits) {
 }
 
 namespace {
-// Block by block (one shift per block), the width a constant of the loop.
-template <int kWidth>
-void PackAs(const __int128* sums, size_t count, size_t first, const uint8_t* agreed,
-            unsigned char* out) {
+// body(begin, end, shift) for each block that elements [first, first + count) touch, with the
+// indices relative to `first`, blocks spread over the threads.
+template <typename Body>
+void ForEachBlock(size_t count, size_t first, const uint8_t* agreed, const Body& body) {
   const size_t kBlock = ExactGrid::kBlock;
   const int64_t blocks = static_cast<int64_t>((first % kBlock + count + kBlock - 1) / kBlock);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const size_t block = first / kBlock + b;
-    const size_t begin = std::max(first, block * kBlock) - first;
-    const size_t end = std::min(first + count, (block + 1) * kBlock) - first;
-    const int shift = ShiftOf(agreed, block);
-    for (size_t i = begin; i < end; ++i) {
-      const int64_t value = static_cast<int64_t>(sums[i] >> shift);
-      std::memcpy(out + i * kWidth, &value, kWidth);  // little-endian: the low kWidth bytes
-    }
+    body(std::max(first, block * kBlock) - first,
+         std::min(first + count, (block + 1) * kBlock) - first, ShiftOf(agreed, block));
   }
 }
 
-template <int kWidth>
-void UnpackAs(const unsigned char* in, size_t count, size_t first, const uint8_t* agreed,
-              __int128* out) {
-  const size_t kBlock = ExactGrid::kBlock;
-  constexpr int kUnused = 64 - 8 * kWidth;
-  const int64_t blocks = static_cast<int64_t>((first % kBlock + count + kBlock - 1) / kBlock);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const size_t block = first / kBlock + b;
-    const size_t begin = std::max(first, block * kBlock) - first;
-    const size_t end = std::min(first + count, (block + 1) * kBlock) - first;
-    const int shift = ShiftOf(agreed, block);
-    for (size_t i = begin; i < end; ++i) {
-      uint64_t bits = 0;
-      std::memcpy(&bits, in + i * kWidth, kWidth);
-      const int64_t value = static_cast<int64_t>(bits << kUnused) >> kUnused;  // sign-extended
-      out[i] = static_cast<__int128>(static_cast<U128>(static_cast<__int128>(value)) << shift);
-    }
+// f(std::integral_constant<int, width>), so the loops see the width as a constant.
+template <typename F>
+void WithWidth(int width, const char* what, const F& f) {
+  switch (width) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    default:
+      throw Error(kExitFailure, std::string("internal error: exact_wire::") + what +
+                                    ": no wire of " + std::to_string(width) + " bytes");
   }
 }
 }  // namespace
 
 void Pack(const __int128* sums, size_t count, size_t first, const uint8_t* agreed, int width,
           unsigned char* out) {
-  switch (width) {
-    case 4:
-      return PackAs<4>(sums, count, first, agreed, out);
-    case 6:
-      return PackAs<6>(sums, count, first, agreed, out);
-    case 8:
-      return PackAs<8>(sums, count, first, agreed, out);
-    default:
-      throw Error(kExitFailure, "internal error: exact_wire::Pack: no wire of " +
-                                    std::to_string(width) + " bytes");
-  }
+  WithWidth(width, "Pack", [&](auto w) {
+    constexpr int kWidth = decltype(w)::value;
+    ForEachBlock(count, first, agreed, [&](size_t begin, size_t end, int shift) {
+      for (size_t i = begin; i < end; ++i) {
+        const int64_t value = static_cast<int64_t>(sums[i] >> shift);
+        std::memcpy(out + i * kWidth, &value, kWidth);  // little-endian: the low kWidth bytes
+      }
+    });
+  });
 }
 
 void Unpack(const unsigned char* in, size_t count, size_t first, const uint8_t* agreed, int width,
             __int128* out) {
-  switch (width) {
-    case 4:
-      return UnpackAs<4>(in, count, first, agreed, out);
-    case 6:
-      return UnpackAs<6>(in, count, first, agreed, out);
-    case 8:
-      return UnpackAs<8>(in, count, first, agreed, out);
-    default:
-      throw Error(kExitFailure, "internal error: exact_wire::Unpack: no wire of " +
-                                    std::to_string(width) + " bytes");
-  }
+  WithWidth(width, "Unpack", [&](auto w) {
+    constexpr int kWidth = decltype(w)::value;
+    constexpr int kUnused = 64 - 8 * kWidth;
+    ForEachBlock(count, first, agreed, [&](size_t begin, size_t end, int shift) {
+      for (size_t i = begin; i < end; ++i) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, in + i * kWidth, kWidth);
+        const int64_t value = static_cast<int64_t>(bits << kUnused) >> kUnused;  // sign-extended
+        out[i] = static_cast<__int128>(static_cast<U128>(static_cast<__int128>(value)) << shift);
+      }
+    });
+  });
 }
 }  // namespace exact_wire
 
