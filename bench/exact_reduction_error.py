@@ -118,7 +118,7 @@ def main():
             if probe == 0:
                 resume = ["--resume", "none"]
             else:
-                found = sorted(checkpoints.rglob(f"step-{probe:08d}")) or sorted(checkpoints.rglob(f"*{probe}"))
+                found = sorted(checkpoints.rglob(f"step-{probe}"))  # the trainer's checkpoint folder name
                 if not found:
                     sys.exit(f"exact_reduction_error: no checkpoint of step {probe} under {checkpoints}")
                 resume = ["--resume", str(found[0])]

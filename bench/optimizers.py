@@ -131,8 +131,7 @@ def speed(opts, work, blend, tokenizer, given):
         for name in names:
             run_dir = work / f"speed-{name}"
             subprocess.run(["rm", "-rf", str(run_dir)])
-            args = [a for a in settings(opts, blend, tokenizer, name, run_dir)]
-            stdout = run([CRUCIBLE, "train", *args, "--set", f"optimizer.lr={given.get(name, '1e-3')}",
+            stdout = run([CRUCIBLE, "train", *settings(opts, blend, tokenizer, name, run_dir), "--set", f"optimizer.lr={given.get(name, '1e-3')}",
                           "--set", "metrics.profile=true", "--set", "checkpoint.enable=false",
                           "--resume", "none"], log=work / f"speed-{name}.log")
             done = re.search(r"^done .*train_s=([\d.]+) .*tok/s=([\d.]+)", stdout, re.M)
@@ -150,8 +149,8 @@ def speed(opts, work, blend, tokenizer, given):
     for name in names:
         tok = median([r[0] for r in runs[name]])
         ns = [(r[2]["newton_schulz"], r[1]) for r in runs[name] if "newton_schulz" in r[2]]
-        if ns:
-            (sec, gflop), train_s = ns[len(ns) // 2]
+        if ns:  # the median round by Newton-Schulz's share of its train_s
+            (sec, gflop), train_s = median([(s / t, (s, g), t) for (s, g), t in ns])[1:]
             shares = f"{100 * sec / train_s:.1f}% | {100 * gflop / (gflop + model_gflop):.1f}% | {gflop / sec:.0f}"
         else:
             shares = "- | - | -"

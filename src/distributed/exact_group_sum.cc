@@ -127,22 +127,12 @@ void Unpack(const unsigned char* in, size_t count, size_t first, const uint8_t* 
 }  // namespace exact_wire
 
 std::vector<unsigned char> ExactGroupSum::TakeBuffer(size_t bytes) {
-  // The spare whose size is nearest above `bytes`, else the largest, grown: a spare keeps its
-  // size (and its pages), so a steady step reuses every buffer without zeroing it again.
-  auto best = spare_.end();
-  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-    if (best == spare_.end()) {
-      best = it;
-      continue;
-    }
-    const bool fits = it->size() >= bytes, best_fits = best->size() >= bytes;
-    if (fits ? !best_fits || it->size() < best->size() : !best_fits && it->size() > best->size())
-      best = it;
-  }
+  // The most recently returned spare, grown when it is too small: the spares soon all have the
+  // size of the largest piece, so a steady step neither allocates nor zeroes a buffer.
   std::vector<unsigned char> buffer;
-  if (best != spare_.end()) {
-    buffer = std::move(*best);
-    spare_.erase(best);
+  if (!spare_.empty()) {
+    buffer = std::move(spare_.back());
+    spare_.pop_back();
   }
   if (buffer.size() < bytes) buffer.resize(bytes);
   return buffer;
@@ -188,7 +178,6 @@ void ExactGroupSum::StartData(Operation& op) {
     return;
   }
   op.receive = TakeBuffer(std::max<size_t>(1, op.count) * width);
-  op.scattered = true;
   op.handle =
       group_.StartReduceScatterNarrow(op.send.data(), op.receive.data(), op.counts, width, what);
 }
@@ -266,7 +255,7 @@ void ExactGroupSum::WaitFor(Handle handle) {
   if (op.out) {
     const int width = wire_bytes();
     // An all-reduce sums in place in `send`; a reduce-scatter into `receive`.
-    const unsigned char* in = op.scattered ? op.receive.data() : op.send.data();
+    const unsigned char* in = op.counts.empty() ? op.send.data() : op.receive.data();
     exact_wire::Unpack(in, op.count, op.first, op.agreed.data(), width, op.out);
   }
   for (std::vector<unsigned char>* buffer : {&op.send, &op.receive})

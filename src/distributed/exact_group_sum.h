@@ -95,7 +95,6 @@ class ExactGroupSum {
     const char* what = "";             // for the messages of its collectives
     std::vector<uint8_t> agreed;
     std::vector<unsigned char> send, receive;  // from TakeBuffer, at least the bytes they carry
-    bool scattered = false;                    // a reduce-scatter: the result is in `receive`
     __int128* out = nullptr;
     size_t count = 0, first = 0;
   };
@@ -106,8 +105,8 @@ class ExactGroupSum {
   void StartData(Operation& op);
   // StartData for every agreeing operation up to `last`, in the order they were started.
   void AdvanceUpTo(Handle last);
-  // A byte buffer of at least `bytes` (its size may be larger), from the spares of finished
-  // operations when one is there.
+  // A byte buffer of at least `bytes` (its size may be larger), a spare of a finished operation
+  // when there is one.
   std::vector<unsigned char> TakeBuffer(size_t bytes);
   bool narrow_possible() const { return grid_.wire_bits() < 128 && group_.distributed(); }
   Communicator& group_;

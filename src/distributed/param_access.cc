@@ -53,11 +53,11 @@ void ReplicatedAccess::BeginStep() {
   accumulator_.Zero();
 }
 
-double ReplicatedAccess::FinishStep(float* grads) {
-  if (overlap_) return dp_.FinishReductions(accumulator_, grads);
-  Timer waited;
-  dp_.ReduceGradients(accumulator_, grads);
-  return waited.Seconds();
+void ReplicatedAccess::FinishStep(float* grads) {
+  if (overlap_)
+    dp_.FinishReductions(accumulator_, grads);
+  else
+    dp_.ReduceGradients(accumulator_, grads);
 }
 
 size_t ReplicatedAccess::buffer_bytes() const {
@@ -257,13 +257,10 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
   Progress();
 }
 
-double ShardedAccess::FinishStep(float* grad_shard) {
-  Timer waited;
+void ShardedAccess::FinishStep(float* grad_shard) {
   for (Reduction& r : reductions_) Complete(r);
-  const double seconds = waited.Seconds();
   const size_t count = dp_.update_end() - dp_.update_begin();
   Int128ToFloat(shard_sum_.data(), grad_shard, count);
-  return seconds;
 }
 
 }  // namespace crucible

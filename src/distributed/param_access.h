@@ -46,8 +46,8 @@ class TrainingAccess : public ParameterAccess {
   virtual void BeginMicroBatch(bool last, int64_t test_nan) = 0;
   // After the step's last backward pass: waits for the reductions still in flight and writes
   // the fp32 gradient of this rank's part into `grads` (the trainer's gradient buffer, in the
-  // layout of its weights). Returns the seconds it waited.
-  virtual double FinishStep(float* grads) = 0;
+  // layout of its weights).
+  virtual void FinishStep(float* grads) = 0;
   // Bytes of its own buffers (gathers, reductions in flight), besides the weights, gradients and
   // accumulator the trainer holds.
   virtual size_t buffer_bytes() const = 0;
@@ -74,7 +74,7 @@ class ReplicatedAccess : public TrainingAccess {
     test_nan_ = test_nan;
   }
   // The reductions still in flight (overlap), or the whole accumulator's (without).
-  double FinishStep(float* grads) override;
+  void FinishStep(float* grads) override;
   size_t buffer_bytes() const override;
 
   const float* AcquireWeights(int unit) override;
@@ -105,7 +105,7 @@ class ShardedAccess : public TrainingAccess {
   void BeginStep() override;
   void BeginMicroBatch(bool /*last*/, int64_t test_nan) override { test_nan_ = test_nan; }
   // Writes the fp32 gradient of this rank's shard (grad_shard[i - shard_begin]).
-  double FinishStep(float* grad_shard) override;
+  void FinishStep(float* grad_shard) override;
 
   // Silent-data-corruption check: a hash of every unit this rank gathered, in order, since the
   // last TakeGatheredHash(). Ranks gather the same bytes, so their hashes must agree.

@@ -13,8 +13,6 @@ namespace crucible::kernels {
 inline KernelCost MatmulForwardCost(int64_t N, int64_t C, int64_t OC) {
   return {"matmul", 2.0 * N * C * OC, 4.0 * (1.0 * N * C + 1.0 * OC * C + 1.0 * N * OC)};
 }
-// dinp and dweight: two products of 2 N C OC each, reading dout twice (dweight alone without
-// dinp).
 // inp inp^T (N,C) -> (N,N): the flops of the tiles on and above the diagonal of a grid of
 // `tile` x `tile` (what matmul_gram multiplies), inp read once and the whole result written.
 inline KernelCost MatmulGramCost(int64_t N, int64_t C, int64_t tile) {
@@ -28,6 +26,8 @@ inline KernelCost MatmulGramCost(int64_t N, int64_t C, int64_t tile) {
     }
   return {"matmul_gram", 2.0 * products * C, 4.0 * (1.0 * N * C + 1.0 * N * N)};
 }
+// dinp and dweight: two products of 2 N C OC each, reading dout twice (dweight alone without
+// dinp).
 inline KernelCost MatmulBackwardCost(int64_t N, int64_t C, int64_t OC, bool dinp) {
   return {"matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
           4.0 * ((dinp ? 2.0 : 1.0) * N * OC + 1.0 * N * C * (dinp ? 2 : 1) + 2.0 * OC * C)};

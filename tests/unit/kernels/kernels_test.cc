@@ -47,6 +47,26 @@ TEST(Kernels, GramProductIsExactlySymmetricThreadIndependentAndThePlainProduct) 
   }
 }
 
+// Muon's B X: the untransposed product, against double and for any thread count.
+TEST(Kernels, UntransposedProductIsThePlainProductAndThreadIndependent) {
+  const int64_t M = 70, K = 130, N = 300;
+  const auto a = Random(M * K, 50), b = Random(K * N, 51);
+  std::vector<float> out(M * N);
+  ExpectThreadIndependent([&] {
+    matmul_nn(out.data(), a.data(), b.data(), M, K, N);
+    return out;
+  });
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double want = 0, magnitude = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        want += static_cast<double>(a[i * K + k]) * b[k * N + j];
+        magnitude += std::abs(static_cast<double>(a[i * K + k]) * b[k * N + j]);
+      }
+      ASSERT_NEAR(out[i * N + j], want, 1e-6 * magnitude) << i << ", " << j;
+    }
+}
+
 TEST(Kernels, AttentionAndNormsAreThreadIndependent) {
   const int64_t B = 2, T = 200, H = 4, KV = 2, D = 16, C = 64;
   auto q = Random(B * T * H * D, 4), k = Random(B * T * KV * D, 5), v = Random(B * T * KV * D, 6);
