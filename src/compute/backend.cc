@@ -1,8 +1,13 @@
 // The backend registry, and the names of the precisions.
 #include "compute/backend.h"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "common/error.h"
 #include "common/registry.h"
+#include "kernels/cpu/kernels.h"
 
 namespace crucible {
 namespace {
@@ -12,7 +17,138 @@ Registry<BackendFactory>& Backends() {
   return registry;
 }
 
+// Host copies of a backend's device arrays for an inherited kernel: In() copies an input to the
+// host, Out() an output (and its contents, for the kernels that add to it), Finish() copies the
+// outputs back. On host memory every pointer is used as it is.
+class Staging {
+ public:
+  explicit Staging(ComputeBackend& backend) : backend_(backend) {}
+  template <typename T>
+  const T* In(const T* device, size_t count) {
+    if (backend_.host_memory() || !device) return device;
+    auto& copy = buffers_.emplace_back(count * sizeof(T));
+    backend_.CopyToHost(copy.data(), device, count * sizeof(T));
+    return reinterpret_cast<const T*>(copy.data());
+  }
+  template <typename T>
+  T* Out(T* device, size_t count) {
+    if (backend_.host_memory()) return device;
+    T* host = const_cast<T*>(In(device, count));
+    outputs_.push_back({device, host, count * sizeof(T)});
+    return host;
+  }
+  void Finish() {
+    for (const Output& o : outputs_) backend_.CopyToDevice(o.device, o.host, o.bytes);
+  }
+
+ private:
+  struct Output {
+    void* device;
+    const void* host;
+    size_t bytes;
+  };
+  ComputeBackend& backend_;
+  std::vector<std::vector<std::byte>> buffers_;  // never reallocated: a list of vectors
+  std::vector<Output> outputs_;
+};
+
+// Copies rows of `cols` floats, `from_ld` apart, into rows `to_ld` apart (device memory).
+void CopyRows(ComputeBackend& backend, float* to, int64_t to_ld, const float* from, int64_t from_ld,
+              int64_t rows, int64_t cols) {
+  Staging staging(backend);
+  const float* source = staging.In(from, static_cast<size_t>((rows - 1) * from_ld + cols));
+  float* target = staging.Out(to, static_cast<size_t>((rows - 1) * to_ld + cols));
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(target + r * to_ld, source + r * from_ld, cols * sizeof(float));
+  staging.Finish();
+}
+
 }  // namespace
+
+void ComputeBackend::RefuseInherited(const char* kernel) const {
+  const std::string why = inherited_kernels_refused();
+  if (!why.empty())
+    throw UsageError("training.device = \"" + name() + "\": this backend has no " + kernel +
+                     " kernel: " + why);
+}
+
+void ComputeBackend::MatmulForwardStrided(float* out, const float* inp, const float* weight,
+                                          int64_t ldw, int64_t N, int64_t C, int64_t OC) {
+  if (ldw == C) return MatmulForward(out, inp, weight, N, C, OC);
+  DeviceArray<float> packed(*this, static_cast<size_t>(OC * C));
+  CopyRows(*this, packed.data(), C, weight, ldw, OC, C);
+  MatmulForward(out, inp, packed.data(), N, C, OC);
+}
+
+void ComputeBackend::MatmulBackwardStrided(float* dinp, float* dweight, const float* dout,
+                                           const float* inp, const float* weight, int64_t ldw,
+                                           int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
+                                           bool accumulate_dweight) {
+  if (ldw == C)
+    return MatmulBackward(dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp,
+                          accumulate_dweight);
+  DeviceArray<float> packed(*this, static_cast<size_t>(OC * C)),
+      dpacked(*this, static_cast<size_t>(OC * C));
+  CopyRows(*this, packed.data(), C, weight, ldw, OC, C);
+  if (accumulate_dweight) CopyRows(*this, dpacked.data(), C, dweight, ldw, OC, C);
+  MatmulBackward(dinp, dpacked.data(), dout, inp, packed.data(), N, C, OC, accumulate_dinp,
+                 accumulate_dweight);
+  CopyRows(*this, dweight, ldw, dpacked.data(), C, OC, C);
+}
+
+void ComputeBackend::EmbeddingForwardRows(float* out, const int32_t* tokens, const float* table,
+                                          int64_t N, int64_t C, int64_t first, int64_t rows) {
+  RefuseInherited("EmbeddingForwardRows");
+  Staging s(*this);
+  float* o = s.Out(out, N * C);
+  kernels::embedding_forward_rows(o, s.In(tokens, N), s.In(table, rows * C), N, C, first, rows);
+  s.Finish();
+}
+
+void ComputeBackend::EmbeddingBackwardRows(float* dtable, const float* dout, const int32_t* tokens,
+                                           int64_t N, int64_t C, int64_t first, int64_t rows) {
+  RefuseInherited("EmbeddingBackwardRows");
+  Staging s(*this);
+  float* d = s.Out(dtable, rows * C);
+  kernels::embedding_backward_rows(d, s.In(dout, N * C), s.In(tokens, N), N, C, first, rows);
+  s.Finish();
+}
+
+void ComputeBackend::RowMax(float* max, const float* x, int64_t N, int64_t V) {
+  RefuseInherited("RowMax");
+  Staging s(*this);
+  float* m = s.Out(max, N);
+  kernels::row_max(m, s.In(x, N * V), N, V);
+  s.Finish();
+}
+
+void ComputeBackend::RowExpSum(float* sum, const float* x, const float* max, int64_t N, int64_t V) {
+  RefuseInherited("RowExpSum");
+  Staging s(*this);
+  float* o = s.Out(sum, N);
+  kernels::row_exp_sum(o, s.In(x, N * V), s.In(max, N), N, V);
+  s.Finish();
+}
+
+void ComputeBackend::TargetLogits(float* out, const float* x, const int32_t* targets, int64_t N,
+                                  int64_t V, int64_t first) {
+  RefuseInherited("TargetLogits");
+  Staging s(*this);
+  float* o = s.Out(out, N);
+  kernels::target_logits(o, s.In(x, N * V), s.In(targets, N), N, V, first);
+  s.Finish();
+}
+
+void ComputeBackend::CrossEntropyBackwardRows(float* x_to_dx, const float* lse,
+                                              const int32_t* targets, int64_t N, int64_t V,
+                                              int64_t first, float scale, const float* weights) {
+  RefuseInherited("CrossEntropyBackwardRows");
+  Staging s(*this);
+  float* x = s.Out(x_to_dx, N * V);
+  kernels::cross_entropy_backward_rows(x, s.In(lse, N), s.In(targets, N), N, V, first, scale,
+                                       s.In(weights, N));
+  s.Finish();
+}
 
 const char* ComputePrecisionName(ComputePrecision precision) {
   return precision == ComputePrecision::kBfloat16 ? "bfloat16" : "float32";

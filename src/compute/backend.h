@@ -134,6 +134,45 @@ class ComputeBackend {
   virtual void CrossEntropyBackward(float* logits_to_dlogits, const float* lse,
                                     const int32_t* targets, int64_t N, int64_t V, float scale,
                                     const float* weights) = 0;
+
+  // ---- kernels with one host implementation (backend.cc) ----
+  // A backend without its own version inherits these: on host memory they run the kernels of
+  // kernels/cpu/ in place; off the host they stage their operands through host copies (correct,
+  // not fast). A backend whose inherited kernels would break its promises (the portable one's
+  // bits, the GPU's speed) says why in inherited_kernels_refused(), and each of them then throws
+  // UsageError naming the backend, the kernel and that reason. Tensor parallelism
+  // (model/parallelism.h) is what calls them.
+  //
+  // The products of a chunk of a weight: `weight` (OC, C) with rows `ldw` floats apart (a
+  // column block of a wider matrix, ldw >= C), and its gradient `dweight` in the same layout.
+  // With ldw == C they are MatmulForward and MatmulBackward; otherwise the chunk is packed into
+  // a contiguous copy first, so the bits are those of MatmulForward on that copy.
+  virtual void MatmulForwardStrided(float* out, const float* inp, const float* weight, int64_t ldw,
+                                    int64_t N, int64_t C, int64_t OC);
+  virtual void MatmulBackwardStrided(float* dinp, float* dweight, const float* dout,
+                                     const float* inp, const float* weight, int64_t ldw, int64_t N,
+                                     int64_t C, int64_t OC, bool accumulate_dinp,
+                                     bool accumulate_dweight);
+  // kernels::embedding_forward_rows / embedding_backward_rows (rows [first, first + rows) of the
+  // vocabulary), row_max, row_exp_sum, target_logits, cross_entropy_backward_rows (a slice of
+  // the vocabulary starting at `first`).
+  virtual void EmbeddingForwardRows(float* out, const int32_t* tokens, const float* table,
+                                    int64_t N, int64_t C, int64_t first, int64_t rows);
+  virtual void EmbeddingBackwardRows(float* dtable, const float* dout, const int32_t* tokens,
+                                     int64_t N, int64_t C, int64_t first, int64_t rows);
+  virtual void RowMax(float* max, const float* x, int64_t N, int64_t V);
+  virtual void RowExpSum(float* sum, const float* x, const float* max, int64_t N, int64_t V);
+  virtual void TargetLogits(float* out, const float* x, const int32_t* targets, int64_t N,
+                            int64_t V, int64_t first);
+  virtual void CrossEntropyBackwardRows(float* x_to_dx, const float* lse, const int32_t* targets,
+                                        int64_t N, int64_t V, int64_t first, float scale,
+                                        const float* weights);
+  // Why this backend refuses the inherited kernels above (the strided products excepted: they
+  // are built from its own); empty when it runs them.
+  virtual std::string inherited_kernels_refused() const { return ""; }
+
+ private:
+  void RefuseInherited(const char* kernel) const;  // UsageError when this backend refuses them
 };
 
 // An array of T in one backend's memory, zero-filled, freed with it. Movable, not copyable.

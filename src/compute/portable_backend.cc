@@ -25,6 +25,11 @@ class PortableBackend final : public HostMemoryBackend {
   explicit PortableBackend(const BackendOptions& options) { RequirePortableFloat32(options); }
 
   std::string name() const override { return "cpu"; }
+  // The inherited kernels use the CPU's vectorised exp, not this backend's portable one.
+  std::string inherited_kernels_refused() const override {
+    return "debug.portable_exact has no portable version of tensor parallelism's kernels yet "
+           "(set parallelism.tensor_parallel_degree = 1, or debug.portable_exact = false)";
+  }
   std::string Summary() const override { return "device=cpu compute=float32 portable_exact=true"; }
   ComputePrecision compute() const override { return ComputePrecision::kFloat32; }
 

@@ -38,6 +38,15 @@ struct LlamaModel::Buffers {
   Floats loss_weights;                   // (N), a device copy (off the host only)
   // Backward scratch.
   Floats dx, dln, dq, dk, dv, datt, dgate, dup, dhidden;
+  // More than one chunk per rank (model/parallelism.h): the partial results of the other chunks
+  // of a sum over a split dimension (chunks - 1 of (N,C)), and the fused head's per-chunk row
+  // maxima, exp-sums and target logits (chunks x FusedHeadRows each) with the row maxima of the
+  // whole vocabulary.
+  Floats partials, vocab_max, vocab_sum, vocab_target, row_max;
+  // Tensor parallelism: the host's copy of the tokens (the embedding's owner of each row) and the
+  // host scratch of the vocabulary's combine.
+  std::vector<float> host_rows;
+  std::vector<float> host_max, host_sum, host_target, host_lse, host_losses_part, host_best;
   // On the host, copies of what callers read: the targets (always), the losses and the logits
   // (off the host only; the logits copied when asked for).
   std::vector<int32_t> host_targets;
@@ -51,15 +60,24 @@ struct LlamaModel::Buffers {
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len,
-                       std::shared_ptr<ComputeBackend> backend)
+                       std::shared_ptr<ComputeBackend> backend, const ModelParallelism& parallelism)
     : config_(config),
-      table_(LlamaParameterTable(config)),
+      parallelism_(parallelism),
+      table_(LlamaParameterTable(config, parallelism)),
       B_(batch_size),
       T_(seq_len),
       backend_(std::move(backend)),
       buffers_(new Buffers) {
-  const int64_t N = B_ * T_, C = config.dim, H = config.n_heads, KV = config.n_kv_heads;
-  const int64_t D = config.head_dim(), F = config.ffn_hidden_dim, V = config.vocab_size;
+  tp_ = std::make_unique<TensorParallelOps>(parallelism, *backend_);
+  const int64_t chunks = parallelism.tp_chunks;
+  chunks_ = parallelism.chunks_per_rank();
+  Hc_ = config.n_heads / chunks;
+  KVc_ = config.n_kv_heads / chunks;
+  Fc_ = config.ffn_hidden_dim / chunks;
+  Vc_ = config.vocab_size / chunks;
+  // This rank's widths: its chunks of heads, KV heads, the FFN and the vocabulary.
+  const int64_t N = B_ * T_, C = config.dim, H = Hc_ * chunks_, KV = KVc_ * chunks_;
+  const int64_t D = config.head_dim(), F = Fc_ * chunks_, V = Vc_ * chunks_;
   ComputeBackend& be = *backend_;
   Buffers& b = *buffers_;
   auto floats = [&](int64_t n) { return Buffers::Floats(be, static_cast<size_t>(n)); };
@@ -83,7 +101,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.x_final = floats(N * C);
   b.lnf = floats(N * C);
   b.lnf_rstd = floats(N);
-  b.head_chunk = floats(FusedHeadRows(N, V) * V);
+  b.head_chunk = floats(FusedHeadRows(N, config.vocab_size) * V);
   b.losses = floats(N);
   b.lse = floats(N);
   std::vector<float> cos_table(T_ * D / 2), sin_table(T_ * D / 2);
@@ -104,6 +122,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.dgate = floats(N * F);
   b.dup = floats(N * F);
   b.dhidden = floats(N * F);
+  const int64_t rows = FusedHeadRows(N, config.vocab_size);
+  if (chunks_ > 1) b.partials = floats((chunks_ - 1) * N * C);
+  if (chunks > 1) {
+    b.vocab_max = floats(chunks_ * rows);
+    b.vocab_sum = floats(chunks_ * rows);
+    b.vocab_target = floats(chunks_ * rows);
+    b.row_max = floats(rows);
+  }
   if (!be.host_memory()) {
     b.loss_weights = floats(N);
     b.host_losses.resize(N);
@@ -152,7 +178,8 @@ size_t LlamaModel::activation_bytes() const {
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
             b.head_chunk.size() + b.losses.size() + b.lse.size() + b.dx.size() + b.dln.size() +
             b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() + b.dgate.size() +
-            b.dup.size() + b.dhidden.size();
+            b.dup.size() + b.dhidden.size() + b.partials.size() + b.vocab_max.size() +
+            b.vocab_sum.size() + b.vocab_target.size() + b.row_max.size();
   return floats * sizeof(float);
 }
 
@@ -172,15 +199,22 @@ int64_t FusedHeadRows(int64_t N, int64_t V) {
   return static_cast<int64_t>(FusedRows(static_cast<double>(N), static_cast<double>(V)));
 }
 
-double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T) {
-  const double N = B * T, C = static_cast<double>(c.dim), V = static_cast<double>(c.vocab_size);
-  const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
-  const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
+double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T,
+                                   const ModelParallelism& p) {
+  // This rank's share of each split dimension.
+  const double share = 1.0 / p.tp_degree, chunks = p.chunks_per_rank();
+  const double N = B * T, C = static_cast<double>(c.dim);
+  const double V = static_cast<double>(c.vocab_size) * share;
+  const double H = static_cast<double>(c.n_heads) * share;
+  const double KV = static_cast<double>(c.n_kv_heads) * share;
+  const double D = static_cast<double>(c.head_dim());
+  const double F = static_cast<double>(c.ffn_hidden_dim) * share;
+  const double rows = FusedRows(N, static_cast<double>(c.vocab_size));
   // The buffers of LlamaModel::LlamaModel, in floats.
   const double layer =
       4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T + N * H * D + 3 * N * F;
-  const double rest =
-      4 * N * C + 3 * N + FusedRows(N, V) * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F;
+  const double rest = 4 * N * C + 3 * N + rows * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F +
+                      (chunks - 1) * N * C + (p.tp_chunks > 1 ? (3 * chunks + 1) * rows : 0);
   return 4 * (static_cast<double>(c.n_layers) * layer + rest);
 }
 
@@ -230,24 +264,54 @@ void LlamaModel::UnitGradientsReady(ParameterAccess& access, int unit) {
   access.GradientsReady(unit);
 }
 
+std::vector<float*> LlamaModel::Partials(float* out) {
+  std::vector<float*> partials(static_cast<size_t>(chunks_));
+  partials[0] = out;
+  const size_t NC = static_cast<size_t>(B_ * T_ * config_.dim);
+  for (int64_t c = 1; c < chunks_; ++c) partials[c] = buffers_->partials.data() + (c - 1) * NC;
+  return partials;
+}
+
 LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                             const float* loss_weights, const ForwardOptions& options) {
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
-  const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
+  const int64_t N = B_ * T_, C = c.dim, D = c.head_dim();
+  // One chunk's widths (model/parallelism.h), this rank's chunks, and its whole widths.
+  const int64_t Hc = Hc_, KVc = KVc_, Fc = Fc_, chunks = chunks_;
+  const int64_t qw = Hc * D, kw = KVc * D, Hl = Hc * chunks, Fl = Fc * chunks;
+  const int64_t V = Vc_ * chunks;
   const int64_t L = c.n_layers;
   const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
   b.tokens.CopyFrom(tokens, N);
   loss_weights_ = loss_weights;
   if (loss_weights && !be.host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
+  if (options.head == ForwardOptions::Head::kLogits && parallelism_.tp_chunks > 1)
+    throw Error(kExitFailure,
+                "internal: the whole logits of a tensor-parallel model (ForwardOptions::Logits) "
+                "are not supported; ask for Fused or Scored");
 
   const float* unit0 = UnitWeights(access, 0);
   access.Prefetch(L > 0 ? 1 : tail);
-  be.EmbeddingForward(b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data(),
-                      b.tokens.data(), unit0 + embed_, N, C);
+  float* x0 = b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data();
+  if (!parallelism_.distributed()) {
+    be.EmbeddingForward(x0, b.tokens.data(), unit0 + embed_, N, C);
+  } else {
+    // A vocabulary-parallel embedding: each rank looks up the tokens of its rows, and every row
+    // is taken from the rank that holds its token (a copy, not a sum: the bits of one table).
+    const int64_t first = parallelism_.tp_rank * V;
+    be.EmbeddingForwardRows(x0, b.tokens.data(), unit0 + embed_, N, C, first, V);
+    const float* all = tp_->AllGather(x0, static_cast<size_t>(N * C), "embedding rows");
+    std::vector<float>& rows = b.host_rows;
+    rows.resize(static_cast<size_t>(N * C));
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t owner = tokens[i] / V;
+      std::memcpy(rows.data() + i * C, all + (owner * N + i) * C, C * sizeof(float));
+    }
+    be.CopyToDevice(x0, rows.data(), rows.size() * sizeof(float));
+  }
   if (!c.tie_embeddings) access.ReleaseWeights(0);
   for (int64_t l = 0; l < L; ++l) {
     auto& Lb = b.layers[l];
@@ -257,20 +321,39 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
     const LayerOffsets& o = layers_[l];  // unit-relative
     float* x_out = l + 1 < L ? b.layers[l + 1].x_in.data() : b.x_final.data();
     be.RmsnormForward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
-    be.MatmulForward(Lb.q.data(), Lb.ln1.data(), w + o.q, N, C, H * D);
-    be.MatmulForward(Lb.k.data(), Lb.ln1.data(), w + o.k, N, C, KV * D);
-    be.MatmulForward(Lb.v.data(), Lb.ln1.data(), w + o.v, N, C, KV * D);
-    be.RopeForward(Lb.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
-    be.RopeForward(Lb.k.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    be.AttentionForward(Lb.att.data(), Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_,
-                        T_, H, KV, D);
-    be.MatmulForward(Lb.x_mid.data(), Lb.att.data(), w + o.o, N, H * D, C);
+    // Attention, chunk by chunk of heads: q k v column-parallel (rows of their weights), o
+    // row-parallel (columns of its weight), its chunks' partial products summed in the tree.
+    for (int64_t k = 0; k < chunks; ++k) {
+      float* q = Lb.q.data() + k * N * qw;
+      float* kk = Lb.k.data() + k * N * kw;
+      float* v = Lb.v.data() + k * N * kw;
+      be.MatmulForward(q, Lb.ln1.data(), w + o.q + k * qw * C, N, C, qw);
+      be.MatmulForward(kk, Lb.ln1.data(), w + o.k + k * kw * C, N, C, kw);
+      be.MatmulForward(v, Lb.ln1.data(), w + o.v + k * kw * C, N, C, kw);
+      be.RopeForward(q, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
+      be.RopeForward(kk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
+      be.AttentionForward(Lb.att.data() + k * N * qw, Lb.att_lse.data() + k * B_ * Hc * T_, q, kk,
+                          v, B_, T_, Hc, KVc, D);
+    }
+    std::vector<float*> partials = Partials(Lb.x_mid.data());
+    for (int64_t k = 0; k < chunks; ++k)
+      be.MatmulForwardStrided(partials[k], Lb.att.data() + k * N * qw, w + o.o + k * qw, Hl * D, N,
+                              qw, C);
+    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "o_proj sum");
     be.Add(Lb.x_mid.data(), Lb.x_in.data(), N * C);
     be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
-    be.MatmulForward(Lb.gate.data(), Lb.ln2.data(), w + o.gate, N, C, F);
-    be.MatmulForward(Lb.up.data(), Lb.ln2.data(), w + o.up, N, C, F);
-    be.SwigluForward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, F);
-    be.MatmulForward(x_out, Lb.hidden.data(), w + o.down, N, F, C);
+    // The MLP: gate and up column-parallel, down row-parallel.
+    for (int64_t k = 0; k < chunks; ++k) {
+      be.MatmulForward(Lb.gate.data() + k * N * Fc, Lb.ln2.data(), w + o.gate + k * Fc * C, N, C,
+                       Fc);
+      be.MatmulForward(Lb.up.data() + k * N * Fc, Lb.ln2.data(), w + o.up + k * Fc * C, N, C, Fc);
+    }
+    be.SwigluForward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, Fl);
+    partials = Partials(x_out);
+    for (int64_t k = 0; k < chunks; ++k)
+      be.MatmulForwardStrided(partials[k], Lb.hidden.data() + k * N * Fc, w + o.down + k * Fc, Fl,
+                              N, Fc, C);
+    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "down_proj sum");
     be.Add(x_out, Lb.x_mid.data(), N * C);
     access.ReleaseWeights(unit);
   }
@@ -298,7 +381,7 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
                               float loss_scale) {
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
-  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size;
+  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size, Vc = Vc_;
   SetTargets(targets);
   // The head's weight gradient opens here and is made ready by Backward, with the final norm's
   // (the tail unit) or after the embedding's backward adds to it (tied: unit 0).
@@ -307,18 +390,38 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
   const float* weights =
       loss_weights_ ? (be.host_memory() ? loss_weights_ : b.loss_weights.data()) : nullptr;
   const int64_t rows = FusedHeadRows(N, V);
-  float* chunk = b.head_chunk.data();
-  // Per chunk: logits, losses and lse, dlogits in place, then d lnf rows = dlogits W and the
-  // head's gradient += dlogits^T lnf (the first chunk overwrites it).
+  // Per chunk of rows: logits, losses and lse, dlogits in place, then d lnf rows = dlogits W and
+  // the head's gradient += dlogits^T lnf (the first chunk overwrites it). The vocabulary cut in
+  // chunks (model/parallelism.h): each chunk's logits and products, the lse over all of them, and
+  // d lnf summed over them in the tree.
+  std::vector<float*> x(static_cast<size_t>(chunks_));
   for (int64_t r = 0; r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
     const float* lnf = b.lnf.data() + r * C;
-    be.MatmulForward(chunk, lnf, head, n, C, V);
-    be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, chunk, b.targets.data() + r, n,
-                           V);
-    be.CrossEntropyBackward(chunk, b.lse.data() + r, b.targets.data() + r, n, V, loss_scale,
-                            weights ? weights + r : nullptr);
-    be.MatmulBackward(b.dln.data() + r * C, dhead, chunk, lnf, head, n, C, V, false, r > 0);
+    if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain kernels
+      float* chunk = b.head_chunk.data();
+      be.MatmulForward(chunk, lnf, head, n, C, V);
+      be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, chunk, b.targets.data() + r, n,
+                             V);
+      be.CrossEntropyBackward(chunk, b.lse.data() + r, b.targets.data() + r, n, V, loss_scale,
+                              weights ? weights + r : nullptr);
+      be.MatmulBackward(b.dln.data() + r * C, dhead, chunk, lnf, head, n, C, V, false, r > 0);
+      continue;
+    }
+    for (int64_t k = 0; k < chunks_; ++k) {
+      x[k] = b.head_chunk.data() + k * rows * Vc;
+      be.MatmulForward(x[k], lnf, head + k * Vc * C, n, C, Vc);
+    }
+    VocabularyLse(x.data(), r, n, targets);
+    const int64_t first = parallelism_.first_chunk() * Vc;
+    std::vector<float*> partials = Partials(b.dln.data() + r * C);
+    for (int64_t k = 0; k < chunks_; ++k) {
+      be.CrossEntropyBackwardRows(x[k], b.lse.data() + r, b.targets.data() + r, n, Vc,
+                                  first + k * Vc, loss_scale, weights ? weights + r : nullptr);
+      be.MatmulBackward(partials[k], dhead + k * Vc * C, x[k], lnf, head + k * Vc * C, n, C, Vc,
+                        false, r > 0);
+    }
+    tp_->SumChunks(partials.data(), static_cast<size_t>(n * C), "lm_head input-gradient sum");
   }
   fused_ = true;
   fused_scale_ = loss_scale;
@@ -327,16 +430,133 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
   return SumLosses(targets);
 }
 
+void LlamaModel::VocabularyLse(const float* const* x, int64_t r, int64_t n,
+                               const int32_t* targets) {
+  Buffers& b = *buffers_;
+  ComputeBackend& be = *backend_;
+  const int64_t rows = FusedHeadRows(B_ * T_, config_.vocab_size), Vc = Vc_;
+  const int64_t first_chunk = parallelism_.first_chunk();
+  const size_t count = static_cast<size_t>(n);
+  // The row maxima: of each chunk, then of all (a maximum is exact in any order).
+  std::vector<float>& m = b.host_max;
+  m.assign(count * chunks_, 0.0f);
+  for (int64_t k = 0; k < chunks_; ++k) be.RowMax(b.vocab_max.data() + k * rows, x[k], n, Vc);
+  for (int64_t k = 0; k < chunks_; ++k)
+    be.CopyToHost(m.data() + k * count, b.vocab_max.data() + k * rows, count * sizeof(float));
+  for (int64_t k = 1; k < chunks_; ++k)
+    for (size_t i = 0; i < count; ++i) m[i] = std::max(m[i], m[k * count + i]);
+  if (parallelism_.distributed()) {
+    const float* all = tp_->AllGatherHost(m.data(), count, "vocabulary row maxima");
+    for (size_t i = 0; i < count; ++i) m[i] = all[i];
+    for (int q = 1; q < parallelism_.tp_degree; ++q)
+      for (size_t i = 0; i < count; ++i) m[i] = std::max(m[i], all[q * count + i]);
+  }
+  be.CopyToDevice(b.row_max.data(), m.data(), count * sizeof(float));
+  // The exp-sums against the whole row's maximum, summed over the chunks in the tree.
+  std::vector<float*> sums(static_cast<size_t>(chunks_));
+  for (int64_t k = 0; k < chunks_; ++k) {
+    sums[k] = b.vocab_sum.data() + k * rows;
+    be.RowExpSum(sums[k], x[k], b.row_max.data(), n, Vc);
+  }
+  tp_->SumChunks(sums.data(), count, "vocabulary exp-sum");
+  std::vector<float>& s = b.host_sum;
+  s.resize(count);
+  be.CopyToHost(s.data(), sums[0], count * sizeof(float));
+  // The target's logit, from the chunk (and the rank) that holds it.
+  std::vector<float>& t = b.host_target;
+  t.assign(count * chunks_, 0.0f);
+  for (int64_t k = 0; k < chunks_; ++k) {
+    be.TargetLogits(b.vocab_target.data() + k * rows, x[k], b.targets.data() + r, n, Vc,
+                    (first_chunk + k) * Vc);
+    be.CopyToHost(t.data() + k * count, b.vocab_target.data() + k * rows, count * sizeof(float));
+  }
+  const int32_t* target = targets + r;
+  std::vector<float> mine(count, 0.0f);
+  for (size_t i = 0; i < count; ++i) {
+    if (target[i] < 0) continue;
+    const int64_t k = target[i] / Vc - first_chunk;
+    if (k >= 0 && k < chunks_) mine[i] = t[k * count + i];
+  }
+  if (parallelism_.distributed()) {
+    const float* all = tp_->AllGatherHost(mine.data(), count, "vocabulary target logits");
+    for (size_t i = 0; i < count; ++i)
+      if (target[i] >= 0) mine[i] = all[(target[i] / Vc / chunks_) * count + i];
+  }
+  // lse = max + log(sum), the loss lse - the target's logit, in float as the row kernel.
+  std::vector<float>& lse = b.host_lse;
+  std::vector<float>& losses = b.host_losses_part;
+  lse.resize(count);
+  losses.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    lse[i] = m[i] + std::log(s[i]);
+    losses[i] = target[i] < 0 ? 0.0f : lse[i] - mine[i];
+  }
+  be.CopyToDevice(b.lse.data() + r, lse.data(), count * sizeof(float));
+  be.CopyToDevice(b.losses.data() + r, losses.data(), count * sizeof(float));
+}
+
+void LlamaModel::VocabularyArgmax(const float* const* x, int64_t r, int64_t n,
+                                  const int32_t* targets) {
+  Buffers& b = *buffers_;
+  const int64_t Vc = Vc_, first = parallelism_.first_chunk() * Vc;
+  const size_t count = static_cast<size_t>(n);
+  // Each row's best (value, index) over this rank's chunks in order, a later one only when
+  // larger: the first of equal logits, as std::max_element over the whole row.
+  std::vector<float>& best = b.host_best;
+  best.assign(2 * count, 0.0f);
+  std::vector<float> chunk(count * Vc);
+  for (int64_t k = 0; k < chunks_; ++k) {
+    const float* row0 = x[k];
+    if (!backend_->host_memory()) {
+      backend_->CopyToHost(chunk.data(), x[k], chunk.size() * sizeof(float));
+      row0 = chunk.data();
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const float* row = row0 + i * Vc;
+      const int64_t j = std::max_element(row, row + Vc) - row;
+      if (k == 0 || row[j] > best[i]) {
+        best[i] = row[j];
+        best[count + i] = static_cast<float>(first + k * Vc + j);  // exact: V <= 2^24
+      }
+    }
+  }
+  std::vector<float> all(best);
+  if (parallelism_.distributed()) {
+    const float* gathered = tp_->AllGatherHost(best.data(), 2 * count, "vocabulary argmax");
+    all.assign(gathered, gathered + 2 * count * parallelism_.tp_degree);
+  }
+  int32_t* predicted = b.predictions.data() + r;
+  for (size_t i = 0; i < count; ++i) {
+    if (targets[r + i] < 0) continue;
+    float value = all[i], index = all[count + i];
+    for (int q = 1; q < parallelism_.tp_degree; ++q) {
+      const float* theirs = all.data() + 2 * count * q;
+      if (theirs[i] > value) value = theirs[i], index = theirs[count + i];
+    }
+    predicted[i] = static_cast<int32_t>(index);
+  }
+}
+
 LossSum LlamaModel::ScoredHead(const float* head, const int32_t* targets) {
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
-  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size;
+  const int64_t N = B_ * T_, C = config_.dim, V = config_.vocab_size, Vc = Vc_;
   SetTargets(targets);
   const int64_t rows = FusedHeadRows(N, V);
   b.predictions.assign(N, -1);
   if (!be.host_memory()) b.host_chunk.resize(rows * V);
+  std::vector<float*> x(static_cast<size_t>(chunks_));
   for (int64_t r = 0; r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
+    if (parallelism_.tp_chunks > 1) {
+      for (int64_t k = 0; k < chunks_; ++k) {
+        x[k] = b.head_chunk.data() + k * rows * Vc;
+        be.MatmulForward(x[k], b.lnf.data() + r * C, head + k * Vc * C, n, C, Vc);
+      }
+      VocabularyLse(x.data(), r, n, targets);
+      VocabularyArgmax(x.data(), r, n, targets);
+      continue;
+    }
     be.MatmulForward(b.head_chunk.data(), b.lnf.data() + r * C, head, n, C, V);
     be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, b.head_chunk.data(),
                            b.targets.data() + r, n, V);
@@ -409,8 +629,10 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
-  const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
-  const int64_t F = c.ffn_hidden_dim, V = c.vocab_size;
+  const int64_t N = B_ * T_, C = c.dim, D = c.head_dim();
+  const int64_t Hc = Hc_, KVc = KVc_, Fc = Fc_, chunks = chunks_;
+  const int64_t qw = Hc * D, kw = KVc * D, Hl = Hc * chunks, Fl = Fc * chunks;
+  const int64_t V = Vc_ * chunks;
   const int64_t L = c.n_layers;
   const int tail = table_.tail_unit();
   if (scored_)
@@ -457,43 +679,66 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     if (l > 0) access.Prefetch(unit - 1);  // the embedding's backward needs no weights
     float* g = UnitGradients(access, unit);
     const LayerOffsets& o = layers_[l];
-    // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out.
-    be.MatmulBackward(b.dhidden.data(), g + o.down, b.dx.data(), Lb.hidden.data(), w + o.down, N, F,
-                      C, false, false);
+    // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out. Chunk by chunk of
+    // the FFN width; d ln2 is a sum over it (the tree, model/parallelism.h).
+    for (int64_t k = 0; k < chunks; ++k)
+      be.MatmulBackwardStrided(b.dhidden.data() + k * N * Fc, g + o.down + k * Fc, b.dx.data(),
+                               Lb.hidden.data() + k * N * Fc, w + o.down + k * Fc, Fl, N, Fc, C,
+                               false, false);
     be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(), Lb.up.data(),
-                      N, F);
-    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), Lb.ln2.data(), w + o.gate, N, C, F,
-                      false, false);
-    be.MatmulBackward(b.dln.data(), g + o.up, b.dup.data(), Lb.ln2.data(), w + o.up, N, C, F, true,
-                      false);
+                      N, Fl);
+    std::vector<float*> partials = Partials(b.dln.data());
+    for (int64_t k = 0; k < chunks; ++k) {
+      be.MatmulBackward(partials[k], g + o.gate + k * Fc * C, b.dgate.data() + k * N * Fc,
+                        Lb.ln2.data(), w + o.gate + k * Fc * C, N, C, Fc, false, false);
+      be.MatmulBackward(partials[k], g + o.up + k * Fc * C, b.dup.data() + k * N * Fc,
+                        Lb.ln2.data(), w + o.up + k * Fc * C, N, C, Fc, true, false);
+    }
+    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "mlp input-gradient sum");
     // dx (d x_mid) += rmsnorm backward
     be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
                        Lb.ln2_rstd.data(), N, C);
-    // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))).
-    be.MatmulBackward(b.datt.data(), g + o.o, b.dx.data(), Lb.att.data(), w + o.o, N, H * D, C,
-                      false, false);
-    be.AttentionBackward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), Lb.att.data(),
-                         Lb.att_lse.data(), Lb.q.data(), Lb.k.data(), Lb.v.data(), B_, T_, H, KV,
-                         D);
-    be.RopeBackward(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, D);
-    be.RopeBackward(b.dk.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, KV, D);
-    be.MatmulBackward(b.dln.data(), g + o.q, b.dq.data(), Lb.ln1.data(), w + o.q, N, C, H * D,
-                      false, false);
-    be.MatmulBackward(b.dln.data(), g + o.k, b.dk.data(), Lb.ln1.data(), w + o.k, N, C, KV * D,
-                      true, false);
-    be.MatmulBackward(b.dln.data(), g + o.v, b.dv.data(), Lb.ln1.data(), w + o.v, N, C, KV * D,
-                      true, false);
+    // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))), chunk by chunk
+    // of heads; d ln1 is a sum over them.
+    for (int64_t k = 0; k < chunks; ++k) {
+      float* datt = b.datt.data() + k * N * qw;
+      float* dq = b.dq.data() + k * N * qw;
+      float* dk = b.dk.data() + k * N * kw;
+      float* dv = b.dv.data() + k * N * kw;
+      be.MatmulBackwardStrided(datt, g + o.o + k * qw, b.dx.data(), Lb.att.data() + k * N * qw,
+                               w + o.o + k * qw, Hl * D, N, qw, C, false, false);
+      be.AttentionBackward(dq, dk, dv, datt, Lb.att.data() + k * N * qw,
+                           Lb.att_lse.data() + k * B_ * Hc * T_, Lb.q.data() + k * N * qw,
+                           Lb.k.data() + k * N * kw, Lb.v.data() + k * N * kw, B_, T_, Hc, KVc, D);
+      be.RopeBackward(dq, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
+      be.RopeBackward(dk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
+    }
+    partials = Partials(b.dln.data());
+    for (int64_t k = 0; k < chunks; ++k) {
+      be.MatmulBackward(partials[k], g + o.q + k * qw * C, b.dq.data() + k * N * qw, Lb.ln1.data(),
+                        w + o.q + k * qw * C, N, C, qw, false, false);
+      be.MatmulBackward(partials[k], g + o.k + k * kw * C, b.dk.data() + k * N * kw, Lb.ln1.data(),
+                        w + o.k + k * kw * C, N, C, kw, true, false);
+      be.MatmulBackward(partials[k], g + o.v + k * kw * C, b.dv.data() + k * N * kw, Lb.ln1.data(),
+                        w + o.v + k * kw * C, N, C, kw, true, false);
+    }
+    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "attention input-gradient sum");
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
     be.RmsnormBackward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
                        Lb.ln1_rstd.data(), N, C);
     access.ReleaseWeights(unit);
     UnitGradientsReady(access, unit);
   }
-  // Embedding: overwrite (untied) or add to the head's gradient (tied).
+  // Embedding: overwrite (untied) or add to the head's gradient (tied); a vocabulary-parallel
+  // rank adds the rows of its tokens only.
   if (!g0) g0 = UnitGradients(access, 0);
   float* dembed = g0 + embed_;
   if (!c.tie_embeddings) be.Fill(dembed, table_.params()[0].numel, 0.0f);
-  be.EmbeddingBackward(dembed, b.dx.data(), b.tokens.data(), N, C);
+  if (parallelism_.distributed())
+    be.EmbeddingBackwardRows(dembed, b.dx.data(), b.tokens.data(), N, C, parallelism_.tp_rank * V,
+                             V);
+  else
+    be.EmbeddingBackward(dembed, b.dx.data(), b.tokens.data(), N, C);
   if (c.tie_embeddings) access.ReleaseWeights(0);
   UnitGradientsReady(access, 0);
 }

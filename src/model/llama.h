@@ -19,6 +19,7 @@
 #include "common/config.h"
 #include "compute/backend.h"
 #include "model/model.h"
+#include "model/parallelism.h"
 #include "model/parameters.h"
 
 namespace crucible {
@@ -45,7 +46,11 @@ std::vector<std::string> LlamaFlavors();
 
 // The parameter table of a Llama: unit 0 is the embedding, unit 1 + l decoder layer l, the last
 // unit the tail (final norm and untied head); Hugging Face tensor names.
-ParameterTable LlamaParameterTable(const LlamaConfig& config);
+ParameterTable LlamaParameterTable(const LlamaConfig& config,
+                                   const ModelParallelism& parallelism = {});
+// What `parallelism` cannot cut of this Llama ("" when it can): each of query heads, KV heads,
+// the FFN width and the vocabulary must divide into tp_chunks.
+std::string CheckLlamaParallelism(const LlamaConfig& config, const ModelParallelism& parallelism);
 
 // What a config asks for, computed in double so that no config can overflow it (the memory
 // check runs on it before anything is allocated): the parameters of each unit (the embedding,
@@ -57,7 +62,8 @@ struct LlamaSizes {
   double largest_unit = 0, largest_other_unit = 0;  // of all units; of all but the embedding
 };
 LlamaSizes PlannedLlamaSizes(const LlamaConfig& config);
-double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len);
+double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len,
+                                   const ModelParallelism& parallelism = {});
 // The token rows of one chunk of the fused head (ForwardOptions::kFused) for N rows of a
 // vocabulary of V: a pure function of the shapes, so every thread count and rank layout gets
 // the same chunks (and the same bits). Its logits scratch is rows x V floats.
@@ -77,7 +83,13 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
   std::map<std::string, std::string> WeightsMetadata() const override;
   ParameterSizes PlannedSizes() const override;
   BufferSizes PlannedBuffers(double batch_size, double seq_len) const override;
-  ParameterTable BuildTable() const override { return LlamaParameterTable(config_); }
+  using ModelSpec::BuildTable;
+  ParameterTable BuildTable(const ModelParallelism& parallelism) const override {
+    return LlamaParameterTable(config_, parallelism);
+  }
+  std::string CheckParallelism(const ModelParallelism& parallelism) const override {
+    return CheckLlamaParallelism(config_, parallelism);
+  }
   // Llama-reference init: normal(0, init_std) truncated at 3 sigma for embeddings and input
   // projections; output projections (o_proj, down_proj) depth-scaled by 1/sqrt(2 n_layers); the
   // untied output head at std dim^-0.5 / 4, so initial logits have std ~0.25 and the first loss
@@ -88,7 +100,8 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
   double TrainFlopsPerToken(const ParameterTable& table, int64_t seq_len) const override;
   using ModelSpec::Build;
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
-                               std::shared_ptr<ComputeBackend> backend) const override;
+                               std::shared_ptr<ComputeBackend> backend,
+                               const ModelParallelism& parallelism) const override;
   const HfMapping* hf() const override { return this; }
 
   // HfMapping (llama_hf.cc). A config.json is read as transformers 4 or 5 writes it (the RoPE
@@ -114,8 +127,11 @@ std::shared_ptr<const ModelSpec> ReadLlamaHfConfig(const nlohmann::json& config,
 class LlamaModel final : public Model {
  public:
   // Activations in `backend`'s memory, its kernels for every step.
+  // Split over ranks as `parallelism` says (model/parallelism.h: column- and row-parallel
+  // projections, the vocabulary cut for the embedding and the fused head, every split
+  // dimension computed chunk by chunk).
   LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len,
-             std::shared_ptr<ComputeBackend> backend);
+             std::shared_ptr<ComputeBackend> backend, const ModelParallelism& parallelism = {});
   ~LlamaModel() override;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -160,7 +176,18 @@ class LlamaModel final : public Model {
                     float loss_scale);
   // ForwardOptions::kScored's head, chunk by chunk: the losses and lse, and the predictions.
   LossSum ScoredHead(const float* head, const int32_t* targets);
+  // The vocabulary's log-sum-exp over this rank's chunks `x` (n rows each, vocabulary chunk
+  // width), combined over the group: the lse and losses of rows [r, r + n) (device).
+  void VocabularyLse(const float* const* x, int64_t r, int64_t n, const int32_t* targets);
+  // The largest logit of each of rows [r, r + n) over the whole vocabulary (first on ties).
+  void VocabularyArgmax(const float* const* x, int64_t r, int64_t n, const int32_t* targets);
+  // The partial-sum buffers of a row-parallel product whose result goes to `out` (n floats).
+  std::vector<float*> Partials(float* out);
   LlamaConfig config_;
+  ModelParallelism parallelism_;
+  std::unique_ptr<TensorParallelOps> tp_;
+  // Chunks of this rank, and one chunk's query heads, KV heads, FFN width and vocabulary.
+  int64_t chunks_ = 1, Hc_ = 0, KVc_ = 0, Fc_ = 0, Vc_ = 0;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
   // untied head in the tail unit), and of each layer's.

@@ -17,10 +17,8 @@ struct Flavor {
 // Parameter counts: debug 0.89M, tiny 5.0M, small 25.8M, base 124.7M, 1b 1.10B (`crucible model
 // info`; 1b is Llama-3.2-1B's shape with a 32000 vocabulary, untied: the GPU benchmark's).
 constexpr Flavor kFlavors[] = {
-    {"debug", 2048, 128, 2, 4, 2, 352, false},
-    {"tiny", 8192, 256, 4, 8, 4, 688, true},
-    {"small", 8192, 512, 6, 8, 4, 1376, false},
-    {"base", 32000, 768, 12, 12, 4, 2048, false},
+    {"debug", 2048, 128, 2, 4, 2, 352, false},   {"tiny", 8192, 256, 4, 8, 4, 688, true},
+    {"small", 8192, 512, 6, 8, 4, 1376, false},  {"base", 32000, 768, 12, 12, 4, 2048, false},
     {"1b", 32000, 2048, 16, 32, 8, 8192, false},
 };
 
@@ -97,28 +95,59 @@ LlamaSizes PlannedLlamaSizes(const LlamaConfig& c) {
   return s;
 }
 
-ParameterTable LlamaParameterTable(const LlamaConfig& c) {
+std::string CheckLlamaParallelism(const LlamaConfig& c, const ModelParallelism& p) {
+  if (std::string why = p.Check(); !why.empty()) return why;
+  const int64_t chunks = p.tp_chunks;
+  if (chunks == 1) return "";
+  // Every split dimension is cut into tp_chunks chunks (model/parallelism.h).
+  const std::pair<const char*, int64_t> splits[] = {{"model.n_heads", c.n_heads},
+                                                    {"model.n_kv_heads", c.n_kv_heads},
+                                                    {"model.ffn_hidden_dim", c.ffn_hidden_dim},
+                                                    {"model.vocab_size", c.vocab_size}};
+  for (const auto& [key, value] : splits)
+    if (value % chunks != 0)
+      return StrFormat(
+          "%s = %lld is not divisible by the %lld tensor-parallel chunks (query heads, KV heads, "
+          "the FFN width and the vocabulary are each cut into that many; a GQA model with fewer "
+          "KV heads than chunks is not supported yet)",
+          key, (long long)value, (long long)chunks);
+  if (c.vocab_size > (int64_t{1} << 24))
+    return "model.vocab_size above 2^24 is not supported with tensor parallelism yet";
+  return "";
+}
+
+ParameterTable LlamaParameterTable(const LlamaConfig& c, const ModelParallelism& parallelism) {
+  if (std::string why = CheckLlamaParallelism(c, parallelism); !why.empty()) throw UsageError(why);
   ParameterTable table;
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden_dim;
+  // Megatron's layers: the embedding and the head cut along the vocabulary, q k v and gate up
+  // along their outputs (column-parallel), o and down along their inputs (row-parallel); the
+  // norms whole on every rank.
+  const TensorSplit rows{0, parallelism.tp_degree, parallelism.tp_rank};
+  const TensorSplit columns{1, parallelism.tp_degree, parallelism.tp_rank};
   // The input embedding is a lookup; it counts in FLOPs only as the tied output head.
   table.Add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1,
-            c.tie_embeddings);
+            c.tie_embeddings, rows);
   table.EndUnit();
   for (int l = 0; l < c.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     table.Add(p + "input_layernorm.weight", {C}, ParamKind::kNorm, l);
-    table.Add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, ParamKind::kLinear, l);
-    table.Add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
-    table.Add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l);
-    table.Add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, ParamKind::kOutputProjection, l);
+    table.Add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, ParamKind::kLinear, l, true, rows);
+    table.Add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l, true,
+              rows);
+    table.Add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, ParamKind::kLinear, l, true,
+              rows);
+    table.Add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, ParamKind::kOutputProjection, l,
+              true, columns);
     table.Add(p + "post_attention_layernorm.weight", {C}, ParamKind::kNorm, l);
-    table.Add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l);
-    table.Add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l);
-    table.Add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l);
+    table.Add(p + "mlp.gate_proj.weight", {F, C}, ParamKind::kLinear, l, true, rows);
+    table.Add(p + "mlp.up_proj.weight", {F, C}, ParamKind::kLinear, l, true, rows);
+    table.Add(p + "mlp.down_proj.weight", {C, F}, ParamKind::kOutputProjection, l, true, columns);
     table.EndUnit();
   }
   table.Add("model.norm.weight", {C}, ParamKind::kNorm, -1);
-  if (!c.tie_embeddings) table.Add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1);
+  if (!c.tie_embeddings)
+    table.Add("lm_head.weight", {c.vocab_size, C}, ParamKind::kHead, -1, true, rows);
   table.EndUnit();
   return table;
 }

@@ -81,8 +81,10 @@ BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {
 }
 
 std::unique_ptr<Model> LlamaSpec::Build(int64_t batch_size, int64_t seq_len,
-                                        std::shared_ptr<ComputeBackend> backend) const {
-  return std::make_unique<LlamaModel>(config_, batch_size, seq_len, std::move(backend));
+                                        std::shared_ptr<ComputeBackend> backend,
+                                        const ModelParallelism& parallelism) const {
+  return std::make_unique<LlamaModel>(config_, batch_size, seq_len, std::move(backend),
+                                      parallelism);
 }
 
 void LlamaSpec::InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
@@ -104,7 +106,8 @@ void LlamaSpec::InitWeights(const ParameterTable& table, uint64_t seed, size_t b
 #pragma omp parallel for schedule(static)
     for (size_t j = 0; j < count; ++j) {
       // Each element has its own Philox stream position: thread-count independent.
-      const size_t i = first + j;
+      // The element's index in the whole tensor: a tensor-parallel part gets the whole's bits.
+      const size_t i = p.GlobalIndex(first + j);
       Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
       double z = rng.NextNormal();
       for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();

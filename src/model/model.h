@@ -27,6 +27,7 @@
 
 #include "common/config.h"
 #include "compute/backend.h"
+#include "model/parallelism.h"
 #include "model/parameters.h"
 
 namespace crucible {
@@ -161,10 +162,18 @@ class ModelSpec {
   virtual BufferSizes PlannedBuffers(double batch_size, double seq_len) const = 0;
 
   // ---- the parameters ----
-  virtual ParameterTable BuildTable() const = 0;
-  // The initial values of flat elements [begin, end) of `table` (BuildTable()'s), written to
-  // out[0, end - begin): a pure function of (seed, tensor, element), so a ZeRO-3 rank
-  // initialises its shard alone and gets the bits of a full initialisation.
+  // The table of the parts `parallelism` gives this rank (the tensors of a tensor-parallel
+  // model cut as its layers need them, ParamInfo's split); the whole model without it.
+  virtual ParameterTable BuildTable(const ModelParallelism& parallelism) const = 0;
+  ParameterTable BuildTable() const { return BuildTable(ModelParallelism{}); }
+  // What `parallelism` cannot cut of this model, naming its keys and the rule ("" when it can).
+  virtual std::string CheckParallelism(const ModelParallelism& parallelism) const {
+    return parallelism.tp_chunks > 1 ? name() + " has no tensor-parallel layers" : "";
+  }
+  // The initial values of flat elements [begin, end) of `table` (a BuildTable's), written to
+  // out[0, end - begin): a pure function of (seed, tensor, element of the whole tensor), so a
+  // ZeRO-3 rank initialises its shard alone, and a tensor-parallel rank its part, and each gets
+  // the bits of a full initialisation.
   virtual void InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
                            float* out) const = 0;
   // Floating-point operations per trained token, forward and backward (what MFU divides by).
@@ -172,8 +181,14 @@ class ModelSpec {
 
   // ---- the model ----
   // Its activations in `backend`'s memory, run by its kernels (compute/backend.h).
+  // Split over ranks as `parallelism` says (its table is BuildTable(parallelism)'s).
   virtual std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
-                                       std::shared_ptr<ComputeBackend> backend) const = 0;
+                                       std::shared_ptr<ComputeBackend> backend,
+                                       const ModelParallelism& parallelism) const = 0;
+  std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
+                               std::shared_ptr<ComputeBackend> backend) const {
+    return Build(batch_size, seq_len, std::move(backend), ModelParallelism{});
+  }
   // On the fp32 CPU backend.
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const {
     return Build(batch_size, seq_len, DefaultCpuBackend());

@@ -6,20 +6,95 @@
 
 namespace crucible {
 
+size_t ParamInfo::global_numel() const {
+  size_t n = 1;
+  for (int64_t s : global_shape) n *= static_cast<size_t>(s);
+  return n;
+}
+
+size_t ParamInfo::GlobalIndex(size_t local) const {
+  if (!sliced()) return local;
+  // Row-major: the index splits into (outer, along, inner) around the split dimension.
+  size_t inner = 1;
+  for (size_t d = static_cast<size_t>(split_dim) + 1; d < shape.size(); ++d)
+    inner *= static_cast<size_t>(shape[d]);
+  const size_t along = static_cast<size_t>(shape[split_dim]);
+  const size_t global_along = static_cast<size_t>(global_shape[split_dim]);
+  const size_t outer = local / (along * inner), rest = local % (along * inner);
+  const size_t a = rest / inner, i = rest % inner;
+  return (outer * global_along + static_cast<size_t>(slice_begin) + a) * inner + i;
+}
+
 const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_t> shape,
-                                     ParamKind kind, int layer, bool in_flops) {
+                                     ParamKind kind, int layer, bool in_flops, TensorSplit split) {
   ParamInfo info;
   info.name = name;
+  info.global_shape = shape;
   info.shape = std::move(shape);
+  if (split.dim >= 0 && split.parts > 1) {
+    const size_t d = static_cast<size_t>(split.dim);
+    if (d >= info.shape.size() || info.shape[d] % split.parts != 0 || split.part < 0 ||
+        split.part >= split.parts)
+      throw Error(kExitFailure, "internal: tensor " + name + " cannot be cut in " +
+                                    std::to_string(split.parts) + " parts along dimension " +
+                                    std::to_string(split.dim));
+    info.shape[d] /= split.parts;
+    info.split_dim = split.dim;
+    info.slice_begin = split.part * info.shape[d];
+  }
   info.numel = 1;
   for (int64_t s : info.shape) info.numel *= static_cast<size_t>(s);
   info.offset = total_;
   info.kind = kind;
   info.layer = layer;
   total_ += info.numel;
-  if (in_flops) flop_params_ += info.numel;
+  if (in_flops) flop_params_ += info.global_numel();
   params_.push_back(std::move(info));
   return params_.back();
+}
+
+bool ParameterTable::sliced() const {
+  return std::any_of(params_.begin(), params_.end(), [](const ParamInfo& p) { return p.sliced(); });
+}
+
+namespace {
+
+template <typename Copy>
+void ForEachPart(const ParameterTable& parts, const ParameterTable& whole, Copy copy) {
+  if (parts.params().size() != whole.params().size())
+    throw Error(kExitFailure, "internal: a table of parts and the whole table differ in tensors");
+  for (size_t t = 0; t < parts.params().size(); ++t) {
+    const ParamInfo& p = parts.params()[t];
+    const ParamInfo& w = whole.params()[t];
+    if (p.name != w.name || p.global_shape != w.shape)
+      throw Error(kExitFailure, "internal: tensor " + p.name + " is not " + w.name + " cut");
+    if (!p.sliced()) {
+      copy(p.offset, w.offset, p.numel);
+      continue;
+    }
+    // Runs of contiguous elements: the split dimension and everything inside it.
+    size_t inner = 1;
+    for (size_t d = static_cast<size_t>(p.split_dim); d < p.shape.size(); ++d)
+      inner *= static_cast<size_t>(p.shape[d]);
+    for (size_t local = 0; local < p.numel; local += inner)
+      copy(p.offset + local, w.offset + p.GlobalIndex(local), inner);
+  }
+}
+
+}  // namespace
+
+void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
+                      const ParameterTable& whole, float* whole_values) {
+  ForEachPart(parts, whole, [&](size_t from, size_t to, size_t n) {
+    std::copy(part_values + from, part_values + from + n, whole_values + to);
+  });
+}
+
+void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
+                      const ParameterTable& parts, float* part_values) {
+  ForEachPart(parts, whole, [&](size_t to, size_t from, size_t n) {
+    std::copy(whole_values + from, whole_values + from + n, part_values + to);
+  });
 }
 
 void ParameterTable::EndUnit() {

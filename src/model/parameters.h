@@ -18,13 +18,31 @@ namespace crucible {
 enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
 inline constexpr size_t kParamKindCount = 5;
 
+// How a tensor is cut over the ranks of a tensor-parallel group: this rank holds part `part` of
+// `parts` equal parts along dimension `dim` of the whole tensor. dim -1: the whole tensor, on
+// every rank of the group (replicated).
+struct TensorSplit {
+  int dim = -1;
+  int64_t parts = 1, part = 0;
+};
+
 struct ParamInfo {
   std::string name;            // e.g. model.layers.0.self_attn.q_proj.weight (Llama: HF names)
-  std::vector<int64_t> shape;  // e.g. {out_features, in_features}
+  std::vector<int64_t> shape;  // this rank's part, e.g. {out_features, in_features}
   size_t offset = 0;           // into the flat buffer, in floats
   size_t numel = 0;
   ParamKind kind = ParamKind::kLinear;
   int layer = -1;  // decoder layer, -1 for tensors outside the layers
+  // The whole tensor this is a part of (tensor parallelism): its shape, the dimension it is cut
+  // along (-1: not cut, global_shape == shape) and where this part starts along it.
+  std::vector<int64_t> global_shape;
+  int split_dim = -1;
+  int64_t slice_begin = 0;
+
+  bool sliced() const { return split_dim >= 0; }
+  size_t global_numel() const;
+  // The row-major index in the whole tensor of element `local` of this part.
+  size_t GlobalIndex(size_t local) const;
 };
 
 // A contiguous range [begin, end) of the flat buffer that the model uses as a whole (for a
@@ -40,8 +58,10 @@ class ParameterTable {
   // Appends a tensor to the unit being built, right after the previous tensor. `in_flops`: the
   // tensor's parameters count in FlopParams() (false for a lookup table such as an untied input
   // embedding).
+  // `shape` is the whole tensor's; `split` cuts it (each part along split.dim must divide
+  // evenly; the caller checks the config first, this throws an internal error).
   const ParamInfo& Add(const std::string& name, std::vector<int64_t> shape, ParamKind kind,
-                       int layer, bool in_flops = true);
+                       int layer, bool in_flops = true, TensorSplit split = {});
   // Closes the unit being built: every tensor added since the previous EndUnit().
   void EndUnit();
 
@@ -52,8 +72,11 @@ class ParameterTable {
   size_t total() const { return total_; }
   const ParamInfo& Find(const std::string& name) const;  // throws if absent
   const ParamInfo* TryFind(const std::string& name) const;
-  // Parameters counted for FLOPs (6 N per token for forward and backward).
+  // Parameters counted for FLOPs (6 N per token for forward and backward), of the whole
+  // tensors: the model's, whatever part of it this table holds.
   size_t FlopParams() const { return flop_params_; }
+  // True when some tensor is a part of a whole one (tensor parallelism).
+  bool sliced() const;
 
  private:
   std::vector<ParamInfo> params_;
@@ -62,6 +85,14 @@ class ParameterTable {
   size_t unit_begin_ = 0;
   size_t flop_params_ = 0;
 };
+
+// Between a table of parts (`parts`, a tensor-parallel rank's) and the table of the whole model
+// (`whole`, the same tensors in the same order, unsplit): each part's elements are copied to or
+// from their places in the whole tensor. Throws an internal error when the tables do not match.
+void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
+                      const ParameterTable& whole, float* whole_values);
+void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
+                      const ParameterTable& parts, float* part_values);
 
 // How the model reaches its parameters and hands back gradients, one unit at a time. Within
 // unit u, flat element i (u.begin <= i < u.end) is at AcquireWeights(u)[i - u.begin], and its

@@ -1,7 +1,9 @@
 """The communicators under a real MPI launcher: the GoogleTest program of tests/mpi/ (built by
 CMake next to crucible as test_mpi) run by mpirun on 2, 3 and 4 ranks: all-to-all and
 all-to-allv of every size (empty blocks included) and element type, operations in flight
-together, the groups a 2 x 2 mesh splits from the world, and the collective deadline."""
+together, the groups a 2 x 2 mesh splits from the world, the collective deadline, and a
+tensor-parallel Llama against the whole model at degree 2 and 4 (tests/mpi/tensor_parallel_test.cc,
+in every mesh: a mesh without tensor_parallel runs it at degree 1)."""
 import os
 import re
 import subprocess
@@ -55,7 +57,8 @@ def test_a_filtered_run_counts_the_tests_each_rank_ran():
 
 @pytest.mark.parametrize("np,mesh", [(4, "data_parallel=2,tensor_parallel=2"),
                                      (4, "data_parallel=-1,tensor_parallel=2"),
-                                     (2, "data_parallel=1,tensor_parallel=2")])
+                                     (2, "data_parallel=1,tensor_parallel=2"),
+                                     (4, "data_parallel=1,tensor_parallel=4")])
 def test_a_mesh_splits_the_world_into_the_groups_of_its_layout(np, mesh):
     passed_on_every_rank(mpirun(np, mesh=mesh), np)
 

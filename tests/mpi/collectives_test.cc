@@ -20,9 +20,10 @@
 #include "distributed/mesh.h"
 
 namespace crucible {
-namespace {
 
-ProcessMesh* g_mesh = nullptr;
+ProcessMesh* g_mesh = nullptr;  // the job's mesh, for every test file of this program
+
+namespace {
 
 std::vector<MeshDimension> TestMesh() {
   const char* spec = std::getenv("CRUCIBLE_TEST_MESH");

@@ -69,6 +69,12 @@ class CudaBackend : public ComputeBackend, protected Workspace {
   }
 
   std::string name() const override { return "cuda"; }
+  // Tensor parallelism's kernels have no CUDA version yet: staged through the host they would
+  // run, slowly, where a GPU run expects its own speed.
+  std::string inherited_kernels_refused() const override {
+    return "tensor parallelism runs on the CPU backend only so far (set training.device = "
+           "\"cpu\", or parallelism.tensor_parallel_degree = 1)";
+  }
   std::string Summary() const override {
     return "device=cuda gpu=" + std::to_string(gpu_) + " gpu_name=" + gpu_name_ +
            " sm=" + std::to_string(sm_) + " gpu_memory_gib=" + std::to_string(total_bytes_ >> 30) +

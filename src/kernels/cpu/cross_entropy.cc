@@ -32,6 +32,18 @@ __attribute__((target("avx512f"))) void RowSoftmaxScaledAvx512(float* row, int64
 void RowSoftmaxScaledAvx2(float* row, int64_t V, float lse, float scale) {
   vec16::ExpShiftedScaled(row, V, lse, scale);
 }
+__attribute__((target("avx512f"))) float RowMaxAvx512(const float* row, int64_t V) {
+  return vec16::Max(row, V);
+}
+float RowMaxAvx2(const float* row, int64_t V) {
+  return vec16::Max(row, V);
+}
+__attribute__((target("avx512f"))) float RowExpSumAvx512(const float* row, int64_t V, float max) {
+  return vec16::ExpShiftedSum(row, V, max);
+}
+float RowExpSumAvx2(const float* row, int64_t V, float max) {
+  return vec16::ExpShiftedSum(row, V, max);
+}
 }  // namespace
 
 void check_targets(const int32_t* targets, int64_t N, int64_t V) {
@@ -78,6 +90,46 @@ void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const in
     const float row_scale = weights ? scale * weights[i] : scale;  // scale * 1.0f is scale
     softmax_scaled(row, V, m, row_scale);  // row[j] = exp_fast(row[j] - m) * row_scale
     row[targets[i]] -= row_scale;
+  }
+}
+
+void row_max(float* max, const float* x, int64_t N, int64_t V) {
+  const auto f = cpu_has_avx512f() ? RowMaxAvx512 : RowMaxAvx2;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) max[i] = f(x + i * V, V);
+}
+
+void row_exp_sum(float* sum, const float* x, const float* max, int64_t N, int64_t V) {
+  ScopedKernelTimer profile_timer(CrossEntropyForwardCost(N, V));
+  const auto f = cpu_has_avx512f() ? RowExpSumAvx512 : RowExpSumAvx2;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) sum[i] = f(x + i * V, V, max[i]);
+}
+
+void target_logits(float* out, const float* x, const int32_t* targets, int64_t N, int64_t V,
+                   int64_t first) {
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t j = static_cast<int64_t>(targets[i]) - first;
+    out[i] = targets[i] >= 0 && j >= 0 && j < V ? x[i * V + j] : 0.0f;
+  }
+}
+
+void cross_entropy_backward_rows(float* x_to_dx, const float* lse, const int32_t* targets,
+                                 int64_t N, int64_t V, int64_t first, float scale,
+                                 const float* weights) {
+  ScopedKernelTimer profile_timer(CrossEntropyBackwardCost(N, V));
+  const auto softmax_scaled = cpu_has_avx512f() ? RowSoftmaxScaledAvx512 : RowSoftmaxScaledAvx2;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* row = x_to_dx + i * V;
+    if (targets[i] < 0) {
+      for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
+      continue;
+    }
+    const float row_scale = weights ? scale * weights[i] : scale;
+    softmax_scaled(row, V, lse[i], row_scale);
+    const int64_t j = static_cast<int64_t>(targets[i]) - first;
+    if (j >= 0 && j < V) row[j] -= row_scale;
   }
 }
 

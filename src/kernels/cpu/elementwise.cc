@@ -44,6 +44,38 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
   }
 }
 
+void embedding_forward_rows(float* out, const int32_t* tokens, const float* table, int64_t N,
+                            int64_t C, int64_t first, int64_t rows) {
+  ScopedKernelTimer profile_timer(EmbeddingForwardCost(N, C));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = static_cast<int64_t>(tokens[i]) - first;
+    if (row >= 0 && row < rows)
+      std::memcpy(out + i * C, table + row * C, C * sizeof(float));
+    else
+      std::memset(out + i * C, 0, C * sizeof(float));
+  }
+}
+
+void embedding_backward_rows(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                             int64_t C, int64_t first, int64_t rows) {
+  ScopedKernelTimer profile_timer(EmbeddingBackwardCost(N, C));
+  // As embedding_backward: a thread per slice of channels, the rows in token order.
+  constexpr int64_t kSlice = 64;
+  const int64_t slices = (C + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t r = static_cast<int64_t>(tokens[i]) - first;
+      if (r < 0 || r >= rows) continue;
+      float* row = dtable + r * C;
+      const float* g = dout + i * C;
+      for (int64_t c = c0; c < c1; ++c) row[c] += g[c];
+    }
+  }
+}
+
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                      int64_t C, float eps) {
   // x^2 sums, the scale and the weight: about 4 flops per element.

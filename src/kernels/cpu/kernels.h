@@ -51,6 +51,13 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
 // dtable (V,C) += scatter of dout (N,C) by tokens
 void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
                         int64_t C);
+// A slice of the table, rows [first, first + rows) of the vocabulary (a vocabulary-parallel
+// embedding): a token outside it gives a row of zeros, and its gradient goes nowhere. With
+// first = 0 and rows = the vocabulary, the bits of the two above.
+void embedding_forward_rows(float* out, const int32_t* tokens, const float* table, int64_t N,
+                            int64_t C, int64_t first, int64_t rows);
+void embedding_backward_rows(float* dtable, const float* dout, const int32_t* tokens, int64_t N,
+                             int64_t C, int64_t first, int64_t rows);
 
 // ---- RMSNorm ----
 // inp (N,C), weight (C) -> out (N,C), rstd (N)
@@ -108,6 +115,22 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
 // (weights nullptr: every row's is 1); ignored rows zero.
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                             int64_t N, int64_t V, float scale, const float* weights = nullptr);
+// The same over a slice of the vocabulary (a vocabulary chunk: columns [first, first + V) of the
+// whole logits, here (N, V)), in the pieces a log-sum-exp over several slices is made of:
+//   row_max      max[i] = the largest logit of row i
+//   row_exp_sum  sum[i] = sum_j exp_fast(x[i,j] - max[i]), `max` the whole row's
+//   target_logits out[i] = x[i, targets[i] - first] where the target is in the slice, else 0
+//   cross_entropy_backward_rows  as cross_entropy_backward with the whole row's lse, the
+//     target's -scale only where it is in the slice; ignored rows (target -1) are zeros.
+// One slice (first = 0, V the vocabulary) gives cross_entropy_forward's bits: its lse is
+// max + log(sum) in float, and the backward is cross_entropy_backward's.
+void row_max(float* max, const float* x, int64_t N, int64_t V);
+void row_exp_sum(float* sum, const float* x, const float* max, int64_t N, int64_t V);
+void target_logits(float* out, const float* x, const int32_t* targets, int64_t N, int64_t V,
+                   int64_t first);
+void cross_entropy_backward_rows(float* x_to_dx, const float* lse, const int32_t* targets,
+                                 int64_t N, int64_t V, int64_t first, float scale,
+                                 const float* weights);
 
 // ---- reductions ----
 // Sum of squares of x[0..n) in double, fixed chunk order (thread-count independent).

@@ -65,13 +65,14 @@ struct Pass {
 // `retarget` the gradient against other targets (Retarget); kFused: the training forward's
 // chunked head.
 Pass RunLlama(const std::vector<std::string>& overrides, std::shared_ptr<ComputeBackend> backend,
-              bool weighted, ForwardOptions::Head head, bool retarget, int64_t T = 8) {
+              bool weighted, ForwardOptions::Head head, bool retarget, int64_t T = 8,
+              const ModelParallelism& parallelism = {}) {
   constexpr int64_t B = 2;
   constexpr float kLossScale = 0.125f;
   Config config = Config::Defaults();
   for (const auto& o : overrides) config.ApplyOverride(o);
   const std::shared_ptr<const ModelSpec> spec = BuildModelSpec(config);
-  const std::unique_ptr<Model> model = spec->Build(B, T, std::move(backend));
+  const std::unique_ptr<Model> model = spec->Build(B, T, std::move(backend), parallelism);
   const int64_t V = spec->vocab_size();
   std::vector<float> weights(model->table().total());
   spec->InitWeights(model->table(), 5, 0, weights.size(), weights.data());
@@ -130,6 +131,44 @@ TEST(StagedBackend, ALlamaOffTheHostGivesTheCpuBitsAndHandsItsKernelsOnlyDeviceM
       EXPECT_NE(std::count(cpu.grads.begin(), cpu.grads.end(), 0.0f),
                 static_cast<long>(cpu.grads.size()));
     }
+  }
+}
+
+// The kernels a backend inherits (compute/backend.h: the strided products, the vocabulary's
+// pieces) staged through host copies off the host: a chunked model (model/parallelism.h) gets the
+// CPU's bits there, the fused head's and its gradients, weighted or not.
+TEST(StagedBackend, InheritsTheHostKernelsOfAChunkedModelWithTheCpuBits) {
+  for (const bool weighted : {false, true}) {
+    SCOPED_TRACE(weighted ? "weighted" : "unweighted");
+    const ModelParallelism chunks = ModelParallelism::Layout(1, 0, 2);
+    const Pass cpu = RunLlama(kUntied, DefaultCpuBackend(), weighted, ForwardOptions::Head::kFused,
+                              false, 8, chunks);
+    auto staged = std::make_shared<StagedBackend>();
+    const Pass off =
+        RunLlama(kUntied, staged, weighted, ForwardOptions::Head::kFused, false, 8, chunks);
+    EXPECT_GT(staged->copies(), 0);
+    EXPECT_EQ(std::memcmp(&cpu.sum.loss, &off.sum.loss, sizeof(double)), 0);
+    EXPECT_TRUE(SameBits(cpu.losses, off.losses));
+    EXPECT_TRUE(SameBits(cpu.grads, off.grads));
+    EXPECT_NE(std::count(cpu.grads.begin(), cpu.grads.end(), 0.0f),
+              static_cast<long>(cpu.grads.size()));
+  }
+}
+
+// A backend that refuses the inherited kernels says so in one line, naming the kernel and why.
+TEST(PortableBackend, RefusesTheInheritedKernelsInOneLine) {
+  BackendOptions options;
+  options.portable_exact = true;
+  const std::shared_ptr<ComputeBackend> portable = MakeBackend(options);
+  std::vector<float> x(8, 1.0f), m(2);
+  try {
+    portable->RowMax(m.data(), x.data(), 2, 4);
+    ADD_FAILURE() << "the portable backend ran an inherited kernel";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_NE(std::string(e.what()).find("no RowMax kernel: debug.portable_exact"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -240,3 +240,101 @@ TEST(LlamaHf, AModelTypeNoFamilyReadsIsRefusedNamingTheOnesThatAre) {
 
 }  // namespace
 }  // namespace crucible
+
+namespace crucible {
+namespace {
+
+const std::vector<std::string> kSplittable = {"model.vocab_size=64", "model.dim=32",
+                                              "model.n_heads=4",     "model.n_kv_heads=4",
+                                              "model.n_layers=2",    "model.ffn_hidden_dim=48"};
+
+// A tensor-parallel rank's table: each tensor a part of the whole one, cut where Megatron cuts
+// it, and the parts of every rank put together are the whole table's elements, each once.
+TEST(LlamaTensorParallel, ThePartsOfEveryRankMakeUpTheWholeTable) {
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSplittable);
+  const ParameterTable whole = spec->BuildTable();
+  std::vector<float> values(whole.total()), rebuilt(whole.total(), -1.0f);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  for (int rank = 0; rank < 2; ++rank) {
+    const ParameterTable part = spec->BuildTable(ModelParallelism::Layout(2, rank, 4));
+    EXPECT_TRUE(part.sliced());
+    EXPECT_EQ(part.FlopParams(), whole.FlopParams());  // the model's, not the part's
+    const ParamInfo& q = part.Find("model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(q.split_dim, 0);
+    EXPECT_EQ(q.shape, (std::vector<int64_t>{16, 32}));
+    EXPECT_EQ(q.global_shape, (std::vector<int64_t>{32, 32}));
+    EXPECT_EQ(q.slice_begin, 16 * rank);
+    const ParamInfo& o = part.Find("model.layers.0.self_attn.o_proj.weight");
+    EXPECT_EQ(o.split_dim, 1);
+    EXPECT_EQ(o.shape, (std::vector<int64_t>{32, 16}));
+    // Element (row 1, column 2) of rank r's part is (1, 16 r + 2) of the whole.
+    EXPECT_EQ(o.GlobalIndex(1 * 16 + 2), static_cast<size_t>(1 * 32 + 16 * rank + 2));
+    EXPECT_FALSE(part.Find("model.norm.weight").sliced());
+    std::vector<float> mine(part.total());
+    CopyWholeToParts(whole, values.data(), part, mine.data());
+    CopyPartsToWhole(part, mine.data(), whole, rebuilt.data());
+  }
+  EXPECT_EQ(std::memcmp(values.data(), rebuilt.data(), 4 * values.size()), 0);
+}
+
+// The chunked model (every split dimension cut in 4, model/parallelism.h) computes the plain
+// model's loss and gradients in another summation order: equal to rounding, not to the bit.
+TEST(LlamaTensorParallel, ChunksComputeThePlainModelToRounding) {
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSplittable);
+  constexpr int64_t B = 2, T = 8;
+  const std::unique_ptr<Model> plain = spec->Build(B, T);
+  const std::unique_ptr<Model> chunked =
+      spec->Build(B, T, DefaultCpuBackend(), ModelParallelism::Layout(1, 0, 4));
+  EXPECT_EQ(spec->PlannedBuffers(B, T).activation_bytes,
+            static_cast<double>(plain->activation_bytes()));
+  EXPECT_EQ(PlannedLlamaActivationBytes(static_cast<const LlamaSpec&>(*spec).config(), B, T,
+                                        ModelParallelism::Layout(1, 0, 4)),
+            static_cast<double>(chunked->activation_bytes()));
+  std::vector<float> weights(plain->table().total());
+  spec->InitWeights(plain->table(), 3, 0, weights.size(), weights.data());
+  Philox rng(5, 0);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.NextU32() % 64);
+    targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
+  }
+  std::vector<float> g1(weights.size()), g2(weights.size());
+  FlatParameterAccess a1(plain->table(), weights.data(), g1.data());
+  FlatParameterAccess a2(chunked->table(), weights.data(), g2.data());
+  const LossSum l1 =
+      plain->Forward(a1, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
+  plain->Backward(a1, 0.1f);
+  const LossSum l2 =
+      chunked->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
+  chunked->Backward(a2, 0.1f);
+  EXPECT_EQ(l1.weight, l2.weight);
+  EXPECT_NEAR(l1.loss, l2.loss, 1e-5 * l1.loss);
+  float largest = 0;
+  for (float g : g1) largest = std::max(largest, std::fabs(g));
+  ASSERT_GT(largest, 0.0f);
+  for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], g2[i], 1e-5f * largest) << i;
+  EXPECT_THROW(
+      chunked->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Logits()),
+      Error);
+}
+
+TEST(LlamaTensorParallel, ADimensionTheChunksDoNotDivideIsRefusedNamingItsKey) {
+  // kSmall has 2 KV heads: 4 chunks cannot cut them.
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSmall);
+  const std::string why = spec->CheckParallelism(ModelParallelism::Layout(2, 0, 4));
+  EXPECT_NE(why.find("model.n_kv_heads = 2"), std::string::npos) << why;
+  try {
+    spec->BuildTable(ModelParallelism::Layout(2, 0, 4));
+    ADD_FAILURE() << "a table the chunks cannot cut was built";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+  }
+  EXPECT_EQ(spec->CheckParallelism(ModelParallelism::Layout(2, 1, 2)), "");
+  EXPECT_NE(spec->CheckParallelism(ModelParallelism::Layout(3, 0, 3)).find("power of two"),
+            std::string::npos);
+  EXPECT_NE(spec->CheckParallelism(ModelParallelism::Layout(4, 0, 2)).find("degree 4"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace crucible

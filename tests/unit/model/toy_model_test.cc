@@ -158,7 +158,11 @@ class ToySpec final : public ModelSpec {
     const double activations = 4 * (N * V + N) + 8 * (2 * N * C);
     return {activations, activations + 8 * N};  // and the copies of tokens and targets
   }
-  ParameterTable BuildTable() const override { return ToyModel(shape_, 1, 1).table(); }
+  using ModelSpec::BuildTable;
+  // No tensor-parallel layers: CheckParallelism's default refuses a cut.
+  ParameterTable BuildTable(const ModelParallelism&) const override {
+    return ToyModel(shape_, 1, 1).table();
+  }
   void InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
                    float* out) const override {
     for (size_t i = begin; i < end; ++i) {
@@ -172,7 +176,8 @@ class ToySpec final : public ModelSpec {
   }
   using ModelSpec::Build;
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
-                               std::shared_ptr<ComputeBackend> backend) const override {
+                               std::shared_ptr<ComputeBackend> backend,
+                               const ModelParallelism&) const override {
     if (!backend->host_memory()) throw UsageError("the toy model runs on the CPU only");
     return std::make_unique<ToyModel>(shape_, batch_size, seq_len);
   }
