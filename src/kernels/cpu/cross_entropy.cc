@@ -77,20 +77,8 @@ int64_t cross_entropy_forward(float* losses, float* lse, const float* logits,
 
 void cross_entropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                             int64_t N, int64_t V, float scale, const float* weights) {
-  ScopedKernelTimer profile_timer(CrossEntropyBackwardCost(N, V));
-  const auto softmax_scaled = cpu_has_avx512f() ? RowSoftmaxScaledAvx512 : RowSoftmaxScaledAvx2;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    float* row = logits_to_dlogits + i * V;
-    if (targets[i] < 0) {
-      for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
-      continue;
-    }
-    float m = lse[i];
-    const float row_scale = weights ? scale * weights[i] : scale;  // scale * 1.0f is scale
-    softmax_scaled(row, V, m, row_scale);  // row[j] = exp_fast(row[j] - m) * row_scale
-    row[targets[i]] -= row_scale;
-  }
+  // The whole vocabulary is the slice from 0: every target is in it.
+  cross_entropy_backward_rows(logits_to_dlogits, lse, targets, N, V, 0, scale, weights);
 }
 
 void row_max(float* max, const float* x, int64_t N, int64_t V) {
@@ -126,8 +114,8 @@ void cross_entropy_backward_rows(float* x_to_dx, const float* lse, const int32_t
       for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
       continue;
     }
-    const float row_scale = weights ? scale * weights[i] : scale;
-    softmax_scaled(row, V, lse[i], row_scale);
+    const float row_scale = weights ? scale * weights[i] : scale;  // scale * 1.0f is scale
+    softmax_scaled(row, V, lse[i], row_scale);  // row[j] = exp_fast(row[j] - lse) * row_scale
     const int64_t j = static_cast<int64_t>(targets[i]) - first;
     if (j >= 0 && j < V) row[j] -= row_scale;
   }
