@@ -25,7 +25,13 @@ CommandRun SetupLaunch(CLI::App& app) {
   app.add_flag("--oversubscribe", o->oversubscribe,
                "run more ranks per node than the allocation's slots (locally: CPUs); without it "
                "that is refused (exit 2)");
-  app.add_flag("--dry-run", o->dry_run, "print the exact command and environment, run nothing");
+  app.add_flag("--dry-run", o->dry_run,
+               "print the exact command and environment (and the tensor-parallel groups with "
+               "their nodes), run nothing");
+  app.add_option("--tp", o->tensor_parallel,
+                 "tensor-parallel degree, passed to the command as --set "
+                 "parallelism.tensor_parallel_degree=N (default: the command's own, else 1); "
+                 "warns when a group of consecutive ranks would span nodes");
   app.add_option(
       "--timeout", o->timeout_seconds,
       "hang watchdog: kill the job when no output line appears for S seconds (exit 124); "

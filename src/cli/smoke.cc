@@ -1,4 +1,5 @@
-// crucible smoke [--golden FILE] [--ranks N] [--update] [--portable] [--device cpu|cuda]
+// crucible smoke [--golden FILE] [--ranks N] [--tp N] [--update] [--portable] [--device cpu|cuda]
+//                [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
 #include <memory>
@@ -23,6 +24,14 @@ CommandRun SetupSmoke(CLI::App& app) {
   app.add_option("--ranks", options->ranks,
                  "MPI ranks (mpirun); the golden is the same for any count")
       ->check(CLI::Range(1, 64));
+  app.add_option("--tp", options->tensor_parallel,
+                 "tensor-parallel degree: the tensor-parallel smoke config (its split dimensions "
+                 "in 4 chunks) at this degree, against tests/golden/smoke-tp.json, the same for "
+                 "--tp 1, 2 and 4 and any --ranks that is a multiple of it")
+      ->check(CLI::IsMember({1, 2, 4}));
+  app.add_option("--set", options->sets,
+                 "KEY=VALUE for the run, repeatable (test-only switches such as "
+                 "debug.fake_loss_divisor; the golden's config is not changed)");
   app.add_flag("--update", options->update,
                "rewrite the golden file from this run (explicit only)");
   app.add_option("--work-dir", options->work_dir,
@@ -38,8 +47,9 @@ CommandRun SetupSmoke(CLI::App& app) {
                        "device's kernels do not reproduce; add --portable (one golden for every "
                        "device) or name that device's own --golden");
     if (options->golden.empty())
-      options->golden =
-          options->portable ? "tests/golden/smoke-portable.json" : "tests/golden/smoke.json";
+      options->golden = options->portable              ? "tests/golden/smoke-portable.json"
+                        : options->tensor_parallel > 0 ? "tests/golden/smoke-tp.json"
+                                                       : "tests/golden/smoke.json";
     return RunSmoke(*options);
   };
 }

@@ -250,6 +250,15 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "shard parameters, gradients and optimizer state, gathering each layer when it is needed "
        "(ZeRO-3, the FSDP equivalent)",
        false, Closed(0, 3)},
+      {"parallelism.tensor_parallel_degree", T::kInt, V(int64_t{1}),
+       "ranks that share each layer's tensors (Megatron-style tensor parallelism, consecutive "
+       "ranks, one node); the data-parallel degree is the ranks / this (docs/parallelism.md)",
+       false, AtLeast(1)},
+      {"parallelism.tensor_parallel_chunks", T::kInt, V(int64_t{0}),
+       "every dimension tensor parallelism splits is cut into this many chunks, computed and "
+       "summed in one order at every degree: runs with the same chunks give the same bits at any "
+       "tensor_parallel_degree that divides them (0: the degree; 1: the plain model)",
+       false, AtLeast(0)},
       {"parallelism.exact_reduction", T::kString, V(std::string("block48")),
        "format of the exact gradient sums: block48 (each block of 256 values of a micro-batch "
        "rounded to 24 bits below its largest, 6 bytes a value on the wire), block32 (17 bits, 4 "

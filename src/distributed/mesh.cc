@@ -102,7 +102,7 @@ int MeshLayout::GroupIndex(int rank, int dimension) const {
 }
 
 std::vector<MeshDimension> MeshShape::Dimensions() const {
-  return {{kDataParallel, data_parallel}};
+  return {{kDataParallel, data_parallel}, {kTensorParallel, tensor_parallel}};
 }
 
 bool ProcessMesh::LaunchedByMpi() {

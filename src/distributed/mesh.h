@@ -7,11 +7,11 @@
 // once) and one communicator per dimension. A process not started by an MPI launcher is a
 // one-rank job that never touches MPI.
 //
-// Today the only dimension is data parallelism, and it spans the world. A later dimension is
-// added in one place: a field of MeshShape, its entry in MeshShape::Dimensions() (the position
-// gives its place in the rank order: tensor parallelism goes last, so its groups are consecutive
-// ranks), and an accessor like data_parallel(). Its groups are then split from the world with
-// MPI_Comm_split by ProcessMesh (tests/mpi/ runs a 2 x 2 layout).
+// The trainer's dimensions are data parallelism and, last in the rank order so that its groups
+// are consecutive ranks (one node), tensor parallelism. A later dimension is added in one place:
+// a field of MeshShape, its entry in MeshShape::Dimensions() (the position gives its place in the
+// rank order), and an accessor like data_parallel(). Its groups are then split from the world
+// with MPI_Comm_split by ProcessMesh (tests/mpi/ runs 2 x 2 and 1 x 4 layouts).
 #pragma once
 
 #include <cstdint>
@@ -58,10 +58,12 @@ class MeshLayout {
 // The degrees of the dimensions the trainer knows. -1 takes what the other degrees leave.
 struct MeshShape {
   int data_parallel = -1;
+  int tensor_parallel = 1;
   std::vector<MeshDimension> Dimensions() const;  // in rank order, outermost first
 };
 
 inline constexpr char kDataParallel[] = "data_parallel";
+inline constexpr char kTensorParallel[] = "tensor_parallel";
 
 class ProcessMesh {
  public:
@@ -91,6 +93,7 @@ class ProcessMesh {
   // world is world() itself; a group of one rank communicates nothing.
   Communicator& group(std::string_view dimension);
   Communicator& data_parallel() { return group(kDataParallel); }
+  Communicator& tensor_parallel() { return group(kTensorParallel); }
 
   // The step the communicators name in timeout messages.
   void SetStep(int64_t step);

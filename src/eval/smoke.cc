@@ -21,8 +21,8 @@
 
 namespace crucible {
 
-std::string SmokeConfig(bool portable) {
-  return std::string(R"([job]
+std::string SmokeConfig(bool portable, bool tensor_parallel) {
+  std::string config = std::string(R"([job]
 name = "smoke"
 
 [model]
@@ -59,6 +59,12 @@ peak_gflops = 1.0
 [debug]
 seed = 1234
 )") + (portable ? "portable_exact = true\n" : "");
+  if (!tensor_parallel) return config;
+  // Every split dimension in 4 chunks (heads 4, KV heads 4, FFN 160, vocabulary 512), so that
+  // degrees 1, 2 and 4 give the same bits.
+  const std::string kv = "n_kv_heads = 2\n";
+  config.replace(config.find(kv), kv.size(), "n_kv_heads = 4\n");
+  return config + "\n[parallelism]\ntensor_parallel_chunks = 4\nexact_reduction = \"fixed128\"\n";
 }
 
 namespace {
@@ -149,7 +155,14 @@ int RunSmoke(const SmokeOptions& options) {
   MakeDirectories(work);
   const std::string config_path = JoinPath(work, "smoke.toml");
   const std::string run_dir = JoinPath(work, "run");
-  const std::string config = SmokeConfig(options.portable);
+  if (options.tensor_parallel > 0 && options.ranks % options.tensor_parallel != 0)
+    throw UsageError(StrFormat("smoke --tp %d: --ranks %d is not a multiple of it",
+                               options.tensor_parallel, options.ranks));
+  if (options.tensor_parallel > 0 && options.portable)
+    throw UsageError(
+        "smoke --tp with --portable: the portable kernels have no tensor-parallel "
+        "version yet");
+  const std::string config = SmokeConfig(options.portable, options.tensor_parallel > 0);
   AtomicWriteFile(config_path, config);
   const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
   // Pin OpenBLAS and oneDNN to one kernel family each so the golden holds on any x86-64-v3 CPU
@@ -182,8 +195,19 @@ int RunSmoke(const SmokeOptions& options) {
     argv.push_back("--set");
     argv.push_back("training.device=" + options.device);
   }
+  if (options.tensor_parallel > 0) {
+    argv.push_back("--set");
+    argv.push_back(StrFormat("parallelism.tensor_parallel_degree=%d", options.tensor_parallel));
+  }
+  for (const std::string& item : options.sets) {
+    argv.push_back("--set");
+    argv.push_back(item);
+  }
   const std::string log_path = JoinPath(work, "train.log");
-  PrintLine(StrFormat("phase=smoke status=training ranks=%d device=%s log=%s", options.ranks,
+  PrintLine(StrFormat("phase=smoke status=training ranks=%d%s device=%s log=%s", options.ranks,
+                      options.tensor_parallel > 0
+                          ? StrFormat(" tensor_parallel=%d", options.tensor_parallel).c_str()
+                          : "",
                       options.device.c_str(), log_path.c_str()));
   int status = RunChild(argv, env, log_path);
   if (status != 0) {
@@ -264,8 +288,11 @@ int RunSmoke(const SmokeOptions& options) {
     }
     if (result == 0)
       PrintLine(StrFormat(
-          "smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d device=%s)",
+          "smoke: PASS %zu steps and %zu tensors bit-identical to %s (ranks=%d%s device=%s)",
           got_steps.size(), observed["tensors"].size(), options.golden.c_str(), options.ranks,
+          options.tensor_parallel > 0
+              ? StrFormat(" tensor_parallel=%d", options.tensor_parallel).c_str()
+              : "",
           options.device.c_str()));
   }
   if (temporary) {

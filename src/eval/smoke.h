@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace crucible {
 
@@ -21,6 +22,13 @@ struct SmokeOptions {
   // the device is passed as --set training.device. Only --portable promises one golden for
   // every device.
   std::string device = "cpu";
+  // Tensor parallelism (docs/parallelism.md): 0 runs the default config; N >= 1 runs the
+  // tensor-parallel smoke config (split dimensions in 4 chunks, the layout-free exact reduction)
+  // at tensor_parallel_degree N, against its own golden (tests/golden/smoke-tp.json), the same
+  // for every degree and rank count. `ranks` must be a multiple of it.
+  int tensor_parallel = 0;
+  // More --set overrides for the run (test-only switches such as debug.fake_loss_divisor).
+  std::vector<std::string> sets;
 };
 
 // Returns 0 when the run matches the golden (or it was updated), 1 on a mismatch. A missing
@@ -28,7 +36,8 @@ struct SmokeOptions {
 // machine cannot run), with the run's message.
 int RunSmoke(const SmokeOptions& options);
 
-// The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true.
-std::string SmokeConfig(bool portable = false);
+// The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true,
+// `tensor_parallel` the tensor-parallel smoke's keys (4 KV heads, 4 chunks, fixed128).
+std::string SmokeConfig(bool portable = false, bool tensor_parallel = false);
 
 }  // namespace crucible

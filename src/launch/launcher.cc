@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "launch/attempt_log.h"
 #include "launch/bad_node_patterns.h"
@@ -298,6 +300,62 @@ void PrintDryRun(const Plan& plan, const NodePool& pool, const LaunchCommand& co
 
 }  // namespace
 
+int TensorParallelDegree(const LaunchOptions& options, std::vector<std::string>* command) {
+  *command = options.command;
+  constexpr char kKey[] = "parallelism.tensor_parallel_degree=";
+  std::optional<int> in_command;
+  for (size_t i = 0; i < command->size(); ++i) {
+    std::string item = (*command)[i];
+    if (item == "--set" && i + 1 < command->size())
+      item = (*command)[i + 1];
+    else if (StartsWith(item, "--set="))
+      item = item.substr(6);
+    else
+      continue;
+    if (!StartsWith(item, kKey)) continue;
+    const std::string value = item.substr(sizeof(kKey) - 1);
+    char* end = nullptr;
+    const long degree = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || degree < 1)
+      throw UsageError("the command's --set " + item + ": expected a positive integer");
+    in_command = static_cast<int>(degree);
+  }
+  if (!options.tensor_parallel) return in_command.value_or(1);
+  if (in_command && *in_command != *options.tensor_parallel)
+    throw UsageError(StrFormat("--tp %d, but the command sets %s%d; give one of them",
+                               *options.tensor_parallel, kKey, *in_command));
+  if (!in_command) {
+    command->push_back("--set");
+    command->push_back(kKey + std::to_string(*options.tensor_parallel));
+  }
+  return *options.tensor_parallel;
+}
+
+std::vector<std::string> DescribeTensorParallelGroups(int ranks, int ranks_per_node, int tp,
+                                                      const std::vector<std::string>& nodes,
+                                                      std::vector<std::string>* warnings) {
+  std::vector<std::string> lines;
+  auto node_of = [&](int rank) {
+    const size_t n = static_cast<size_t>(rank / std::max(1, ranks_per_node));
+    return n < nodes.size() ? nodes[n] : StrFormat("node %zu", n);
+  };
+  for (int group = 0; group * tp < ranks; ++group) {
+    const int first = group * tp, last = std::min(ranks, first + tp) - 1;
+    std::vector<std::string> hosts;
+    for (int r = first; r <= last; ++r)
+      if (hosts.empty() || hosts.back() != node_of(r)) hosts.push_back(node_of(r));
+    lines.push_back(
+        StrFormat("  group %d: ranks %d-%d on %s", group, first, last, JoinHosts(hosts).c_str()));
+    if (hosts.size() > 1 && warnings)
+      warnings->push_back(StrFormat(
+          "tensor-parallel group %d (ranks %d-%d) spans %zu nodes (%s): its collectives run in "
+          "every layer, on the critical path, over the network; keep each group on one node "
+          "(ranks per node a multiple of --tp %d)",
+          group, first, last, hosts.size(), JoinHosts(hosts).c_str(), tp));
+  }
+  return lines;
+}
+
 void ValidateLaunchOptions(const LaunchOptions& options) {
   if (options.command.empty())
     throw UsageError("no command after '--' (usage: crucible launch [options] -- COMMAND...)");
@@ -335,12 +393,30 @@ double BackoffSeconds(int retry, double base, double cap) {
   return std::min(cap, base * std::pow(2.0, std::max(0, retry - 1)));
 }
 
-int RunLaunch(const LaunchOptions& options, const Environment& env) {
+int RunLaunch(const LaunchOptions& given, const Environment& env) {
+  // The tensor-parallel degree passed on to the command, its groups checked against the layout.
+  LaunchOptions options = given;
+  const int tp = TensorParallelDegree(given, &options.command);
   Plan plan = MakePlan(options, env);
+  if (plan.ranks % tp != 0)
+    throw UsageError(StrFormat(
+        "--tp %d does not divide the %d ranks (the data-parallel degree is the ranks / it)", tp,
+        plan.ranks));
   NodePool pool(plan.allocation.nodes, plan.active_nodes,
                 options.auto_retry ? options.spares.value_or(-1) : 0);
+  std::vector<std::string> tp_warnings;
+  const std::vector<std::string> tp_groups =
+      tp > 1 ? DescribeTensorParallelGroups(plan.ranks, plan.ranks_per_node, tp, pool.active(),
+                                            &tp_warnings)
+             : std::vector<std::string>{};
+  for (const std::string& warning : tp_warnings) LogWarn(warning);
   if (options.dry_run) {
     PrintDryRun(plan, pool, BuildLaunchCommand(MakeSpec(plan, options, pool.active(), 1)));
+    if (tp > 1) {
+      std::printf("tensor parallel: degree %d, %d group(s), data-parallel degree %d\n", tp,
+                  plan.ranks / tp, plan.ranks / tp);
+      for (const std::string& line : tp_groups) std::printf("%s\n", line.c_str());
+    }
     return kExitOk;
   }
   BuildLaunchCommand(MakeSpec(plan, options, pool.active(), 1));  // validate before any effect

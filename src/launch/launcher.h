@@ -45,7 +45,21 @@ struct LaunchOptions {
   std::string preflight_command;  // a site health check run on every node, e.g. a GPU test
   // The crucible binary ranks run the wrapper from; empty: this process's executable.
   std::string crucible_path;
+  // The tensor-parallel degree (docs/parallelism.md): passed to the command as
+  // --set parallelism.tensor_parallel_degree=N; not given: the command's own such --set, else 1.
+  std::optional<int> tensor_parallel;
 };
+
+// The tensor-parallel degree of `options` (--tp, else the command's
+// --set parallelism.tensor_parallel_degree=N, else 1), and the command with it passed on.
+// UsageError when the two disagree or a value is not a positive integer.
+int TensorParallelDegree(const LaunchOptions& options, std::vector<std::string>* command);
+// The tensor-parallel groups of `ranks` ranks placed `ranks_per_node` per node in `nodes`'
+// order (consecutive ranks on a node, as the launch commands place them), one line each:
+// "  group 1: ranks 2-3 on n1", and a warning line for each group that spans nodes.
+std::vector<std::string> DescribeTensorParallelGroups(int ranks, int ranks_per_node, int tp,
+                                                      const std::vector<std::string>& nodes,
+                                                      std::vector<std::string>* warnings);
 
 // Throws UsageError (exit 2) naming the option when a given number is not finite or out of
 // range, or when options contradict each other (--spares without --auto-retry).

@@ -57,10 +57,7 @@ bool ParameterTable::sliced() const {
   return std::any_of(params_.begin(), params_.end(), [](const ParamInfo& p) { return p.sliced(); });
 }
 
-namespace {
-
-template <typename Copy>
-void ForEachPart(const ParameterTable& parts, const ParameterTable& whole, Copy copy) {
+void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole) {
   if (parts.params().size() != whole.params().size())
     throw Error(kExitFailure, "internal: a table of parts and the whole table differ in tensors");
   for (size_t t = 0; t < parts.params().size(); ++t) {
@@ -68,32 +65,22 @@ void ForEachPart(const ParameterTable& parts, const ParameterTable& whole, Copy 
     const ParamInfo& w = whole.params()[t];
     if (p.name != w.name || p.global_shape != w.shape)
       throw Error(kExitFailure, "internal: tensor " + p.name + " is not " + w.name + " cut");
-    if (!p.sliced()) {
-      copy(p.offset, w.offset, p.numel);
-      continue;
-    }
-    // Runs of contiguous elements: the split dimension and everything inside it.
-    size_t inner = 1;
-    for (size_t d = static_cast<size_t>(p.split_dim); d < p.shape.size(); ++d)
-      inner *= static_cast<size_t>(p.shape[d]);
-    for (size_t local = 0; local < p.numel; local += inner)
-      copy(p.offset + local, w.offset + p.GlobalIndex(local), inner);
   }
 }
 
-}  // namespace
-
 void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
                       const ParameterTable& whole, float* whole_values) {
-  ForEachPart(parts, whole, [&](size_t from, size_t to, size_t n) {
-    std::copy(part_values + from, part_values + from + n, whole_values + to);
+  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
+    const float* from = part_values + parts.params()[t].offset + part;
+    std::copy(from, from + n, whole_values + whole.params()[t].offset + at);
   });
 }
 
 void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
                       const ParameterTable& parts, float* part_values) {
-  ForEachPart(parts, whole, [&](size_t to, size_t from, size_t n) {
-    std::copy(whole_values + from, whole_values + from + n, part_values + to);
+  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
+    const float* from = whole_values + whole.params()[t].offset + at;
+    std::copy(from, from + n, part_values + parts.params()[t].offset + part);
   });
 }
 

@@ -91,6 +91,11 @@ class ParameterTable {
 // from their places in the whole tensor. Throws an internal error when the tables do not match.
 void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
                       const ParameterTable& whole, float* whole_values);
+// The runs of elements that are contiguous in both: for each, fn(tensor index, first element
+// of the part, first element of the whole tensor, count). What the copies above (and the copies
+// of an optimizer state laid out tensor by tensor) are made of.
+template <typename Fn>
+void ForEachPartRun(const ParameterTable& parts, const ParameterTable& whole, Fn fn);
 void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
                       const ParameterTable& parts, float* part_values);
 
@@ -131,5 +136,28 @@ class FlatParameterAccess : public ParameterAccess {
   const float* weights_;
   float* grads_;
 };
+
+// ---- implementation ----
+
+// Checks that `parts` is `whole` cut (internal error otherwise).
+void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole);
+
+template <typename Fn>
+void ForEachPartRun(const ParameterTable& parts, const ParameterTable& whole, Fn fn) {
+  CheckPartsOfWhole(parts, whole);
+  for (size_t t = 0; t < parts.params().size(); ++t) {
+    const ParamInfo& p = parts.params()[t];
+    if (!p.sliced()) {
+      fn(t, size_t{0}, size_t{0}, p.numel);
+      continue;
+    }
+    // Runs of contiguous elements: the split dimension and everything inside it.
+    size_t inner = 1;
+    for (size_t d = static_cast<size_t>(p.split_dim); d < p.shape.size(); ++d)
+      inner *= static_cast<size_t>(p.shape[d]);
+    for (size_t local = 0; local < p.numel; local += inner)
+      fn(t, local, p.GlobalIndex(local), inner);
+  }
+}
 
 }  // namespace crucible

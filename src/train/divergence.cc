@@ -35,8 +35,8 @@ size_t FirstNonFinite(const float* values, size_t count) {
   return i;
 }
 
-std::string DivergenceGuard::Describe(size_t index, float value) const {
-  for (const ParamInfo& p : table_.params())
+std::string DivergenceGuard::Describe(const ParameterTable& table, size_t index, float value) {
+  for (const ParamInfo& p : table.params())
     if (index >= p.offset && index < p.offset + p.numel)
       return StrFormat("%s (element %zu = %s)", p.name.c_str(), index - p.offset,
                        FormatValue(value).c_str());
@@ -47,9 +47,11 @@ void DivergenceGuard::CheckWeights(const float* weights, size_t base, size_t beg
                                    int64_t step) const {
   const size_t first = begin + FirstNonFinite(weights + (begin - base), end - begin);
   const bool bad = first < end;
-  if (!data_parallel_.Any(bad)) return;
+  bool any = bad;
+  comm_.AllReduceOr(&any, "non-finite weight flag all-reduce");
+  if (!any) return;
   // Which rank holds the lowest bad element, and its value.
-  Communicator& comm = data_parallel_.comm();
+  Communicator& comm = comm_;
   const uint64_t mine = bad ? first : std::numeric_limits<uint64_t>::max();
   const double value = bad ? weights[first - base] : 0.0;
   std::vector<uint64_t> indices(comm.size());
@@ -57,22 +59,23 @@ void DivergenceGuard::CheckWeights(const float* weights, size_t base, size_t beg
   comm.AllGatherU64(&mine, indices.data(), 1, "non-finite weight all-gather");
   comm.AllGatherDouble(&value, values.data(), 1, "non-finite weight all-gather");
   const size_t rank = std::min_element(indices.begin(), indices.end()) - indices.begin();
-  throw Error(
-      kExitDiverged,
-      StrFormat("step %lld: the optimizer update made the weights non-finite, first in "
-                "%s: training diverged; nothing of this step was saved (last "
-                "checkpoint: %s); lower optimizer.lr",
-                (long long)step, Describe(indices[rank], static_cast<float>(values[rank])).c_str(),
-                last_checkpoint_(step).c_str()));
+  throw Error(kExitDiverged,
+              StrFormat("step %lld: the optimizer update made the weights non-finite, first in "
+                        "%s: training diverged; nothing of this step was saved (last "
+                        "checkpoint: %s); lower optimizer.lr",
+                        (long long)step,
+                        Describe(table_, indices[rank], static_cast<float>(values[rank])).c_str(),
+                        last_checkpoint_(step).c_str()));
 }
 
-void DivergenceGuard::CheckFinalWeights(const float* weights) const {
-  const size_t first = FirstNonFinite(weights, table_.total());
-  if (first == table_.total()) return;
-  throw Error(kExitDiverged,
-              StrFormat("the final weights are non-finite, first in %s: model.safetensors was "
-                        "not written (last checkpoint: %s)",
-                        Describe(first, weights[first]).c_str(), last_checkpoint_(0).c_str()));
+void DivergenceGuard::CheckFinalWeights(const float* weights, const ParameterTable& whole) const {
+  const size_t first = FirstNonFinite(weights, whole.total());
+  if (first == whole.total()) return;
+  throw Error(
+      kExitDiverged,
+      StrFormat("the final weights are non-finite, first in %s: model.safetensors was "
+                "not written (last checkpoint: %s)",
+                Describe(whole, first, weights[first]).c_str(), last_checkpoint_(0).c_str()));
 }
 
 }  // namespace crucible

@@ -24,26 +24,25 @@ class DivergenceGuard {
  public:
   // `last_checkpoint(step)` names what a run that diverged from the state before `step` leaves
   // to go back to (for the message).
-  DivergenceGuard(const ParameterTable& table, DataParallel& data_parallel,
+  // `group`: every rank that checks its part (the job).
+  DivergenceGuard(const ParameterTable& table, Communicator& group,
                   std::function<std::string(int64_t)> last_checkpoint)
-      : table_(table),
-        data_parallel_(data_parallel),
-        last_checkpoint_(std::move(last_checkpoint)) {}
+      : table_(table), comm_(group), last_checkpoint_(std::move(last_checkpoint)) {}
 
   // After the optimizer step: checks weights[i - base] for i in [begin, end), this rank's
   // part. Collective: when any rank holds a non-finite weight, every rank throws
   // Error(kExitDiverged) naming the first one (lowest flat index over all ranks).
   void CheckWeights(const float* weights, size_t base, size_t begin, size_t end,
                     int64_t step) const;
-  // Before the final model.safetensors: the full weights [0, table.total()).
-  void CheckFinalWeights(const float* weights) const;
+  // Before the final model.safetensors: the full weights of `whole` (the whole model's table).
+  void CheckFinalWeights(const float* weights, const ParameterTable& whole) const;
 
  private:
   // "model.layers.0.mlp.up_proj.weight (element 17 = nan)"
-  std::string Describe(size_t index, float value) const;
+  static std::string Describe(const ParameterTable& table, size_t index, float value);
 
   const ParameterTable& table_;
-  DataParallel& data_parallel_;
+  Communicator& comm_;
   std::function<std::string(int64_t)> last_checkpoint_;
 };
 

@@ -20,7 +20,7 @@ class ValidationHook : public TrainerHook {
     if (trainer.leader())
       validation_ = std::make_unique<Validation>(
           trainer.config(), std::move(model), trainer.run_dir(), trainer.training().shape.seq_len);
-    enabled_ = trainer.data_parallel().Any(trainer.leader() && validation_->enabled());
+    enabled_ = trainer.AnyRank(trainer.leader() && validation_->enabled(), "validation flag");
   }
 
   std::optional<int> AfterStep(const StepReport& report) override {
@@ -29,10 +29,10 @@ class ValidationHook : public TrainerHook {
     bool keep_going = true;
     const float* weights = trainer_.FullWeights();
     if (trainer_.leader())
-      keep_going = validation_->Run(report.step, weights, trainer_.table().total());
+      keep_going = validation_->Run(report.step, weights, trainer_.whole_table().total());
     trainer_.ReleaseFullCopies();
     trainer_.comm().Barrier("validation");
-    if (trainer_.data_parallel().Any(!keep_going))
+    if (trainer_.AnyRank(!keep_going, "eval gate flag"))
       throw UsageError(
           StrFormat("stopped by the eval gate at step %lld (validation.gate_action = stop); the "
                     "last checkpoint is kept",
@@ -52,7 +52,6 @@ class CheckpointHook : public TrainerHook {
 
   std::optional<int> AfterStep(const StepReport& report) override {
     Checkpointing& checkpointing = trainer_.checkpointing();
-    DataParallel& data_parallel = trainer_.data_parallel();
     const bool leader = trainer_.leader();
     const int64_t step = report.step;
     checkpointing.NoteStepTime(report.step_seconds);
@@ -63,7 +62,8 @@ class CheckpointHook : public TrainerHook {
     const int signal_number = AgreedSignal();
     // The leader decides (the "auto" interval depends on its measured save stalls).
     bool due =
-        held_ || data_parallel.Any(leader && checkpointing.Due(step, trainer_.training().steps));
+        held_ || trainer_.AnyRank(leader && checkpointing.Due(step, trainer_.training().steps),
+                                  "checkpoint flag");
     // A skipped update (train/step_guard.h) leaves the weights of the step before it: an interval
     // save waits for the next step whose update runs, so a streak of skips never writes (nor
     // rotates out, checkpoint.keep_latest_k) checkpoints past the last one from before it, which a
@@ -81,8 +81,9 @@ class CheckpointHook : public TrainerHook {
                       (long long)step));
     }
     const bool save_now =
-        due || (signal_number != 0 && checkpointing.enabled() &&
-                data_parallel.Any(leader && checkpointing.last_saved_step() != step));
+        due ||
+        (signal_number != 0 && checkpointing.enabled() &&
+         trainer_.AnyRank(leader && checkpointing.last_saved_step() != step, "checkpoint flag"));
     const float* weights = nullptr;
     if (save_now) {
       trainer_.GatherOptimizerState();
@@ -104,7 +105,7 @@ class CheckpointHook : public TrainerHook {
   // and name the same signal: the one the lowest rank that got one received.
   int AgreedSignal() {
     int signal_number = StopSignals::Requested();
-    if (!trainer_.data_parallel().Any(signal_number != 0)) return 0;
+    if (!trainer_.AnyRank(signal_number != 0, "stop-signal flag")) return 0;
     const uint64_t mine = static_cast<uint64_t>(signal_number);
     std::vector<uint64_t> received(trainer_.comm().size());
     trainer_.comm().AllGatherU64(&mine, received.data(), 1, "stop-signal all-gather");

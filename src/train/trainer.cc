@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/profile.h"
 #include "common/strings.h"
+#include "distributed/layout_free_norm.h"
 #include "optim/clipping.h"
 #include "train/memory_plan.h"
 #include "train/metrics_log.h"
@@ -109,6 +110,25 @@ void FreeBuffer(std::vector<float>& buffer) {
   std::vector<float>().swap(buffer);
 }
 
+// An optimizer state over a tensor-parallel rank's parts (laid out by LayOutFullState over
+// `parts`) to or from the same state over the whole model's tensors. Per-element states only
+// (a per-tensor state belongs to whole-matrix optimizers, refused under tensor parallelism).
+void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* part_values,
+                    const ParameterTable& whole, float* whole_values, bool to_whole) {
+  const FullStateLayout mine = LayOutFullState(spec, parts), all = LayOutFullState(spec, whole);
+  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
+    if (mine.offsets[t] == FullStateLayout::kNotCarried) return;
+    if (spec.per_tensor > 0)
+      throw Error(kExitFailure, "internal: a per-tensor optimizer state under tensor parallelism");
+    float* a = part_values + mine.offsets[t] + part;
+    float* b = whole_values + all.offsets[t] + at;
+    if (to_whole)
+      std::copy(a, a + n, b);
+    else
+      std::copy(b, b + n, a);
+  });
+}
+
 }  // namespace
 
 // ---- setup ----
@@ -129,8 +149,11 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
                                                 resume_.resumed ? resume_.progress.step : -1));
   hooks_.push_back(MakeValidationHook(*this, model_spec_));
   hooks_.push_back(MakeCheckpointHook(*this));
-  loader_ = std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.batches,
-                                         rank_, world_, resume_.progress.step + 1, training_.steps);
+  // The ranks of a tensor-parallel group read the same samples: those of their data-parallel
+  // rank.
+  loader_ =
+      std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.batches, dp_rank_,
+                                   dp_size_, resume_.progress.step + 1, training_.steps);
   tokens_seen_ = resume_.progress.tokens_seen;
   last_loss_ = resume_.resumed ? resume_.progress.loss : std::nan("");
 }
@@ -144,12 +167,29 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   model_spec_ = BuildModelSpec(config_);
   optimizer_config_ = BuildOptimizerConfig(config_);
   schedule_ = BuildLrScheduleConfig(config_);
-  // Data parallelism spans every rank of the job: mesh.data_parallel() is mesh.world().
-  mesh_ = ProcessMesh::Create(MeshShape{}, config_.Float("comm.train_timeout_seconds"));
+  // Tensor parallelism over consecutive ranks (one node), data parallelism over the rest.
+  const int64_t tp = config_.Int("parallelism.tensor_parallel_degree");
+  const int64_t chunks = config_.Int("parallelism.tensor_parallel_chunks");
+  MeshShape shape;
+  shape.tensor_parallel = static_cast<int>(tp);
+  try {
+    mesh_ = ProcessMesh::Create(shape, config_.Float("comm.train_timeout_seconds"));
+  } catch (const Error& e) {
+    if (e.exit_code() != kExitUsage) throw;
+    throw UsageError(
+        StrFormat("parallelism.tensor_parallel_degree = %lld: %s (the data-parallel "
+                  "degree is the ranks / the tensor-parallel degree)",
+                  (long long)tp, e.what()));
+  }
   world_ = comm().size();
   rank_ = comm().rank();
   if (comm().distributed()) SetLogRank(rank_);
-  training_ = BuildTrainingConfig(config_, world_);
+  dp_size_ = mesh_->data_parallel().size();
+  dp_rank_ = mesh_->data_parallel().rank();
+  parallelism_ = ModelParallelism::TensorParallel(mesh_->tensor_parallel(),
+                                                  static_cast<int>(chunks ? chunks : tp));
+  CheckTensorParallelism();
+  training_ = BuildTrainingConfig(config_, dp_size_);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
   if (dump_gradients_step_ > 0 && world_ != 1)
     throw UsageError(
@@ -159,6 +199,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   backend_ = MakeBackend(training_.backend);  // a device this machine lacks fails here
   // Before the model is built: weight init, the RoPE tables, the schedule and the optimizer.
   SetPortableHostMath(training_.backend.portable_exact);
+  if (parallelism_.tp_chunks > 1) CheckTensorParallelRun();
   // SophiaG's Hessian is scaled by the tokens of a global batch, fixed for the run.
   if (optimizer_config_.optimizer->hessian_interval() > 0 && !training_.batches.constant())
     throw UsageError("training.batch_ramp: optimizer.name = " + optimizer_config_.name +
@@ -192,7 +233,10 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
 
 // The model, the flat buffers of this rank's part, the optimizer and the checkpoints.
 void Trainer::AllocateState() {
-  model_ = model_spec_->Build(training_.shape.micro_batch, training_.shape.seq_len, backend_);
+  model_ = model_spec_->Build(training_.shape.micro_batch, training_.shape.seq_len, backend_,
+                              parallelism_);
+  // The whole model's table: what checkpoints, exports, validation and the weights hash see.
+  whole_table_ = model_spec_->BuildTable();
   const size_t n_params = table().total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   data_parallel_ = std::make_unique<DataParallel>(
@@ -218,14 +262,55 @@ void Trainer::AllocateState() {
   optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
   if (optimizer_config_.optimizer->hessian_interval() > 0)
     sampled_targets_.resize(training_.shape.micro_batch * training_.shape.seq_len);
+  // A tensor-parallel run's checkpoints hold the whole model's tensors and optimizer state, so
+  // that they resume at any degree: the parts are put together on rank 0 for a save and taken
+  // apart on every rank after a resume (its buffers exist only then).
+  if (table().sliced()) {
+    whole_state_ =
+        std::make_unique<OptimizerShard>(optimizer_config_, whole_table_, 0, whole_table_.total());
+    for (const ShardState& state : whole_state_->State()) FreeBuffer(state.values);
+  }
   checkpointing_ =
-      std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, table(),
-                                      &optimizer_->full_state(), training_.batches, rank_, world_);
+      std::make_unique<Checkpointing>(config_, run_dir_, *model_spec_, whole_table_,
+                                      whole_state_ ? whole_state_.get() : &optimizer_->full_state(),
+                                      training_.batches, rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
   divergence_ = std::make_unique<DivergenceGuard>(
-      table(), *data_parallel_, [this](int64_t step) { return LastCheckpoint(step); });
+      table(), comm(), [this](int64_t step) { return LastCheckpoint(step); });
   guard_ = std::make_unique<StepGuard>(training_.guards, leader(),
                                        [this](int64_t step) { return LastCheckpoint(step); });
+}
+
+void Trainer::CheckTensorParallelism() {
+  const std::string keys =
+      StrFormat("parallelism.tensor_parallel_degree = %d, tensor_parallel_chunks = %d",
+                parallelism_.tp_degree, parallelism_.tp_chunks);
+  if (std::string why = model_spec_->CheckParallelism(parallelism_); !why.empty())
+    throw UsageError(keys + ": " + why);
+}
+
+// What a run with its split dimensions in chunks does not support yet, each refused in one line.
+void Trainer::CheckTensorParallelRun() {
+  const std::string keys =
+      StrFormat("parallelism.tensor_parallel_degree = %d, tensor_parallel_chunks = %d",
+                parallelism_.tp_degree, parallelism_.tp_chunks);
+  if (training_.backend.device != "cpu")
+    throw UsageError(keys + ": tensor parallelism runs on training.device = \"cpu\" only so far");
+  if (training_.backend.portable_exact)
+    throw UsageError(keys +
+                     ": debug.portable_exact has no portable tensor-parallel kernels yet (set "
+                     "debug.portable_exact = false)");
+  if (training_.shape.exact_grid.name() != std::string("fixed128"))
+    throw UsageError(
+        keys + ": parallelism.exact_reduction = " + training_.shape.exact_grid.name() +
+        " rounds blocks of the flat gradient buffer, whose contents depend on the tensor-parallel "
+        "layout; set parallelism.exact_reduction = \"fixed128\" for the same bits at every "
+        "degree");
+  const Optimizer& optimizer = *optimizer_config_.optimizer;
+  if (optimizer.shard_mode() != ShardMode::kElementwise || optimizer.hessian_interval() > 0)
+    throw UsageError(keys + ": optimizer.name = " + optimizer_config_.name +
+                     " needs whole matrices or the whole logits, which a tensor-parallel rank "
+                     "does not hold; choose an elementwise optimizer (AdamW, SGD, Lion)");
 }
 
 std::string Trainer::LastCheckpoint(int64_t trouble_step) const {
@@ -252,7 +337,22 @@ void Trainer::LoadOrInitWeights(const std::string& resume_mode) {
                                 !training_.initial_load_hf.empty();
   std::vector<float> full_load(sharded_ && loads_full_model ? data_parallel_->padded_size() : 0);
   float* load_target = sharded_ ? full_load.data() : weights_.data();
-  resume_ = checkpointing_->Resume(resume_mode, load_target);
+  // A checkpoint holds the whole model; a tensor-parallel rank keeps its parts of it.
+  const bool parts = table().sliced();
+  std::vector<float> whole(parts && loads_full_model ? whole_table_.total() : 0);
+  resume_ = checkpointing_->Resume(resume_mode, parts ? whole.data() : load_target);
+  if (resume_.resumed && parts) {
+    CopyWholeToParts(whole_table_, whole.data(), table(), load_target);
+    std::vector<ShardState> mine = optimizer_->full_state().State();
+    std::vector<ShardState> all = whole_state_->State();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      mine[i].values.resize(LayOutFullState(mine[i].spec, table()).size);
+      CopyStateParts(mine[i].spec, table(), mine[i].values.data(), whole_table_,
+                     all[i].values.data(), /*to_whole=*/false);
+      FreeBuffer(all[i].values);
+    }
+  }
+  FreeBuffer(whole);
   if (resume_.resumed) optimizer_->ScatterFullState();  // this rank keeps its part
   if (resume_.resumed) guard_->Restore(resume_.progress.guards);
   ReleaseFullCopies();
@@ -275,11 +375,18 @@ void Trainer::InitWeights(float* load_target) {
   const std::string& hf_path = training_.initial_load_hf;
   if (!init_path.empty() && !hf_path.empty())
     throw UsageError("model.init_weights and checkpoint.initial_load_hf are both set; choose one");
+  // A file holds the whole model; a tensor-parallel rank keeps its parts of it.
+  const bool parts = table().sliced();
+  std::vector<float> whole(parts && (!hf_path.empty() || !init_path.empty()) ? whole_table_.total()
+                                                                             : 0);
+  float* target = parts ? whole.data() : load_target;
   if (!hf_path.empty()) {
-    ImportHfModel(hf_path, *model_spec_, table(), load_target);
-    PrintLine("phase=initial_load_hf from=" + hf_path);
+    ImportHfModel(hf_path, *model_spec_, whole_table_, target);
+    if (parts) CopyWholeToParts(whole_table_, whole.data(), table(), load_target);
+    if (leader()) PrintLine("phase=initial_load_hf from=" + hf_path);
   } else if (!init_path.empty()) {
-    LoadModelWeights(init_path, table(), load_target);
+    LoadModelWeights(init_path, whole_table_, target);
+    if (parts) CopyWholeToParts(whole_table_, whole.data(), table(), load_target);
   } else if (sharded_) {  // a non-empty shard starts at update_begin == base
     model_spec_->InitWeights(table(), training_.seed, update_begin_, update_end_, weights_.data());
   } else {
@@ -317,6 +424,9 @@ void Trainer::Announce() {
       world_, data_parallel_->zero_stage(), backend_->Summary().c_str(), omp_get_max_threads(),
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(), peak.gflops,
       peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str()));
+  if (parallelism_.tp_chunks > 1)
+    PrintLine(StrFormat("phase=tensor_parallel degree=%d chunks=%d data_parallel=%d",
+                        parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_));
 }
 
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.
@@ -371,20 +481,67 @@ void Trainer::ConnectModel() {
 // ---- full copies for saves and evaluation ----
 
 const float* Trainer::FullWeights() {
-  if (!sharded_) return weights_.data();
-  if (leader()) gathered_.resize(data_parallel_->padded_size());
-  comm().GatherFloatToRoot(weights_.data(), gathered_.data(), data_parallel_->shard_size(),
-                           "parameter gather");
-  return leader() ? gathered_.data() : nullptr;
+  // This rank's whole table of parts: the buffer itself, or gathered from the data-parallel
+  // shards under ZeRO-3 (on the group's rank 0).
+  const float* mine = weights_.data();
+  if (sharded_) {
+    Communicator& dp = data_parallel_->comm();
+    if (dp.rank() == 0) gathered_.resize(data_parallel_->padded_size());
+    dp.GatherFloatToRoot(weights_.data(), gathered_.data(), data_parallel_->shard_size(),
+                         "parameter gather");
+    mine = dp.rank() == 0 ? gathered_.data() : nullptr;
+  }
+  if (!table().sliced()) return leader() ? mine : nullptr;
+  // Tensor parallelism: every group of data-parallel rank 0 gathers its ranks' parts on its
+  // rank 0 (rank 0 of the job's is the job's), which puts the whole tensors together.
+  Communicator& tp = mesh_->tensor_parallel();
+  std::vector<float> all(dp_rank_ == 0 && tp.rank() == 0 ? table().total() * tp.size() : 0);
+  if (dp_rank_ == 0)
+    tp.GatherFloatToRoot(mine, all.data(), table().total(), "tensor-parallel parameter gather");
+  if (!leader()) return nullptr;
+  whole_.assign(whole_table_.total(), 0.0f);
+  for (int r = 0; r < tp.size(); ++r)
+    CopyPartsToWhole(
+        model_spec_->BuildTable(ModelParallelism::Layout(tp.size(), r, parallelism_.tp_chunks)),
+        all.data() + table().total() * r, whole_table_, whole_.data());
+  return whole_.data();
 }
 
 void Trainer::GatherOptimizerState() {
-  optimizer_->GatherFullState();
+  optimizer_->GatherFullState();  // on data-parallel rank 0
+  if (!whole_state_) return;
+  // Tensor parallelism: each state's parts from the ranks of data-parallel rank 0's groups,
+  // put together on rank 0 of the job, as FullWeights() does the weights.
+  Communicator& tp = mesh_->tensor_parallel();
+  std::vector<ShardState> mine = optimizer_->full_state().State();
+  std::vector<ShardState> all = whole_state_->State();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const size_t size = LayOutFullState(mine[i].spec, table()).size;
+    std::vector<float> gathered(dp_rank_ == 0 && tp.rank() == 0 ? size * tp.size() : 0);
+    if (dp_rank_ == 0)
+      tp.GatherFloatToRoot(mine[i].values.data(), gathered.data(), size,
+                           "tensor-parallel optimizer-state gather");
+    if (!leader()) continue;
+    all[i].values.assign(LayOutFullState(all[i].spec, whole_table_).size, 0.0f);
+    for (int r = 0; r < tp.size(); ++r)
+      CopyStateParts(
+          mine[i].spec,
+          model_spec_->BuildTable(ModelParallelism::Layout(tp.size(), r, parallelism_.tp_chunks)),
+          gathered.data() + size * r, whole_table_, all[i].values.data(), /*to_whole=*/true);
+  }
 }
 
 void Trainer::ReleaseFullCopies() {
   optimizer_->ReleaseFullState();
+  if (whole_state_)
+    for (const ShardState& state : whole_state_->State()) FreeBuffer(state.values);
   FreeBuffer(gathered_);
+  FreeBuffer(whole_);
+}
+
+bool Trainer::AnyRank(bool value, const char* what) {
+  comm().AllReduceOr(&value, what);
+  return value;
 }
 
 // ---- the loop ----
@@ -515,7 +672,7 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
         "be skipped",
         (long long)step, first_non_finite.c_str(), (long long)non_finite_micro_batches,
         (long long)accumulation, world_ > 1 ? " of this rank" : ""));
-  return !data_parallel_->Any(non_finite_micro_batches > 0);
+  return !AnyRank(non_finite_micro_batches > 0, "non-finite flag all-reduce");
 }
 
 double Trainer::ReduceGradients(int64_t step) {
@@ -540,7 +697,25 @@ void Trainer::DumpGradients(int64_t step) const {
 }
 
 double Trainer::GradNorm(bool finite) {
-  const double grad_norm = std::sqrt(data_parallel_->GradNormSquared(grads_.data(), base_));
+  double squares = 0;
+  if (parallelism_.tp_chunks == 1) {
+    squares = data_parallel_->GradNormSquared(grads_.data(), base_);
+  } else {
+    // Each element once, over every group that holds a part (docs/parallelism.md): this rank's
+    // update range (ZeRO 0: every data-parallel rank holds all of it, data-parallel rank 0
+    // counts it) of its parts, and of the tensors every tensor-parallel rank holds whole,
+    // tensor-parallel rank 0's.
+    std::vector<std::pair<size_t, size_t>> ranges;
+    const bool replicated = data_parallel_->zero_stage() == 0 && dp_rank_ != 0;
+    for (const ParamInfo& p : table().params()) {
+      if (replicated || (!p.sliced() && parallelism_.tp_rank != 0)) continue;
+      const size_t b = std::max(update_begin_, p.offset),
+                   e = std::min(update_end_, p.offset + p.numel);
+      if (b < e) ranges.emplace_back(b, e);
+    }
+    squares = LayoutFreeSumOfSquares(grads_.data(), base_, ranges, comm());
+  }
+  const double grad_norm = std::sqrt(squares);
   return finite ? grad_norm : std::nan("");
 }
 
@@ -620,13 +795,14 @@ int Trainer::Finish(const Timer& train_timer) {
                 ? StrFormat(", nor any since step %lld", (long long)non_finite_loss_since_).c_str()
                 : "",
             LastCheckpoint(non_finite_loss_since_).c_str()));
-  const size_t n_params = table().total();
+  const size_t n_params = whole_table_.total();
   const float* final_weights = FullWeights();
   const uint64_t weights_hash = leader() ? Hash64(final_weights, n_params * sizeof(float)) : 0;
-  if (leader()) divergence_->CheckFinalWeights(final_weights);
+  if (leader()) divergence_->CheckFinalWeights(final_weights, whole_table_);
   if (leader() && training_.checkpoint_enable) {
     PrintLine("phase=save path=" + JoinPath(run_dir_, "model.safetensors"));
-    SaveModelWeights(JoinPath(run_dir_, "model.safetensors"), table(), *model_spec_, final_weights);
+    SaveModelWeights(JoinPath(run_dir_, "model.safetensors"), whole_table_, *model_spec_,
+                     final_weights);
   }
   const double train_seconds = train_timer.Seconds();
   // Peak resident memory of every rank (VmHWM), to hold the memory report against reality.

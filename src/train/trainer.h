@@ -87,9 +87,15 @@ class Trainer {
   bool leader() const { return rank_ == 0; }
   Communicator& comm() { return mesh_->world(); }
   DataParallel& data_parallel() { return *data_parallel_; }
+  // This rank's parameters (under tensor parallelism, its parts of each tensor), and the whole
+  // model's (what checkpoints, exports, validation and the weights hash see).
   const ParameterTable& table() const { return model_->table(); }
-  // Collective. The full weights on rank 0 (nullptr on the others): the buffer itself, or under
-  // ZeRO-3 a gathered copy kept until ReleaseFullCopies().
+  const ParameterTable& whole_table() const { return whole_table_; }
+  // Collective over every rank of the job: whether `value` is true on any.
+  bool AnyRank(bool value, const char* what);
+  // Collective. The full weights on rank 0 (nullptr on the others), in whole_table()'s layout:
+  // the buffer itself, or under ZeRO-3 or tensor parallelism a gathered copy kept until
+  // ReleaseFullCopies().
   const float* FullWeights();
   // Collective. Rank 0's checkpoint optimizer then holds the state of every parameter (a no-op
   // where this rank's optimizer already covers every parameter).
@@ -103,6 +109,8 @@ class Trainer {
  private:
   // ---- setup ----
   void ResolveConfig(const std::string& resume_mode);
+  void CheckTensorParallelism();
+  void CheckTensorParallelRun();
   void AllocateState();
   void LoadOrInitWeights(const std::string& resume_mode);
   void InitWeights(float* load_target);
@@ -142,7 +150,10 @@ class Trainer {
   LrScheduleConfig schedule_;
   LearningRateFunction learning_rate_;  // of each step: the schedule x the ramp rule, unless set
   std::unique_ptr<ProcessMesh> mesh_;
-  int world_ = 1, rank_ = 0;
+  int world_ = 1, rank_ = 0;       // the job
+  int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group
+  ModelParallelism parallelism_;   // this rank's tensor-parallel group
+  ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;
   std::string run_dir_;
@@ -158,11 +169,14 @@ class Trainer {
   bool sharded_ = false;  // ZeRO-3: weights_ and grads_ are this rank's shard
   size_t base_ = 0;       // weights_[i - base_] holds flat parameter i
   size_t update_begin_ = 0, update_end_ = 0;
-  std::vector<float> weights_, grads_, gathered_;
+  std::vector<float> weights_, grads_, gathered_, whole_;
   std::unique_ptr<ExactAccumulator> accumulator_;
   // This rank's optimizer state and how its update is spread over the ranks; it also holds the
   // state of every parameter while a resume or a save needs it.
   std::unique_ptr<ShardedOptimizer> optimizer_;
+  // Tensor parallelism: the whole model's optimizer state, what checkpoints hold (its buffers
+  // only while a save or a resume needs them).
+  std::unique_ptr<OptimizerShard> whole_state_;
   std::unique_ptr<Checkpointing> checkpointing_;
   ResumePoint resume_;
   bool fresh_model_ = false;

@@ -108,3 +108,52 @@ TEST(LaunchOptions, SparesNeedAutoRetry) {
 
 }  // namespace
 }  // namespace crucible
+
+namespace crucible {
+namespace {
+
+// --tp passes the degree on to the command; the command's own --set is read when --tp is not
+// given; the two disagreeing is a usage error in one line.
+TEST(LaunchTensorParallel, TheDegreeIsPassedToTheCommandOrReadFromIt) {
+  LaunchOptions options;
+  options.command = {"crucible", "train", "--config", "a.toml"};
+  std::vector<std::string> command;
+  EXPECT_EQ(TensorParallelDegree(options, &command), 1);
+  EXPECT_EQ(command, options.command);
+  options.tensor_parallel = 2;
+  EXPECT_EQ(TensorParallelDegree(options, &command), 2);
+  EXPECT_EQ(command, (std::vector<std::string>{"crucible", "train", "--config", "a.toml", "--set",
+                                               "parallelism.tensor_parallel_degree=2"}));
+  options.tensor_parallel.reset();
+  options.command = {"crucible", "train", "--set", "parallelism.tensor_parallel_degree=4"};
+  EXPECT_EQ(TensorParallelDegree(options, &command), 4);
+  EXPECT_EQ(command, options.command);  // already there
+  options.tensor_parallel = 2;
+  try {
+    TensorParallelDegree(options, &command);
+    ADD_FAILURE() << "--tp 2 against the command's 4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_NE(std::string(e.what()).find("--tp 2, but the command sets"), std::string::npos);
+  }
+}
+
+// Consecutive ranks form a group; a group across a node boundary is warned about, naming it.
+TEST(LaunchTensorParallel, AGroupThatSpansNodesIsWarnedAboutByName) {
+  std::vector<std::string> warnings;
+  const std::vector<std::string> nodes = {"n1", "n2"};
+  EXPECT_EQ(DescribeTensorParallelGroups(8, 4, 2, nodes, &warnings),
+            (std::vector<std::string>{"  group 0: ranks 0-1 on n1", "  group 1: ranks 2-3 on n1",
+                                      "  group 2: ranks 4-5 on n2", "  group 3: ranks 6-7 on n2"}));
+  EXPECT_TRUE(warnings.empty());
+  // 3 ranks per node: the second group of 2 straddles the nodes.
+  const std::vector<std::string> lines = DescribeTensorParallelGroups(6, 3, 2, nodes, &warnings);
+  EXPECT_EQ(lines[1], "  group 1: ranks 2-3 on n1,n2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("tensor-parallel group 1 (ranks 2-3) spans 2 nodes"),
+            std::string::npos)
+      << warnings[0];
+}
+
+}  // namespace
+}  // namespace crucible

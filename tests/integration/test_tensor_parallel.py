@@ -1,0 +1,173 @@
+"""Tensor parallelism in `crucible train` (docs/parallelism.md): every (data-parallel,
+tensor-parallel, ZeRO) layout on 1, 2 and 4 ranks gives the one process's logged metrics and
+final weights bit for bit; a checkpoint written at one degree resumes at another bit-exactly; a
+rank stopped inside a tensor-parallel group aborts the job at the collective deadline naming the
+group; what cannot be cut is refused in one line with exit 2."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, crucible_binary, run_crucible
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+# The debug flavor with 4 KV heads (4 chunks cut heads, KV heads, the FFN and the vocabulary),
+# short sequences, the layout-free exact reduction; checkpoints only where a test asks.
+BASE = ["model.flavor=debug", "model.n_kv_heads=4", "training.seq_len=32", "training.local_batch_size=2",
+        "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=2",
+        "lr_scheduler.decay_type=constant",
+        "optimizer.lr=3e-3", "training.steps=4", "parallelism.tensor_parallel_chunks=4",
+        "parallelism.exact_reduction=fixed128", "checkpoint.enable=false"]
+# What a step logs that is timing, not arithmetic.
+TIMING = {"mfu", "reduce_wait_s", "step_seconds", "tok_per_s"}
+
+
+def train(np, settings, timeout=300, check=True):
+    args = ["mpirun", "-np", str(np)] + sum((["-x", k] for k in MPI_ENV), []) if np > 1 else []
+    args += [crucible_binary(), "train"]
+    for item in settings:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV),
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{np} ranks exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def logged(proc, run_dir):
+    records = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+               for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    digest = re.search(r"weights_xxh3=([0-9a-f]+)", proc.stdout).group(1)
+    return records, digest
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 3])
+def test_every_layout_of_one_to_four_ranks_logs_the_one_process_metrics_and_weights(tmp_path, zero_stage):
+    settings = BASE + [f"parallelism.zero_stage={zero_stage}"]
+    one = tmp_path / "one"
+    reference = logged(train(1, settings + [f"job.dump_folder={one}"]), one)
+    records, _ = reference
+    assert len(records) == 4
+    assert abs(records[0]["loss"] - 7.6) < 0.1  # ln(2048) = 7.62: not divided by any degree
+    for np, tp in [(2, 2), (2, 1), (4, 4), (4, 2)]:
+        run_dir = tmp_path / f"np{np}-tp{tp}"
+        proc = train(np, settings + [f"parallelism.tensor_parallel_degree={tp}", f"job.dump_folder={run_dir}"])
+        assert f"phase=tensor_parallel degree={tp} chunks=4 data_parallel={np // tp}" in proc.stdout
+        assert len([l for l in proc.stdout.splitlines() if l.startswith("step=")]) == 4  # rank 0 alone
+        assert logged(proc, run_dir) == reference, (np, tp, zero_stage)
+
+
+@pytest.mark.parametrize("written,resumed", [((2, 2), (1, 1)), ((2, 2), (4, 4)), ((1, 1), (2, 2)),
+                                             ((4, 2), (2, 1))])
+def test_a_checkpoint_resumes_at_another_degree_bit_exactly(tmp_path, written, resumed):
+    """(ranks, tensor-parallel degree) that write the checkpoint of step 3, and that resume it to
+    step 6, against six steps straight on one process (ZeRO-1 throughout)."""
+    settings = BASE + ["training.steps=6", "checkpoint.enable=true", "checkpoint.interval=3",
+                       "checkpoint.keep_latest_k=0"]
+    straight = tmp_path / "straight"
+    reference = logged(train(1, settings + [f"job.dump_folder={straight}"]), straight)
+    first = tmp_path / "first"
+    np, tp = written
+    train(np, settings + ["training.steps=3", f"parallelism.tensor_parallel_degree={tp}",
+                          f"job.dump_folder={first}"])
+    np, tp = resumed
+    proc = train(np, settings + [f"parallelism.tensor_parallel_degree={tp}", f"job.dump_folder={first}"])
+    assert "phase=resume" in proc.stdout
+    assert logged(proc, first) == reference
+    # The weights file is the whole model's, the same bytes from any layout.
+    assert (first / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
+
+
+def test_tensor_parallelism_halves_the_parameter_state_of_each_rank(tmp_path):
+    def memory(np, tp):
+        proc = train(np, BASE + ["training.steps=1", f"parallelism.tensor_parallel_degree={tp}",
+                                 f"job.dump_folder={tmp_path / f'tp{tp}'}"])
+        line = next(l for l in proc.stdout.splitlines() if l.startswith("phase=memory "))
+        return int(re.search(r"optimizer_state_bytes=(\d+)", line).group(1))
+    # The norms are whole on every rank: a little more than half.
+    one, two = memory(1, 1), memory(2, 2)
+    assert 0.5 * one < two < 0.52 * one, (one, two)
+
+
+def test_a_stopped_rank_in_a_tensor_parallel_group_aborts_the_job_naming_the_group(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [crucible_binary(), "train"]
+    for item in BASE + ["training.steps=100000", "parallelism.tensor_parallel_degree=2",
+                        "comm.train_timeout_seconds=3", f"job.dump_folder={run_dir}"]:
+        args += ["--set", item]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step=2 "):
+                break
+        ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
+        pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
+        pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+        assert len(pids) == 2, pids
+        os.kill(max(pids), signal.SIGSTOP)
+        stopped_at = time.time()
+        _, stderr = proc.communicate(timeout=60)
+        elapsed = time.time() - stopped_at
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    assert "collective timeout" in stderr and "tensor_parallel group: " in stderr and "at step" in stderr, stderr
+    assert elapsed < 3 + 15, elapsed
+
+
+@pytest.mark.parametrize("np,settings,message", [
+    (3, ["parallelism.tensor_parallel_degree=2"],
+     "parallelism.tensor_parallel_degree = 2: parallelism degrees (data_parallel=-1, tensor_parallel=2) do not "
+     "divide the job's 3 ranks"),
+    (1, ["model.n_kv_heads=2"], "model.n_kv_heads = 2 is not divisible by the 4 tensor-parallel chunks"),
+    (1, ["parallelism.tensor_parallel_chunks=3"], "not a power of two"),
+    (1, ["parallelism.exact_reduction=block48"], 'set parallelism.exact_reduction = "fixed128"'),
+    (1, ["optimizer.name=Muon"], "choose an elementwise optimizer"),
+    (1, ["debug.portable_exact=true"], "debug.portable_exact has no portable tensor-parallel kernels"),
+])
+def test_what_tensor_parallelism_cannot_cut_is_refused_in_one_line(tmp_path, np, settings, message):
+    proc = train(np, BASE + settings + [f"job.dump_folder={tmp_path / 'run'}"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if message in l]
+    assert errors, proc.stderr
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+GOLDEN_TP = REPO / "tests" / "golden" / "smoke-tp.json"
+
+
+@pytest.mark.parametrize("ranks,tp", [(1, 1), (2, 2), (4, 4), (4, 2)])
+def test_the_tensor_parallel_smoke_gate_passes_at_every_degree_against_one_golden(tmp_path, ranks, tp):
+    proc = run_crucible("smoke", "--tp", tp, "--ranks", ranks, "--golden", GOLDEN_TP, "--work-dir", tmp_path)
+    assert "smoke: PASS" in proc.stdout, proc.stdout
+    assert f"ranks={ranks} tensor_parallel={tp}" in proc.stdout
+
+
+def test_the_smoke_gate_catches_the_loss_divided_by_the_data_parallel_size_under_tp2(tmp_path):
+    """The reference team's bug: at TP = 2 the logged loss was the true one divided by the DP size;
+    the gradients were right. debug.fake_loss_divisor emulates it on 4 ranks (DP 2 x TP 2)."""
+    proc = run_crucible("smoke", "--tp", 2, "--ranks", 4, "--golden", GOLDEN_TP, "--work-dir", tmp_path,
+                        "--set", "debug.fake_loss_divisor=2", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "smoke: FAIL first difference at step 1: loss " in proc.stdout, proc.stdout
+
+
+def test_launch_passes_the_degree_and_its_dry_run_shows_the_groups(tmp_path):
+    proc = run_crucible("launch", "--run-dir", tmp_path / "run", "--np", 4, "--ppn", 4, "--oversubscribe",
+                        "--tp", 2, "--dry-run", "--", "crucible", "train")
+    assert "--set parallelism.tensor_parallel_degree=2" in proc.stdout, proc.stdout
+    assert "tensor parallel: degree 2, 2 group(s), data-parallel degree 2" in proc.stdout
+    assert "  group 0: ranks 0-1 on " in proc.stdout and "  group 1: ranks 2-3 on " in proc.stdout
+    refused = run_crucible("launch", "--run-dir", tmp_path / "run", "--np", 3, "--oversubscribe", "--tp", 2,
+                           "--dry-run", "--", "crucible", "train", check=False)
+    assert refused.returncode == 2 and "--tp 2 does not divide the 3 ranks" in refused.stderr, refused.stderr
