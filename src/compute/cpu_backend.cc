@@ -88,6 +88,23 @@ class CpuBackend final : public HostMemoryBackend {
     }
     k::matmul_forward(out, inp, weight, N, C, OC, gemm_);
   }
+  // A chunk of a weight in place; the emulated bf16 path rounds contiguous copies, so it packs
+  // the chunk first (the inherited version).
+  void MatmulForwardStrided(float* out, const float* inp, const float* weight, int64_t ldw,
+                            int64_t N, int64_t C, int64_t OC) override {
+    if (bf16() && gemm_ == k::Bf16Gemm::kOff)
+      return ComputeBackend::MatmulForwardStrided(out, inp, weight, ldw, N, C, OC);
+    k::matmul_forward_strided(out, inp, weight, ldw, N, C, OC, gemm_);
+  }
+  void MatmulBackwardStrided(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, int64_t ldw, int64_t N, int64_t C, int64_t OC,
+                             bool accumulate_dinp, bool accumulate_dweight) override {
+    if (bf16() && gemm_ == k::Bf16Gemm::kOff)
+      return ComputeBackend::MatmulBackwardStrided(dinp, dweight, dout, inp, weight, ldw, N, C, OC,
+                                                   accumulate_dinp, accumulate_dweight);
+    k::matmul_backward_strided(dinp, dweight, dout, inp, weight, ldw, N, C, OC, accumulate_dinp,
+                               accumulate_dweight, gemm_);
+  }
   void MatmulBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                       bool accumulate_dweight) override {

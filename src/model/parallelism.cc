@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/profile.h"
 #include "common/strings.h"
+#include "common/timer.h"
 #include "compute/backend.h"
 #include "distributed/communicator.h"
 
@@ -61,6 +63,7 @@ void TensorParallelOps::SumChunks(float* const* partials, size_t n, const char* 
   // The roots of every rank's subtree, and the levels above them in the same order.
   const int ranks = parallelism_.tp_degree;
   float* roots = const_cast<float*>(AllGather(partials[0], n, what));
+  ScopedKernelTimer profile_timer("tensor_parallel_sum", static_cast<double>(n) * (ranks - 1));
   for (int step = 1; step < ranks; step *= 2)
     for (int i = 0; i + step < ranks; i += 2 * step) {
       float* y = roots + static_cast<size_t>(i) * n;
@@ -85,7 +88,17 @@ const float* TensorParallelOps::AllGatherHost(const float* mine, size_t count, c
     return gathered_.data();
   }
   const std::string label = std::string("tensor_parallel group: ") + what;
-  parallelism_.tensor_parallel->AllGatherFloat(mine, gathered_.data(), count, label.c_str());
+  const Timer timer;
+  {
+    ScopedKernelTimer profile_timer("tensor_parallel_exchange", 0,
+                                    4.0 * count * parallelism_.tp_degree);
+    parallelism_.tensor_parallel->AllGatherFloat(mine, gathered_.data(), count, label.c_str());
+  }
+  if (TensorParallelTraffic* traffic = parallelism_.traffic) {
+    traffic->bytes_received += 4.0 * static_cast<double>(count) * (parallelism_.tp_degree - 1);
+    traffic->seconds += timer.Seconds();
+    ++traffic->exchanges;
+  }
   return gathered_.data();
 }
 

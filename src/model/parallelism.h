@@ -25,12 +25,22 @@ namespace crucible {
 class Communicator;
 class ComputeBackend;
 
+// What a tensor-parallel model's collectives moved and waited, added up by TensorParallelOps
+// for whoever gave the model its parallelism (the trainer reports it per step).
+struct TensorParallelTraffic {
+  double bytes_received = 0;  // by this rank, from the others of its group
+  double seconds = 0;         // in the group's exchanges (waiting included)
+  int64_t exchanges = 0;
+};
+
 struct ModelParallelism {
   int tp_degree = 1;  // ranks per tensor-parallel group
   int tp_rank = 0;    // this rank's place in it
   int tp_chunks = 1;  // chunks of every split dimension, a power of two, a multiple of tp_degree
   // The group's communicator; nullptr for one rank (tp_degree 1), or to lay out a table only.
   Communicator* tensor_parallel = nullptr;
+  // Where the collectives count their traffic; nullptr: not counted.
+  TensorParallelTraffic* traffic = nullptr;
 
   // tp_degree ranks sharing each tensor over `group` (this rank's place: its rank there).
   static ModelParallelism TensorParallel(Communicator& group, int tp_chunks);

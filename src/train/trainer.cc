@@ -188,6 +188,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   dp_rank_ = mesh_->data_parallel().rank();
   parallelism_ = ModelParallelism::TensorParallel(mesh_->tensor_parallel(),
                                                   static_cast<int>(chunks ? chunks : tp));
+  parallelism_.traffic = &tp_traffic_;
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, dp_size_);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
@@ -601,6 +602,7 @@ StepReport Trainer::Step(int64_t step) {
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;
   last_step_ran_ = true;
+  ++steps_run_;
   if (std::isfinite(r.loss))
     non_finite_loss_since_ = 0;
   else if (non_finite_loss_since_ == 0)
@@ -816,6 +818,13 @@ int Trainer::Finish(const Timer& train_timer) {
       list += StrFormat("%.0f", p);
     }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
+    // What this rank's tensor-parallel exchanges moved and waited, per step of this process.
+    if (parallelism_.distributed() && steps_run_ > 0)
+      PrintLine(StrFormat(
+          "phase=tensor_parallel_traffic exchanges_per_step=%.1f bytes_received_per_step=%.0f "
+          "exchange_s_per_step=%.6f",
+          static_cast<double>(tp_traffic_.exchanges) / steps_run_,
+          tp_traffic_.bytes_received / steps_run_, tp_traffic_.seconds / steps_run_));
     // Reductions whose block sums did not fit the narrow format and travelled as 16 bytes.
     PrintLine(StrFormat("phase=exact_reduction format=%s wide_reductions=%lld",
                         training_.shape.exact_grid.name(),

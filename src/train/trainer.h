@@ -153,6 +153,8 @@ class Trainer {
   int world_ = 1, rank_ = 0;       // the job
   int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group
   ModelParallelism parallelism_;   // this rank's tensor-parallel group
+  TensorParallelTraffic tp_traffic_;  // what its exchanges moved (phase=tensor_parallel_traffic)
+  int64_t steps_run_ = 0;             // steps run by this process
   ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;

@@ -36,6 +36,16 @@ void matmul_backward(float* dinp, float* dweight, const float* dout, const float
 
 // out (M,N) = a (M,K) b (K,N), both row-major and untransposed (Muon's B X), on the tiles and
 // libraries of matmul_backward's dinp product: the same bits for any thread count.
+// The same with `weight` (and `dweight`) rows `ldw` floats apart (a column block of a wider
+// matrix, ldw >= C): the products read and write it in place, with the bits of the contiguous
+// call on a copy (the libraries pack their operands; tests/mpi/tensor_parallel_test.cc relies
+// on it across strides).
+void matmul_forward_strided(float* out, const float* inp, const float* weight, int64_t ldw,
+                            int64_t N, int64_t C, int64_t OC, Bf16Gemm bf16 = Bf16Gemm::kOff);
+void matmul_backward_strided(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, int64_t ldw, int64_t N, int64_t C, int64_t OC,
+                             bool accumulate_dinp, bool accumulate_dweight,
+                             Bf16Gemm bf16 = Bf16Gemm::kOff);
 void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N);
 // inp (N,C) -> out (N,N) = inp inp^T, exactly symmetric: only the tiles on and above the diagonal
 // of a fixed grid of kGramTile x kGramTile tiles (a pure function of N) are multiplied, each one

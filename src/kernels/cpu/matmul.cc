@@ -95,8 +95,14 @@ void gemm_tiled(GemmProduct product, bool trans_a, bool trans_b, int64_t M, int6
 
 void matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                     int64_t OC, Bf16Gemm bf16) {
+  matmul_forward_strided(out, inp, weight, C, N, C, OC, bf16);
+}
+
+void matmul_forward_strided(float* out, const float* inp, const float* weight, int64_t ldw,
+                            int64_t N, int64_t C, int64_t OC, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(N, C, OC));
-  gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC, bf16);
+  gemm_tiled(GemmProduct::kForward, false, true, N, OC, C, inp, C, weight, ldw, 0.0f, out, OC,
+             bf16);
 }
 
 void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N) {
@@ -133,14 +139,21 @@ void matmul_gram(float* out, const float* inp, int64_t N, int64_t C) {
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp,
                      bool accumulate_dweight, Bf16Gemm bf16) {
+  matmul_backward_strided(dinp, dweight, dout, inp, weight, C, N, C, OC, accumulate_dinp,
+                          accumulate_dweight, bf16);
+}
+
+void matmul_backward_strided(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, int64_t ldw, int64_t N, int64_t C, int64_t OC,
+                             bool accumulate_dinp, bool accumulate_dweight, Bf16Gemm bf16) {
   ScopedKernelTimer profile_timer(MatmulBackwardCost(N, C, OC, dinp != nullptr));
   // dinp (N,C) = dout (N,OC) @ weight (OC,C)
   if (dinp)
-    gemm_tiled(GemmProduct::kDinp, false, false, N, C, OC, dout, OC, weight, C,
+    gemm_tiled(GemmProduct::kDinp, false, false, N, C, OC, dout, OC, weight, ldw,
                accumulate_dinp ? 1.0f : 0.0f, dinp, C, bf16);
   // dweight (OC,C) = dout^T (OC,N) @ inp (N,C)
   gemm_tiled(GemmProduct::kDweight, true, false, OC, C, N, dout, OC, inp, C,
-             accumulate_dweight ? 1.0f : 0.0f, dweight, C, bf16);
+             accumulate_dweight ? 1.0f : 0.0f, dweight, ldw, bf16);
 }
 
 }  // namespace crucible::kernels
