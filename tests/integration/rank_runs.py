@@ -1,10 +1,13 @@
 """Training runs under mpirun for the tests that hold an optimizer to the bits of one rank across
-rank counts, ZeRO stages and resumes (test_whole_matrix_zero.py, test_sophia.py)."""
+rank counts, ZeRO stages and resumes (test_whole_matrix_zero.py, test_sophia.py), and a rank
+stopped in the middle of a 2-rank run (test_distributed.py, test_tensor_parallel.py)."""
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -49,3 +52,31 @@ def resume_runs(train, tmp_path, layouts):
         shutil.copytree(written, run_dir)
         resumed.append((np, stage, train(np, run_dir, settings + [f"parallelism.zero_stage={stage}"]), run_dir))
     return (straight_proc, straight), written, resumed
+
+
+def stop_one_rank(binary, run_dir, items):
+    """`binary train` on 2 ranks with --set for each item (which must include
+    job.dump_folder=run_dir); once step 2 is printed, SIGSTOPs the higher-numbered rank's process.
+    Returns (the mpirun process after it exited, its stderr, seconds from the stop to the exit)."""
+    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [binary, "train"]
+    for item in items:
+        args += ["--set", item]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step=2 "):
+                break
+        ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
+        pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
+        pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
+        assert len(pids) == 2, pids
+        os.kill(max(pids), signal.SIGSTOP)  # one rank hangs
+        stopped_at = time.time()
+        _, stderr = proc.communicate(timeout=60)
+        return proc, stderr, time.time() - stopped_at
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

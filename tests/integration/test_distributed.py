@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import crucible_binary
+from rank_runs import stop_one_rank
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -194,28 +195,8 @@ def test_consistency_check_names_the_corrupted_rank(tmp_path, zero_stage, interv
 
 def test_a_hung_rank_aborts_the_job_after_the_collective_timeout(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [crucible_binary(), "train"]
-    for item in BASE + ["training.steps=1000", "comm.train_timeout_seconds=3", f"job.dump_folder={run_dir}"]:
-        args += ["--set", item]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("step=2 "):
-                break
-        ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
-        pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
-        pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
-        assert len(pids) == 2, pids
-        os.kill(max(pids), signal.SIGSTOP)  # one rank hangs
-        stopped_at = time.time()
-        _, stderr = proc.communicate(timeout=60)
-        elapsed = time.time() - stopped_at
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    proc, stderr, elapsed = stop_one_rank(crucible_binary(), run_dir, BASE + [
+        "training.steps=1000", "comm.train_timeout_seconds=3", f"job.dump_folder={run_dir}"])
     assert proc.returncode != 0
     assert "collective timeout" in stderr and "at step" in stderr, stderr
     assert elapsed < 3 + 15, elapsed

@@ -6,14 +6,12 @@ group; what cannot be cut is refused in one line with exit 2."""
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
-import time
 
 import pytest
 
 from conftest import REPO, crucible_binary, run_crucible
+from rank_runs import stop_one_rank
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -97,29 +95,9 @@ def test_tensor_parallelism_halves_the_parameter_state_of_each_rank(tmp_path):
 
 def test_a_stopped_rank_in_a_tensor_parallel_group_aborts_the_job_naming_the_group(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["mpirun", "-np", "2"] + sum((["-x", k] for k in MPI_ENV), []) + [crucible_binary(), "train"]
-    for item in BASE + ["training.steps=100000", "parallelism.tensor_parallel_degree=2",
-                        "comm.train_timeout_seconds=3", f"job.dump_folder={run_dir}"]:
-        args += ["--set", item]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, **MPI_ENV), start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("step=2 "):
-                break
-        ranks = subprocess.run(["pgrep", "-f", f"job.dump_folder={run_dir}"], capture_output=True, text=True)
-        pids = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
-        pids = [p for p in pids if "crucible" in open(f"/proc/{p}/cmdline").read().split("\0")[0]]
-        assert len(pids) == 2, pids
-        os.kill(max(pids), signal.SIGSTOP)
-        stopped_at = time.time()
-        _, stderr = proc.communicate(timeout=60)
-        elapsed = time.time() - stopped_at
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    proc, stderr, elapsed = stop_one_rank(crucible_binary(), run_dir, BASE + [
+        "training.steps=100000", "parallelism.tensor_parallel_degree=2", "comm.train_timeout_seconds=3",
+        f"job.dump_folder={run_dir}"])
     assert proc.returncode != 0
     assert "collective timeout" in stderr and "tensor_parallel group: " in stderr and "at step" in stderr, stderr
     assert elapsed < 3 + 15, elapsed
