@@ -169,9 +169,10 @@ void Communicator::Wait(void* request_ptr, const char* what) {
     if (done) return;
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout_seconds_) {
-      Abort(StrFormat("collective timeout: rank %d on host %s waited %.0f s in %s at step %lld "
-                      "(comm.train_timeout_seconds = %.0f); another rank is dead or hung",
-                      job_rank_, host_.c_str(), waited, what, (long long)step_, timeout_seconds_),
+      Abort(StrFormat("collective timeout: rank %d on host %s waited %.0f s in %s at step %lld, "
+                      "%s (comm.train_timeout_seconds = %.0f); another rank is dead or hung",
+                      job_rank_, host_.c_str(), waited, what, (long long)step_, group_name_.c_str(),
+                      timeout_seconds_),
             kExitFailure);
     }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));

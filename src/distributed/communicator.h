@@ -52,6 +52,10 @@ class Communicator {
   const std::string& host() const { return host_; }
   // The step named in timeout messages (ProcessMesh::SetStep sets it on every communicator).
   void SetStep(int64_t step) { step_ = step; }
+  // The group a timeout message names, e.g. "tensor_parallel group: job ranks 0-1" (ProcessMesh
+  // names each group it creates; "world" until then).
+  const std::string& group_name() const { return group_name_; }
+  void SetGroupName(std::string name) { group_name_ = std::move(name); }
 
   // Exact sums of 128-bit integers (order-independent: integer addition is associative).
   void AllReduceInt128(__int128* data, size_t count, const char* what);
@@ -147,6 +151,7 @@ class Communicator {
   std::string host_;
   double timeout_seconds_ = 0;
   int64_t step_ = 0;
+  std::string group_name_ = "world";
 };
 
 }  // namespace crucible

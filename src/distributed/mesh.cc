@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <set>
@@ -158,11 +159,36 @@ std::unique_ptr<ProcessMesh> ProcessMesh::Create(const std::vector<MeshDimension
 ProcessMesh::ProcessMesh(MeshLayout layout, std::unique_ptr<Communicator> world)
     : layout_(std::move(layout)), world_(std::move(world)) {}
 
+namespace {
+
+// Job ranks as runs: "0-3", "0,2", "0-1,4-5".
+std::string RankRuns(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += j > i ? StrFormat("%d-%d", ranks[i], ranks[j]) : StrFormat("%d", ranks[i]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 void ProcessMesh::CreateGroups(double timeout_seconds) {
   const int rank = world_->rank();
+  std::vector<int> everyone(static_cast<size_t>(layout_.size()));
+  for (int r = 0; r < layout_.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+  world_->SetGroupName("world: job ranks " + RankRuns(everyone));
   for (size_t d = 0; d < layout_.dimensions().size(); ++d) {
     const int degree = layout_.dimensions()[d].degree;
+    const std::string& dimension = layout_.dimensions()[d].name;
+    // The job ranks of this rank's group along the dimension, which a timeout names.
+    std::vector<int> members = layout_.Group(rank, static_cast<int>(d));
+    std::sort(members.begin(), members.end());
     if (degree == layout_.size()) {
+      world_->SetGroupName("world = " + dimension + " group: job ranks " + RankRuns(members));
       groups_.push_back(world_.get());
       continue;
     }
@@ -175,6 +201,7 @@ void ProcessMesh::CreateGroups(double timeout_seconds) {
       handle.owned = true;
     }
     split_.push_back(std::make_unique<Communicator>(handle, rank, timeout_seconds));
+    split_.back()->SetGroupName(dimension + " group: job ranks " + RankRuns(members));
     groups_.push_back(split_.back().get());
   }
 }

@@ -57,9 +57,26 @@ TEST(Mesh, EachGroupHoldsTheRanksItsLayoutNames) {
     for (size_t i = 0; i < expected.size(); ++i)
       EXPECT_EQ(members[i], static_cast<uint64_t>(expected[i])) << layout.dimensions()[d].name;
     EXPECT_EQ(group.rank(), layout.Coordinates(g_mesh->rank())[d]);
+    // The name a timeout message gives the group: its dimension and its job ranks.
+    const std::string& name = layout.dimensions()[d].name;
     if (group.size() == layout.size()) {
       EXPECT_EQ(&group, &g_mesh->world());  // a group that spans the world is the world
+      EXPECT_EQ(group.group_name(),
+                StrFormat("world = %s group: job ranks 0-%d", name.c_str(), layout.size() - 1));
+    } else {
+      EXPECT_EQ(group.group_name().rfind(name + " group: job ranks ", 0), 0u) << group.group_name();
     }
+  }
+  // On the 2 x 2 mesh, written out: consecutive ranks form a tensor-parallel group.
+  if (layout.size() == 4 && layout.dimensions().size() == 2 && layout.dimensions()[0].degree == 2) {
+    const int r = g_mesh->rank();
+    EXPECT_EQ(
+        g_mesh->group("tensor_parallel").group_name(),
+        r < 2 ? "tensor_parallel group: job ranks 0-1" : "tensor_parallel group: job ranks 2-3");
+    EXPECT_EQ(
+        g_mesh->group("data_parallel").group_name(),
+        r % 2 == 0 ? "data_parallel group: job ranks 0,2" : "data_parallel group: job ranks 1,3");
+    EXPECT_EQ(g_mesh->world().group_name(), "world: job ranks 0-3");
   }
 }
 
