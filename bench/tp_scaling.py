@@ -2,12 +2,13 @@
 """Tensor parallelism against data parallelism on one machine, in one run: each flavor at the same
 global batch as 1 rank x 2 threads (the plain model, and its split dimensions in chunks: the cost
 of exactness at TP = 1), DP = 2 (2 ranks x 1 thread, the default block48 reduction, ZeRO-1 and ZeRO-0) and TP = 2
-(2 ranks x 1 thread). Prints tokens/s, the parameter state per rank (weights + gradients +
-optimizer state, from phase=memory), the peak resident memory per rank, the bytes each rank
+(2 ranks x 1 thread), without and with sequence parallelism. Prints tokens/s, the parameter state per rank (weights + gradients +
+optimizer state, from phase=memory), the activations per rank, the peak resident memory per rank, the bytes each rank
 moves per step (the DP reduction's, and what the TP exchanges received), where the step time goes
 (the TP exchanges, the DP reduction waited for, the rest: compute), and which of issue 28's
 targets hold: the TP=1 cost of exactness <= 5%, TP=2's parameter state <= 0.55x DP=2's, TP=2's
-step time <= 1.25x DP=2's.
+step time <= 1.25x DP=2's; and what sequence parallelism saves of TP=2's activations, at what
+cost in step time.
 
     .venv/bin/python bench/tp_scaling.py [--flavors small,base] [--seq-len 256] [--steps 5]
 """
@@ -52,6 +53,7 @@ def run(args, flavor, ranks, threads, settings):
         peak = max(int(x) for x in re.search(r"rss_bytes_per_rank=([\d,]+)", proc.stdout).group(1).split(","))
         traffic = re.search(r"bytes_received_per_step=(\d+) exchange_s_per_step=([\d.]+)", proc.stdout)
         return {"step_s": step, "tok_s": args.global_batch * args.seq_len / step, "state": state, "peak": peak,
+                "act": human(fields["activations"]),
                 "dp_bytes": human(fields["communicated_per_step"]) if ranks > 1 else 0.0,
                 "tp_bytes": float(traffic.group(1)) if traffic else 0.0,
                 "tp_s": float(traffic.group(2)) if traffic else 0.0,
@@ -78,15 +80,17 @@ def main():
             "DP=2": run(args, flavor, 2, 1, []),
             "DP=2 ZeRO-0": run(args, flavor, 2, 1, ["parallelism.zero_stage=0"]),
             "TP=2": run(args, flavor, 2, 1, exact + ["parallelism.tensor_parallel_degree=2"]),
+            "TP=2 SP": run(args, flavor, 2, 1, exact + ["parallelism.tensor_parallel_degree=2",
+                                                        "parallelism.sequence_parallel=true"]),
         }
         print(f"== {flavor}: seq_len {args.seq_len}, global batch {args.global_batch}, micro-batch "
               f"{args.micro_batch}, {args.steps} steps (the first not timed)")
-        print(f"{'run':<22}{'tok/s':>9}{'step s':>9}{'state/rank':>12}{'peak rss':>10}{'DP bytes':>10}"
+        print(f"{'run':<22}{'tok/s':>9}{'step s':>9}{'state/rank':>12}{'act/rank':>10}{'peak rss':>10}{'DP bytes':>10}"
               f"{'TP bytes':>10}{'TP s':>8}{'DP wait':>9}{'compute':>9}")
         for name, r in runs.items():
             compute = r["step_s"] - r["tp_s"] - r["dp_wait_s"]
             print(f"{name:<22}{r['tok_s']:>9.0f}{r['step_s']:>9.3f}{r['state'] / 2**20:>10.1f}Mi"
-                  f"{r['peak'] / 2**20:>8.0f}Mi{r['dp_bytes'] / 2**20:>8.1f}Mi{r['tp_bytes'] / 2**20:>8.1f}Mi"
+                  f"{r['act'] / 2**20:>8.1f}Mi{r['peak'] / 2**20:>8.0f}Mi{r['dp_bytes'] / 2**20:>8.1f}Mi{r['tp_bytes'] / 2**20:>8.1f}Mi"
                   f"{r['tp_s']:>8.3f}{r['dp_wait_s']:>9.3f}{compute:>9.3f}")
         plain, chunked = runs["1x2 plain"], runs[f"1x2 chunks={args.chunks}"]
         dp, tp = runs["DP=2"], runs["TP=2"]
@@ -102,6 +106,11 @@ def main():
         print(f"TP=2 step time / DP=2's: {time:.3f}: {'holds' if time <= 1.25 else 'does not hold'} (<= 1.25)")
         same = tp["digest"] == chunked["digest"]
         print(f"TP=2 weights_xxh3 {'equals' if same else 'DIFFERS from'} the 1-rank chunked run's ({tp['digest']})")
+        sp = runs["TP=2 SP"]
+        print(f"TP=2 sequence parallelism: activations {sp['act'] / 2**20:.1f} MiB against {tp['act'] / 2**20:.1f} MiB "
+              f"({sp['act'] / tp['act']:.3f}x), peak RSS {sp['peak'] / tp['peak']:.3f}x, step time "
+              f"{sp['step_s'] / tp['step_s']:.3f}x, weights_xxh3 "
+              f"{'equal' if sp['digest'] == tp['digest'] else 'DIFFERENT'}")
 
 
 if __name__ == "__main__":

@@ -259,6 +259,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "summed in one order at every degree: runs with the same chunks give the same bits at any "
        "tensor_parallel_degree that divides them (0: the degree; 1: the plain model)",
        false, AtLeast(0)},
+      {"parallelism.sequence_parallel", T::kBool, V(false),
+       "split the residual stream and the norms of a tensor-parallel model along the rows of a "
+       "micro-batch over the group (Megatron's sequence parallelism): less activation memory, "
+       "the same bits; training.seq_len must divide into the tensor-parallel chunks"},
       {"parallelism.exact_reduction", T::kString, V(std::string("block48")),
        "format of the exact gradient sums: block48 (each block of 256 values of a micro-batch "
        "rounded to 24 bits below its largest, 6 bytes a value on the wire), block32 (17 bits, 4 "

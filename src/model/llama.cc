@@ -17,27 +17,36 @@ namespace k = kernels;
 // Activations of one micro-batch, planned once, in the backend's memory. N = B*T rows.
 struct LlamaModel::Buffers {
   using Floats = DeviceArray<float>;
+  // n: the rows this rank holds of the residual stream and the norms (N, or N / tp_degree under
+  // sequence parallelism).
   struct Layer {
-    Floats x_in;              // (N,C) residual stream entering the layer
-    Floats ln1, ln1_rstd;     // (N,C), (N)
+    Floats x_in;              // (n,C) residual stream entering the layer
+    Floats ln1, ln1_rstd;     // (n,C), (n)
     Floats q, k, v;           // (N,H*D), (N,KV*D) x2, after RoPE
     Floats att_lse;           // (B,H,T) log-sum-exp of each attention row
     Floats att;               // (N,H*D) attention output before o_proj
-    Floats x_mid;             // (N,C) residual after attention
-    Floats ln2, ln2_rstd;     // (N,C), (N)
+    Floats x_mid;             // (n,C) residual after attention
+    Floats ln2, ln2_rstd;     // (n,C), (n)
     Floats gate, up, hidden;  // (N,F) each
   };
   std::vector<Layer> layers;
-  Floats x_final;                        // (N,C) residual leaving the last layer
-  Floats lnf, lnf_rstd;                  // (N,C), (N)
+  Floats x_final;                        // (n,C) residual leaving the last layer
+  Floats lnf, lnf_rstd;                  // (n,C), (n)
   Floats logits;                         // (N,V), reused for dlogits; at the first kLogits Forward
   Floats head_chunk;                     // (FusedHeadRows, V): the fused head's logits, dlogits
   Floats losses, lse;                    // (N)
   Floats rope_cos, rope_sin;             // (T,D/2)
   DeviceArray<int32_t> tokens, targets;  // (N)
   Floats loss_weights;                   // (N), a device copy (off the host only)
-  // Backward scratch.
+  // Backward scratch: dx (n,C), dln (n,C) under sequence parallelism, else (N,C).
   Floats dx, dln, dq, dk, dv, datt, dgate, dup, dhidden;
+  // Sequence parallelism: all rows (N,C) of a norm's output gathered for a column-parallel
+  // product (forward, and again in backward) or of a row-parallel product's partial sum, and of
+  // dx gathered for a row-parallel product's backward or of a column-parallel one's input
+  // gradient before its reduce-scatter.
+  Floats full, dx_full;
+  // The row chunks' norm weight-gradients after the first (tp_chunks > 1: their count - 1, x C).
+  Floats norm_partials;
   // More than one chunk per rank (model/parallelism.h): the partial results of the other chunks
   // of a sum over a split dimension (chunks - 1 of (N,C)), and the fused head's per-chunk row
   // maxima, exp-sums and target logits (chunks x FusedHeadRows each) with the row maxima of the
@@ -71,36 +80,42 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   tp_ = std::make_unique<TensorParallelOps>(parallelism, *backend_);
   const int64_t chunks = parallelism.tp_chunks;
   chunks_ = parallelism.chunks_per_rank();
+  sp_ = parallelism.sequence_parallel;
+  rows_ = sp_ ? batch_size * seq_len / parallelism.tp_degree : batch_size * seq_len;
+  row_first_ = sp_ ? parallelism.tp_rank * rows_ : 0;
+  if (sp_ && (batch_size * seq_len) % chunks != 0)
+    throw Error(kExitFailure, "internal: sequence parallelism over rows that do not split into " +
+                                  std::to_string(chunks) + " chunks");
   Hc_ = config.n_heads / chunks;
   KVc_ = config.n_kv_heads / chunks;
   Fc_ = config.ffn_hidden_dim / chunks;
   Vc_ = config.vocab_size / chunks;
   // This rank's widths: its chunks of heads, KV heads, the FFN and the vocabulary.
   const int64_t N = B_ * T_, C = config.dim, H = Hc_ * chunks_, KV = KVc_ * chunks_;
-  const int64_t D = config.head_dim(), F = Fc_ * chunks_, V = Vc_ * chunks_;
+  const int64_t D = config.head_dim(), F = Fc_ * chunks_, V = Vc_ * chunks_, n = rows_;
   ComputeBackend& be = *backend_;
   Buffers& b = *buffers_;
   auto floats = [&](int64_t n) { return Buffers::Floats(be, static_cast<size_t>(n)); };
   b.layers.resize(config.n_layers);
   for (auto& layer : b.layers) {
-    layer.x_in = floats(N * C);
-    layer.ln1 = floats(N * C);
-    layer.ln1_rstd = floats(N);
+    layer.x_in = floats(n * C);
+    layer.ln1 = floats(n * C);
+    layer.ln1_rstd = floats(n);
     layer.q = floats(N * H * D);
     layer.k = floats(N * KV * D);
     layer.v = floats(N * KV * D);
     layer.att_lse = floats(B_ * H * T_);
     layer.att = floats(N * H * D);
-    layer.x_mid = floats(N * C);
-    layer.ln2 = floats(N * C);
-    layer.ln2_rstd = floats(N);
+    layer.x_mid = floats(n * C);
+    layer.ln2 = floats(n * C);
+    layer.ln2_rstd = floats(n);
     layer.gate = floats(N * F);
     layer.up = floats(N * F);
     layer.hidden = floats(N * F);
   }
-  b.x_final = floats(N * C);
-  b.lnf = floats(N * C);
-  b.lnf_rstd = floats(N);
+  b.x_final = floats(n * C);
+  b.lnf = floats(n * C);
+  b.lnf_rstd = floats(n);
   b.head_chunk = floats(FusedHeadRows(N, config.vocab_size) * V);
   b.losses = floats(N);
   b.lse = floats(N);
@@ -113,8 +128,14 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.tokens = DeviceArray<int32_t>(be, N);
   b.targets = DeviceArray<int32_t>(be, N);
   b.host_targets.resize(N);
-  b.dx = floats(N * C);
-  b.dln = floats(N * C);
+  b.dx = floats(n * C);
+  b.dln = floats((sp_ ? n : N) * C);
+  if (sp_) {
+    b.full = floats(N * C);
+    b.dx_full = floats(N * C);
+  }
+  if (chunks > 1) b.norm_partials = floats(((sp_ ? chunks_ : chunks) - 1) * C);
+  head_rows_ = sp_ ? b.full.data() : b.lnf.data();
   b.dq = floats(N * H * D);
   b.dk = floats(N * KV * D);
   b.dv = floats(N * KV * D);
@@ -179,7 +200,8 @@ size_t LlamaModel::activation_bytes() const {
             b.head_chunk.size() + b.losses.size() + b.lse.size() + b.dx.size() + b.dln.size() +
             b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() + b.dgate.size() +
             b.dup.size() + b.dhidden.size() + b.partials.size() + b.vocab_max.size() +
-            b.vocab_sum.size() + b.vocab_target.size() + b.row_max.size();
+            b.vocab_sum.size() + b.vocab_target.size() + b.row_max.size() + b.full.size() +
+            b.dx_full.size() + b.norm_partials.size();
   return floats * sizeof(float);
 }
 
@@ -210,11 +232,17 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T,
   const double D = static_cast<double>(c.head_dim());
   const double F = static_cast<double>(c.ffn_hidden_dim) * share;
   const double rows = FusedRows(N, static_cast<double>(c.vocab_size));
+  // The rows of the residual stream and the norms: all, or this rank's under sequence
+  // parallelism (with the two gathered buffers of all rows).
+  const bool sp = p.sequence_parallel;
+  const double n = sp ? N / p.tp_degree : N;
   // The buffers of LlamaModel::LlamaModel, in floats.
   const double layer =
-      4 * N * C + 2 * N + N * H * D + 2 * N * KV * D + B * H * T + N * H * D + 3 * N * F;
-  const double rest = 4 * N * C + 3 * N + rows * V + 2 * N * H * D + 2 * N * KV * D + 3 * N * F +
-                      (chunks - 1) * N * C + (p.tp_chunks > 1 ? (3 * chunks + 1) * rows : 0);
+      4 * n * C + 2 * n + N * H * D + 2 * N * KV * D + B * H * T + N * H * D + 3 * N * F;
+  const double rest = 3 * n * C + (sp ? n : N) * C + n + 2 * N + rows * V + 2 * N * H * D +
+                      2 * N * KV * D + 3 * N * F + (chunks - 1) * N * C +
+                      (p.tp_chunks > 1 ? (3 * chunks + 1) * rows : 0) + (sp ? 2 * N * C : 0) +
+                      (p.tp_chunks > 1 ? ((sp ? chunks : p.tp_chunks) - 1) * C : 0);
   return 4 * (static_cast<double>(c.n_layers) * layer + rest);
 }
 
@@ -272,6 +300,48 @@ std::vector<float*> LlamaModel::Partials(float* out) {
   return partials;
 }
 
+void LlamaModel::NormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                              const float* weight, const float* rstd) {
+  ComputeBackend& be = *backend_;
+  const int64_t C = config_.dim;
+  const int chunks = parallelism_.tp_chunks;
+  if (chunks == 1) {  // the plain model: one sum over all rows
+    be.RmsnormBackward(dinp, dweight, dout, inp, weight, rstd, rows_, C);
+    return;
+  }
+  // Row chunk by row chunk (the same rows at every degree), the weight's gradients added in the
+  // tree: this rank's chunks, then the group's when the rows are split.
+  const int64_t N = B_ * T_;
+  const int held = sp_ ? parallelism_.chunks_per_rank() : chunks;
+  const int first = sp_ ? parallelism_.first_chunk() : 0;
+  std::vector<float*> parts(static_cast<size_t>(held));
+  for (int j = 0; j < held; ++j) {
+    parts[j] = j == 0 ? dweight : buffers_->norm_partials.data() + (j - 1) * C;
+    const int64_t begin = parallelism_.RowChunkBegin(first + j, N) - row_first_;
+    const int64_t end = parallelism_.RowChunkBegin(first + j + 1, N) - row_first_;
+    be.RmsnormBackward(dinp + begin * C, parts[j], dout + begin * C, inp + begin * C, weight,
+                       rstd + begin, end - begin, C);
+  }
+  if (sp_)
+    tp_->SumChunks(parts.data(), static_cast<size_t>(C), "norm weight-gradient sum");
+  else
+    tp_->TreeSum(parts.data(), held, static_cast<size_t>(C));
+}
+
+void LlamaModel::RowParallelSum(const std::vector<float*>& partials, float* out, const char* what) {
+  const size_t NC = static_cast<size_t>(B_ * T_ * config_.dim);
+  if (sp_)
+    tp_->SumChunksScatter(partials.data(), NC, out, what);
+  else
+    tp_->SumChunks(partials.data(), NC, what);
+}
+
+const float* LlamaModel::AllRows(const float* local, float* full, const char* what) {
+  if (!sp_) return local;
+  tp_->AllGatherTo(local, static_cast<size_t>(rows_ * config_.dim), full, what);
+  return full;
+}
+
 LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                             const float* loss_weights, const ForwardOptions& options) {
   Buffers& b = *buffers_;
@@ -296,8 +366,22 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   const float* unit0 = UnitWeights(access, 0);
   access.Prefetch(L > 0 ? 1 : tail);
   float* x0 = b.layers.empty() ? b.x_final.data() : b.layers[0].x_in.data();
+  const int64_t n = rows_;  // this rank's rows of the residual stream (sequence parallelism)
   if (!parallelism_.distributed()) {
-    be.EmbeddingForward(x0, b.tokens.data(), unit0 + embed_, N, C);
+    be.EmbeddingForward(x0, b.tokens.data() + row_first_, unit0 + embed_, n, C);
+  } else if (sp_) {
+    // Each rank looks up the tokens of every row in its vocabulary, and the rows of each rank's
+    // block go to it from the ranks that hold their tokens.
+    const int64_t first = parallelism_.tp_rank * V;
+    be.EmbeddingForwardRows(b.full.data(), b.tokens.data(), unit0 + embed_, N, C, first, V);
+    const float* all = tp_->AllToAll(b.full.data(), static_cast<size_t>(n * C), "embedding rows");
+    std::vector<float>& rows = b.host_rows;
+    rows.resize(static_cast<size_t>(n * C));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t owner = tokens[row_first_ + i] / V;
+      std::memcpy(rows.data() + i * C, all + (owner * n + i) * C, C * sizeof(float));
+    }
+    be.CopyToDevice(x0, rows.data(), rows.size() * sizeof(float));
   } else {
     // A vocabulary-parallel embedding: each rank looks up the tokens of its rows, and every row
     // is taken from the rank that holds its token (a copy, not a sum: the bits of one table).
@@ -320,45 +404,49 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
     access.Prefetch(l + 1 < L ? unit + 1 : tail);
     const LayerOffsets& o = layers_[l];  // unit-relative
     float* x_out = l + 1 < L ? b.layers[l + 1].x_in.data() : b.x_final.data();
-    be.RmsnormForward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, N, C, eps);
+    be.RmsnormForward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + o.ln1, n, C, eps);
     // Attention, chunk by chunk of heads: q k v column-parallel (rows of their weights), o
     // row-parallel (columns of its weight), its chunks' partial products summed in the tree.
+    const float* ln1 = AllRows(Lb.ln1.data(), b.full.data(), "attention norm rows");
     for (int64_t k = 0; k < chunks; ++k) {
       float* q = Lb.q.data() + k * N * qw;
       float* kk = Lb.k.data() + k * N * kw;
       float* v = Lb.v.data() + k * N * kw;
-      be.MatmulForward(q, Lb.ln1.data(), w + o.q + k * qw * C, N, C, qw);
-      be.MatmulForward(kk, Lb.ln1.data(), w + o.k + k * kw * C, N, C, kw);
-      be.MatmulForward(v, Lb.ln1.data(), w + o.v + k * kw * C, N, C, kw);
+      be.MatmulForward(q, ln1, w + o.q + k * qw * C, N, C, qw);
+      be.MatmulForward(kk, ln1, w + o.k + k * kw * C, N, C, kw);
+      be.MatmulForward(v, ln1, w + o.v + k * kw * C, N, C, kw);
       be.RopeForward(q, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
       be.RopeForward(kk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
       be.AttentionForward(Lb.att.data() + k * N * qw, Lb.att_lse.data() + k * B_ * Hc * T_, q, kk,
                           v, B_, T_, Hc, KVc, D);
     }
-    std::vector<float*> partials = Partials(Lb.x_mid.data());
+    // Under sequence parallelism the sum is reduce-scattered to each rank's rows (the gathered
+    // norm rows are read no more).
+    std::vector<float*> partials = Partials(sp_ ? b.full.data() : Lb.x_mid.data());
     for (int64_t k = 0; k < chunks; ++k)
       be.MatmulForwardStrided(partials[k], Lb.att.data() + k * N * qw, w + o.o + k * qw, Hl * D, N,
                               qw, C);
-    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "o_proj sum");
-    be.Add(Lb.x_mid.data(), Lb.x_in.data(), N * C);
-    be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, N, C, eps);
+    RowParallelSum(partials, Lb.x_mid.data(), "o_proj sum");
+    be.Add(Lb.x_mid.data(), Lb.x_in.data(), n * C);
+    be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + o.ln2, n, C, eps);
     // The MLP: gate and up column-parallel, down row-parallel.
+    const float* ln2 = AllRows(Lb.ln2.data(), b.full.data(), "mlp norm rows");
     for (int64_t k = 0; k < chunks; ++k) {
-      be.MatmulForward(Lb.gate.data() + k * N * Fc, Lb.ln2.data(), w + o.gate + k * Fc * C, N, C,
-                       Fc);
-      be.MatmulForward(Lb.up.data() + k * N * Fc, Lb.ln2.data(), w + o.up + k * Fc * C, N, C, Fc);
+      be.MatmulForward(Lb.gate.data() + k * N * Fc, ln2, w + o.gate + k * Fc * C, N, C, Fc);
+      be.MatmulForward(Lb.up.data() + k * N * Fc, ln2, w + o.up + k * Fc * C, N, C, Fc);
     }
     be.SwigluForward(Lb.hidden.data(), Lb.gate.data(), Lb.up.data(), N, Fl);
-    partials = Partials(x_out);
+    partials = Partials(sp_ ? b.full.data() : x_out);
     for (int64_t k = 0; k < chunks; ++k)
       be.MatmulForwardStrided(partials[k], Lb.hidden.data() + k * N * Fc, w + o.down + k * Fc, Fl,
                               N, Fc, C);
-    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "down_proj sum");
-    be.Add(x_out, Lb.x_mid.data(), N * C);
+    RowParallelSum(partials, x_out, "down_proj sum");
+    be.Add(x_out, Lb.x_mid.data(), n * C);
     access.ReleaseWeights(unit);
   }
   const float* wt = UnitWeights(access, tail);
-  be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C, eps);
+  be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, n, C, eps);
+  AllRows(b.lnf.data(), b.full.data(), "final norm rows");  // head_rows_: all rows
   const float* head = c.tie_embeddings ? unit0 + embed_ : wt + head_;
   LossSum sum;
   if (options.head == ForwardOptions::Head::kFused) {
@@ -369,7 +457,7 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
     fused_ = false;
     scored_ = false;
     if (!b.logits.data()) b.logits = Buffers::Floats(be, static_cast<size_t>(N * V));
-    be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
+    be.MatmulForward(b.logits.data(), head_rows_, head, N, C, V);
     sum = Retarget(targets);
   }
   access.ReleaseWeights(tail);
@@ -397,7 +485,7 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
   std::vector<float*> x(static_cast<size_t>(chunks_));
   for (int64_t r = 0; r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
-    const float* lnf = b.lnf.data() + r * C;
+    const float* lnf = head_rows_ + r * C;
     if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain kernels
       float* chunk = b.head_chunk.data();
       be.MatmulForward(chunk, lnf, head, n, C, V);
@@ -414,15 +502,23 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
     }
     VocabularyLse(x.data(), r, n, targets);
     const int64_t first = parallelism_.first_chunk() * Vc;
-    std::vector<float*> partials = Partials(b.dln.data() + r * C);
+    // d lnf of all rows; under sequence parallelism this rank's chunks' sum here, the group's
+    // (each rank's rows) after the last row chunk.
+    std::vector<float*> partials = Partials((sp_ ? b.dx_full.data() : b.dln.data()) + r * C);
     for (int64_t k = 0; k < chunks_; ++k) {
       be.CrossEntropyBackwardRows(x[k], b.lse.data() + r, b.targets.data() + r, n, Vc,
                                   first + k * Vc, loss_scale, weights ? weights + r : nullptr);
       be.MatmulBackward(partials[k], dhead + k * Vc * C, x[k], lnf, head + k * Vc * C, n, C, Vc,
                         false, r > 0);
     }
-    tp_->SumChunks(partials.data(), static_cast<size_t>(n * C), "lm_head input-gradient sum");
+    if (sp_)
+      tp_->TreeSum(partials.data(), static_cast<int>(chunks_), static_cast<size_t>(n * C));
+    else
+      tp_->SumChunks(partials.data(), static_cast<size_t>(n * C), "lm_head input-gradient sum");
   }
+  if (sp_ && parallelism_.tp_chunks > 1)
+    tp_->ScatterSum(b.dx_full.data(), static_cast<size_t>(N * C), b.dln.data(),
+                    "lm_head input-gradient sum");
   fused_ = true;
   fused_scale_ = loss_scale;
   scored_ = false;
@@ -551,13 +647,13 @@ LossSum LlamaModel::ScoredHead(const float* head, const int32_t* targets) {
     if (parallelism_.tp_chunks > 1) {
       for (int64_t k = 0; k < chunks_; ++k) {
         x[k] = b.head_chunk.data() + k * rows * Vc;
-        be.MatmulForward(x[k], b.lnf.data() + r * C, head + k * Vc * C, n, C, Vc);
+        be.MatmulForward(x[k], head_rows_ + r * C, head + k * Vc * C, n, C, Vc);
       }
       VocabularyLse(x.data(), r, n, targets);
       VocabularyArgmax(x.data(), r, n, targets);
       continue;
     }
-    be.MatmulForward(b.head_chunk.data(), b.lnf.data() + r * C, head, n, C, V);
+    be.MatmulForward(b.head_chunk.data(), head_rows_ + r * C, head, n, C, V);
     be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, b.head_chunk.data(),
                            b.targets.data() + r, n, V);
     const float* chunk = b.head_chunk.data();
@@ -659,16 +755,16 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     b.host_logits_current = false;
     const float* dlogits = b.logits.data();
     if (c.tie_embeddings)
-      be.MatmulBackward(b.dln.data(), g0 + embed_, dlogits, b.lnf.data(), unit0 + embed_, N, C, V,
+      be.MatmulBackward(b.dln.data(), g0 + embed_, dlogits, head_rows_, unit0 + embed_, N, C, V,
                         false, false);
     else
-      be.MatmulBackward(b.dln.data(), gt + head_, dlogits, b.lnf.data(), wt + head_, N, C, V, false,
+      be.MatmulBackward(b.dln.data(), gt + head_, dlogits, head_rows_, wt + head_, N, C, V, false,
                         false);
   }
   fused_ = false;
   be.Fill(b.dx.data(), b.dx.size(), 0.0f);
-  be.RmsnormBackward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(),
-                     wt + final_norm_, b.lnf_rstd.data(), N, C);
+  NormBackward(b.dx.data(), gt + final_norm_, b.dln.data(), b.x_final.data(), wt + final_norm_,
+               b.lnf_rstd.data());
   access.ReleaseWeights(tail);
   UnitGradientsReady(access, tail);
 
@@ -680,32 +776,37 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     float* g = UnitGradients(access, unit);
     const LayerOffsets& o = layers_[l];
     // MLP: x_out = x_mid + down(silu(gate(ln2)) * up(ln2)); dx holds d x_out. Chunk by chunk of
-    // the FFN width; d ln2 is a sum over it (the tree, model/parallelism.h).
+    // the FFN width; d ln2 is a sum over it (the tree, model/parallelism.h). Under sequence
+    // parallelism dx of all rows is gathered, the norm's rows gathered again (not kept from the
+    // forward), and d ln2 reduce-scattered to this rank's rows.
+    const float* dx = AllRows(b.dx.data(), b.dx_full.data(), "mlp output-gradient rows");
     for (int64_t k = 0; k < chunks; ++k)
-      be.MatmulBackwardStrided(b.dhidden.data() + k * N * Fc, g + o.down + k * Fc, b.dx.data(),
+      be.MatmulBackwardStrided(b.dhidden.data() + k * N * Fc, g + o.down + k * Fc, dx,
                                Lb.hidden.data() + k * N * Fc, w + o.down + k * Fc, Fl, N, Fc, C,
                                false, false);
     be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), Lb.gate.data(), Lb.up.data(),
                       N, Fl);
-    std::vector<float*> partials = Partials(b.dln.data());
+    const float* ln2 = AllRows(Lb.ln2.data(), b.full.data(), "mlp norm rows");
+    std::vector<float*> partials = Partials(sp_ ? b.dx_full.data() : b.dln.data());
     for (int64_t k = 0; k < chunks; ++k) {
-      be.MatmulBackward(partials[k], g + o.gate + k * Fc * C, b.dgate.data() + k * N * Fc,
-                        Lb.ln2.data(), w + o.gate + k * Fc * C, N, C, Fc, false, false);
-      be.MatmulBackward(partials[k], g + o.up + k * Fc * C, b.dup.data() + k * N * Fc,
-                        Lb.ln2.data(), w + o.up + k * Fc * C, N, C, Fc, true, false);
+      be.MatmulBackward(partials[k], g + o.gate + k * Fc * C, b.dgate.data() + k * N * Fc, ln2,
+                        w + o.gate + k * Fc * C, N, C, Fc, false, false);
+      be.MatmulBackward(partials[k], g + o.up + k * Fc * C, b.dup.data() + k * N * Fc, ln2,
+                        w + o.up + k * Fc * C, N, C, Fc, true, false);
     }
-    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "mlp input-gradient sum");
+    RowParallelSum(partials, b.dln.data(), "mlp input-gradient sum");
     // dx (d x_mid) += rmsnorm backward
-    be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
-                       Lb.ln2_rstd.data(), N, C);
+    NormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
+                 Lb.ln2_rstd.data());
     // Attention: x_mid = x_in + o_proj(att(rope(q(ln1)), rope(k(ln1)), v(ln1))), chunk by chunk
     // of heads; d ln1 is a sum over them.
+    const float* dx_mid = AllRows(b.dx.data(), b.dx_full.data(), "attention output-gradient rows");
     for (int64_t k = 0; k < chunks; ++k) {
       float* datt = b.datt.data() + k * N * qw;
       float* dq = b.dq.data() + k * N * qw;
       float* dk = b.dk.data() + k * N * kw;
       float* dv = b.dv.data() + k * N * kw;
-      be.MatmulBackwardStrided(datt, g + o.o + k * qw, b.dx.data(), Lb.att.data() + k * N * qw,
+      be.MatmulBackwardStrided(datt, g + o.o + k * qw, dx_mid, Lb.att.data() + k * N * qw,
                                w + o.o + k * qw, Hl * D, N, qw, C, false, false);
       be.AttentionBackward(dq, dk, dv, datt, Lb.att.data() + k * N * qw,
                            Lb.att_lse.data() + k * B_ * Hc * T_, Lb.q.data() + k * N * qw,
@@ -713,19 +814,20 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
       be.RopeBackward(dq, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
       be.RopeBackward(dk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
     }
-    partials = Partials(b.dln.data());
+    const float* ln1 = AllRows(Lb.ln1.data(), b.full.data(), "attention norm rows");
+    partials = Partials(sp_ ? b.dx_full.data() : b.dln.data());
     for (int64_t k = 0; k < chunks; ++k) {
-      be.MatmulBackward(partials[k], g + o.q + k * qw * C, b.dq.data() + k * N * qw, Lb.ln1.data(),
+      be.MatmulBackward(partials[k], g + o.q + k * qw * C, b.dq.data() + k * N * qw, ln1,
                         w + o.q + k * qw * C, N, C, qw, false, false);
-      be.MatmulBackward(partials[k], g + o.k + k * kw * C, b.dk.data() + k * N * kw, Lb.ln1.data(),
+      be.MatmulBackward(partials[k], g + o.k + k * kw * C, b.dk.data() + k * N * kw, ln1,
                         w + o.k + k * kw * C, N, C, kw, true, false);
-      be.MatmulBackward(partials[k], g + o.v + k * kw * C, b.dv.data() + k * N * kw, Lb.ln1.data(),
+      be.MatmulBackward(partials[k], g + o.v + k * kw * C, b.dv.data() + k * N * kw, ln1,
                         w + o.v + k * kw * C, N, C, kw, true, false);
     }
-    tp_->SumChunks(partials.data(), static_cast<size_t>(N * C), "attention input-gradient sum");
+    RowParallelSum(partials, b.dln.data(), "attention input-gradient sum");
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
-    be.RmsnormBackward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
-                       Lb.ln1_rstd.data(), N, C);
+    NormBackward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,
+                 Lb.ln1_rstd.data());
     access.ReleaseWeights(unit);
     UnitGradientsReady(access, unit);
   }
@@ -734,11 +836,11 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
   if (!g0) g0 = UnitGradients(access, 0);
   float* dembed = g0 + embed_;
   if (!c.tie_embeddings) be.Fill(dembed, table_.params()[0].numel, 0.0f);
+  const float* dx0 = AllRows(b.dx.data(), b.dx_full.data(), "embedding gradient rows");
   if (parallelism_.distributed())
-    be.EmbeddingBackwardRows(dembed, b.dx.data(), b.tokens.data(), N, C, parallelism_.tp_rank * V,
-                             V);
+    be.EmbeddingBackwardRows(dembed, dx0, b.tokens.data(), N, C, parallelism_.tp_rank * V, V);
   else
-    be.EmbeddingBackward(dembed, b.dx.data(), b.tokens.data(), N, C);
+    be.EmbeddingBackward(dembed, dx0, b.tokens.data(), N, C);
   if (c.tie_embeddings) access.ReleaseWeights(0);
   UnitGradientsReady(access, 0);
 }

@@ -82,7 +82,9 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
   std::string SizeKeys() const override;
   std::map<std::string, std::string> WeightsMetadata() const override;
   ParameterSizes PlannedSizes() const override;
-  BufferSizes PlannedBuffers(double batch_size, double seq_len) const override;
+  using ModelSpec::PlannedBuffers;
+  BufferSizes PlannedBuffers(double batch_size, double seq_len,
+                             const ModelParallelism& parallelism) const override;
   using ModelSpec::BuildTable;
   ParameterTable BuildTable(const ModelParallelism& parallelism) const override {
     return LlamaParameterTable(config_, parallelism);
@@ -183,11 +185,28 @@ class LlamaModel final : public Model {
   void VocabularyArgmax(const float* const* x, int64_t r, int64_t n, const int32_t* targets);
   // The partial-sum buffers of a row-parallel product whose result goes to `out` (n floats).
   std::vector<float*> Partials(float* out);
+  // RMSNorm's backward over this rank's rows: dinp += for each row, and the weight's gradient
+  // (overwritten) summed per row chunk in the tree (model/parallelism.h), over the group when
+  // the rows are split (sequence parallelism).
+  void NormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                    const float* weight, const float* rstd);
+  // Sequence parallelism: this rank's rows of `local` gathered from the group into `full` (all
+  // rows); without it, `local` itself.
+  const float* AllRows(const float* local, float* full, const char* what);
+  // A row-parallel product's partial sums (of all rows) added over the chunks; under sequence
+  // parallelism this rank's rows of the sum go to `out`, else partials[0] (== out) holds it.
+  void RowParallelSum(const std::vector<float*>& partials, float* out, const char* what);
   LlamaConfig config_;
   ModelParallelism parallelism_;
   std::unique_ptr<TensorParallelOps> tp_;
   // Chunks of this rank, and one chunk's query heads, KV heads, FFN width and vocabulary.
   int64_t chunks_ = 1, Hc_ = 0, KVc_ = 0, Fc_ = 0, Vc_ = 0;
+  // The rows of the residual stream and the norms this rank holds: all B x T, or under sequence
+  // parallelism its block [row_first_, row_first_ + rows_).
+  bool sp_ = false;
+  int64_t rows_ = 0, row_first_ = 0;
+  // The final norm's output of all rows, which the head reads.
+  const float* head_rows_ = nullptr;
   ParameterTable table_;
   // Unit-relative offsets of the tensors outside the layers (embedding in unit 0, final norm and
   // untied head in the tail unit), and of each layer's.

@@ -73,8 +73,9 @@ ParameterSizes LlamaSpec::PlannedSizes() const {
   return sizes;
 }
 
-BufferSizes LlamaSpec::PlannedBuffers(double B, double T) const {
-  const double activations = PlannedLlamaActivationBytes(config_, B, T);
+BufferSizes LlamaSpec::PlannedBuffers(double B, double T,
+                                      const ModelParallelism& parallelism) const {
+  const double activations = PlannedLlamaActivationBytes(config_, B, T, parallelism);
   // Besides the activations: the RoPE tables (T, D/2) x 2 and the copies of tokens and targets.
   return {activations, activations + 4 * T * static_cast<double>(config_.head_dim()) + 8 * B * T,
           4 * B * T * static_cast<double>(config_.vocab_size)};

@@ -159,7 +159,12 @@ class ModelSpec {
 
   // ---- planned before anything is allocated ----
   virtual ParameterSizes PlannedSizes() const = 0;
-  virtual BufferSizes PlannedBuffers(double batch_size, double seq_len) const = 0;
+  // Of the model Build(batch_size, seq_len, backend, parallelism) makes (this rank's part).
+  virtual BufferSizes PlannedBuffers(double batch_size, double seq_len,
+                                     const ModelParallelism& parallelism) const = 0;
+  BufferSizes PlannedBuffers(double batch_size, double seq_len) const {
+    return PlannedBuffers(batch_size, seq_len, ModelParallelism{});
+  }
 
   // ---- the parameters ----
   // The table of the parts `parallelism` gives this rank (the tensors of a tensor-parallel

@@ -13,6 +13,15 @@
 // 2i+1, level by level. A rank adds the subtree of its own chunks; the group exchanges the
 // subtrees' roots and every rank adds the rest of the tree in the same order. So tp_degree 1, 2
 // and 4 of one tp_chunks give the same bits; tp_chunks 1 is the plain model.
+//
+// The rows of a micro-batch (its B x T tokens, in order) are cut the same way into tp_chunks row
+// chunks of consecutive rows, for the one sum over rows a tensor-parallel model adds itself: a
+// norm weight's gradient, computed per row chunk and added in the same tree. Sequence parallelism
+// (Megatron's) keeps only tp_chunks / tp_degree row chunks of the residual stream and the norms
+// on each rank: rank r holds rows [r N / tp_degree, (r + 1) N / tp_degree), which is the
+// sequence split when a micro-batch holds one sequence. The rows are gathered before a
+// column-parallel product and a row-parallel product's sum is reduce-scattered to them (the
+// same tree, each rank adding its own rows), so it changes no bit either.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +46,9 @@ struct ModelParallelism {
   int tp_degree = 1;  // ranks per tensor-parallel group
   int tp_rank = 0;    // this rank's place in it
   int tp_chunks = 1;  // chunks of every split dimension, a power of two, a multiple of tp_degree
+  // The residual stream and the norms split by rows over the group (needs tp_chunks > 1 and the
+  // rows of a micro-batch in tp_chunks equal chunks).
+  bool sequence_parallel = false;
   // The group's communicator; nullptr for one rank (tp_degree 1), or to lay out a table only.
   Communicator* tensor_parallel = nullptr;
   // Where the collectives count their traffic; nullptr: not counted.
@@ -48,6 +60,8 @@ struct ModelParallelism {
   static ModelParallelism Layout(int tp_degree, int tp_rank, int tp_chunks);
 
   int chunks_per_rank() const { return tp_chunks / tp_degree; }
+  // The first row of row chunk j (of tp_chunks) of N rows; j = tp_chunks gives N.
+  int64_t RowChunkBegin(int64_t j, int64_t N) const { return j * N / tp_chunks; }
   int first_chunk() const { return tp_rank * chunks_per_rank(); }
   bool distributed() const { return tp_degree > 1; }
   // "" when the degrees are consistent, else why not (the caller names its keys).
@@ -65,15 +79,31 @@ class TensorParallelOps {
   // each). On return partials[0] holds the sum over every chunk of the group, the same bits on
   // every rank; the other partials are overwritten. `what` names the sum in a timeout message.
   void SumChunks(float* const* partials, size_t n, const char* what);
+  // The same sum, of which this rank keeps only its block: the n / tp_degree floats from
+  // tp_rank x n / tp_degree (a reduce-scatter), written to `out`. The same bits as SumChunks'.
+  void SumChunksScatter(float* const* partials, size_t n, float* out, const char* what);
+  // SumChunksScatter's exchange alone: `root` holds this rank's subtree sum (n floats).
+  void ScatterSum(const float* root, size_t n, float* out, const char* what);
+  // The local tree over `count` partial results alone (no exchange), into partials[0].
+  void TreeSum(float* const* partials, int count, size_t n);
   // Every rank's `count` floats of `mine` (device memory), in rank order, on the host
   // (tp_degree x count floats, valid until the next call).
   const float* AllGather(const float* mine, size_t count, const char* what);
   // The same for host memory.
   const float* AllGatherHost(const float* mine, size_t count, const char* what);
+  // Every rank's `count` floats of `mine`, in rank order, into `out` (device memory,
+  // tp_degree x count floats).
+  void AllGatherTo(const float* mine, size_t count, float* out, const char* what);
+  // All-to-all of device memory: `send` holds tp_degree blocks of `block` floats, block q for
+  // rank q; returns on the host what each rank sent this one, in rank order (valid until the
+  // next call).
+  const float* AllToAll(const float* send, size_t block, const char* what);
 
  private:
   ModelParallelism parallelism_;
   ComputeBackend& backend_;
+  // Counts what one exchange received and how long it took.
+  void Count(double floats_received, double seconds);
   std::vector<float> send_, gathered_;
 };
 

@@ -189,6 +189,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_ = ModelParallelism::TensorParallel(mesh_->tensor_parallel(),
                                                   static_cast<int>(chunks ? chunks : tp));
   parallelism_.traffic = &tp_traffic_;
+  parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, dp_size_);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
@@ -286,8 +287,20 @@ void Trainer::CheckTensorParallelism() {
   const std::string keys =
       StrFormat("parallelism.tensor_parallel_degree = %d, tensor_parallel_chunks = %d",
                 parallelism_.tp_degree, parallelism_.tp_chunks);
+  if (parallelism_.sequence_parallel && parallelism_.tp_chunks == 1)
+    throw UsageError(
+        "parallelism.sequence_parallel = true splits the rows of a tensor-parallel model, and "
+        "this run has none: set parallelism.tensor_parallel_degree > 1 (or "
+        "tensor_parallel_chunks > 1), or turn sequence parallelism off");
   if (std::string why = model_spec_->CheckParallelism(parallelism_); !why.empty())
     throw UsageError(keys + ": " + why);
+  const int64_t seq_len = config_.Int("training.seq_len");
+  if (parallelism_.sequence_parallel && seq_len % parallelism_.tp_chunks != 0)
+    throw UsageError(StrFormat(
+        "parallelism.sequence_parallel = true: training.seq_len = %lld does not divide into the "
+        "%d tensor-parallel chunks (%s): set a seq_len that is a multiple of %d, or turn "
+        "sequence parallelism off",
+        (long long)seq_len, parallelism_.tp_chunks, keys.c_str(), parallelism_.tp_chunks));
 }
 
 // What a run with its split dimensions in chunks does not support yet, each refused in one line.
@@ -426,8 +439,11 @@ void Trainer::Announce() {
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(), peak.gflops,
       peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str()));
   if (parallelism_.tp_chunks > 1)
-    PrintLine(StrFormat("phase=tensor_parallel degree=%d chunks=%d data_parallel=%d",
-                        parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_));
+    PrintLine(
+        StrFormat("phase=tensor_parallel degree=%d chunks=%d data_parallel=%d "
+                  "sequence_parallel=%s",
+                  parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_,
+                  parallelism_.sequence_parallel ? "on" : "off"));
 }
 
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.
@@ -465,18 +481,34 @@ void Trainer::ConnectModel() {
   const double communicated =
       static_cast<double>(data_parallel_->CommunicatedBytesPerStep(training_.shape.accumulation));
   const double fp32_ring = static_cast<double>(data_parallel_->Fp32RingBytesPerStep());
+  // What sequence parallelism saves: this rank's activations against the same layout's without
+  // it (the model's own plan, which equals what the model allocates).
+  std::string sequence_parallel;
+  if (parallelism_.sequence_parallel) {
+    ModelParallelism without = parallelism_;
+    without.sequence_parallel = false;
+    const double mine = static_cast<double>(model_->activation_bytes());
+    const double plain = model_spec_
+                             ->PlannedBuffers(static_cast<double>(training_.shape.micro_batch),
+                                              static_cast<double>(training_.shape.seq_len), without)
+                             .activation_bytes;
+    sequence_parallel = StrFormat(
+        " sequence_parallel=on activation_bytes=%.0f activations_without_sequence_parallel=%s "
+        "activations_saved=%s activations_saved_bytes=%.0f",
+        mine, HumanBytes(plain).c_str(), HumanBytes(plain - mine).c_str(), plain - mine);
+  }
   PrintLine(StrFormat(
       "phase=memory zero_stage=%d weights=%s grads=%s accumulator=%s optimizer_state=%s "
       "optimizer_state_bytes=%.0f comm_buffers=%s model_state_bytes=%.0f activations=%s "
       "communicated_per_step=%s fp32_ring_per_step=%s vs_fp32_ring=%.2f exact_reduction=%s "
-      "overlap=%s",
+      "overlap=%s%s",
       data_parallel_->zero_stage(), HumanBytes(weight_bytes).c_str(),
       HumanBytes(grad_bytes).c_str(), HumanBytes(accumulator_bytes).c_str(),
       HumanBytes(4 * state_floats).c_str(), 4 * state_floats, HumanBytes(buffers).c_str(), total,
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(),
       HumanBytes(communicated).c_str(), HumanBytes(fp32_ring).c_str(),
       fp32_ring > 0 ? communicated / fp32_ring : 0.0, training_.shape.exact_grid.name(),
-      overlap ? "on" : "off"));
+      overlap ? "on" : "off", sequence_parallel.c_str()));
 }
 
 // ---- full copies for saves and evaluation ----

@@ -3,7 +3,7 @@
 // it alone, then runs its part of the model over the mesh's tensor_parallel group. The losses,
 // each position's loss and prediction, and every gradient of its part must equal the whole
 // model's bit for bit, at tensor-parallel degree 1 (a mesh without the dimension: a group of
-// one), 2 and 4 (test_collectives.py runs the meshes).
+// one), 2 and 4 (test_collectives.py runs the meshes), with sequence parallelism and without.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -75,7 +75,7 @@ void ExpectTheWholeModelsBits(const std::vector<std::string>& overrides) {
   const std::shared_ptr<const ModelSpec> spec = BuildModelSpec(config);
   Communicator& group = TensorGroup();
   const ModelParallelism whole = ModelParallelism::Layout(1, 0, kChunks);
-  const ModelParallelism part = ModelParallelism::TensorParallel(group, kChunks);
+  ModelParallelism part = ModelParallelism::TensorParallel(group, kChunks);
   const ParameterTable whole_table = spec->BuildTable(whole);
   const ParameterTable part_table = spec->BuildTable(part);
   std::vector<float> weights(whole_table.total()), part_weights(part_table.total()),
@@ -85,25 +85,27 @@ void ExpectTheWholeModelsBits(const std::vector<std::string>& overrides) {
   // A part initialises alone to the whole's bits.
   spec->InitWeights(part_table, 9, 0, own_init.size(), own_init.data());
   EXPECT_TRUE(SameBits(own_init, part_weights));
-  for (const bool weighted : {false, true}) {
-    SCOPED_TRACE(std::string(weighted ? "weighted" : "unweighted") + ", tensor-parallel degree " +
-                 std::to_string(group.size()));
-    const Pass one = Run(*spec, whole, weights, weighted);
-    const Pass split = Run(*spec, part, part_weights, weighted);
-    EXPECT_EQ(std::memcmp(&one.fused, &split.fused, sizeof(LossSum)), 0)
-        << one.fused.loss << " vs " << split.fused.loss;
-    EXPECT_EQ(std::memcmp(&one.scored, &split.scored, sizeof(LossSum)), 0);
-    EXPECT_TRUE(SameBits(one.losses, split.losses));
-    EXPECT_TRUE(SameBits(one.scored_losses, split.scored_losses));
-    EXPECT_EQ(one.predictions, split.predictions);
-    std::vector<float> expected(part_table.total());
-    CopyWholeToParts(whole_table, one.grads.data(), part_table, expected.data());
-    EXPECT_TRUE(SameBits(expected, split.grads));
-    // Not vacuous: gradients that are not all zeros, and a loss near ln(V).
-    size_t zeros = 0;
-    for (float g : split.grads) zeros += g == 0.0f;
-    EXPECT_LT(zeros, split.grads.size() / 2);
-  }
+  for (const bool weighted : {false, true})
+    for (const bool sequence_parallel : {false, true}) {
+      SCOPED_TRACE(std::string(weighted ? "weighted" : "unweighted") + ", tensor-parallel degree " +
+                   std::to_string(group.size()) + (sequence_parallel ? ", sequence parallel" : ""));
+      part.sequence_parallel = sequence_parallel;
+      const Pass one = Run(*spec, whole, weights, weighted);
+      const Pass split = Run(*spec, part, part_weights, weighted);
+      EXPECT_EQ(std::memcmp(&one.fused, &split.fused, sizeof(LossSum)), 0)
+          << one.fused.loss << " vs " << split.fused.loss;
+      EXPECT_EQ(std::memcmp(&one.scored, &split.scored, sizeof(LossSum)), 0);
+      EXPECT_TRUE(SameBits(one.losses, split.losses));
+      EXPECT_TRUE(SameBits(one.scored_losses, split.scored_losses));
+      EXPECT_EQ(one.predictions, split.predictions);
+      std::vector<float> expected(part_table.total());
+      CopyWholeToParts(whole_table, one.grads.data(), part_table, expected.data());
+      EXPECT_TRUE(SameBits(expected, split.grads));
+      // Not vacuous: gradients that are not all zeros, and a loss near ln(V).
+      size_t zeros = 0;
+      for (float g : split.grads) zeros += g == 0.0f;
+      EXPECT_LT(zeros, split.grads.size() / 2);
+    }
 }
 
 const std::vector<std::string> kModel = {"model.vocab_size=256",      "model.dim=64",

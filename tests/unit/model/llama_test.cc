@@ -318,6 +318,46 @@ TEST(LlamaTensorParallel, ChunksComputeThePlainModelToRounding) {
       Error);
 }
 
+// Sequence parallelism (model/parallelism.h) computes the chunked model's bits: at degree 1 it
+// keeps every row, and differs from the chunked model only in its buffers and exchanges. Its
+// plan equals what it allocates, and on 2 ranks it plans less than the same layout without it.
+TEST(LlamaTensorParallel, SequenceParallelismHasTheChunkedModelsBits) {
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSplittable);
+  const LlamaConfig& config = static_cast<const LlamaSpec&>(*spec).config();
+  constexpr int64_t B = 2, T = 8;
+  ModelParallelism sp = ModelParallelism::Layout(1, 0, 4);
+  sp.sequence_parallel = true;
+  const std::unique_ptr<Model> chunked =
+      spec->Build(B, T, DefaultCpuBackend(), ModelParallelism::Layout(1, 0, 4));
+  const std::unique_ptr<Model> split = spec->Build(B, T, DefaultCpuBackend(), sp);
+  EXPECT_EQ(PlannedLlamaActivationBytes(config, B, T, sp),
+            static_cast<double>(split->activation_bytes()));
+  ModelParallelism two = ModelParallelism::Layout(2, 1, 4), two_sp = two;
+  two_sp.sequence_parallel = true;
+  EXPECT_LT(PlannedLlamaActivationBytes(config, B, T, two_sp),
+            PlannedLlamaActivationBytes(config, B, T, two));
+  std::vector<float> weights(chunked->table().total());
+  spec->InitWeights(chunked->table(), 3, 0, weights.size(), weights.data());
+  Philox rng(6, 0);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.NextU32() % 64);
+    targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
+  }
+  std::vector<float> g1(weights.size()), g2(weights.size());
+  FlatParameterAccess a1(chunked->table(), weights.data(), g1.data());
+  FlatParameterAccess a2(split->table(), weights.data(), g2.data());
+  const LossSum l1 =
+      chunked->Forward(a1, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
+  chunked->Backward(a1, 0.1f);
+  const LossSum l2 =
+      split->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
+  split->Backward(a2, 0.1f);
+  EXPECT_EQ(std::memcmp(&l1, &l2, sizeof(LossSum)), 0);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), 4 * g1.size()), 0);
+  EXPECT_GT(*std::max_element(g2.begin(), g2.end()), 0.0f);
+}
+
 TEST(LlamaTensorParallel, ADimensionTheChunksDoNotDivideIsRefusedNamingItsKey) {
   // kSmall has 2 KV heads: 4 chunks cannot cut them.
   const std::shared_ptr<const ModelSpec> spec = Spec(kSmall);

@@ -153,7 +153,8 @@ class ToySpec final : public ModelSpec {
     const double V = static_cast<double>(shape_.V), C = static_cast<double>(shape_.C);
     return {2 * V * C + C, V * C, V * C + C, V * C + C, 3};
   }
-  BufferSizes PlannedBuffers(double B, double T) const override {
+  using ModelSpec::PlannedBuffers;
+  BufferSizes PlannedBuffers(double B, double T, const ModelParallelism&) const override {
     const double N = B * T, V = static_cast<double>(shape_.V), C = static_cast<double>(shape_.C);
     const double activations = 4 * (N * V + N) + 8 * (2 * N * C);
     return {activations, activations + 8 * N};  // and the copies of tokens and targets
