@@ -336,6 +336,20 @@ void LlamaModel::RowParallelSum(const std::vector<float*>& partials, float* out,
     tp_->SumChunks(partials.data(), NC, what);
 }
 
+void LlamaModel::ColumnParallelBackward(const std::vector<float*>& partials, const float* inp,
+                                        std::initializer_list<ColumnProjection> projections) {
+  const int64_t N = B_ * T_, C = config_.dim;
+  for (size_t k = 0; k < partials.size(); ++k) {
+    bool accumulate = false;
+    for (const ColumnProjection& p : projections) {
+      const int64_t offset = static_cast<int64_t>(k) * p.width;
+      backend_->MatmulBackward(partials[k], p.grad + offset * C, p.dout + offset * N, inp,
+                               p.weight + offset * C, N, C, p.width, accumulate, false);
+      accumulate = true;
+    }
+  }
+}
+
 const float* LlamaModel::AllRows(const float* local, float* full, const char* what) {
   if (!sp_) return local;
   tp_->AllGatherTo(local, static_cast<size_t>(rows_ * config_.dim), full, what);
@@ -788,12 +802,9 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
                       N, Fl);
     const float* ln2 = AllRows(Lb.ln2.data(), b.full.data(), "mlp norm rows");
     std::vector<float*> partials = Partials(sp_ ? b.dx_full.data() : b.dln.data());
-    for (int64_t k = 0; k < chunks; ++k) {
-      be.MatmulBackward(partials[k], g + o.gate + k * Fc * C, b.dgate.data() + k * N * Fc, ln2,
-                        w + o.gate + k * Fc * C, N, C, Fc, false, false);
-      be.MatmulBackward(partials[k], g + o.up + k * Fc * C, b.dup.data() + k * N * Fc, ln2,
-                        w + o.up + k * Fc * C, N, C, Fc, true, false);
-    }
+    ColumnParallelBackward(
+        partials, ln2,
+        {{g + o.gate, w + o.gate, b.dgate.data(), Fc}, {g + o.up, w + o.up, b.dup.data(), Fc}});
     RowParallelSum(partials, b.dln.data(), "mlp input-gradient sum");
     // dx (d x_mid) += rmsnorm backward
     NormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
@@ -816,14 +827,10 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
     }
     const float* ln1 = AllRows(Lb.ln1.data(), b.full.data(), "attention norm rows");
     partials = Partials(sp_ ? b.dx_full.data() : b.dln.data());
-    for (int64_t k = 0; k < chunks; ++k) {
-      be.MatmulBackward(partials[k], g + o.q + k * qw * C, b.dq.data() + k * N * qw, ln1,
-                        w + o.q + k * qw * C, N, C, qw, false, false);
-      be.MatmulBackward(partials[k], g + o.k + k * kw * C, b.dk.data() + k * N * kw, ln1,
-                        w + o.k + k * kw * C, N, C, kw, true, false);
-      be.MatmulBackward(partials[k], g + o.v + k * kw * C, b.dv.data() + k * N * kw, ln1,
-                        w + o.v + k * kw * C, N, C, kw, true, false);
-    }
+    ColumnParallelBackward(partials, ln1,
+                           {{g + o.q, w + o.q, b.dq.data(), qw},
+                            {g + o.k, w + o.k, b.dk.data(), kw},
+                            {g + o.v, w + o.v, b.dv.data(), kw}});
     RowParallelSum(partials, b.dln.data(), "attention input-gradient sum");
     // dx (d x_in) += rmsnorm backward; the residual path carries dx through unchanged.
     NormBackward(b.dx.data(), g + o.ln1, b.dln.data(), Lb.x_in.data(), w + o.ln1,

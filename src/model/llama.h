@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -196,6 +197,19 @@ class LlamaModel final : public Model {
   // A row-parallel product's partial sums (of all rows) added over the chunks; under sequence
   // parallelism this rank's rows of the sum go to `out`, else partials[0] (== out) holds it.
   void RowParallelSum(const std::vector<float*>& partials, float* out, const char* what);
+  // One column-parallel projection of a layer's input: its weight and gradient at chunk 0, its
+  // output gradient at chunk 0 (N rows per chunk) and its rows per chunk.
+  struct ColumnProjection {
+    float* grad;
+    const float* weight;
+    const float* dout;
+    int64_t width;
+  };
+  // The backward of the projections that read `inp` (all N rows, C wide), chunk by chunk: their
+  // weights' gradients, and chunk k's input gradient (the first overwrites, the others add) in
+  // partials[k], for RowParallelSum.
+  void ColumnParallelBackward(const std::vector<float*>& partials, const float* inp,
+                              std::initializer_list<ColumnProjection> projections);
   LlamaConfig config_;
   ModelParallelism parallelism_;
   std::unique_ptr<TensorParallelOps> tp_;

@@ -248,6 +248,28 @@ const std::vector<std::string> kSplittable = {"model.vocab_size=64", "model.dim=
                                               "model.n_heads=4",     "model.n_kv_heads=4",
                                               "model.n_layers=2",    "model.ffn_hidden_dim=48"};
 
+// One fused forward and backward of `model` on the same weights and a batch drawn from `seed`
+// (every fifth target ignored): the loss and the gradients.
+struct FusedPass {
+  LossSum loss;
+  std::vector<float> grads;
+};
+FusedPass RunFused(Model& model, const std::vector<float>& weights, int64_t rows, uint64_t seed) {
+  Philox rng(seed, 0);
+  std::vector<int32_t> tokens(rows), targets(rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.NextU32() % 64);
+    targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
+  }
+  FusedPass pass;
+  pass.grads.assign(weights.size(), 0.0f);
+  FlatParameterAccess access(model.table(), weights.data(), pass.grads.data());
+  pass.loss =
+      model.Forward(access, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
+  model.Backward(access, 0.1f);
+  return pass;
+}
+
 // A tensor-parallel rank's table: each tensor a part of the whole one, cut where Megatron cuts
 // it, and the parts of every rank put together are the whole table's elements, each once.
 TEST(LlamaTensorParallel, ThePartsOfEveryRankMakeUpTheWholeTable) {
@@ -292,29 +314,21 @@ TEST(LlamaTensorParallel, ChunksComputeThePlainModelToRounding) {
             static_cast<double>(chunked->activation_bytes()));
   std::vector<float> weights(plain->table().total());
   spec->InitWeights(plain->table(), 3, 0, weights.size(), weights.data());
-  Philox rng(5, 0);
-  std::vector<int32_t> tokens(B * T), targets(B * T);
-  for (int64_t i = 0; i < B * T; ++i) {
-    tokens[i] = static_cast<int32_t>(rng.NextU32() % 64);
-    targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
-  }
-  std::vector<float> g1(weights.size()), g2(weights.size());
-  FlatParameterAccess a1(plain->table(), weights.data(), g1.data());
-  FlatParameterAccess a2(chunked->table(), weights.data(), g2.data());
-  const LossSum l1 =
-      plain->Forward(a1, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
-  plain->Backward(a1, 0.1f);
-  const LossSum l2 =
-      chunked->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
-  chunked->Backward(a2, 0.1f);
+  const FusedPass one = RunFused(*plain, weights, B * T, 5);
+  const FusedPass two = RunFused(*chunked, weights, B * T, 5);
+  const LossSum &l1 = one.loss, &l2 = two.loss;
+  const std::vector<float>&g1 = one.grads, &g2 = two.grads;
   EXPECT_EQ(l1.weight, l2.weight);
   EXPECT_NEAR(l1.loss, l2.loss, 1e-5 * l1.loss);
   float largest = 0;
   for (float g : g1) largest = std::max(largest, std::fabs(g));
   ASSERT_GT(largest, 0.0f);
   for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], g2[i], 1e-5f * largest) << i;
+  std::vector<float> grads(weights.size());
+  FlatParameterAccess access(chunked->table(), weights.data(), grads.data());
+  const std::vector<int32_t> tokens(B * T, 1);
   EXPECT_THROW(
-      chunked->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Logits()),
+      chunked->Forward(access, tokens.data(), tokens.data(), nullptr, ForwardOptions::Logits()),
       Error);
 }
 
@@ -338,24 +352,14 @@ TEST(LlamaTensorParallel, SequenceParallelismHasTheChunkedModelsBits) {
             PlannedLlamaActivationBytes(config, B, T, two));
   std::vector<float> weights(chunked->table().total());
   spec->InitWeights(chunked->table(), 3, 0, weights.size(), weights.data());
-  Philox rng(6, 0);
-  std::vector<int32_t> tokens(B * T), targets(B * T);
-  for (int64_t i = 0; i < B * T; ++i) {
-    tokens[i] = static_cast<int32_t>(rng.NextU32() % 64);
-    targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(rng.NextU32() % 64);
-  }
-  std::vector<float> g1(weights.size()), g2(weights.size());
-  FlatParameterAccess a1(chunked->table(), weights.data(), g1.data());
-  FlatParameterAccess a2(split->table(), weights.data(), g2.data());
-  const LossSum l1 =
-      chunked->Forward(a1, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
-  chunked->Backward(a1, 0.1f);
-  const LossSum l2 =
-      split->Forward(a2, tokens.data(), targets.data(), nullptr, ForwardOptions::Fused(0.1f));
-  split->Backward(a2, 0.1f);
-  EXPECT_EQ(std::memcmp(&l1, &l2, sizeof(LossSum)), 0);
-  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), 4 * g1.size()), 0);
-  EXPECT_GT(*std::max_element(g2.begin(), g2.end()), 0.0f);
+  const FusedPass whole_rows = RunFused(*chunked, weights, B * T, 6);
+  const FusedPass row_blocks = RunFused(*split, weights, B * T, 6);
+  EXPECT_EQ(std::memcmp(&whole_rows.loss, &row_blocks.loss, sizeof(LossSum)), 0);
+  ASSERT_EQ(whole_rows.grads.size(), row_blocks.grads.size());
+  EXPECT_EQ(std::memcmp(whole_rows.grads.data(), row_blocks.grads.data(),
+                        sizeof(float) * whole_rows.grads.size()),
+            0);
+  EXPECT_GT(*std::max_element(row_blocks.grads.begin(), row_blocks.grads.end()), 0.0f);
 }
 
 TEST(LlamaTensorParallel, ADimensionTheChunksDoNotDivideIsRefusedNamingItsKey) {
