@@ -416,6 +416,7 @@ void Trainer::Announce() {
       ModelGemmShapes(table(), training_.shape.micro_batch * training_.shape.seq_len), *backend_);
   mfu_meter_ = std::make_unique<MfuMeter>(
       peak, model_spec_->TrainFlopsPerToken(table(), training_.shape.seq_len));
+  WarnOfATensorParallelGroupAcrossHosts();  // a collective: before the leader's lines
   if (!leader()) return;
   // A Hessian interval this run never reaches leaves the estimate at its start (0 for SophiaG).
   const int64_t interval = optimizer_config_.optimizer->hessian_interval();
@@ -444,6 +445,27 @@ void Trainer::Announce() {
                   "sequence_parallel=%s",
                   parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_,
                   parallelism_.sequence_parallel ? "on" : "off"));
+}
+
+// The launcher warns before the job (crucible launch --tp); this is the job's own check, for
+// any launcher: a group's exchanges sit on the critical path of every layer, so a group over
+// more than one host pays the network in every layer. Its first rank says so, once per group.
+void Trainer::WarnOfATensorParallelGroupAcrossHosts() {
+  if (!parallelism_.distributed()) return;
+  Communicator& tp = mesh_->tensor_parallel();
+  const std::vector<std::string> hosts = tp.AllGatherString(tp.host(), "tensor-parallel hosts");
+  std::vector<std::string> distinct;
+  for (const std::string& host : hosts)
+    if (std::find(distinct.begin(), distinct.end(), host) == distinct.end())
+      distinct.push_back(host);
+  if (distinct.size() < 2 || tp.rank() != 0) return;
+  std::string names;
+  for (const std::string& host : distinct) names += (names.empty() ? "" : ", ") + host;
+  LogWarn(StrFormat(
+      "%s spans %zu hosts (%s): its exchanges run in every layer, on the critical path, over "
+      "the network; keep each group on one host (ranks per host a multiple of "
+      "parallelism.tensor_parallel_degree = %d, consecutive ranks on a host)",
+      tp.group_name().c_str(), distinct.size(), names.c_str(), parallelism_.tp_degree));
 }
 
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.

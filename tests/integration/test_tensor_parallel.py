@@ -140,6 +140,27 @@ def test_a_stopped_rank_in_a_tensor_parallel_group_aborts_the_job_naming_the_gro
     assert elapsed < 3 + 15, elapsed
 
 
+def test_a_tensor_parallel_group_across_hosts_is_warned_of_by_the_job_itself(tmp_path):
+    """Whatever started it: rank 1 runs in a UTS namespace of its own, so its host name is
+    another; the group's first rank warns once, and a group on one host gets no warning."""
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine cannot create a UTS namespace (unshare --uts), so no second host name")
+    settings = BASE + ["training.steps=1", "parallelism.tensor_parallel_degree=2"]
+    one_host = train(2, settings + [f"job.dump_folder={tmp_path / 'one'}"])
+    assert "spans" not in one_host.stderr, one_host.stderr
+    command = [crucible_binary(), "train"] + sum((["--set", item] for item in settings + [
+        f"job.dump_folder={tmp_path / 'two'}"]), [])
+    quoted = " ".join("'" + part + "'" for part in command)
+    proc = subprocess.run(["mpirun"] + sum((["-x", k] for k in MPI_ENV), []) + ["-np", "1"] + command +
+                          [":", "-np", "1", "unshare", "--uts", "sh", "-c", f"hostname node-b && exec {quoted}"],
+                          capture_output=True, text=True, env=dict(os.environ, **MPI_ENV), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [l for l in proc.stderr.splitlines() if "spans 2 hosts" in l]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("[rank 0] warning: world = tensor_parallel group: job ranks 0-1 spans 2 hosts (")
+    assert "node-b" in warnings[0] and "parallelism.tensor_parallel_degree = 2" in warnings[0]
+
+
 @pytest.mark.parametrize("np,settings,message", [
     (3, ["parallelism.tensor_parallel_degree=2"],
      "parallelism.tensor_parallel_degree = 2: parallelism degrees (data_parallel=-1, tensor_parallel=2) do not "
