@@ -62,7 +62,9 @@ struct LlamaSizes {
   double parameters = 0;                            // embedding + n_layers x layer + tail
   double largest_unit = 0, largest_other_unit = 0;  // of all units; of all but the embedding
 };
-LlamaSizes PlannedLlamaSizes(const LlamaConfig& config);
+// Under tensor parallelism, this rank's parts (`parallelism`'s split: every tensor but the norms
+// cut into tp_degree equal parts).
+LlamaSizes PlannedLlamaSizes(const LlamaConfig& config, const ModelParallelism& parallelism = {});
 double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len,
                                    const ModelParallelism& parallelism = {});
 // The token rows of one chunk of the fused head (ForwardOptions::kFused) for N rows of a
@@ -82,7 +84,8 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
   std::string Summary() const override;
   std::string SizeKeys() const override;
   std::map<std::string, std::string> WeightsMetadata() const override;
-  ParameterSizes PlannedSizes() const override;
+  using ModelSpec::PlannedSizes;
+  ParameterSizes PlannedSizes(const ModelParallelism& parallelism) const override;
   using ModelSpec::PlannedBuffers;
   BufferSizes PlannedBuffers(double batch_size, double seq_len,
                              const ModelParallelism& parallelism) const override;

@@ -81,10 +81,14 @@ LlamaConfig BuildLlamaConfig(Config& config) {
   return m;
 }
 
-LlamaSizes PlannedLlamaSizes(const LlamaConfig& c) {
-  const double V = static_cast<double>(c.vocab_size), C = static_cast<double>(c.dim);
-  const double H = static_cast<double>(c.n_heads), KV = static_cast<double>(c.n_kv_heads);
-  const double D = static_cast<double>(c.head_dim()), F = static_cast<double>(c.ffn_hidden_dim);
+LlamaSizes PlannedLlamaSizes(const LlamaConfig& c, const ModelParallelism& p) {
+  // A rank's share of each cut dimension (heads, KV heads, the FFN width, the vocabulary).
+  const double share = 1.0 / static_cast<double>(p.tp_degree);
+  const double V = static_cast<double>(c.vocab_size) * share, C = static_cast<double>(c.dim);
+  const double H = static_cast<double>(c.n_heads) * share;
+  const double KV = static_cast<double>(c.n_kv_heads) * share;
+  const double D = static_cast<double>(c.head_dim());
+  const double F = static_cast<double>(c.ffn_hidden_dim) * share;
   LlamaSizes s;
   s.embedding = V * C;
   s.layer = 2 * C + H * D * C + 2 * KV * D * C + C * H * D + 3 * F * C;  // norms, q k v o, mlp

@@ -47,8 +47,9 @@ std::map<std::string, std::string> LlamaSpec::WeightsMetadata() const {
           {"crucible.tie_embeddings", m.tie_embeddings ? "true" : "false"}};
 }
 
-ParameterSizes LlamaSpec::PlannedSizes() const {
-  const LlamaSizes s = PlannedLlamaSizes(config_);
+ParameterSizes LlamaSpec::PlannedSizes(const ModelParallelism& parallelism) const {
+  const LlamaSizes s = PlannedLlamaSizes(config_, parallelism);
+  const double share = 1.0 / static_cast<double>(parallelism.tp_degree);
   // Per layer two norms and seven projections; the embedding, the final norm, an untied head.
   const double L = static_cast<double>(config_.n_layers), tied = config_.tie_embeddings ? 0 : 1;
   ParameterSizes sizes;
@@ -58,9 +59,9 @@ ParameterSizes LlamaSpec::PlannedSizes() const {
   sizes.largest_other_unit = s.largest_other_unit;
   sizes.tensors = 9 * L + 2 + tied;
   const double C = static_cast<double>(config_.dim),
-               F = static_cast<double>(config_.ffn_hidden_dim);
-  const double q = static_cast<double>(config_.n_heads) * config_.head_dim() * C;
-  const double kv = static_cast<double>(config_.n_kv_heads) * config_.head_dim() * C;
+               F = static_cast<double>(config_.ffn_hidden_dim) * share;
+  const double q = static_cast<double>(config_.n_heads) * share * config_.head_dim() * C;
+  const double kv = static_cast<double>(config_.n_kv_heads) * share * config_.head_dim() * C;
   auto set = [&](ParamKind kind, double parameters, double tensors) {
     sizes.kind_parameters[static_cast<size_t>(kind)] = parameters;
     sizes.kind_tensors[static_cast<size_t>(kind)] = tensors;

@@ -158,7 +158,9 @@ class ModelSpec {
   virtual std::map<std::string, std::string> WeightsMetadata() const = 0;
 
   // ---- planned before anything is allocated ----
-  virtual ParameterSizes PlannedSizes() const = 0;
+  // Of this rank's table under `parallelism` (BuildTable(parallelism)); the whole model's without.
+  virtual ParameterSizes PlannedSizes(const ModelParallelism& parallelism) const = 0;
+  ParameterSizes PlannedSizes() const { return PlannedSizes(ModelParallelism{}); }
   // Of the model Build(batch_size, seq_len, backend, parallelism) makes (this rank's part).
   virtual BufferSizes PlannedBuffers(double batch_size, double seq_len,
                                      const ModelParallelism& parallelism) const = 0;

@@ -46,8 +46,11 @@ double ReadNumber(const std::string& path) {
 }  // namespace
 
 MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
-                      int rank, int world, bool activations_on_host) {
-  const ParameterSizes sizes = model.PlannedSizes();
+                      int rank, int world, bool activations_on_host,
+                      const ModelParallelism& parallelism) {
+  // This rank's table (its parts under tensor parallelism) and the whole model's.
+  const ParameterSizes sizes = model.PlannedSizes(parallelism), whole = model.PlannedSizes();
+  const bool cut = parallelism.tp_degree > 1;
   const double P = sizes.parameters, U = sizes.largest_unit;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
   // The layout of DataParallel: shards of whole norm chunks, buffers padded to ranks x shard.
@@ -58,17 +61,23 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   // Each state counts the tensors that carry it (StateSpec::carried_by), from the planned sizes:
   // a table of an absurd config would itself not fit.
   const std::shared_ptr<const Optimizer> optimizer = BuildOptimizerConfig(config).optimizer;
-  std::vector<double> carried;  // elements of each per-element state over every parameter
-  double tensor_floats = 0;     // floats of the per-tensor states (whole-matrix optimizers)
+  std::vector<double> carried;   // elements of each per-element state over every parameter
+  double tensor_floats = 0;      // floats of the per-tensor states (whole-matrix optimizers)
+  double whole_state_bytes = 0;  // the per-element states of the whole model
   for (const StateSpec& spec : optimizer->state()) {
-    double elements = 0, tensors = 0;
+    double elements = 0, tensors = 0, whole_elements = 0;
     for (size_t kind = 0; kind < kParamKindCount; ++kind)
       if (spec.carried_by.Contains(static_cast<ParamKind>(kind))) {
         elements += sizes.kind_parameters[kind];
         tensors += sizes.kind_tensors[kind];
+        whole_elements += whole.kind_parameters[kind];
       }
-    if (spec.carried_by == ParamKinds::All()) elements = P, tensors = sizes.tensors;
-    if (spec.per_tensor == 0) carried.push_back(elements);
+    if (spec.carried_by == ParamKinds::All())
+      elements = P, tensors = sizes.tensors, whole_elements = whole.parameters;
+    if (spec.per_tensor == 0) {
+      carried.push_back(elements);
+      whole_state_bytes += 4 * whole_elements;
+    }
     tensor_floats += static_cast<double>(spec.per_tensor) * tensors;
   }
   // Per-tensor state, for every carrying tensor (a rank owns at most all of them).
@@ -99,7 +108,7 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   // model's copies of the targets and the per-position losses.
   // The training forward keeps a chunk of the logits, not the whole (ForwardOptions::kFused); an
   // optimizer that samples targets from the logits (SophiaG's Hessian pass) keeps them whole.
-  const BufferSizes buffers = model.PlannedBuffers(B, T);
+  const BufferSizes buffers = model.PlannedBuffers(B, T, parallelism);
   const double whole_logits = optimizer->hessian_interval() > 0 ? buffers.whole_logits_bytes : 0;
   plan.activations = activations_on_host ? buffers.total_bytes + whole_logits : 8 * B * T;
   // The loader holds two batches (the step's and the next, read ahead), each an int32 input and
@@ -124,15 +133,22 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
     plan.model_state =
         (4 + 4) * padded + accumulator + state_bytes + receive + owner_buffers + tensor_state;
   }
-  // Rank 0 writes checkpoints: the host snapshot of the async writer, and during a save the full
-  // optimizer state (and under ZeRO-3 the full weights) gathered from the shards.
+  // Rank 0 of the job writes checkpoints: the host snapshot of the async writer, of the whole
+  // model. During a save, data-parallel rank 0 (of each tensor-parallel rank) holds the full
+  // optimizer state of its table (and under ZeRO-3 its full weights) gathered from the shards,
+  // and under tensor parallelism rank 0 of the job the parts of every tensor-parallel rank and
+  // the whole tensors they make up (the weights, and the states one at a time).
   const bool sharded_state = shape.zero_stage >= 1 && world > 1;
+  const bool leader = rank == 0 && parallelism.tp_rank == 0;
+  const double tp = static_cast<double>(parallelism.tp_degree);
   if (config.Bool("checkpoint.enable")) {
+    if (leader && config.Bool("checkpoint.async"))
+      plan.checkpoint += 4 * whole.parameters + whole_state_bytes;
     if (rank == 0) {
-      if (config.Bool("checkpoint.async")) plan.checkpoint += 4 * P + full_state_bytes;
       if (sharded_state) plan.checkpoint += full_state_bytes + 4 * padded;
       if (shape.zero_stage == 3 && world > 1) plan.checkpoint += 4 * padded;
     }
+    if (leader && cut) plan.checkpoint += 4 * tp * P + 4 * whole.parameters + 2 * whole_state_bytes;
     if (sharded_state) plan.checkpoint += 4 * shard;
   }
   // ZeRO-3 fills one full buffer when it loads given weights, then keeps its shard.
@@ -170,7 +186,8 @@ AvailableMemory MachineAvailableMemory() {
 }
 
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm, const ComputeBackend& backend) {
+                       Communicator& comm, const ComputeBackend& backend,
+                       const ModelParallelism& parallelism) {
   // The loader's batches are the largest stage's (a batch ramp's last; the one global batch
   // without a ramp).
   TrainingShape shape = training.shape;
@@ -184,9 +201,17 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
         "%.3g tokens: more than a 64-bit count holds (9.2e18); lower them",
         steps, global_batch, T, steps * global_batch * T));
 
+  // Rank r's plan: its data-parallel rank and its place in its tensor-parallel group (the mesh's
+  // tensor-parallel groups are consecutive ranks).
+  const int tp = parallelism.tp_degree;
+  auto plan_of = [&](int r) {
+    ModelParallelism layout = ModelParallelism::Layout(tp, r % tp, parallelism.tp_chunks);
+    layout.sequence_parallel = parallelism.sequence_parallel;
+    return PlanMemory(config, model, shape, r / tp, comm.size() / tp, backend.host_memory(),
+                      layout);
+  };
   // Ranks on one host share its memory.
-  const MemoryPlan plan =
-      PlanMemory(config, model, shape, comm.rank(), comm.size(), backend.host_memory());
+  const MemoryPlan plan = plan_of(comm.rank());
   const AvailableMemory available = MachineAvailableMemory();
   const std::vector<std::string> hosts = comm.AllGatherString(comm.host(), "memory check");
   const double mine[2] = {plan.total(), available.bytes};
@@ -213,22 +238,24 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
     if (first_rank[host] != r || asked[host] <= host_available) continue;
     // The parts of the first rank of that host (its ranks differ only in their shard, and rank
     // 0 in its checkpoint buffers); every rank computes the same message.
-    const MemoryPlan p = PlanMemory(config, model, shape, r, comm.size(), backend.host_memory());
+    const MemoryPlan p = plan_of(r);
     const double largest = std::max({p.activations, p.batch, p.model_state, p.checkpoint});
     const char* advice =
         largest == p.activations ? "lower training.local_batch_size or training.seq_len"
         : largest == p.batch     ? "lower training.global_batch_size"
                                  : "choose a smaller model (model.*), or shard it over more ranks "
-                                   "with parallelism.zero_stage = 3";
+                                   "with parallelism.zero_stage = 3 or "
+                                   "parallelism.tensor_parallel_degree";
     throw UsageError(StrFormat(
         "the config asks for %s of memory on host %s (%d rank%s; rank %d: activations %s for "
         "training.local_batch_size = %.0f x training.seq_len = %.0f, step batch %s for "
         "training.global_batch_size = %.0f, model state %s for %s parameters of %s with "
-        "parallelism.zero_stage = %d, checkpoint buffers %s) but %s has %s available (%s): %s",
+        "parallelism.zero_stage = %d and tensor_parallel_degree = %d, checkpoint buffers %s) but "
+        "%s has %s available (%s): %s",
         Bytes(asked[host]).c_str(), host.c_str(), ranks[host], ranks[host] > 1 ? "s" : "", r,
         Bytes(p.activations).c_str(), B, T, Bytes(p.batch).c_str(), global_batch,
         Bytes(p.model_state).c_str(), Count(model.PlannedSizes().parameters).c_str(),
-        model.SizeKeys().c_str(), shape.zero_stage, Bytes(p.checkpoint).c_str(), host.c_str(),
+        model.SizeKeys().c_str(), shape.zero_stage, tp, Bytes(p.checkpoint).c_str(), host.c_str(),
         Bytes(host_available).c_str(), available.source.c_str(), advice));
   }
   if (B * T > kIntLimit)

@@ -29,8 +29,12 @@ struct MemoryPlan {
 // The plan of rank `rank` of `world` for the resolved `config`. `activations_on_host` false (a
 // model built on a device backend): the host holds only the model's copies of the targets and
 // losses; the activations are CheckDeviceFits' to check.
+// Under tensor parallelism `rank` and `world` are the data-parallel rank and degree, and
+// `parallelism` the rank's place in its tensor-parallel group: its parts of the table and its
+// activations (ModelSpec::PlannedSizes, PlannedBuffers).
 MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const TrainingShape& shape,
-                      int rank, int world, bool activations_on_host = true);
+                      int rank, int world, bool activations_on_host = true,
+                      const ModelParallelism& parallelism = {});
 
 // What this machine can still give: MemAvailable of /proc/meminfo, or less where a cgroup limit
 // is lower. `bytes` is infinite where neither can be read.
@@ -45,8 +49,11 @@ AvailableMemory MachineAvailableMemory();
 // type (tokens and sample indices in int64; a micro-batch's rows, which BLAS takes as int). Rank 0
 // prints the plan (phase=memory_check). A batch-size ramp is planned at its largest stage. The
 // activations count on the host only when `backend`'s memory is the host's.
+// `parallelism`: the job's tensor-parallel layout (its degree, chunks and sequence parallelism;
+// the rank comes from the rank in `comm`, the world, whose groups are consecutive ranks).
 void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm, const ComputeBackend& backend);
+                       Communicator& comm, const ComputeBackend& backend,
+                       const ModelParallelism& parallelism = {});
 
 // The device side, for a backend whose memory is not the host's: a model built on it keeps its
 // activations (ModelSpec::PlannedBuffers) and a device copy of every unit's weights and gradients

@@ -219,7 +219,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
                     RampLrName(training_.ramp_lr), factor));
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
-  CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_);
+  CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_, parallelism_);
   CheckDeviceFits(*model_spec_, training_.shape, *backend_,
                   /*whole_logits=*/optimizer_config_.optimizer->hessian_interval() > 0);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not

@@ -127,6 +127,21 @@ def test_tensor_parallelism_halves_the_parameter_state_of_each_rank(tmp_path):
     assert 0.5 * one < two < 0.52 * one, (one, two)
 
 
+@pytest.mark.parametrize("np,tp,zero_stage", [(2, 2, 1), (4, 2, 0), (4, 2, 3), (4, 4, 1)])
+def test_the_memory_planned_before_allocating_is_this_ranks_part(tmp_path, np, tp, zero_stage):
+    """The memory check plans rank 0's parts of the table, not the whole model: its model state is
+    what rank 0 then allocates, and the whole model's plan would be larger."""
+    proc = train(np, BASE + ["training.steps=1", f"parallelism.tensor_parallel_degree={tp}",
+                             f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={tmp_path / 'run'}"])
+    planned = int(re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", proc.stdout, re.M).group(1))
+    allocated = int(re.search(r"^phase=memory .*model_state_bytes=(\d+)", proc.stdout, re.M).group(1))
+    assert planned == allocated, (planned, allocated)
+    whole = train(np // tp, BASE + ["training.steps=1", f"parallelism.zero_stage={zero_stage}",
+                                    f"job.dump_folder={tmp_path / 'whole'}"])
+    unsplit = int(re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", whole.stdout, re.M).group(1))
+    assert planned < 0.6 * unsplit, (planned, unsplit)
+
+
 def test_a_stopped_rank_in_a_tensor_parallel_group_aborts_the_job_naming_the_group(tmp_path):
     run_dir = tmp_path / "run"
     proc, stderr, elapsed = stop_one_rank(crucible_binary(), run_dir, BASE + [

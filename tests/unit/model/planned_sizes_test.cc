@@ -42,6 +42,33 @@ TEST(PlannedSizes, AreTheParameterTableOfEveryFlavor) {
   }
 }
 
+// Under tensor parallelism: a rank's parts, as its table lays them out, at every degree and rank.
+TEST(PlannedSizes, AreTheTableOfEachTensorParallelRank) {
+  for (const LlamaConfig& c :
+       {Model({"model.n_kv_heads=4"}), Model({"model.flavor=small"}),
+        Model({"model.dim=64", "model.n_heads=4", "model.n_kv_heads=4", "model.n_layers=2",
+               "model.tie_embeddings=true", "model.vocab_size=256", "model.ffn_hidden_dim=96"})}) {
+    const LlamaSpec spec(c);
+    for (int degree : {1, 2, 4})
+      for (int rank = 0; rank < degree; ++rank) {
+        const ModelParallelism layout = ModelParallelism::Layout(degree, rank, 4);
+        const ParameterTable table = spec.BuildTable(layout);
+        const ParameterSizes planned = spec.PlannedSizes(layout);
+        const std::string where = c.flavor + " degree " + std::to_string(degree);
+        EXPECT_EQ(planned.parameters, static_cast<double>(table.total())) << where;
+        EXPECT_EQ(planned.first_unit, static_cast<double>(table.units()[0].size())) << where;
+        EXPECT_EQ(planned.largest_unit, static_cast<double>(table.max_unit_size())) << where;
+        std::array<double, kParamKindCount> elements{}, tensors{};
+        for (const ParamInfo& p : table.params()) {
+          elements[static_cast<size_t>(p.kind)] += static_cast<double>(p.numel);
+          tensors[static_cast<size_t>(p.kind)] += 1;
+        }
+        EXPECT_EQ(planned.kind_parameters, elements) << where;
+        EXPECT_EQ(planned.kind_tensors, tensors) << where;
+      }
+  }
+}
+
 TEST(PlannedSizes, ActivationBytesAreWhatTheModelAllocates) {
   for (const LlamaConfig& c : Models()) {
     for (auto [batch, seq_len] : {std::pair<int64_t, int64_t>{1, 8}, {3, 16}}) {

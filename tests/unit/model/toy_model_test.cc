@@ -149,7 +149,8 @@ class ToySpec final : public ModelSpec {
   std::map<std::string, std::string> WeightsMetadata() const override {
     return {{"crucible.dim", std::to_string(shape_.C)}};
   }
-  ParameterSizes PlannedSizes() const override {
+  using ModelSpec::PlannedSizes;
+  ParameterSizes PlannedSizes(const ModelParallelism&) const override {  // no tensor parallelism
     const double V = static_cast<double>(shape_.V), C = static_cast<double>(shape_.C);
     return {2 * V * C + C, V * C, V * C + C, V * C + C, 3};
   }
