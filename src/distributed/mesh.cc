@@ -229,4 +229,20 @@ void ProcessMesh::Finalize() {
   mpi_ = false;
 }
 
+std::vector<ConsecutiveGroup> ConsecutiveGroups(const std::vector<std::string>& hosts,
+                                                int group_size) {
+  std::vector<ConsecutiveGroup> groups;
+  const int ranks = static_cast<int>(hosts.size());
+  for (int first = 0; first < ranks; first += std::max(1, group_size)) {
+    ConsecutiveGroup group;
+    group.first = first;
+    group.last = std::min(ranks, first + std::max(1, group_size)) - 1;
+    for (int r = first; r <= group.last; ++r)
+      if (std::find(group.hosts.begin(), group.hosts.end(), hosts[r]) == group.hosts.end())
+        group.hosts.push_back(hosts[r]);
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
 }  // namespace crucible

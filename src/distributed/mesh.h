@@ -55,6 +55,17 @@ class MeshLayout {
   int size_ = 1;
 };
 
+// The groups of `group_size` consecutive ranks (the mesh's tensor-parallel groups; the last may
+// be short) of a job whose rank r runs on hosts[r], each with the hosts it spans in rank order.
+// crucible launch --tp (from its node list) and crucible train (from its ranks' host names)
+// both warn of a group that spans hosts from these.
+struct ConsecutiveGroup {
+  int first = 0, last = 0;         // job ranks
+  std::vector<std::string> hosts;  // distinct, in rank order
+};
+std::vector<ConsecutiveGroup> ConsecutiveGroups(const std::vector<std::string>& hosts,
+                                                int group_size);
+
 // The degrees of the dimensions the trainer knows. -1 takes what the other degrees leave.
 struct MeshShape {
   int data_parallel = -1;

@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "distributed/mesh.h"
 #include "launch/attempt_log.h"
 #include "launch/bad_node_patterns.h"
 #include "launch/classifier.h"
@@ -334,24 +335,25 @@ int TensorParallelDegree(const LaunchOptions& options, std::vector<std::string>*
 std::vector<std::string> DescribeTensorParallelGroups(int ranks, int ranks_per_node, int tp,
                                                       const std::vector<std::string>& nodes,
                                                       std::vector<std::string>* warnings) {
-  std::vector<std::string> lines;
-  auto node_of = [&](int rank) {
+  std::vector<std::string> node_of_rank(static_cast<size_t>(std::max(0, ranks)));
+  for (int rank = 0; rank < ranks; ++rank) {
     const size_t n = static_cast<size_t>(rank / std::max(1, ranks_per_node));
-    return n < nodes.size() ? nodes[n] : StrFormat("node %zu", n);
-  };
-  for (int group = 0; group * tp < ranks; ++group) {
-    const int first = group * tp, last = std::min(ranks, first + tp) - 1;
-    std::vector<std::string> hosts;
-    for (int r = first; r <= last; ++r)
-      if (hosts.empty() || hosts.back() != node_of(r)) hosts.push_back(node_of(r));
+    node_of_rank[static_cast<size_t>(rank)] =
+        n < nodes.size() ? nodes[n] : StrFormat("node %zu", n);
+  }
+  std::vector<std::string> lines;
+  int index = 0;
+  for (const ConsecutiveGroup& group : ConsecutiveGroups(node_of_rank, tp)) {
+    const std::string hosts = JoinHosts(group.hosts);
     lines.push_back(
-        StrFormat("  group %d: ranks %d-%d on %s", group, first, last, JoinHosts(hosts).c_str()));
-    if (hosts.size() > 1 && warnings)
+        StrFormat("  group %d: ranks %d-%d on %s", index, group.first, group.last, hosts.c_str()));
+    if (group.hosts.size() > 1 && warnings)
       warnings->push_back(StrFormat(
           "tensor-parallel group %d (ranks %d-%d) spans %zu nodes (%s): its collectives run in "
           "every layer, on the critical path, over the network; keep each group on one node "
           "(ranks per node a multiple of --tp %d)",
-          group, first, last, hosts.size(), JoinHosts(hosts).c_str(), tp));
+          index, group.first, group.last, group.hosts.size(), hosts.c_str(), tp));
+    ++index;
   }
   return lines;
 }

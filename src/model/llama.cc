@@ -530,7 +530,7 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
     else
       tp_->SumChunks(partials.data(), static_cast<size_t>(n * C), "lm_head input-gradient sum");
   }
-  if (sp_ && parallelism_.tp_chunks > 1)
+  if (sp_)
     tp_->ScatterSum(b.dx_full.data(), static_cast<size_t>(N * C), b.dln.data(),
                     "lm_head input-gradient sum");
   fused_ = true;

@@ -58,8 +58,9 @@ std::string CheckLlamaParallelism(const LlamaConfig& config, const ModelParallel
 // one decoder layer, the tail), exactly as LlamaParameterTable lays them out, and the activation
 // bytes of LlamaModel(config, batch_size, seq_len), exactly its activation_bytes().
 struct LlamaSizes {
-  double embedding = 0, layer = 0, tail = 0;        // parameters per unit
-  double parameters = 0;                            // embedding + n_layers x layer + tail
+  double embedding = 0, layer = 0, tail = 0;  // parameters per unit
+  double linear = 0, output = 0;  // of one layer: q k v gate up; o down (the rest: its norms)
+  double parameters = 0;          // embedding + n_layers x layer + tail
   double largest_unit = 0, largest_other_unit = 0;  // of all units; of all but the embedding
 };
 // Under tensor parallelism, this rank's parts (`parallelism`'s split: every tensor but the norms

@@ -91,7 +91,9 @@ LlamaSizes PlannedLlamaSizes(const LlamaConfig& c, const ModelParallelism& p) {
   const double F = static_cast<double>(c.ffn_hidden_dim) * share;
   LlamaSizes s;
   s.embedding = V * C;
-  s.layer = 2 * C + H * D * C + 2 * KV * D * C + C * H * D + 3 * F * C;  // norms, q k v o, mlp
+  s.linear = H * D * C + 2 * KV * D * C + 2 * F * C;  // q k v, gate up
+  s.output = C * H * D + F * C;                       // o, down
+  s.layer = 2 * C + s.linear + s.output;              // with the two norms
   s.tail = C + (c.tie_embeddings ? 0 : V * C);
   s.parameters = s.embedding + static_cast<double>(c.n_layers) * s.layer + s.tail;
   s.largest_other_unit = std::max(c.n_layers > 0 ? s.layer : 0.0, s.tail);

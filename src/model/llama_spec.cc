@@ -49,7 +49,6 @@ std::map<std::string, std::string> LlamaSpec::WeightsMetadata() const {
 
 ParameterSizes LlamaSpec::PlannedSizes(const ModelParallelism& parallelism) const {
   const LlamaSizes s = PlannedLlamaSizes(config_, parallelism);
-  const double share = 1.0 / static_cast<double>(parallelism.tp_degree);
   // Per layer two norms and seven projections; the embedding, the final norm, an untied head.
   const double L = static_cast<double>(config_.n_layers), tied = config_.tie_embeddings ? 0 : 1;
   ParameterSizes sizes;
@@ -58,18 +57,15 @@ ParameterSizes LlamaSpec::PlannedSizes(const ModelParallelism& parallelism) cons
   sizes.largest_unit = s.largest_unit;
   sizes.largest_other_unit = s.largest_other_unit;
   sizes.tensors = 9 * L + 2 + tied;
-  const double C = static_cast<double>(config_.dim),
-               F = static_cast<double>(config_.ffn_hidden_dim) * share;
-  const double q = static_cast<double>(config_.n_heads) * share * config_.head_dim() * C;
-  const double kv = static_cast<double>(config_.n_kv_heads) * share * config_.head_dim() * C;
+  const double C = static_cast<double>(config_.dim);
   auto set = [&](ParamKind kind, double parameters, double tensors) {
     sizes.kind_parameters[static_cast<size_t>(kind)] = parameters;
     sizes.kind_tensors[static_cast<size_t>(kind)] = tensors;
   };
   set(ParamKind::kEmbedding, s.embedding, 1);
   set(ParamKind::kNorm, (2 * L + 1) * C, 2 * L + 1);
-  set(ParamKind::kLinear, L * (q + 2 * kv + 2 * F * C), 5 * L);  // q k v, gate up
-  set(ParamKind::kOutputProjection, L * (q + F * C), 2 * L);     // o, down
+  set(ParamKind::kLinear, L * s.linear, 5 * L);            // q k v, gate up
+  set(ParamKind::kOutputProjection, L * s.output, 2 * L);  // o, down
   set(ParamKind::kHead, tied * s.embedding, tied);
   return sizes;
 }

@@ -43,8 +43,9 @@ std::string ModelParallelism::Check() const {
   if (tp_rank < 0 || tp_rank >= tp_degree)
     return StrFormat("rank %d is not in a tensor-parallel group of %d", tp_rank, tp_degree);
   if (sequence_parallel && tp_chunks == 1)
-    return "sequence parallelism splits the rows of a tensor-parallel model: it needs "
-           "tensor_parallel_degree > 1 or tensor_parallel_chunks > 1";
+    return "parallelism.sequence_parallel = true splits the rows of a tensor-parallel model, and "
+           "this run has none: set parallelism.tensor_parallel_degree > 1 (or "
+           "tensor_parallel_chunks > 1), or turn sequence parallelism off";
   return "";
 }
 

@@ -185,9 +185,10 @@ AvailableMemory MachineAvailableMemory() {
   return available;
 }
 
-void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm, const ComputeBackend& backend,
-                       const ModelParallelism& parallelism) {
+std::vector<std::string> CheckTrainingFits(const Config& config, const ModelSpec& model,
+                                           const TrainingConfig& training, Communicator& comm,
+                                           const ComputeBackend& backend,
+                                           const ModelParallelism& parallelism) {
   // The loader's batches are the largest stage's (a batch ramp's last; the one global batch
   // without a ramp).
   TrainingShape shape = training.shape;
@@ -263,6 +264,7 @@ void CheckTrainingFits(const Config& config, const ModelSpec& model, const Train
         "training.local_batch_size x training.seq_len = %.0f x %.0f = %.0f rows: a micro-batch "
         "has at most 2147483647 (BLAS takes its sizes as int); lower them",
         B, T, B * T));
+  return hosts;
 }
 
 void CheckDeviceFits(const ModelSpec& model, const TrainingShape& shape,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "compute/backend.h"
@@ -51,9 +52,11 @@ AvailableMemory MachineAvailableMemory();
 // activations count on the host only when `backend`'s memory is the host's.
 // `parallelism`: the job's tensor-parallel layout (its degree, chunks and sequence parallelism;
 // the rank comes from the rank in `comm`, the world, whose groups are consecutive ranks).
-void CheckTrainingFits(const Config& config, const ModelSpec& model, const TrainingConfig& training,
-                       Communicator& comm, const ComputeBackend& backend,
-                       const ModelParallelism& parallelism = {});
+// Returns the host of every rank of `comm`, which it gathered to add up each host's ranks.
+std::vector<std::string> CheckTrainingFits(const Config& config, const ModelSpec& model,
+                                           const TrainingConfig& training, Communicator& comm,
+                                           const ComputeBackend& backend,
+                                           const ModelParallelism& parallelism = {});
 
 // The device side, for a backend whose memory is not the host's: a model built on it keeps its
 // activations (ModelSpec::PlannedBuffers) and a device copy of every unit's weights and gradients

@@ -18,6 +18,7 @@
 #include "common/profile.h"
 #include "common/strings.h"
 #include "distributed/layout_free_norm.h"
+#include "launch/hostlist.h"
 #include "optim/clipping.h"
 #include "train/memory_plan.h"
 #include "train/metrics_log.h"
@@ -219,7 +220,9 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
                     RampLrName(training_.ramp_lr), factor));
   CheckRanksAgree(config_, resume_mode, comm());  // on the resolved config, before anything else
   // Before anything is allocated: an absurd size is a config error, not an out-of-memory.
-  CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_, parallelism_);
+  const std::vector<std::string> hosts =
+      CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_, parallelism_);
+  if (leader()) WarnOfTensorParallelGroupsAcrossHosts(hosts);
   CheckDeviceFits(*model_spec_, training_.shape, *backend_,
                   /*whole_logits=*/optimizer_config_.optimizer->hessian_interval() > 0);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
@@ -287,11 +290,6 @@ void Trainer::CheckTensorParallelism() {
   const std::string keys =
       StrFormat("parallelism.tensor_parallel_degree = %d, tensor_parallel_chunks = %d",
                 parallelism_.tp_degree, parallelism_.tp_chunks);
-  if (parallelism_.sequence_parallel && parallelism_.tp_chunks == 1)
-    throw UsageError(
-        "parallelism.sequence_parallel = true splits the rows of a tensor-parallel model, and "
-        "this run has none: set parallelism.tensor_parallel_degree > 1 (or "
-        "tensor_parallel_chunks > 1), or turn sequence parallelism off");
   if (std::string why = model_spec_->CheckParallelism(parallelism_); !why.empty())
     throw UsageError(keys + ": " + why);
   const int64_t seq_len = config_.Int("training.seq_len");
@@ -416,7 +414,6 @@ void Trainer::Announce() {
       ModelGemmShapes(table(), training_.shape.micro_batch * training_.shape.seq_len), *backend_);
   mfu_meter_ = std::make_unique<MfuMeter>(
       peak, model_spec_->TrainFlopsPerToken(table(), training_.shape.seq_len));
-  WarnOfATensorParallelGroupAcrossHosts();  // a collective: before the leader's lines
   if (!leader()) return;
   // A Hessian interval this run never reaches leaves the estimate at its start (0 for SophiaG).
   const int64_t interval = optimizer_config_.optimizer->hessian_interval();
@@ -448,24 +445,19 @@ void Trainer::Announce() {
 }
 
 // The launcher warns before the job (crucible launch --tp); this is the job's own check, for
-// any launcher: a group's exchanges sit on the critical path of every layer, so a group over
-// more than one host pays the network in every layer. Its first rank says so, once per group.
-void Trainer::WarnOfATensorParallelGroupAcrossHosts() {
+// any launcher, from the host of every rank (`hosts`): a group's exchanges sit on the critical
+// path of every layer, so a group over more than one host pays the network in every layer.
+void Trainer::WarnOfTensorParallelGroupsAcrossHosts(const std::vector<std::string>& hosts) {
   if (!parallelism_.distributed()) return;
-  Communicator& tp = mesh_->tensor_parallel();
-  const std::vector<std::string> hosts = tp.AllGatherString(tp.host(), "tensor-parallel hosts");
-  std::vector<std::string> distinct;
-  for (const std::string& host : hosts)
-    if (std::find(distinct.begin(), distinct.end(), host) == distinct.end())
-      distinct.push_back(host);
-  if (distinct.size() < 2 || tp.rank() != 0) return;
-  std::string names;
-  for (const std::string& host : distinct) names += (names.empty() ? "" : ", ") + host;
-  LogWarn(StrFormat(
-      "%s spans %zu hosts (%s): its exchanges run in every layer, on the critical path, over "
-      "the network; keep each group on one host (ranks per host a multiple of "
-      "parallelism.tensor_parallel_degree = %d, consecutive ranks on a host)",
-      tp.group_name().c_str(), distinct.size(), names.c_str(), parallelism_.tp_degree));
+  for (const ConsecutiveGroup& group : ConsecutiveGroups(hosts, parallelism_.tp_degree)) {
+    if (group.hosts.size() < 2) continue;
+    LogWarn(StrFormat(
+        "tensor_parallel group: job ranks %d-%d spans %zu hosts (%s): its exchanges run in every "
+        "layer, on the critical path, over the network; keep each group on one host (ranks per "
+        "host a multiple of parallelism.tensor_parallel_degree = %d, consecutive ranks on a host)",
+        group.first, group.last, group.hosts.size(), JoinHosts(group.hosts, ", ").c_str(),
+        parallelism_.tp_degree));
+  }
 }
 
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.

@@ -116,7 +116,7 @@ class Trainer {
   void InitWeights(float* load_target);
   void ConnectModel();
   void Announce();
-  void WarnOfATensorParallelGroupAcrossHosts();
+  void WarnOfTensorParallelGroupsAcrossHosts(const std::vector<std::string>& hosts);
   // ---- the step ----
   StepReport Step(int64_t step);
   const Batch& NextBatch() { return loader_->Next(); }

@@ -172,7 +172,7 @@ def test_a_tensor_parallel_group_across_hosts_is_warned_of_by_the_job_itself(tmp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     warnings = [l for l in proc.stderr.splitlines() if "spans 2 hosts" in l]
     assert len(warnings) == 1, proc.stderr
-    assert warnings[0].startswith("[rank 0] warning: world = tensor_parallel group: job ranks 0-1 spans 2 hosts (")
+    assert warnings[0].startswith("[rank 0] warning: tensor_parallel group: job ranks 0-1 spans 2 hosts (")
     assert "node-b" in warnings[0] and "parallelism.tensor_parallel_degree = 2" in warnings[0]
 
 
