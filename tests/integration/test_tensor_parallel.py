@@ -157,7 +157,7 @@ def test_a_stopped_rank_in_a_tensor_parallel_group_aborts_the_job_naming_the_gro
 
 def test_a_tensor_parallel_group_across_hosts_is_warned_of_by_the_job_itself(tmp_path):
     """Whatever started it: rank 1 runs in a UTS namespace of its own, so its host name is
-    another; the group's first rank warns once, and a group on one host gets no warning."""
+    another; rank 0 warns once for the group, and a group on one host gets no warning."""
     if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
         pytest.skip("this machine cannot create a UTS namespace (unshare --uts), so no second host name")
     settings = BASE + ["training.steps=1", "parallelism.tensor_parallel_degree=2"]
