@@ -43,14 +43,23 @@ ExactGrid ExactGrid::Parse(const std::string& name, const char* key) {
                    "' is not an exact reduction format (choose block48, block32 or fixed128)");
 }
 
-void RoundToBlockGrid(float* values, size_t count, const ExactGrid& grid) {
+void RoundToBlockGrid(float* values, size_t count, const ExactGrid& grid, size_t piece) {
   const int bits = grid.mantissa_bits();
-  if (bits < 0) return;
-  const int64_t blocks = static_cast<int64_t>((count + ExactGrid::kBlock - 1) / ExactGrid::kBlock);
+  if (bits < 0 || count == 0) return;
+  constexpr size_t kBlock = ExactGrid::kBlock;
+  piece = std::min(piece == 0 ? count : piece, count);
+  // Block b is block b % per_piece of piece b / per_piece.
+  const size_t per_piece = (piece + kBlock - 1) / kBlock;
+  const size_t full_pieces = count / piece, rest = count % piece;
+  const int64_t blocks =
+      static_cast<int64_t>(full_pieces * per_piece + (rest + kBlock - 1) / kBlock);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    float* v = values + b * ExactGrid::kBlock;
-    const size_t n = std::min(ExactGrid::kBlock, count - b * ExactGrid::kBlock);
+    const size_t in_piece = static_cast<size_t>(b) % per_piece * kBlock;
+    const size_t piece_begin = static_cast<size_t>(b) / per_piece * piece;
+    float* v = values + piece_begin + in_piece;
+    const size_t n =
+        std::min({kBlock, piece - in_piece, count - piece_begin - in_piece});
     float largest = 0.0f;
     bool finite = true;
     for (size_t i = 0; i < n; ++i) {
@@ -69,8 +78,8 @@ void RoundToBlockGrid(float* values, size_t count, const ExactGrid& grid) {
   }
 }
 
-bool ExactAccumulator::AddRange(size_t begin, size_t end, float* values) {
-  RoundToBlockGrid(values, end - begin, grid_);
+bool ExactAccumulator::AddRange(size_t begin, size_t end, float* values, size_t piece) {
+  RoundToBlockGrid(values, end - begin, grid_, piece);
   if (in_place_) return RoundToFixedPointInPlace(values, end - begin);
   // A float read, a 128-bit sum read and written per element.
   ScopedKernelTimer profile_timer("exact_accumulate", 0, 36.0 * static_cast<double>(end - begin));

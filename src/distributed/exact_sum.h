@@ -54,11 +54,18 @@ struct ExactGrid {
   static ExactGrid Parse(const std::string& name, const char* key);
 };
 
-// Rounds values[0, n) onto the grid, in blocks of kBlock from values[0]: each value to the
-// nearest multiple of 2^(e - mantissa_bits), e the exponent of its block's largest magnitude
-// (ties to even; the results are floats again). A block holding a non-finite value is left as it
-// is (the fixed-point conversion then refuses it). Nothing to do for fixed128.
-void RoundToBlockGrid(float* values, size_t n, const ExactGrid& grid);
+// Rounds values[0, n) onto the grid, in blocks of kBlock from values[0] that start again at
+// every `piece` values (0: n, one piece): each value to the nearest multiple of
+// 2^(e - mantissa_bits), e the exponent of its block's largest magnitude (ties to even; the
+// results are floats again). A block holding a non-finite value is left as it is (the
+// fixed-point conversion then refuses it). Nothing to do for fixed128.
+//
+// Which values share a block decides each value's rounding, so the blocks must hold the same
+// elements of the model in every layout a run can take: a unit of the flat buffer, which every
+// data-parallel degree holds whole; under tensor parallelism, a run of one tensor within one of
+// its chunks (model/parameters.h, ParameterTable::LayoutFreeRuns), which every degree holds whole
+// while a rank's part of a tensor cut along its columns is laid out differently at each degree.
+void RoundToBlockGrid(float* values, size_t n, const ExactGrid& grid, size_t piece = 0);
 
 class ExactAccumulator {
  public:
@@ -76,10 +83,11 @@ class ExactAccumulator {
   void Zero();
   // sum[begin, end) += values[0, end - begin) (in place: values = their fixed-point value,
   // RoundToFixedPointInPlace), after rounding the values onto the block grid (RoundToBlockGrid,
-  // in place; [begin, end) is one unit, whose start aligns the blocks); returns false (and adds
-  // nothing for those elements, or leaves them as they are in place) if any value is non-finite or
-  // too large to represent, so the caller can find and report a non-finite gradient.
-  bool AddRange(size_t begin, size_t end, float* values);
+  // in place, in pieces of `piece` from `begin`; [begin, end) is a layout-free run of a unit);
+  // returns false (and adds nothing for those elements, or leaves them as they are in place) if
+  // any value is non-finite or too large to represent, so the caller can find and report a
+  // non-finite gradient.
+  bool AddRange(size_t begin, size_t end, float* values, size_t piece = 0);
   __int128* data() { return sum_.data(); }
 
  private:

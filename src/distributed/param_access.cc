@@ -43,8 +43,10 @@ float* ReplicatedAccess::Gradients(int unit) {
 void ReplicatedAccess::GradientsReady(int unit) {
   const ParamUnit& u = table_.units()[unit];
   InjectTestNan(test_nan_, u, grads_ + u.begin);
-  if (!accumulator_.AddRange(u.begin, u.end, grads_ + u.begin) && on_non_finite_)
-    on_non_finite_(unit, grads_ + u.begin);
+  bool finite = true;
+  for (const LayoutFreeRun& run : table_.LayoutFreeRuns(unit))  // the grid's blocks start there
+    finite = accumulator_.AddRange(run.begin, run.end, grads_ + run.begin, run.piece) && finite;
+  if (!finite && on_non_finite_) on_non_finite_(unit, grads_ + u.begin);
   if (overlap_ && last_) dp_.StartReduction(accumulator_, u.begin, u.end, grads_);
   if (overlap_) dp_.Progress();
 }
@@ -223,7 +225,9 @@ void ShardedAccess::GradientsReady(int unit) {
   const ParamUnit& u = table_.units()[unit];
   float* grads = Gradients(unit);
   InjectTestNan(test_nan_, u, grads);
-  RoundToBlockGrid(grads, u.size(), dp_.exact().grid());  // blocks from the unit's start
+  for (const LayoutFreeRun& run : table_.LayoutFreeRuns(unit))  // the grid's blocks start there
+    RoundToBlockGrid(grads + (run.begin - u.begin), run.end - run.begin, dp_.exact().grid(),
+                     run.piece);
   // In pieces, so the buffers stay small and the first piece is on its way early.
   for (size_t begin = u.begin; begin < u.end; begin += DataParallel::kReducePiece)
     StartReduction(begin, std::min(u.end, begin + DataParallel::kReducePiece),

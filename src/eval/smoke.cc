@@ -61,10 +61,11 @@ seed = 1234
 )") + (portable ? "portable_exact = true\n" : "");
   if (!tensor_parallel) return config;
   // Every split dimension in 4 chunks (heads 4, KV heads 4, FFN 160, vocabulary 512), so that
-  // degrees 1, 2 and 4 give the same bits.
+  // degrees 1, 2 and 4 give the same bits; the default exact reduction (block48), whose blocks
+  // start at every chunk of every tensor.
   const std::string kv = "n_kv_heads = 2\n";
   config.replace(config.find(kv), kv.size(), "n_kv_heads = 4\n");
-  return config + "\n[parallelism]\ntensor_parallel_chunks = 4\nexact_reduction = \"fixed128\"\n";
+  return config + "\n[parallelism]\ntensor_parallel_chunks = 4\n";
 }
 
 namespace {

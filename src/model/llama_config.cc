@@ -129,8 +129,8 @@ ParameterTable LlamaParameterTable(const LlamaConfig& c, const ModelParallelism&
   // Megatron's layers: the embedding and the head cut along the vocabulary, q k v and gate up
   // along their outputs (column-parallel), o and down along their inputs (row-parallel); the
   // norms whole on every rank.
-  const TensorSplit rows{0, parallelism.tp_degree, parallelism.tp_rank};
-  const TensorSplit columns{1, parallelism.tp_degree, parallelism.tp_rank};
+  const TensorSplit rows{0, parallelism.tp_degree, parallelism.tp_rank, parallelism.tp_chunks};
+  const TensorSplit columns{1, parallelism.tp_degree, parallelism.tp_rank, parallelism.tp_chunks};
   // The input embedding is a lookup; it counts in FLOPs only as the tied output head.
   table.Add("model.embed_tokens.weight", {c.vocab_size, C}, ParamKind::kEmbedding, -1,
             c.tie_embeddings, rows);

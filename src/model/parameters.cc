@@ -25,6 +25,15 @@ size_t ParamInfo::GlobalIndex(size_t local) const {
   return (outer * global_along + static_cast<size_t>(slice_begin) + a) * inner + i;
 }
 
+size_t ParamInfo::ChunkRun() const {
+  if (chunks <= 1 || chunk_dim < 0) return numel;
+  // A part holds whole chunks along chunk_dim; a run is one chunk's extent times what is inside.
+  size_t inner = 1;
+  for (size_t d = static_cast<size_t>(chunk_dim) + 1; d < shape.size(); ++d)
+    inner *= static_cast<size_t>(shape[d]);
+  return static_cast<size_t>(global_shape[chunk_dim] / chunks) * inner;
+}
+
 const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_t> shape,
                                      ParamKind kind, int layer, bool in_flops, TensorSplit split) {
   ParamInfo info;
@@ -42,6 +51,16 @@ const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_
     info.split_dim = split.dim;
     info.slice_begin = split.part * info.shape[d];
   }
+  if (split.dim >= 0 && split.chunks > 1) {
+    const size_t d = static_cast<size_t>(split.dim);
+    if (d >= info.shape.size() || info.global_shape[d] % split.chunks != 0 ||
+        split.chunks % std::max<int64_t>(split.parts, 1) != 0)
+      throw Error(kExitFailure, "internal: tensor " + name + " cannot be cut in " +
+                                    std::to_string(split.chunks) + " chunks along dimension " +
+                                    std::to_string(split.dim));
+    info.chunk_dim = split.dim;
+    info.chunks = split.chunks;
+  }
   info.numel = 1;
   for (int64_t s : info.shape) info.numel *= static_cast<size_t>(s);
   info.offset = total_;
@@ -55,6 +74,21 @@ const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_
 
 bool ParameterTable::sliced() const {
   return std::any_of(params_.begin(), params_.end(), [](const ParamInfo& p) { return p.sliced(); });
+}
+
+bool ParameterTable::chunked() const {
+  return std::any_of(params_.begin(), params_.end(), [](const ParamInfo& p) { return p.chunks > 1; });
+}
+
+std::vector<LayoutFreeRun> ParameterTable::LayoutFreeRuns(int unit) const {
+  const ParamUnit& u = units_.at(static_cast<size_t>(unit));
+  // Without chunks only data parallelism changes the layout, and it keeps every unit whole.
+  if (!chunked()) return {{u.begin, u.end, u.size()}};
+  std::vector<LayoutFreeRun> runs;
+  for (const ParamInfo& p : params_)
+    if (p.offset >= u.begin && p.offset < u.end && p.numel > 0)
+      runs.push_back({p.offset, p.offset + p.numel, p.ChunkRun()});
+  return runs;
 }
 
 void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole) {

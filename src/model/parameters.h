@@ -20,10 +20,13 @@ inline constexpr size_t kParamKindCount = 5;
 
 // How a tensor is cut over the ranks of a tensor-parallel group: this rank holds part `part` of
 // `parts` equal parts along dimension `dim` of the whole tensor. dim -1: the whole tensor, on
-// every rank of the group (replicated).
+// every rank of the group (replicated). `chunks`: the whole dimension is computed in that many
+// equal chunks at every degree (model/parallelism.h, tp_chunks), so a part holds chunks / parts
+// of them; recorded even for one part.
 struct TensorSplit {
   int dim = -1;
   int64_t parts = 1, part = 0;
+  int64_t chunks = 1;
 };
 
 struct ParamInfo {
@@ -38,8 +41,15 @@ struct ParamInfo {
   std::vector<int64_t> global_shape;
   int split_dim = -1;
   int64_t slice_begin = 0;
+  // The dimension tensor parallelism cuts into `chunks` chunks whatever the degree (-1 and 1:
+  // not cut; set at degree 1 too).
+  int chunk_dim = -1;
+  int64_t chunks = 1;
 
   bool sliced() const { return split_dim >= 0; }
+  // The length of the runs of consecutive elements of this part that lie in one chunk (the same
+  // elements of the whole tensor at every degree): numel when the tensor is not cut in chunks.
+  size_t ChunkRun() const;
   size_t global_numel() const;
   // The row-major index in the whole tensor of element `local` of this part.
   size_t GlobalIndex(size_t local) const;
@@ -51,6 +61,13 @@ struct ParamInfo {
 struct ParamUnit {
   size_t begin = 0, end = 0;
   size_t size() const { return end - begin; }
+};
+
+// Flat elements [begin, end) in consecutive pieces of `piece` elements (the last one may be
+// shorter), each of which holds the same elements of the whole model in every layout the run
+// can take.
+struct LayoutFreeRun {
+  size_t begin = 0, end = 0, piece = 0;
 };
 
 class ParameterTable {
@@ -77,6 +94,13 @@ class ParameterTable {
   size_t FlopParams() const { return flop_params_; }
   // True when some tensor is a part of a whole one (tensor parallelism).
   bool sliced() const;
+  // True when some tensor is cut in tensor-parallel chunks (at any degree, 1 included).
+  bool chunked() const;
+  // The runs of `unit` whose pieces are laid out alike at every degree of the run's tensor
+  // parallelism (and every data-parallel degree, which does not change the table): the whole
+  // unit when no tensor is cut in chunks, else each tensor in pieces of its ChunkRun(). What the
+  // blocks of the exact gradient sum's grid are aligned to (distributed/exact_sum.h).
+  std::vector<LayoutFreeRun> LayoutFreeRuns(int unit) const;
 
  private:
   std::vector<ParamInfo> params_;

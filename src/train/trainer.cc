@@ -312,12 +312,6 @@ void Trainer::CheckTensorParallelRun() {
     throw UsageError(keys +
                      ": debug.portable_exact has no portable tensor-parallel kernels yet (set "
                      "debug.portable_exact = false)");
-  if (training_.shape.exact_grid.name() != std::string("fixed128"))
-    throw UsageError(
-        keys + ": parallelism.exact_reduction = " + training_.shape.exact_grid.name() +
-        " rounds blocks of the flat gradient buffer, whose contents depend on the tensor-parallel "
-        "layout; set parallelism.exact_reduction = \"fixed128\" for the same bits at every "
-        "degree");
   const Optimizer& optimizer = *optimizer_config_.optimizer;
   if (optimizer.shard_mode() != ShardMode::kElementwise || optimizer.hessian_interval() > 0)
     throw UsageError(keys + ": optimizer.name = " + optimizer_config_.name +

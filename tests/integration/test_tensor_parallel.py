@@ -16,12 +16,12 @@ from rank_runs import stop_one_rank
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 # The debug flavor with 4 KV heads (4 chunks cut heads, KV heads, the FFN and the vocabulary),
-# short sequences, the layout-free exact reduction; checkpoints only where a test asks.
+# short sequences, the default exact reduction (block48); checkpoints only where a test asks.
 BASE = ["model.flavor=debug", "model.n_kv_heads=4", "training.seq_len=32", "training.local_batch_size=2",
         "training.global_batch_size=8", "metrics.peak_gflops=10", "lr_scheduler.warmup_steps=2",
         "lr_scheduler.decay_type=constant",
         "optimizer.lr=3e-3", "training.steps=4", "parallelism.tensor_parallel_chunks=4",
-        "parallelism.exact_reduction=fixed128", "checkpoint.enable=false"]
+        "checkpoint.enable=false"]
 # What a step logs that is timing, not arithmetic.
 TIMING = {"mfu", "reduce_wait_s", "step_seconds", "tok_per_s"}
 
@@ -58,6 +58,26 @@ def test_every_layout_of_one_to_four_ranks_logs_the_one_process_metrics_and_weig
         proc = train(np, settings + [f"parallelism.tensor_parallel_degree={tp}", f"job.dump_folder={run_dir}"])
         assert f"phase=tensor_parallel degree={tp} chunks=4 data_parallel={np // tp}" in proc.stdout
         assert len([l for l in proc.stdout.splitlines() if l.startswith("step=")]) == 4  # rank 0 alone
+        assert logged(proc, run_dir) == reference, (np, tp, zero_stage)
+
+
+@pytest.mark.parametrize("exact_reduction", ["block32", "fixed128"])
+def test_every_exact_format_gives_the_one_process_bits_at_every_layout(tmp_path, exact_reduction):
+    """The block formats (block48, the default of the tests above, and block32) round each block
+    of the gradient onto its own grid, so which values share a block decides the bits. The
+    blocks start at every chunk of every tensor (ParameterTable::LayoutFreeRuns), which every
+    degree holds whole: a rank's part of o_proj and down_proj (cut along their columns) is laid
+    out otherwise at each degree. fixed128 rounds no block."""
+    settings = BASE + [f"parallelism.exact_reduction={exact_reduction}"]
+    one = tmp_path / "one"
+    reference = logged(train(1, settings + ["parallelism.zero_stage=1", f"job.dump_folder={one}"]), one)
+    default = tmp_path / "block48"
+    # The format is in effect: the weights differ from the default format's.
+    assert logged(train(1, BASE + [f"job.dump_folder={default}"]), default)[1] != reference[1]
+    for np, tp, zero_stage in [(2, 2, 1), (4, 2, 3), (4, 4, 0), (2, 1, 1)]:
+        run_dir = tmp_path / f"np{np}-tp{tp}-zero{zero_stage}"
+        proc = train(np, settings + [f"parallelism.tensor_parallel_degree={tp}",
+                                     f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"])
         assert logged(proc, run_dir) == reference, (np, tp, zero_stage)
 
 
@@ -182,7 +202,6 @@ def test_a_tensor_parallel_group_across_hosts_is_warned_of_by_the_job_itself(tmp
      "divide the job's 3 ranks"),
     (1, ["model.n_kv_heads=2"], "model.n_kv_heads = 2 is not divisible by the 4 tensor-parallel chunks"),
     (1, ["parallelism.tensor_parallel_chunks=3"], "not a power of two"),
-    (1, ["parallelism.exact_reduction=block48"], 'set parallelism.exact_reduction = "fixed128"'),
     (1, ["optimizer.name=Muon"], "choose an elementwise optimizer"),
     (1, ["debug.portable_exact=true"], "debug.portable_exact has no portable tensor-parallel kernels"),
     (1, ["parallelism.sequence_parallel=true", "training.seq_len=30"],

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -131,6 +132,32 @@ TEST(BlockGrid, EachBlockHasItsOwnExponentAndFixed128RoundsNothing) {
   std::vector<float> same = values;
   RoundToBlockGrid(same.data(), same.size(), ExactGrid{});
   EXPECT_EQ(same, values);
+}
+
+TEST(BlockGrid, BlocksStartAgainAtEveryPieceAsIfEachPieceWereRoundedAlone) {
+  // Pieces of 300 values: blocks [0, 256) [256, 300) | [300, 556) [556, 600) | [600, 700).
+  const size_t piece = 300, count = 700;
+  std::vector<float> values(count);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+  for (size_t i = 0; i < count; ++i)
+    values[i] = std::ldexp(uniform(rng), static_cast<int>(i % 23) - 11);
+  for (const ExactGrid& grid : {kBlock48, kBlock32}) {
+    std::vector<float> together = values, alone = values;
+    RoundToBlockGrid(together.data(), count, grid, piece);
+    for (size_t first = 0; first < count; first += piece)
+      RoundToBlockGrid(alone.data() + first, std::min(piece, count - first), grid);
+    EXPECT_EQ(together, alone);
+    // And not the blocks of one run from the start: [256, 300) shares a block with [300, 512)
+    // there.
+    std::vector<float> one_run = values;
+    RoundToBlockGrid(one_run.data(), count, grid);
+    EXPECT_NE(together, one_run);
+    // Piece 0 is one run of all the values.
+    std::vector<float> zero = values;
+    RoundToBlockGrid(zero.data(), count, grid, 0);
+    EXPECT_EQ(zero, one_run);
+  }
 }
 
 TEST(BlockGrid, ABlockWithANonFiniteValueIsLeftForTheConversionToRefuse) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -297,6 +298,59 @@ TEST(LlamaTensorParallel, ThePartsOfEveryRankMakeUpTheWholeTable) {
     CopyPartsToWhole(part, mine.data(), whole, rebuilt.data());
   }
   EXPECT_EQ(std::memcmp(values.data(), rebuilt.data(), 4 * values.size()), 0);
+}
+
+// The blocks of the exact gradient sum's grid start at each piece of a layout-free run
+// (distributed/exact_sum.h). Every degree must cut the same elements of the whole model into the
+// same pieces: o_proj and down_proj are cut along their columns, so a rank's part of one is laid
+// out otherwise at each degree and only a piece within one chunk of one row stays the same.
+TEST(LlamaTensorParallel, LayoutFreeRunsCutTheSameElementsOfTheWholeModelAtEveryDegree) {
+  const std::shared_ptr<const ModelSpec> spec = Spec(kSplittable);
+  // Each piece as the (tensor, element of the whole tensor) pairs it holds, in its order.
+  using Piece = std::vector<std::pair<size_t, size_t>>;
+  auto pieces_at = [&](int degree) {
+    std::vector<Piece> pieces;
+    for (int rank = 0; rank < degree; ++rank) {
+      const ParameterTable table = spec->BuildTable(ModelParallelism::Layout(degree, rank, 4));
+      EXPECT_TRUE(table.chunked());
+      for (int unit = 0; unit < static_cast<int>(table.units().size()); ++unit) {
+        size_t covered = table.units()[unit].begin;
+        for (const LayoutFreeRun& run : table.LayoutFreeRuns(unit)) {
+          EXPECT_EQ(run.begin, covered);  // the runs cover the unit in order
+          covered = run.end;
+          for (size_t first = run.begin; first < run.end; first += run.piece) {
+            Piece piece;
+            for (size_t i = first; i < std::min(run.end, first + run.piece); ++i)
+              for (size_t t = 0; t < table.params().size(); ++t) {
+                const ParamInfo& p = table.params()[t];
+                if (i >= p.offset && i < p.offset + p.numel)
+                  piece.emplace_back(t, p.GlobalIndex(i - p.offset));
+              }
+            // A tensor every rank holds whole (a norm) counts once, from rank 0.
+            if (rank == 0 || table.params()[piece.front().first].sliced()) pieces.push_back(piece);
+          }
+        }
+        EXPECT_EQ(covered, table.units()[unit].end);
+      }
+    }
+    std::sort(pieces.begin(), pieces.end());
+    return pieces;
+  };
+  const std::vector<Piece> one = pieces_at(1);
+  EXPECT_EQ(pieces_at(2), one);
+  EXPECT_EQ(pieces_at(4), one);
+  // A row-major piece of o_proj is one chunk of one row: 32 / 4 columns.
+  const ParameterTable table = spec->BuildTable(ModelParallelism::Layout(2, 1, 4));
+  EXPECT_EQ(table.Find("model.layers.0.self_attn.o_proj.weight").ChunkRun(), 8u);
+  EXPECT_EQ(table.Find("model.layers.0.self_attn.q_proj.weight").ChunkRun(), 8u * 32);
+  EXPECT_EQ(table.Find("model.norm.weight").ChunkRun(), 32u);
+  // Without chunks a unit is one run, as data parallelism alone lays it out.
+  const ParameterTable plain = spec->BuildTable();
+  EXPECT_FALSE(plain.chunked());
+  const std::vector<LayoutFreeRun> runs = plain.LayoutFreeRuns(1);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].begin, plain.units()[1].begin);
+  EXPECT_EQ(runs[0].piece, plain.units()[1].size());
 }
 
 // The chunked model (every split dimension cut in 4, model/parallelism.h) computes the plain
