@@ -10,7 +10,11 @@ targets hold: the TP=1 cost of exactness <= 5%, TP=2's parameter state <= 0.55x 
 step time <= 1.25x DP=2's; and what sequence parallelism saves of TP=2's activations, at what
 cost in step time.
 
-    .venv/bin/python bench/tp_scaling.py [--flavors small,base] [--seq-len 256] [--steps 5]
+    .venv/bin/python bench/tp_scaling.py [--flavors small,base] [--seq-len 256] [--steps 5] [--rounds 3]
+
+With --rounds N every run is repeated N times, the runs interleaved round by round, and each
+figure is the round with the median step time (a shared machine's noise moves single runs by
+10-30%).
 """
 import argparse
 import json
@@ -69,22 +73,28 @@ def main():
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--chunks", type=int, default=2, help="parallelism.tensor_parallel_chunks of the TP runs")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions; the median round is kept")
     parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", "build/crucible"))
     args = parser.parse_args()
     # Every run with the default exact reduction (block48), the chunked and TP ones included.
     exact = [f"parallelism.tensor_parallel_chunks={args.chunks}"]
     for flavor in args.flavors.split(","):
-        runs = {
-            "1x2 plain": run(args, flavor, 1, 2, []),
-            f"1x2 chunks={args.chunks}": run(args, flavor, 1, 2, exact),
-            "DP=2": run(args, flavor, 2, 1, []),
-            "DP=2 ZeRO-0": run(args, flavor, 2, 1, ["parallelism.zero_stage=0"]),
-            "TP=2": run(args, flavor, 2, 1, exact + ["parallelism.tensor_parallel_degree=2"]),
-            "TP=2 SP": run(args, flavor, 2, 1, exact + ["parallelism.tensor_parallel_degree=2",
-                                                        "parallelism.sequence_parallel=true"]),
+        configs = {
+            "1x2 plain": (1, 2, []),
+            f"1x2 chunks={args.chunks}": (1, 2, exact),
+            "DP=2": (2, 1, []),
+            "DP=2 ZeRO-0": (2, 1, ["parallelism.zero_stage=0"]),
+            "TP=2": (2, 1, exact + ["parallelism.tensor_parallel_degree=2"]),
+            "TP=2 SP": (2, 1, exact + ["parallelism.tensor_parallel_degree=2", "parallelism.sequence_parallel=true"]),
         }
+        rounds = {name: [] for name in configs}
+        for _ in range(args.rounds):
+            for name, (ranks, threads, settings) in configs.items():
+                rounds[name].append(run(args, flavor, ranks, threads, settings))
+        runs = {name: sorted(results, key=lambda r: r["step_s"])[len(results) // 2]
+                for name, results in rounds.items()}
         print(f"== {flavor}: seq_len {args.seq_len}, global batch {args.global_batch}, micro-batch "
-              f"{args.micro_batch}, {args.steps} steps (the first not timed)")
+              f"{args.micro_batch}, {args.steps} steps (the first not timed), median of {args.rounds} round(s)")
         print(f"{'run':<22}{'tok/s':>9}{'step s':>9}{'state/rank':>12}{'act/rank':>10}{'peak rss':>10}{'DP bytes':>10}"
               f"{'TP bytes':>10}{'TP s':>8}{'DP wait':>9}{'compute':>9}")
         for name, r in runs.items():
