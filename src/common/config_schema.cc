@@ -267,7 +267,7 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "format of the exact gradient sums: block48 (each block of 256 values of a micro-batch "
        "rounded to 24 bits below its largest, 6 bytes a value on the wire), block32 (17 bits, 4 "
        "bytes) or fixed128 (every value at 2^-64, 16 bytes); the same bits on any number of "
-       "ranks in each (docs/distributed.md)"},
+       "ranks and at every tensor-parallel degree in each (docs/distributed.md)"},
       {"parallelism.overlap_grad_reduce", T::kBool, V(true),
        "start each layer's gradient reduction (non-blocking) while the backward pass goes on "
        "with the layers below"},

@@ -58,8 +58,7 @@ void RoundToBlockGrid(float* values, size_t count, const ExactGrid& grid, size_t
     const size_t in_piece = static_cast<size_t>(b) % per_piece * kBlock;
     const size_t piece_begin = static_cast<size_t>(b) / per_piece * piece;
     float* v = values + piece_begin + in_piece;
-    const size_t n =
-        std::min({kBlock, piece - in_piece, count - piece_begin - in_piece});
+    const size_t n = std::min({kBlock, piece - in_piece, count - piece_begin - in_piece});
     float largest = 0.0f;
     bool finite = true;
     for (size_t i = 0; i < n; ++i) {

@@ -78,9 +78,9 @@ double LayoutFreeSumOfSquares(const float* values, size_t base,
       __int128 mine = 0;
 #pragma omp for schedule(static) nowait
       for (int64_t block = b; block < e; block += kSquaresBlock)
-        mine += TruncatedSquaresSum(values + (block - base),
-                                    static_cast<size_t>(std::min<int64_t>(kSquaresBlock, e - block)),
-                                    scale);
+        mine += TruncatedSquaresSum(
+            values + (block - base),
+            static_cast<size_t>(std::min<int64_t>(kSquaresBlock, e - block)), scale);
 #pragma omp critical
       part += mine;
     }

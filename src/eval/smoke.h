@@ -37,7 +37,7 @@ struct SmokeOptions {
 int RunSmoke(const SmokeOptions& options);
 
 // The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true,
-// `tensor_parallel` the tensor-parallel smoke's keys (4 KV heads, 4 chunks, fixed128).
+// `tensor_parallel` the tensor-parallel smoke's keys (4 KV heads, 4 chunks, the default block48).
 std::string SmokeConfig(bool portable = false, bool tensor_parallel = false);
 
 }  // namespace crucible

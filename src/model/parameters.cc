@@ -77,7 +77,8 @@ bool ParameterTable::sliced() const {
 }
 
 bool ParameterTable::chunked() const {
-  return std::any_of(params_.begin(), params_.end(), [](const ParamInfo& p) { return p.chunks > 1; });
+  return std::any_of(params_.begin(), params_.end(),
+                     [](const ParamInfo& p) { return p.chunks > 1; });
 }
 
 std::vector<LayoutFreeRun> ParameterTable::LayoutFreeRuns(int unit) const {

@@ -276,52 +276,32 @@ TEST(BlockGrid, TheRoundingErrorIsAtMostHalfAStepOfTheBlockGrid) {
   }
 }
 
-}  // namespace
-}  // namespace crucible
-
-namespace crucible {
-namespace {
+// The sum of the squares of `values` times `scale` (a power of two), each truncated: the
+// formula of layout_free_norm.h, with the compiler's conversion to 128 bits.
+__int128 TruncatedSquares(const std::vector<float>& values, double scale) {
+  __int128 sum = 0;
+  for (float g : values) sum += static_cast<__int128>(double(g) * double(g) * scale);
+  return sum;
+}
 
 // The norm's truncation is the compiler's conversion to 128 bits, bit for bit, on both sides of
 // 2^63 (where it changes method) and up to the 2^97 the norm's squares stay below.
 TEST(LayoutFreeNorm, TruncationIsTheCastTo128BitsOnEitherSideOf2To63) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> mantissa(1.0, 2.0);
-  std::vector<double> values = {0.0, 0.5, 1.0, 0x1p63 - 1024.0, 0x1p63, 0x1p64 - 2048.0, 0x1p64,
-                                0x1p64 + 4096.0, std::nextafter(0x1p97, 0.0)};
+  std::vector<double> values = {0.0,
+                                0.5,
+                                1.0,
+                                0x1p63 - 1024.0,
+                                0x1p63,
+                                0x1p64 - 2048.0,
+                                0x1p64,
+                                0x1p64 + 4096.0,
+                                std::nextafter(0x1p97, 0.0)};
   for (int e = -40; e < 97; ++e)
     for (int k = 0; k < 20; ++k) values.push_back(std::ldexp(mantissa(rng), e));
   for (double v : values) EXPECT_TRUE(TruncateToInt128(v) == static_cast<__int128>(v)) << v;
 }
-
-// On one rank the sum is the integer sum of the squares on the grid of the largest exponent,
-// truncated (the formula of layout_free_norm.h), whichever ranges cut the elements.
-TEST(LayoutFreeNorm, TheSumIsTheTruncatedSquaresOnTheGridForAnyCutOfTheRanges) {
-  std::mt19937_64 rng(5);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> values(10000);
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = std::ldexp(uniform(rng), static_cast<int>(i % 61) - 50);
-  values[777] = 3.0f;  // the largest: biased exponent 128, grid 2^(256 - 349)
-  auto group = Communicator::OneRank();
-  __int128 expected = 0;
-  for (float g : values)
-    expected += static_cast<__int128>(std::ldexp(double(g) * double(g), -(2 * 128 - 349)));
-  const double want = std::ldexp(static_cast<double>(expected), 2 * 128 - 349);
-  const double whole = LayoutFreeSumOfSquares(values.data(), 0, {{0, values.size()}}, *group);
-  const double cut =
-      LayoutFreeSumOfSquares(values.data(), 0, {{0, 1}, {1, 4097}, {4097, values.size()}}, *group);
-  EXPECT_EQ(whole, want);
-  EXPECT_EQ(cut, want);
-  values[5] = std::numeric_limits<float>::infinity();
-  EXPECT_TRUE(std::isnan(LayoutFreeSumOfSquares(values.data(), 0, {{0, 10}}, *group)));
-}
-
-}  // namespace
-}  // namespace crucible
-
-namespace crucible {
-namespace {
 
 // The vectorised block sum is the sum of the truncated squares, for squares on both sides of the
 // 2^48 split and up to the 2^97 bound, and for a whole block of the largest.
@@ -333,13 +313,33 @@ TEST(LayoutFreeNorm, TheBlockSumIsTheSumOfTheTruncatedSquares) {
     values[i] = std::ldexp(uniform(rng), -static_cast<int>(i % 70));
   values[0] = std::nextafter(1.0f, 0.0f);
   const double scale = 0x1p97;  // the largest square (just below 1) to just below 2^97
-  __int128 expected = 0;
-  for (float g : values) expected += TruncateToInt128(double(g) * double(g) * scale);
-  EXPECT_TRUE(TruncatedSquaresSum(values.data(), values.size(), scale) == expected);
-  std::vector<float> largest(kSquaresBlock, std::nextafter(1.0f, 0.0f));
-  expected = 0;
-  for (float g : largest) expected += TruncateToInt128(double(g) * double(g) * scale);
-  EXPECT_TRUE(TruncatedSquaresSum(largest.data(), largest.size(), scale) == expected);
+  EXPECT_TRUE(TruncatedSquaresSum(values.data(), values.size(), scale) ==
+              TruncatedSquares(values, scale));
+  const std::vector<float> largest(kSquaresBlock, std::nextafter(1.0f, 0.0f));
+  EXPECT_TRUE(TruncatedSquaresSum(largest.data(), largest.size(), scale) ==
+              TruncatedSquares(largest, scale));
+}
+
+// On one rank the sum is the integer sum of the squares on the grid of the largest exponent,
+// truncated, whichever ranges cut the elements (several blocks of kSquaresBlock).
+TEST(LayoutFreeNorm, TheSumIsTheTruncatedSquaresOnTheGridForAnyCutOfTheRanges) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(3 * kSquaresBlock + 1000);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = std::ldexp(uniform(rng), static_cast<int>(i % 61) - 50);
+  values[777] = 3.0f;  // the largest: biased exponent 128, grid 2^(256 - 349)
+  auto group = Communicator::OneRank();
+  const int grid = 2 * 128 - 349;
+  const double want =
+      std::ldexp(static_cast<double>(TruncatedSquares(values, std::ldexp(1.0, -grid))), grid);
+  const double whole = LayoutFreeSumOfSquares(values.data(), 0, {{0, values.size()}}, *group);
+  const double cut = LayoutFreeSumOfSquares(values.data(), 0,
+                                            {{0, 1}, {1, 20001}, {20001, values.size()}}, *group);
+  EXPECT_EQ(whole, want);
+  EXPECT_EQ(cut, want);
+  values[5] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isnan(LayoutFreeSumOfSquares(values.data(), 0, {{0, 10}}, *group)));
 }
 
 }  // namespace
