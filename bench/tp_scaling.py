@@ -14,7 +14,7 @@ cost in step time.
 
 With --rounds N every run is repeated N times, the runs interleaved round by round, and each
 figure is the round with the median step time (a shared machine's noise moves single runs by
-10-30%).
+10-40%).
 """
 import argparse
 import json

@@ -38,16 +38,6 @@ __int128 TruncatedSquaresSum(const float* values, size_t n, double scale) {
   return (static_cast<__int128>(high) << 48) + low;
 }
 
-__int128 TruncateToInt128(double v) {
-  // Below 2^63 through int64 (one instruction, where the compiler's conversion to 128 bits is a
-  // library call); above, v is an integer (its last bit is at least 2^11), split exactly into
-  // its 64-bit halves.
-  if (v < 0x1p63) return static_cast<int64_t>(v);
-  const double high = std::trunc(v * 0x1p-64);
-  return (static_cast<__int128>(static_cast<uint64_t>(high)) << 64) +
-         static_cast<uint64_t>(v - high * 0x1p64);
-}
-
 double LayoutFreeSumOfSquares(const float* values, size_t base,
                               const std::vector<std::pair<size_t, size_t>>& ranges,
                               Communicator& group) {

@@ -19,17 +19,14 @@ namespace crucible {
 
 class Communicator;
 
-// The sum over every rank of `group` of values[i - base]^2 for i in each of this rank's
-// `ranges` ([begin, end) flat indices). NaN when any of them is not finite (on every rank).
-// v truncated toward zero, for 0 <= v < 2^127: static_cast<__int128>(v), without the library
-// call the compiler makes of that.
-__int128 TruncateToInt128(double v);
-
-// The sum of TruncateToInt128(values[i]^2 * scale) over n <= kSquaresBlock values, for a power
-// of two `scale` that keeps each product below 2^97: the same integer, in a loop that vectorises.
+// The sum of static_cast<__int128>(values[i]^2 * scale) over n <= kSquaresBlock values, for a
+// power of two `scale` that keeps each product below 2^97: the same integer, in a loop that
+// vectorises (the compiler's conversion to 128 bits is a library call per element).
 inline constexpr size_t kSquaresBlock = size_t{1} << 14;
 __int128 TruncatedSquaresSum(const float* values, size_t n, double scale);
 
+// The sum over every rank of `group` of values[i - base]^2 for i in each of this rank's
+// `ranges` ([begin, end) flat indices). NaN when any of them is not finite (on every rank).
 double LayoutFreeSumOfSquares(const float* values, size_t base,
                               const std::vector<std::pair<size_t, size_t>>& ranges,
                               Communicator& group);

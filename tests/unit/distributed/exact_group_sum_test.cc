@@ -284,25 +284,6 @@ __int128 TruncatedSquares(const std::vector<float>& values, double scale) {
   return sum;
 }
 
-// The norm's truncation is the compiler's conversion to 128 bits, bit for bit, on both sides of
-// 2^63 (where it changes method) and up to the 2^97 the norm's squares stay below.
-TEST(LayoutFreeNorm, TruncationIsTheCastTo128BitsOnEitherSideOf2To63) {
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> mantissa(1.0, 2.0);
-  std::vector<double> values = {0.0,
-                                0.5,
-                                1.0,
-                                0x1p63 - 1024.0,
-                                0x1p63,
-                                0x1p64 - 2048.0,
-                                0x1p64,
-                                0x1p64 + 4096.0,
-                                std::nextafter(0x1p97, 0.0)};
-  for (int e = -40; e < 97; ++e)
-    for (int k = 0; k < 20; ++k) values.push_back(std::ldexp(mantissa(rng), e));
-  for (double v : values) EXPECT_TRUE(TruncateToInt128(v) == static_cast<__int128>(v)) << v;
-}
-
 // The vectorised block sum is the sum of the truncated squares, for squares on both sides of the
 // 2^48 split and up to the 2^97 bound, and for a whole block of the largest.
 TEST(LayoutFreeNorm, TheBlockSumIsTheSumOfTheTruncatedSquares) {
