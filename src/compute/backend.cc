@@ -150,6 +150,77 @@ void ComputeBackend::CrossEntropyBackwardRows(float* x_to_dx, const float* lse,
   s.Finish();
 }
 
+void ComputeBackend::RopeForwardStrided(float* x, const float* cos_table, const float* sin_table,
+                                        int64_t B, int64_t T, int64_t heads, int64_t D,
+                                        int64_t stride, int64_t offset) {
+  RefuseInherited("RopeForwardStrided");
+  Staging s(*this);
+  float* o = s.Out(x, B * T * heads * stride);
+  kernels::rope_forward_strided(o, s.In(cos_table, T * D / 2), s.In(sin_table, T * D / 2), B, T,
+                                heads, D, stride, offset);
+  s.Finish();
+}
+
+void ComputeBackend::RopeBackwardStrided(float* dx, const float* cos_table, const float* sin_table,
+                                         int64_t B, int64_t T, int64_t heads, int64_t D,
+                                         int64_t stride, int64_t offset) {
+  RefuseInherited("RopeBackwardStrided");
+  Staging s(*this);
+  float* o = s.Out(dx, B * T * heads * stride);
+  kernels::rope_backward_strided(o, s.In(cos_table, T * D / 2), s.In(sin_table, T * D / 2), B, T,
+                                 heads, D, stride, offset);
+  s.Finish();
+}
+
+void ComputeBackend::CopyColumns(float* dst, int64_t ldd, const float* src, int64_t lds,
+                                 int64_t rows, int64_t cols, bool accumulate) {
+  RefuseInherited("CopyColumns");
+  if (rows == 0) return;
+  Staging s(*this);
+  float* d = s.Out(dst, (rows - 1) * ldd + cols);
+  kernels::copy_columns(d, ldd, s.In(src, (rows - 1) * lds + cols), lds, rows, cols, accumulate);
+  s.Finish();
+}
+
+void ComputeBackend::GatherRows(float* out, const float* x, const int32_t* rows, int64_t N,
+                                int64_t K, int64_t C) {
+  RefuseInherited("GatherRows");
+  Staging s(*this);
+  float* o = s.Out(out, N * K * C);
+  kernels::gather_rows(o, s.In(x, N * C), s.In(rows, N * K), N, K, C);
+  s.Finish();
+}
+
+void ComputeBackend::MoeCombine(float* out, const float* y, const int32_t* rows,
+                                const float* weights, int64_t N, int64_t K, int64_t C) {
+  RefuseInherited("MoeCombine");
+  Staging s(*this);
+  float* o = s.Out(out, N * C);
+  kernels::moe_combine(o, s.In(y, N * K * C), s.In(rows, N * K), s.In(weights, N * K), N, K, C);
+  s.Finish();
+}
+
+void ComputeBackend::MoeCombineBackward(float* dy, float* dweights, const float* dout,
+                                        const float* y, const int32_t* rows, const float* weights,
+                                        int64_t N, int64_t K, int64_t C) {
+  RefuseInherited("MoeCombineBackward");
+  Staging s(*this);
+  float* d = s.Out(dy, N * K * C);
+  float* dw = s.Out(dweights, N * K);
+  kernels::moe_combine_backward(d, dw, s.In(dout, N * C), s.In(y, N * K * C), s.In(rows, N * K),
+                                s.In(weights, N * K), N, K, C);
+  s.Finish();
+}
+
+void ComputeBackend::ScatterAddRows(float* dx, const float* drows, const int32_t* rows, int64_t N,
+                                    int64_t K, int64_t C) {
+  RefuseInherited("ScatterAddRows");
+  Staging s(*this);
+  float* d = s.Out(dx, N * C);
+  kernels::scatter_add_rows(d, s.In(drows, N * K * C), s.In(rows, N * K), N, K, C);
+  s.Finish();
+}
+
 const char* ComputePrecisionName(ComputePrecision precision) {
   return precision == ComputePrecision::kBfloat16 ? "bfloat16" : "float32";
 }

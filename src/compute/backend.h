@@ -167,6 +167,27 @@ class ComputeBackend {
   virtual void CrossEntropyBackwardRows(float* x_to_dx, const float* lse, const int32_t* targets,
                                         int64_t N, int64_t V, int64_t first, float scale,
                                         const float* weights);
+  // The kernels of a second model family (model/deepseek_v3.h: MLA and a mixture of experts),
+  // shapes and contracts in kernels/cpu/kernels.h: rope_forward_strided / rope_backward_strided
+  // (a RoPE on part of each head), copy_columns, gather_rows, moe_combine, moe_combine_backward,
+  // scatter_add_rows. `rows` is device memory like every other pointer.
+  virtual void RopeForwardStrided(float* x, const float* cos_table, const float* sin_table,
+                                  int64_t B, int64_t T, int64_t heads, int64_t D, int64_t stride,
+                                  int64_t offset);
+  virtual void RopeBackwardStrided(float* dx, const float* cos_table, const float* sin_table,
+                                   int64_t B, int64_t T, int64_t heads, int64_t D, int64_t stride,
+                                   int64_t offset);
+  virtual void CopyColumns(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                           int64_t cols, bool accumulate);
+  virtual void GatherRows(float* out, const float* x, const int32_t* rows, int64_t N, int64_t K,
+                          int64_t C);
+  virtual void MoeCombine(float* out, const float* y, const int32_t* rows, const float* weights,
+                          int64_t N, int64_t K, int64_t C);
+  virtual void MoeCombineBackward(float* dy, float* dweights, const float* dout, const float* y,
+                                  const int32_t* rows, const float* weights, int64_t N, int64_t K,
+                                  int64_t C);
+  virtual void ScatterAddRows(float* dx, const float* drows, const int32_t* rows, int64_t N,
+                              int64_t K, int64_t C);
   // Why this backend refuses the inherited kernels above (the strided products excepted: they
   // are built from its own); empty when it runs them.
   virtual std::string inherited_kernels_refused() const { return ""; }

@@ -64,8 +64,6 @@ struct LlamaModel::Buffers {
   // kScored: each position's argmax (N), and off the host a chunk of logits copied to read it.
   std::vector<int32_t> predictions;
   std::vector<float> host_chunk;
-  // Off the host: each unit's weights and gradients in device memory, allocated at first use.
-  std::vector<Floats> unit_weights, unit_gradients;
 };
 
 LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t seq_len,
@@ -154,9 +152,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   if (!be.host_memory()) {
     b.loss_weights = floats(N);
     b.host_losses.resize(N);
-    b.unit_weights.resize(table_.units().size());
-    b.unit_gradients.resize(table_.units().size());
   }
+  units_ = std::make_unique<UnitMemory>(table_, be);
 
   const auto& units = table_.units();
   // Unit-relative offset of a tensor, which must lie inside unit `unit`.
@@ -205,22 +202,6 @@ size_t LlamaModel::activation_bytes() const {
   return floats * sizeof(float);
 }
 
-namespace {
-
-// FusedHeadRows in double, for planned sizes: chunks of logits within 16 MiB, yet at least 512
-// rows, the inner dimension of the chunk's weight-gradient product (fewer rows slow the head:
-// bench/fused_head_bench.cc, docs/performance.md).
-double FusedRows(double N, double V) {
-  constexpr double kChunkFloats = 4.0 * 1024 * 1024, kMinRows = 512;
-  return std::min(N, std::max(kMinRows, std::floor(kChunkFloats / std::max(1.0, V))));
-}
-
-}  // namespace
-
-int64_t FusedHeadRows(int64_t N, int64_t V) {
-  return static_cast<int64_t>(FusedRows(static_cast<double>(N), static_cast<double>(V)));
-}
-
 double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T,
                                    const ModelParallelism& p) {
   // This rank's share of each split dimension.
@@ -231,7 +212,7 @@ double PlannedLlamaActivationBytes(const LlamaConfig& c, double B, double T,
   const double KV = static_cast<double>(c.n_kv_heads) * share;
   const double D = static_cast<double>(c.head_dim());
   const double F = static_cast<double>(c.ffn_hidden_dim) * share;
-  const double rows = FusedRows(N, static_cast<double>(c.vocab_size));
+  const double rows = FusedHeadRowsPlanned(N, static_cast<double>(c.vocab_size));
   // The rows of the residual stream and the norms: all, or this rank's under sequence
   // parallelism (with the two gathered buffers of all rows).
   const bool sp = p.sequence_parallel;
@@ -262,34 +243,6 @@ const float* LlamaModel::logits() const {
 }
 const float* LlamaModel::losses() const {
   return backend_->host_memory() ? buffers_->losses.data() : buffers_->host_losses.data();
-}
-
-const float* LlamaModel::UnitWeights(ParameterAccess& access, int unit) {
-  const float* host = access.AcquireWeights(unit);
-  if (backend_->host_memory()) return host;
-  Buffers& b = *buffers_;
-  const ParamUnit& u = table_.units()[unit];
-  auto& device = b.unit_weights[unit];
-  if (!device.data()) device = DeviceArray<float>(*backend_, u.end - u.begin);
-  device.CopyFrom(host, u.end - u.begin);
-  return device.data();
-}
-
-float* LlamaModel::UnitGradients(ParameterAccess& access, int unit) {
-  float* host = access.Gradients(unit);
-  if (backend_->host_memory()) return host;
-  const ParamUnit& u = table_.units()[unit];
-  auto& device = buffers_->unit_gradients[unit];
-  if (!device.data()) device = DeviceArray<float>(*backend_, u.end - u.begin);
-  return device.data();
-}
-
-void LlamaModel::UnitGradientsReady(ParameterAccess& access, int unit) {
-  if (!backend_->host_memory()) {
-    const ParamUnit& u = table_.units()[unit];
-    buffers_->unit_gradients[unit].CopyTo(access.Gradients(unit), u.end - u.begin);
-  }
-  access.GradientsReady(unit);
 }
 
 std::vector<float*> LlamaModel::Partials(float* out) {
@@ -496,20 +449,14 @@ LossSum LlamaModel::FusedHead(ParameterAccess& access, const float* head, const 
   // the head's gradient += dlogits^T lnf (the first chunk overwrites it). The vocabulary cut in
   // chunks (model/parallelism.h): each chunk's logits and products, the lse over all of them, and
   // d lnf summed over them in the tree.
+  if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain head
+    FusedHeadChunks(be, head_rows_, head, N, C, V, b.targets.data(), weights, loss_scale,
+                    b.head_chunk.data(), b.losses.data(), b.lse.data(), b.dln.data(), dhead);
+  }
   std::vector<float*> x(static_cast<size_t>(chunks_));
-  for (int64_t r = 0; r < N; r += rows) {
+  for (int64_t r = 0; parallelism_.tp_chunks > 1 && r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
     const float* lnf = head_rows_ + r * C;
-    if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain kernels
-      float* chunk = b.head_chunk.data();
-      be.MatmulForward(chunk, lnf, head, n, C, V);
-      be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, chunk, b.targets.data() + r, n,
-                             V);
-      be.CrossEntropyBackward(chunk, b.lse.data() + r, b.targets.data() + r, n, V, loss_scale,
-                              weights ? weights + r : nullptr);
-      be.MatmulBackward(b.dln.data() + r * C, dhead, chunk, lnf, head, n, C, V, false, r > 0);
-      continue;
-    }
     for (int64_t k = 0; k < chunks_; ++k) {
       x[k] = b.head_chunk.data() + k * rows * Vc;
       be.MatmulForward(x[k], lnf, head + k * Vc * C, n, C, Vc);
@@ -654,35 +601,20 @@ LossSum LlamaModel::ScoredHead(const float* head, const int32_t* targets) {
   SetTargets(targets);
   const int64_t rows = FusedHeadRows(N, V);
   b.predictions.assign(N, -1);
-  if (!be.host_memory()) b.host_chunk.resize(rows * V);
+  if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain head
+    ScoredHeadChunks(be, head_rows_, head, N, C, V, b.targets.data(), targets,
+                     b.head_chunk.data(), b.losses.data(), b.lse.data(), b.predictions.data(),
+                     &b.host_chunk);
+  }
   std::vector<float*> x(static_cast<size_t>(chunks_));
-  for (int64_t r = 0; r < N; r += rows) {
+  for (int64_t r = 0; parallelism_.tp_chunks > 1 && r < N; r += rows) {
     const int64_t n = std::min(rows, N - r);
-    if (parallelism_.tp_chunks > 1) {
-      for (int64_t k = 0; k < chunks_; ++k) {
-        x[k] = b.head_chunk.data() + k * rows * Vc;
-        be.MatmulForward(x[k], head_rows_ + r * C, head + k * Vc * C, n, C, Vc);
-      }
-      VocabularyLse(x.data(), r, n, targets);
-      VocabularyArgmax(x.data(), r, n, targets);
-      continue;
+    for (int64_t k = 0; k < chunks_; ++k) {
+      x[k] = b.head_chunk.data() + k * rows * Vc;
+      be.MatmulForward(x[k], head_rows_ + r * C, head + k * Vc * C, n, C, Vc);
     }
-    be.MatmulForward(b.head_chunk.data(), head_rows_ + r * C, head, n, C, V);
-    be.CrossEntropyForward(b.losses.data() + r, b.lse.data() + r, b.head_chunk.data(),
-                           b.targets.data() + r, n, V);
-    const float* chunk = b.head_chunk.data();
-    if (!be.host_memory()) {
-      b.head_chunk.CopyTo(b.host_chunk.data(), n * V);
-      chunk = b.host_chunk.data();
-    }
-    const int32_t* t = targets + r;
-    int32_t* predicted = b.predictions.data() + r;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      if (t[i] < 0) continue;
-      const float* row = chunk + i * V;
-      predicted[i] = static_cast<int32_t>(std::max_element(row, row + V) - row);
-    }
+    VocabularyLse(x.data(), r, n, targets);
+    VocabularyArgmax(x.data(), r, n, targets);
   }
   fused_ = false;
   scored_ = true;
@@ -722,17 +654,7 @@ LossSum LlamaModel::Retarget(const int32_t* targets) {
 }
 
 LossSum LlamaModel::SumLosses(const int32_t* targets) const {
-  const int64_t N = B_ * T_;
-  const float* losses = this->losses();
-  // In position order; without weights each w_i is 1 and w_i * l_i is l_i exactly.
-  LossSum sum;
-  for (int64_t i = 0; i < N; ++i) {
-    if (targets[i] < 0) continue;
-    const double w = loss_weights_ ? static_cast<double>(loss_weights_[i]) : 1.0;
-    sum.loss += w * losses[i];
-    sum.weight += w;
-  }
-  return sum;
+  return crucible::SumLosses(losses(), targets, loss_weights_, B_ * T_);
 }
 
 void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {

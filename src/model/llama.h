@@ -19,6 +19,7 @@
 
 #include "common/config.h"
 #include "compute/backend.h"
+#include "model/decoder_common.h"
 #include "model/model.h"
 #include "model/parallelism.h"
 #include "model/parameters.h"
@@ -68,10 +69,6 @@ struct LlamaSizes {
 LlamaSizes PlannedLlamaSizes(const LlamaConfig& config, const ModelParallelism& parallelism = {});
 double PlannedLlamaActivationBytes(const LlamaConfig& config, double batch_size, double seq_len,
                                    const ModelParallelism& parallelism = {});
-// The token rows of one chunk of the fused head (ForwardOptions::kFused) for N rows of a
-// vocabulary of V: a pure function of the shapes, so every thread count and rank layout gets
-// the same chunks (and the same bits). Its logits scratch is rows x V floats.
-int64_t FusedHeadRows(int64_t N, int64_t V);
 
 // The Llama ModelSpec, and its Hugging Face mapping (LlamaForCausalLM; tensor names are the
 // table's, and rotary embeddings use the same rotate-half layout, so no tensor is permuted).
@@ -167,12 +164,17 @@ class LlamaModel final : public Model {
 
  private:
   struct Buffers;
-  // A unit's weights and gradients as the backend's kernels read and write them: `access`'s own
-  // memory on the host; off the host, device copies (weights copied in when acquired, gradients
-  // copied out when ready).
-  const float* UnitWeights(ParameterAccess& access, int unit);
-  float* UnitGradients(ParameterAccess& access, int unit);
-  void UnitGradientsReady(ParameterAccess& access, int unit);
+  // A unit's weights and gradients as the backend's kernels read and write them
+  // (model/decoder_common.h).
+  const float* UnitWeights(ParameterAccess& access, int unit) {
+    return units_->Weights(access, unit);
+  }
+  float* UnitGradients(ParameterAccess& access, int unit) {
+    return units_->Gradients(access, unit);
+  }
+  void UnitGradientsReady(ParameterAccess& access, int unit) {
+    units_->GradientsReady(access, unit);
+  }
   // Copies `targets` (host) to the model's buffers, checked against the vocabulary.
   void SetTargets(const int32_t* targets);
   // The loss sum of the losses of the last Forward against `targets`.
@@ -238,6 +240,7 @@ class LlamaModel final : public Model {
   // The last Forward was kScored: no logits kept, no backward possible.
   bool scored_ = false;
   std::shared_ptr<ComputeBackend> backend_;
+  std::unique_ptr<UnitMemory> units_;
   Buffers* buffers_;
 };
 

@@ -53,6 +53,7 @@ ParameterSizes LlamaSpec::PlannedSizes(const ModelParallelism& parallelism) cons
   const double L = static_cast<double>(config_.n_layers), tied = config_.tie_embeddings ? 0 : 1;
   ParameterSizes sizes;
   sizes.parameters = s.parameters;
+  sizes.active = s.parameters;
   sizes.first_unit = s.embedding;
   sizes.largest_unit = s.largest_unit;
   sizes.largest_other_unit = s.largest_other_unit;

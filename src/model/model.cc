@@ -14,6 +14,7 @@ namespace {
 struct Entry {
   ModelSpecBuilder build;
   HfFamily hf;
+  std::vector<const char*> own_keys;
 };
 
 Registry<Entry>& Models() {
@@ -33,8 +34,9 @@ LossSum Model::Retarget(const int32_t*) {
       "estimate needs (optimizer.name); choose another optimizer");
 }
 
-ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf) {
-  Models().Add(name, Entry{build, hf});
+ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf,
+                               std::vector<const char*> own_keys) {
+  Models().Add(name, Entry{build, hf, std::move(own_keys)});
 }
 
 std::vector<std::string> RegisteredModels() {
@@ -43,7 +45,20 @@ std::vector<std::string> RegisteredModels() {
 
 std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config) {
   const std::string name = config.String("model.name");
-  std::shared_ptr<const ModelSpec> spec = Find(name).build(config);
+  const Entry& entry = Find(name);
+  for (const auto& [other, family] : Models().entries()) {
+    if (other == name) continue;
+    for (const char* key : family.own_keys) {
+      bool ours = false;
+      for (const char* own : entry.own_keys) ours |= std::string(own) == key;
+      if (!ours && config.IsSet(key))
+        throw UsageError(StrFormat("%s (%s): a key of model.name = \"%s\", not of \"%s\"; remove "
+                                   "it or set model.name = \"%s\"",
+                                   key, config.Origin(key).c_str(), other.c_str(), name.c_str(),
+                                   other.c_str()));
+    }
+  }
+  std::shared_ptr<const ModelSpec> spec = entry.build(config);
   if (spec->name() != name)
     throw Error(kExitFailure, "internal: model '" + name + "' built a spec named " + spec->name());
   return spec;

@@ -110,6 +110,9 @@ struct ParameterSizes {
   // The elements and the tensors of each ParamKind (indexed by its value): what an optimizer
   // state carried by some kinds only (optim/optimizer.h) takes.
   std::array<double, kParamKindCount> kind_parameters{}, kind_tensors{};
+  // The parameters one token uses: `parameters` for a dense model, a mixture of experts' own
+  // experts only (0: not stated, read as `parameters`).
+  double active = 0;
 };
 
 // Bytes Build(batch_size, seq_len) allocates, in double.
@@ -222,15 +225,17 @@ struct HfFamily {
 };
 
 // A static instance in a model family's .cc file registers it. Two registrations of one name
-// end the program at start-up.
+// end the program at start-up. `own_keys`: the [model] keys that only this family reads; a run
+// of another family that sets one is refused in one line (BuildModelSpec).
 struct ModelRegistrar {
-  ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf = {});
+  ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf = {},
+                 std::vector<const char*> own_keys = {});
 };
 
 // The names registered, sorted.
 std::vector<std::string> RegisteredModels();
 // The model `config`'s [model] name selects, built by its family (UsageError listing the
-// registered names when none has that name).
+// registered names when none has that name, or naming a key of another family that is set).
 std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config);
 // The [model] name of the family whose model_type the Hugging Face `config` (at `path`) names;
 // without a model_type, the default [model] name's. DataError naming the file and the model

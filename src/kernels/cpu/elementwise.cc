@@ -138,8 +138,9 @@ namespace {
 // Rotates each pair (v[i], v[i + D/2]) of every head at position t by its angle, or by minus its
 // angle when sine_sign is -1 (the inverse rotation, which is also the transpose). Negating the
 // sine is exact, so the inverse gives the bits of the rotation written out with the signs swapped.
+// Head h of row bt starts at x + (bt * heads + h) * stride + offset.
 void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
-                 int64_t heads, int64_t D, float sine_sign) {
+                 int64_t heads, int64_t D, int64_t stride, int64_t offset, float sine_sign) {
   int64_t half = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -147,7 +148,7 @@ void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64
     const float* c = cos_table + t * half;
     const float* s = sin_table + t * half;
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (bt * heads + h) * D;
+      float* v = x + (bt * heads + h) * stride + offset;
       for (int64_t i = 0; i < half; ++i) {
         float x1 = v[i], x2 = v[i + half], sine = sine_sign * s[i];
         v[i] = x1 * c[i] - x2 * sine;
@@ -162,13 +163,25 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
                   int64_t heads, int64_t D) {
   // In place: each pair rotated with 4 multiplies and 2 adds, the tables read once per row.
   ScopedKernelTimer profile_timer(RopeCost(false, B, T, heads, D));
-  rope_rotate(x, cos_table, sin_table, B, T, heads, D, 1.0f);
+  rope_rotate(x, cos_table, sin_table, B, T, heads, D, D, 0, 1.0f);
 }
 
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D) {
   ScopedKernelTimer profile_timer(RopeCost(true, B, T, heads, D));
-  rope_rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
+  rope_rotate(dx, cos_table, sin_table, B, T, heads, D, D, 0, -1.0f);
+}
+
+void rope_forward_strided(float* x, const float* cos_table, const float* sin_table, int64_t B,
+                          int64_t T, int64_t heads, int64_t D, int64_t stride, int64_t offset) {
+  ScopedKernelTimer profile_timer(RopeCost(false, B, T, heads, D));
+  rope_rotate(x, cos_table, sin_table, B, T, heads, D, stride, offset, 1.0f);
+}
+
+void rope_backward_strided(float* dx, const float* cos_table, const float* sin_table, int64_t B,
+                           int64_t T, int64_t heads, int64_t D, int64_t stride, int64_t offset) {
+  ScopedKernelTimer profile_timer(RopeCost(true, B, T, heads, D));
+  rope_rotate(dx, cos_table, sin_table, B, T, heads, D, stride, offset, -1.0f);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {

@@ -86,6 +86,35 @@ void rope_forward(float* x, const float* cos_table, const float* sin_table, int6
 // dx (B,T,heads,D) rotated back in place.
 void rope_backward(float* dx, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                    int64_t heads, int64_t D);
+// A partial rotation (MLA's decoupled RoPE): the D values of head h of row bt (= b T + t) start at
+// x + (bt heads + h) stride + offset, the rest of each head is left alone. stride = D, offset 0 is
+// rope_forward (the same bits).
+void rope_forward_strided(float* x, const float* cos_table, const float* sin_table, int64_t B,
+                          int64_t T, int64_t heads, int64_t D, int64_t stride, int64_t offset);
+void rope_backward_strided(float* dx, const float* cos_table, const float* sin_table, int64_t B,
+                           int64_t T, int64_t heads, int64_t D, int64_t stride, int64_t offset);
+
+// ---- rows and columns (kernels/cpu/moe.cc) ----
+// dst[r * ldd + c] = (or +=, when accumulate) src[r * lds + c] for r < rows, c < cols.
+void copy_columns(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                  int64_t cols, bool accumulate);
+// A mixture of experts' token rows (model/moe_routing.h): each of N tokens goes to K experts;
+// slot (t, k) is row rows[t K + k] of the experts' row-sorted layout (N K rows).
+//   gather_rows  out[rows[t K + k]] = x[t] (out (N K, C), x (N, C))
+//   moe_combine  out[t] += sum over k = 0..K-1, in that order, of weights[t K + k] y[rows[t K + k]]
+//   moe_combine_backward  dy[rows[t K + k]] = weights[t K + k] dout[t] and
+//                dweights[t K + k] = <dout[t], y[rows[t K + k]]> (a double sum in index order)
+//   scatter_add_rows  dx[t] += sum over k = 0..K-1, in that order, of drows[rows[t K + k]]
+// Each output is written by one thread in a fixed order: the bits do not depend on the thread
+// count, nor on which other tokens share an expert.
+void gather_rows(float* out, const float* x, const int32_t* rows, int64_t N, int64_t K, int64_t C);
+void moe_combine(float* out, const float* y, const int32_t* rows, const float* weights, int64_t N,
+                 int64_t K, int64_t C);
+void moe_combine_backward(float* dy, float* dweights, const float* dout, const float* y,
+                          const int32_t* rows, const float* weights, int64_t N, int64_t K,
+                          int64_t C);
+void scatter_add_rows(float* dx, const float* drows, const int32_t* rows, int64_t N, int64_t K,
+                      int64_t C);
 
 // ---- causal grouped-query attention (flash style, kernels/cpu/attention.cc) ----
 // q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), lse (B,H,T): the log-sum-exp of each query row's

@@ -252,7 +252,7 @@ TEST(ModelRegistry, BuildsARegisteredModelByName) {
 
 TEST(ModelRegistry, ListsTheRegisteredNamesAndRefusesAnUnknownOne) {
   const std::vector<std::string> names = RegisteredModels();
-  EXPECT_EQ(names, (std::vector<std::string>{"llama", "toy_linear"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"deepseek_v3", "llama", "toy_linear"}));
   Config config = Config::Defaults();
   config.ApplyOverride("model.name=gpt");
   try {
@@ -260,7 +260,7 @@ TEST(ModelRegistry, ListsTheRegisteredNamesAndRefusesAnUnknownOne) {
     FAIL() << "an unknown model was built";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), kExitUsage);
-    EXPECT_STREQ(e.what(), "model.name: unknown model 'gpt' (choose one of llama, toy_linear)");
+    EXPECT_STREQ(e.what(), "model.name: unknown model 'gpt' (choose one of deepseek_v3, llama, toy_linear)");
   }
 }
 
