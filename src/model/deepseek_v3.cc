@@ -15,7 +15,7 @@ namespace crucible {
 struct DeepSeekV3Model::LayerOffsets {
   size_t ln1 = 0, q_a = 0, q_a_norm = 0, q = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0, o = 0, ln2 = 0;
   size_t gate = 0, up = 0, down = 0;       // dense MLP, or shared experts (MoE, when any)
-  size_t router = 0;                       // MoE
+  size_t router = 0, bias = 0;             // MoE: the router's weight, its balance bias
   std::vector<size_t> expert;              // MoE: expert e's gate_proj (up and down follow)
 };
 
@@ -53,7 +53,8 @@ struct DeepSeekV3Model::Buffers {
   Floats dgate, dup, dhidden;  // (N, max(F, Fs))
   Floats expert_in, dexpert_gate, dexpert_up, dexpert_hidden, dexpert_out, dexpert_in;  // MoE
   Floats drouter, dweights;  // (N,E), (N K)
-  std::vector<float> host_router, host_dweights, host_drouter;  // off the host
+  std::vector<float> host_router, host_dweights, host_drouter, host_bias;  // off the host
+  std::vector<float> host_load;  // (E) the balance bias's gradient
   std::vector<int32_t> host_targets, predictions;
   std::vector<float> host_losses, host_logits, host_chunk;
   bool host_logits_current = false;
@@ -254,6 +255,7 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
       continue;
     }
     o.router = at("mlp.gate.weight");
+    o.bias = at("mlp.gate.e_score_correction_bias");
     if (Fs > 0) {
       o.gate = at("mlp.shared_experts.gate_proj.weight");
       o.up = at("mlp.shared_experts.up_proj.weight");
@@ -301,6 +303,20 @@ size_t DeepSeekV3Model::activation_bytes() const {
 const MoeRouting* DeepSeekV3Model::routing(int64_t layer) const {
   if (layer < 0 || layer >= config_.n_layers || !config_.moe_layer(layer)) return nullptr;
   return &buffers_->layers[layer].routing;
+}
+
+std::vector<ExpertLoad> DeepSeekV3Model::ExpertLoads() const {
+  std::vector<ExpertLoad> loads;
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    if (!config_.moe_layer(l)) continue;
+    const MoeRouting& r = buffers_->layers[l].routing;
+    ExpertLoad& load = loads.emplace_back();
+    load.layer = static_cast<int>(l);
+    load.tokens.assign(config_.n_routed_experts, 0);
+    if (r.expert_begin.empty()) continue;  // before the first Forward
+    for (int64_t e = 0; e < config_.n_routed_experts; ++e) load.tokens[e] = r.Load(e);
+  }
+  return loads;
 }
 
 void DeepSeekV3Model::AttentionForward(int64_t l, const float* w) {
@@ -371,7 +387,13 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
     L.router.CopyTo(b.host_router.data(), N * E);
     logits = b.host_router.data();
   }
-  RouteTokens(c.router(), logits, nullptr, N, &L.routing);
+  const float* bias = w + o.bias;
+  if (!be.host_memory()) {
+    b.host_bias.resize(E);
+    be.CopyToHost(b.host_bias.data(), bias, E * sizeof(float));
+    bias = b.host_bias.data();
+  }
+  RouteTokens(c.router(), logits, bias, N, &L.routing);
   L.rows.CopyFrom(L.routing.row.data(), N * K);
   L.weights.CopyFrom(L.routing.weight.data(), N * K);
   // The shared experts write x_out; the routed experts' weighted outputs are added to it.
@@ -587,6 +609,13 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
   if (!be.host_memory()) b.drouter.CopyFrom(b.host_drouter.data(), N * E);
   be.MatmulBackward(b.dln.data(), g + o.router, b.drouter.data(), ln2, w + o.router, N, C, E, true,
                     false);
+  // The balance bias's slot: each expert's share of the N K token slots above the uniform 1/E.
+  std::vector<float>& load = b.host_load;
+  load.resize(E);
+  for (int64_t e = 0; e < E; ++e)
+    load[e] = static_cast<float>(static_cast<double>(r.Load(e)) / static_cast<double>(N * K) -
+                                 1.0 / static_cast<double>(E));
+  be.CopyToDevice(g + o.bias, load.data(), E * sizeof(float));
 }
 
 void DeepSeekV3Model::AttentionBackward(int64_t l, const float* w, float* g) {

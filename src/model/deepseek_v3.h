@@ -79,7 +79,13 @@ std::string CheckDeepSeekV3Config(const DeepSeekV3Config& config);
 
 // Unit 0 the embedding, unit 1 + l decoder layer l, the last unit the tail (final norm, untied
 // head); transformers' tensor names. A MoE layer's tensors: mlp.gate.weight (the router),
+// mlp.gate.e_score_correction_bias (its balance bias, ParamKind::kBalanceBias),
 // mlp.shared_experts.{gate,up,down}_proj.weight, then expert e's mlp.experts.e.{gate,up,down}_proj.
+//
+// Load balancing without an auxiliary loss (DeepSeek-V3): the bias only chooses (model/
+// moe_routing.h); Backward writes in its gradient slot each expert's share of the micro-batch's
+// token slots minus 1/E, and optim/balance_bias.h moves it by model.bias_update_speed a step
+// against the sign of the reduced sum.
 ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& config);
 
 // Parameter counts in double: per unit as the table lays them out, and the active parameters of
@@ -113,7 +119,8 @@ class DeepSeekV3Spec final : public ModelSpec {
   ParameterTable BuildTable(const ModelParallelism& parallelism) const override;
   std::string CheckParallelism(const ModelParallelism& parallelism) const override;
   // As Llama's: normal(0, init_std) truncated at 3 sigma; output projections (o_proj and every
-  // down_proj) depth-scaled by 1/sqrt(2 n_layers); the untied head at dim^-0.5 / 4; norms at 1.
+  // down_proj) depth-scaled by 1/sqrt(2 n_layers); the untied head at dim^-0.5 / 4; norms at 1;
+  // the balance biases at 0.
   void InitWeights(const ParameterTable& table, uint64_t seed, size_t begin, size_t end,
                    float* out) const override;
   // 6 x the active parameters of the products (the router and num_experts_per_tok experts; the
@@ -152,6 +159,7 @@ class DeepSeekV3Model final : public Model {
 
   // The routing of MoE layer `layer`'s tokens in the last Forward (nullptr for a dense layer).
   const MoeRouting* routing(int64_t layer) const;
+  std::vector<ExpertLoad> ExpertLoads() const override;
 
  private:
   struct Buffers;

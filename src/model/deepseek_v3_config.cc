@@ -32,7 +32,7 @@ const char* const kKeys[] = {
     "model.qk_rope_head_dim",   "model.v_head_dim",            "model.n_routed_experts",
     "model.n_shared_experts",   "model.num_experts_per_tok",   "model.moe_intermediate_size",
     "model.n_group",            "model.topk_group",            "model.routed_scaling_factor",
-    "model.norm_topk_prob",     "model.first_k_dense_replace",
+    "model.norm_topk_prob",     "model.first_k_dense_replace", "model.bias_update_speed",
 };
 
 }  // namespace
@@ -173,6 +173,16 @@ DeepSeekV3Config BuildDeepSeekV3Config(Config& config) {
   m.norm_eps = config.Float("model.norm_eps");
   m.init_std = config.Float("model.init_std");
   if (std::string why = CheckDeepSeekV3Config(m); !why.empty()) throw UsageError(why);
+  // Refused before a backend is made, so that a machine without a GPU says this too.
+  const std::string& device = config.String("training.device");
+  if (device != "cpu")
+    throw UsageError("training.device = \"" + device +
+                     "\": the MLA and mixture-of-experts kernels of model.name = \"deepseek_v3\" "
+                     "have no version for this device yet; set training.device = \"cpu\"");
+  if (config.Bool("debug.portable_exact"))
+    throw UsageError(
+        "debug.portable_exact: the MLA and mixture-of-experts kernels of model.name = "
+        "\"deepseek_v3\" have no portable version yet; set debug.portable_exact = false");
   return m;
 }
 
@@ -190,7 +200,7 @@ DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& c) {
   const double query = c.q_lora_rank > 0 ? Rq * C + Rq + H * Dq * Rq : H * Dq * C;
   s.attention = query + (Rkv + Dr) * C + Rkv + H * (Dn + Dv) * Rkv + C * H * Dv;
   s.dense_mlp = 3 * C * static_cast<double>(c.ffn_hidden_dim);
-  s.router = E * C;
+  s.router = E * C + E;  // the router's weight and its balance bias
   s.moe_shared = 3 * C * Fs;
   s.expert = 3 * C * Fm;
   s.dense_layer = 2 * C + s.attention + s.dense_mlp;
@@ -241,6 +251,9 @@ ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& c) {
     } else {
       // The router is a hidden matrix to the optimizers (Muon orthogonalises it like the others).
       table.Add(p + "mlp.gate.weight", {c.n_routed_experts, C}, ParamKind::kLinear, l);
+      // Chooses experts, weighs nothing: no product, no optimizer (optim/balance_bias.h).
+      table.Add(p + "mlp.gate.e_score_correction_bias", {c.n_routed_experts},
+                ParamKind::kBalanceBias, l, false);
       if (Fs > 0) mlp(p + "mlp.shared_experts.", Fs, true);
       // A token uses num_experts_per_tok experts: they count in FLOPs through
       // TrainFlopsPerToken, not the table.

@@ -77,9 +77,9 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   // kv_a, kv_b, o; a dense MLP's 3, or a router, the shared experts' 3 and each expert's 3.
   const double norms = L * (3 + q_lora) + 1;
   const double attention_linear = L * (2 + 1 + q_lora);  // q or q_a q_b, kv_a, kv_b
-  const double mlp_linear = dense * 2 + moe * (1 + 2 * shared + 2 * E);
+  const double mlp_linear = dense * 2 + moe * (1 + 2 * shared + 2 * E);  // the router: 1
   const double mlp_output = dense + moe * (shared + E);
-  sizes.tensors = norms + attention_linear + L + mlp_linear + mlp_output + 1 + tied;
+  sizes.tensors = norms + attention_linear + L + mlp_linear + mlp_output + moe + 1 + tied;
   auto set = [&](ParamKind kind, double parameters, double tensors) {
     sizes.kind_parameters[static_cast<size_t>(kind)] = parameters;
     sizes.kind_tensors[static_cast<size_t>(kind)] = tensors;
@@ -95,8 +95,9 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   set(ParamKind::kNorm, norm_parameters, norms);
   set(ParamKind::kOutputProjection, output, L + mlp_output);
   set(ParamKind::kHead, tied * s.embedding, tied);
+  set(ParamKind::kBalanceBias, moe * E, moe);
   set(ParamKind::kLinear, s.parameters - s.embedding - norm_parameters - output -
-                              tied * s.embedding,
+                              tied * s.embedding - moe * E,
       attention_linear + mlp_linear);
   return sizes;
 }
@@ -121,7 +122,7 @@ ParameterTable DeepSeekV3Spec::BuildTable(const ModelParallelism& parallelism) c
 std::string DeepSeekV3Spec::CheckParallelism(const ModelParallelism& parallelism) const {
   if (parallelism.tp_chunks > 1 || parallelism.tp_degree > 1)
     return "model.name = \"deepseek_v3\" has no tensor-parallel layers yet (set "
-           "parallelism.tensor_parallel_degree = 1 and parallelism.tp_chunks = 1)";
+           "parallelism.tensor_parallel_degree = 1)";
   return "";
 }
 
@@ -141,8 +142,8 @@ void DeepSeekV3Spec::InitWeights(const ParameterTable& table, uint64_t seed, siz
     if (b >= e) continue;
     float* w = out + (b - begin);
     const size_t first = b - p.offset, count = e - b;
-    if (p.kind == ParamKind::kNorm) {
-      std::fill(w, w + count, 1.0f);
+    if (p.kind == ParamKind::kNorm || p.kind == ParamKind::kBalanceBias) {
+      std::fill(w, w + count, p.kind == ParamKind::kNorm ? 1.0f : 0.0f);
       continue;
     }
     double std = c.init_std;

@@ -62,6 +62,13 @@ struct ForwardOptions {
   static ForwardOptions Scored() { return {Head::kScored, 0}; }
 };
 
+// A mixture of experts' routing in one Forward: how many token slots each expert of a routed
+// layer received (a token sent to K experts fills K slots).
+struct ExpertLoad {
+  int layer = -1;
+  std::vector<int64_t> tokens;  // per expert
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -97,6 +104,10 @@ class Model {
   // The gradient of loss_scale * (the loss sum of the last Forward), written over every unit's
   // gradient through `access`.
   virtual void Backward(ParameterAccess& access, float loss_scale) = 0;
+  // The routing of the last Forward, per routed layer in layer order; empty for a model without
+  // routed experts (the default). The trainer adds them over a step's micro-batches and its
+  // data-parallel ranks (train/expert_load.h: metrics and the dead-expert detector).
+  virtual std::vector<ExpertLoad> ExpertLoads() const { return {}; }
 };
 
 // Parameter counts a config asks for, in double so that no config can overflow them: exactly

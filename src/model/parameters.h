@@ -14,9 +14,13 @@ namespace crucible {
 
 // What a tensor is to the optimizer and the initialiser: the input embedding, a norm's scale, a
 // hidden matrix (attention and MLP projections; kOutputProjection are those that write into the
-// residual stream), or the output head.
-enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead };
-inline constexpr size_t kParamKindCount = 5;
+// residual stream), the output head, or a balance bias: a tensor no optimizer trains, steered by
+// what the model writes in its gradient slot instead (a mixture of experts' per-expert routing
+// bias, whose "gradient" is each expert's load above the mean): every optimizer leaves it to the
+// sign rule of optim/balance_bias.h, and it counts in neither the gradient norm nor clipping.
+// Initialised to 0.
+enum class ParamKind { kEmbedding, kNorm, kLinear, kOutputProjection, kHead, kBalanceBias };
+inline constexpr size_t kParamKindCount = 6;
 
 // How a tensor is cut over the ranks of a tensor-parallel group: this rank holds part `part` of
 // `parts` equal parts along dimension `dim` of the whole tensor. dim -1: the whole tensor, on

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/profile.h"
 #include "common/strings.h"
+#include "optim/balance_bias.h"
 #include "optim/per_group_optimizer.h"
 
 namespace crucible {
@@ -16,6 +17,8 @@ OptimizerConfig BuildOptimizerConfig(const Config& config) {
   std::shared_ptr<const Optimizer> named = MakeOptimizer(o.name, config);
   const bool per_group = named->matrices_only();
   o.optimizer = per_group ? MakePerGroupOptimizer(named, MakeOptimizer("AdamW", config)) : named;
+  // ParamKind::kBalanceBias tensors (a mixture of experts' routing bias) follow their own rule.
+  o.optimizer = WithBalanceBias(o.optimizer, config.Float("model.bias_update_speed"));
   if (per_group) o.others = "AdamW";
   o.groups = BuildParamGroups(config, per_group);
   // Single keys are range-checked by Config::Validate; this is what they mean together.

@@ -50,9 +50,11 @@ ParamGroups BuildParamGroups(const Config& config, bool adamw_for_others) {
        config.Bool("optimizer.decay_embeddings") ? decayed : undecayed},
       {"head", {ParamKind::kHead}, decayed},
       {"norms", {ParamKind::kNorm}, config.Bool("optimizer.decay_norms") ? decayed : undecayed},
+      // Not trained: the balance rule (optim/balance_bias.h) takes no group setting.
+      {"balance", {ParamKind::kBalanceBias}, undecayed},
   };
   if (adamw_for_others) {
-    for (size_t g = 1; g < groups.size(); ++g) {
+    for (size_t g = 1; g + 1 < groups.size(); ++g) {
       groups[g].decay_key = "optimizer.adamw_weight_decay";
       if (config.Float("optimizer.adamw_lr") > 0) groups[g].lr_key = "optimizer.adamw_lr";
     }

@@ -23,7 +23,7 @@ struct GroupSettings {
 };
 
 struct ParamGroup {
-  std::string name;              // "matrices", "embeddings", "head", "norms"
+  std::string name;              // "matrices", "embeddings", "head", "norms", "balance"
   std::vector<ParamKind> kinds;  // the tensors it holds
   GroupSettings settings;
   // The keys its learning rate and weight decay come from (for messages).
@@ -51,8 +51,8 @@ class ParamKinds {
     for (ParamKind kind : kinds) bits_ |= Bit(kind);
   }
   static constexpr ParamKinds All() {
-    return {ParamKind::kEmbedding, ParamKind::kNorm, ParamKind::kLinear,
-            ParamKind::kOutputProjection, ParamKind::kHead};
+    return {ParamKind::kEmbedding, ParamKind::kNorm,        ParamKind::kLinear,
+            ParamKind::kOutputProjection, ParamKind::kHead, ParamKind::kBalanceBias};
   }
   constexpr bool Contains(ParamKind kind) const { return (bits_ & Bit(kind)) != 0; }
   constexpr ParamKinds Complement() const { return ParamKinds(All().bits_ & ~bits_); }
@@ -77,6 +77,8 @@ inline bool IsHiddenMatrix(ParamKind kind) {
 // and norms without optimizer.decay_norms (0). adamw_for_others: embeddings, head and norms take
 // optimizer.adamw_beta1, adamw_beta2, adamw_eps, adamw_weight_decay (the same decay_* rule) and
 // lr scale adamw_lr / lr (1 when adamw_lr is 0); UsageError when adamw_lr > 0 and lr is 0.
+// The fifth group, balance (kBalanceBias), is no optimizer's: optim/balance_bias.h updates it
+// with no group setting (weight decay 0).
 ParamGroups BuildParamGroups(const Config& config, bool adamw_for_others = false);
 
 }  // namespace crucible

@@ -34,6 +34,9 @@ Detectors::Detectors(const Config& config, const ParameterTable& table, size_t b
     throw UsageError("training.master_dtype: expected float32 or bfloat16, got '" + dtype + "'");
   bf16_storage_ = dtype == "bfloat16";
   for (const auto& p : table.params()) {
+    // A balance bias is no optimizer's (optim/balance_bias.h): model.bias_update_speed = 0 keeps
+    // it still on purpose, and it stays float32 under bf16 storage (as DeepSeek-V3 keeps it).
+    if (p.kind == ParamKind::kBalanceBias) continue;
     size_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel);
     if (b < e)
       ranges_.push_back({p.name, b, e, std::max<size_t>(1, (e - b + kSample - 1) / kSample)});

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "train/expert_load.h"
+
 namespace crucible {
 
 // One step, as every rank saw it (the local_* values are this rank's own).
@@ -34,6 +36,8 @@ struct StepReport {
   // The optimizer's metrics of the step (Optimizer::metrics, reduced over every rank), by name;
   // empty when it declares none or the update was skipped.
   std::vector<std::pair<std::string, double>> optimizer_metrics;
+  // A mixture of experts' load per routed layer (train/expert_load.h); empty without one.
+  std::vector<ExpertLoadSummary> expert_loads;
 };
 
 class TrainerHook {

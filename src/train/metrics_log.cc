@@ -1,5 +1,6 @@
 #include "train/metrics_log.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -66,12 +67,20 @@ MetricsLog::MetricsLog(const TrainingConfig& training, const std::string& run_di
 }
 
 std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
-  if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last))
+  if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last)) {
+    // A mixture of experts adds the largest coefficient of variation of its layers' loads.
+    std::string load;
+    if (!r.expert_loads.empty()) {
+      double cv = 0;
+      for (const ExpertLoadSummary& s : r.expert_loads) cv = std::max(cv, s.cv);
+      load = StrFormat(" load_cv=%.3f", cv);
+    }
     PrintLine(StrFormat(
         "step=%lld loss=%.6f lr=%.6e grad_norm=%.6f global_batch=%lld skipped=%lld tok/s=%.1f "
-        "mfu=%.2f",
+        "mfu=%.2f%s",
         (long long)r.step, r.loss, r.lr, r.grad_norm, (long long)r.global_batch,
-        (long long)r.skipped_total, r.tokens_per_second, r.mfu));
+        (long long)r.skipped_total, r.tokens_per_second, r.mfu, load.c_str()));
+  }
   if (metrics_.is_open()) {
     nlohmann::json record = {{"step", r.step},
                              {"loss", r.loss},
@@ -86,6 +95,12 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"step_seconds", r.step_seconds},
                              {"reduce_wait_s", r.reduce_wait_seconds}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
+    if (!r.expert_loads.empty()) {
+      nlohmann::json layers = nlohmann::json::array();
+      for (const ExpertLoadSummary& s : r.expert_loads)
+        layers.push_back({{"layer", s.layer}, {"min", s.min}, {"max", s.max}, {"cv", s.cv}});
+      record["expert_load"] = layers;
+    }
     metrics_.Append(record);
   }
   if (rank_metrics_.is_open())

@@ -280,6 +280,13 @@ void Trainer::AllocateState() {
                                       whole_state_ ? whole_state_.get() : &optimizer_->full_state(),
                                       training_.batches, rank_, world_);
   detectors_ = std::make_unique<Detectors>(config_, table(), update_begin_, update_end_);
+  expert_loads_ = std::make_unique<ExpertLoadMeter>(
+      config_.Bool("debug.detectors") ? config_.Int("debug.dead_expert_steps") : 0, leader());
+  for (const ParamInfo& p : table().params()) {
+    if (p.kind != ParamKind::kBalanceBias) continue;
+    const size_t b = std::max(update_begin_, p.offset), e = std::min(update_end_, p.offset + p.numel);
+    if (b < e) balance_ranges_.emplace_back(b, e);
+  }
   divergence_ = std::make_unique<DivergenceGuard>(
       table(), comm(), [this](int64_t step) { return LastCheckpoint(step); });
   guard_ = std::make_unique<StepGuard>(training_.guards, leader(),
@@ -615,8 +622,10 @@ StepReport Trainer::Step(int64_t step) {
     data_parallel_->CheckConsistency(weights_.data(), table().total(), step - 1);
   faults_->BeforeStep(step, *access_);
   const Batch& batch = NextBatch();
+  expert_loads_->BeginStep();
   const bool finite = ForwardBackward(batch, step);
   StepReport r;
+  r.expert_loads = expert_loads_->FinishStep(mesh_->data_parallel(), step);
   r.step = step;
   r.last = step == training_.steps;
   r.reduce_wait_seconds = ReduceGradients(step);
@@ -701,6 +710,7 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
       micro_losses_[m] = model_->Retarget(sampled_targets_.data()).loss;
     }
     model_->Backward(*access_, loss_scale_);
+    if (!sampled_targets) expert_loads_->Add(model_->ExpertLoads());
     if (!non_finite_where_.empty()) {
       if (non_finite_micro_batches++ == 0)
         first_non_finite = StrFormat("%s (micro-batch %lld)", non_finite_where_.c_str(),
@@ -739,6 +749,25 @@ void Trainer::DumpGradients(int64_t step) const {
 }
 
 double Trainer::GradNorm(bool finite) {
+  // The balance biases' slots hold loads, not gradients (ParamKind::kBalanceBias): zeros while
+  // the norm is taken, then put back (clipping scales them by a positive factor, which the sign
+  // rule does not see).
+  balance_held_.clear();
+  for (const auto& [b, e] : balance_ranges_) {
+    balance_held_.insert(balance_held_.end(), grads_.data() + (b - base_),
+                         grads_.data() + (e - base_));
+    std::fill(grads_.data() + (b - base_), grads_.data() + (e - base_), 0.0f);
+  }
+  const double norm = GradNormOfGradients(finite);
+  size_t held = 0;
+  for (const auto& [b, e] : balance_ranges_) {
+    std::copy_n(balance_held_.data() + held, e - b, grads_.data() + (b - base_));
+    held += e - b;
+  }
+  return norm;
+}
+
+double Trainer::GradNormOfGradients(bool finite) {
   double squares = 0;
   if (parallelism_.tp_chunks == 1) {
     squares = data_parallel_->GradNormSquared(grads_.data(), base_);

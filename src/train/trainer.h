@@ -42,6 +42,7 @@
 #include "optim/lr_schedule.h"
 #include "train/checkpointing.h"
 #include "train/detectors.h"
+#include "train/expert_load.h"
 #include "train/divergence.h"
 #include "train/fault_injector.h"
 #include "train/hooks.h"
@@ -125,9 +126,11 @@ class Trainer {
   // with no test faults (the Hessian pass).
   bool ForwardBackward(const Batch& batch, int64_t step, bool sampled_targets = false);
   double ReduceGradients(int64_t step);  // seconds waited for reductions in flight
-  // The global gradient norm before clipping; NaN unless every gradient is `finite`.
   void DumpGradients(int64_t step) const;
+  // The global gradient norm before clipping, the balance biases' slots left out
+  // (ParamKind::kBalanceBias); NaN unless every gradient is `finite`.
   double GradNorm(bool finite);
+  double GradNormOfGradients(bool finite);
   // Clips grads_ to training.max_norm (given their norm); returns the norm after clipping.
   double ClipGradients(double grad_norm);
   // Clips and updates; returns the norm after clipping.
@@ -183,7 +186,11 @@ class Trainer {
   std::unique_ptr<Checkpointing> checkpointing_;
   ResumePoint resume_;
   bool fresh_model_ = false;
+  // This rank's update range of the balance biases, and their slots while the norm is taken.
+  std::vector<std::pair<size_t, size_t>> balance_ranges_;
+  std::vector<float> balance_held_;
   std::unique_ptr<Detectors> detectors_;
+  std::unique_ptr<ExpertLoadMeter> expert_loads_;
   std::unique_ptr<DivergenceGuard> divergence_;
   std::unique_ptr<StepGuard> guard_;
   std::unique_ptr<MfuMeter> mfu_meter_;

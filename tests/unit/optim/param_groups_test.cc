@@ -23,7 +23,9 @@ ParamGroups GroupsOf(const std::vector<std::string>& overrides) {
 
 TEST(ParamGroups, MatricesEmbeddingsHeadAndNormsByKind) {
   const ParamGroups groups = GroupsOf({});
-  ASSERT_EQ(groups.groups().size(), 4u);
+  ASSERT_EQ(groups.groups().size(), 5u);
+  EXPECT_EQ(groups.Of(ParamKind::kBalanceBias).name, "balance");
+  EXPECT_EQ(groups.Of(ParamKind::kBalanceBias).settings.weight_decay, 0.0);
   EXPECT_EQ(groups.Of(ParamKind::kLinear).name, "matrices");
   EXPECT_EQ(groups.Of(ParamKind::kOutputProjection).name, "matrices");
   EXPECT_EQ(groups.Of(ParamKind::kEmbedding).name, "embeddings");
