@@ -179,6 +179,7 @@ void ImportHfModel(const std::string& dir, const ModelSpec& model, const Paramet
     auto& reader = readers[file_of[p.name]];
     if (!reader) reader = std::make_unique<SafetensorsReader>(JoinPath(dir, file_of[p.name]));
     reader->ReadFloat32(hf.TensorName(p), p.shape, weights + p.offset);
+    hf.FromHf(c, p, weights + p.offset);
   }
   RequireFiniteWeights(table, weights,
                        [&](const std::string& name) { return JoinPath(dir, file_of[name]); });

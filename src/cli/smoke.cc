@@ -1,4 +1,4 @@
-// crucible smoke [--golden FILE] [--ranks N] [--tp N] [--update] [--portable] [--device cpu|cuda]
+// crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--update] [--portable] [--device cpu|cuda]
 //                [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
@@ -14,7 +14,13 @@ CommandRun SetupSmoke(CLI::App& app) {
   auto options = std::make_shared<SmokeOptions>();
   app.add_option("--golden", options->golden,
                  "golden file to compare with (or write); default tests/golden/smoke.json, with "
-                 "--portable tests/golden/smoke-portable.json");
+                 "--portable tests/golden/smoke-portable.json, with --model deepseek_v3 "
+                 "tests/golden/smoke-deepseek_v3.json");
+  app.add_option("--model", options->model,
+                 "model family of the run: llama (default) or deepseek_v3 (its own smoke config: "
+                 "a dense layer, then a MoE layer with grouped routing, a shared expert and the "
+                 "moving balance bias)")
+      ->check(CLI::IsMember({"llama", "deepseek_v3"}));
   app.add_flag("--portable", options->portable,
                "debug.portable_exact = true: fixed-order kernels and portable math, one golden for "
                "every device (slow)");
@@ -48,6 +54,7 @@ CommandRun SetupSmoke(CLI::App& app) {
                        "device) or name that device's own --golden");
     if (options->golden.empty())
       options->golden = options->portable              ? "tests/golden/smoke-portable.json"
+                        : options->model != "llama"    ? "tests/golden/smoke-" + options->model + ".json"
                         : options->tensor_parallel > 0 ? "tests/golden/smoke-tp.json"
                                                        : "tests/golden/smoke.json";
     return RunSmoke(*options);

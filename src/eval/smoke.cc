@@ -21,7 +21,7 @@
 
 namespace crucible {
 
-std::string SmokeConfig(bool portable, bool tensor_parallel) {
+std::string SmokeConfig(bool portable, bool tensor_parallel, const std::string& model) {
   std::string config = std::string(R"([job]
 name = "smoke"
 
@@ -59,6 +59,20 @@ peak_gflops = 1.0
 [debug]
 seed = 1234
 )") + (portable ? "portable_exact = true\n" : "");
+  if (model == "deepseek_v3") {
+    // The debug flavor's MLA (query compression, partial RoPE) and MoE (8 experts in 2 groups,
+    // top-2 from 1 group, a shared expert, the routed scaling factor), at the same width: one
+    // dense layer, then a MoE layer; the balance bias moves every step.
+    const std::string llama = "flavor = \"debug\"\nvocab_size = 512\ndim = 64\nn_layers = 2\n"
+                              "n_heads = 4\nn_kv_heads = 2\nffn_hidden_dim = 160\n";
+    config.replace(config.find(llama), llama.size(),
+                   "name = \"deepseek_v3\"\nflavor = \"debug\"\nvocab_size = 512\ndim = 64\n"
+                   "n_layers = 2\nn_heads = 4\nffn_hidden_dim = 160\nq_lora_rank = 48\n"
+                   "kv_lora_rank = 32\nmoe_intermediate_size = 32\nbias_update_speed = 0.01\n");
+    // Four micro-batches a step: the golden holds for 1, 2 and 4 ranks.
+    const std::string batch = "global_batch_size = 4\n";
+    config.replace(config.find(batch), batch.size(), "global_batch_size = 8\n");
+  }
   if (!tensor_parallel) return config;
   // Every split dimension in 4 chunks (heads 4, KV heads 4, FFN 160, vocabulary 512), so that
   // degrees 1, 2 and 4 give the same bits; the default exact reduction (block48), whose blocks
@@ -163,7 +177,13 @@ int RunSmoke(const SmokeOptions& options) {
     throw UsageError(
         "smoke --tp with --portable: the portable kernels have no tensor-parallel "
         "version yet");
-  const std::string config = SmokeConfig(options.portable, options.tensor_parallel > 0);
+  if (options.model != "llama" && options.model != "deepseek_v3")
+    throw UsageError("smoke --model '" + options.model + "': expected llama or deepseek_v3");
+  if (options.model != "llama" && (options.tensor_parallel > 0 || options.portable))
+    throw UsageError("smoke --model " + options.model + ": the family has no " +
+                     (options.portable ? "portable kernels" : "tensor parallelism") + " yet");
+  const std::string config =
+      SmokeConfig(options.portable, options.tensor_parallel > 0, options.model);
   AtomicWriteFile(config_path, config);
   const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
   // Pin OpenBLAS and oneDNN to one kernel family each so the golden holds on any x86-64-v3 CPU
@@ -212,12 +232,16 @@ int RunSmoke(const SmokeOptions& options) {
                       options.device.c_str(), log_path.c_str()));
   int status = RunChild(argv, env, log_path);
   if (status != 0) {
-    std::string last_line;
-    for (const std::string& line : Split(ReadFile(log_path), '\n'))
+    // The run's own error line when it has one (mpirun adds its banners after it), else the last.
+    const std::string prefix = "crucible: error: ";
+    std::string last_line, error_line;
+    for (const std::string& line : Split(ReadFile(log_path), '\n')) {
       if (!Trim(line).empty()) last_line = line;
+      if (StartsWith(line, prefix)) error_line = line;
+    }
+    if (!error_line.empty()) last_line = error_line;
     // The run refusing its configuration (a device this build or this machine cannot run) is
     // the smoke's usage error, not a difference: said once, without the run's own prefix.
-    const std::string prefix = "crucible: error: ";
     if (status == kExitUsage)
       throw UsageError(
           "smoke: " +

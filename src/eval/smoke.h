@@ -27,6 +27,10 @@ struct SmokeOptions {
   // at tensor_parallel_degree N, against its own golden (tests/golden/smoke-tp.json), the same
   // for every degree and rank count. `ranks` must be a multiple of it.
   int tensor_parallel = 0;
+  // The model family of the run: "llama" (the default config) or "deepseek_v3" (its own smoke
+  // config: a dense layer then a MoE layer with grouped routing, a shared expert and the balance
+  // bias, against tests/golden/smoke-deepseek_v3.json).
+  std::string model = "llama";
   // More --set overrides for the run (test-only switches such as debug.fake_loss_divisor).
   std::vector<std::string> sets;
 };
@@ -37,7 +41,9 @@ struct SmokeOptions {
 int RunSmoke(const SmokeOptions& options);
 
 // The fixed configuration of the smoke run (TOML); `portable` adds debug.portable_exact = true,
-// `tensor_parallel` the tensor-parallel smoke's keys (4 KV heads, 4 chunks, the default block48).
-std::string SmokeConfig(bool portable = false, bool tensor_parallel = false);
+// `tensor_parallel` the tensor-parallel smoke's keys (4 KV heads, 4 chunks, the default block48);
+// `model` "deepseek_v3" replaces the [model] table with the MoE family's.
+std::string SmokeConfig(bool portable = false, bool tensor_parallel = false,
+                        const std::string& model = "llama");
 
 }  // namespace crucible

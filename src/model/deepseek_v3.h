@@ -100,7 +100,7 @@ DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& config);
 // Exactly DeepSeekV3Model(config, B, T).activation_bytes().
 double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& config, double B, double T);
 
-class DeepSeekV3Spec final : public ModelSpec {
+class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
  public:
   explicit DeepSeekV3Spec(const DeepSeekV3Config& config) : config_(config) {}
   const DeepSeekV3Config& config() const { return config_; }
@@ -130,10 +130,32 @@ class DeepSeekV3Spec final : public ModelSpec {
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
                                std::shared_ptr<ComputeBackend> backend,
                                const ModelParallelism& parallelism) const override;
+  const HfMapping* hf() const override { return this; }
+
+  // HfMapping (deepseek_v3_hf.cc): DeepseekV3ForCausalLM, tensor names the table's (experts one
+  // by one, as transformers saves them with save_original_format, its default). A config.json
+  // is refused (DataError) when it describes what this code cannot reproduce exactly: another
+  // activation, attention biases, a RoPE other than the default (DeepSeek-V3's own checkpoints
+  // use yarn), another router (scoring_func, topk_method), MoE layers not every layer after
+  // first_k_dense_replace. An export says rope_interleave = false; a folder with rope_interleave
+  // true (or absent, transformers' default) has its RoPE rows de-interleaved when read.
+  std::string architecture() const override;
+  nlohmann::ordered_json ConfigJson(int64_t max_position_embeddings,
+                                    const nlohmann::json& bos_token_id,
+                                    const nlohmann::json& eos_token_id) const override;
+  std::vector<std::string> Differences(const nlohmann::json& config,
+                                       const std::string& path) const override;
+  std::string TensorName(const ParamInfo& tensor) const override { return tensor.name; }
+  void FromHf(const nlohmann::json& config, const ParamInfo& tensor,
+              float* values) const override;
 
  private:
   DeepSeekV3Config config_;
 };
+
+// The DeepSeek-V3 a Hugging Face config.json describes (flavor "hf"): the family's HfConfigReader.
+std::shared_ptr<const ModelSpec> ReadDeepSeekV3HfConfig(const nlohmann::json& config,
+                                                        const std::string& path);
 
 class DeepSeekV3Model final : public Model {
  public:

@@ -14,7 +14,10 @@ std::shared_ptr<const ModelSpec> BuildDeepSeekV3Spec(Config& config) {
   return std::make_shared<DeepSeekV3Spec>(BuildDeepSeekV3Config(config));
 }
 
-ModelRegistrar deepseek_v3_registrar("deepseek_v3", BuildDeepSeekV3Spec, {}, DeepSeekV3Keys());
+ModelRegistrar deepseek_v3_registrar("deepseek_v3", BuildDeepSeekV3Spec,
+                                     {"deepseek_v3", "DeepseekV3ForCausalLM",
+                                      ReadDeepSeekV3HfConfig},
+                                     DeepSeekV3Keys());
 
 }  // namespace
 

@@ -7,71 +7,11 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "model/hf_config.h"
 #include "model/llama.h"
 
 namespace crucible {
 namespace {
-
-// The value of `key` in `object`, or `fallback` when it is absent or null; DataError naming the
-// file when it is not a boolean.
-bool Boolean(const nlohmann::json& object, const char* key, bool fallback,
-             const std::string& path) {
-  if (!object.contains(key) || object[key].is_null()) return fallback;
-  if (!object[key].is_boolean()) throw DataError(path + ": '" + key + "' is not true/false");
-  return object[key].get<bool>();
-}
-
-// The value of `key` in `object`, or nullopt when it is absent or null; DataError naming the file
-// and `where` (the key's path in the file) when it is not a number.
-std::optional<double> Number(const nlohmann::json& object, const char* key,
-                             const std::string& where, const std::string& path) {
-  if (!object.contains(key) || object[key].is_null()) return std::nullopt;
-  if (!object[key].is_number()) throw DataError(path + ": '" + where + "' is not a number");
-  return object[key].get<double>();
-}
-
-// The RoPE base of a config.json, in either spelling: transformers < 5 writes a top-level
-// `rope_theta` (and `rope_scaling` {type or rope_type, factor, ...} for the other RoPE types),
-// transformers >= 5 `rope_parameters` {rope_type, rope_theta}; the base is taken as transformers
-// takes it (rope_parameters' first, then the top-level one, then 10000). Only the default RoPE is
-// implemented: another rope_type in either object (llama3, yarn, linear, dynamic, ...) is refused,
-// as are two spellings of the base that disagree.
-double ReadRopeTheta(const nlohmann::json& c, const std::string& path) {
-  const std::optional<double> top = Number(c, "rope_theta", "rope_theta", path);
-  std::optional<double> nested;
-  std::string nested_key;
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!c.contains(key) || c[key].is_null()) continue;
-    const nlohmann::json& rope = c[key];
-    if (!rope.is_object()) throw DataError(path + ": '" + key + "' is not an object");
-    std::string type = "default";
-    for (const char* type_key : {"rope_type", "type"}) {
-      if (!rope.contains(type_key)) continue;
-      if (!rope[type_key].is_string())
-        throw DataError(path + ": '" + key + "." + type_key + "' is not a string");
-      type = rope[type_key].get<std::string>();
-      break;
-    }
-    if (type != "default")
-      throw DataError(path + ": rope_type '" + type + "' (" + key +
-                      ") is not supported: crucible implements only the default RoPE "
-                      "(rope_type 'default', base rope_theta); use a model trained with it");
-    const std::string where = std::string(key) + ".rope_theta";
-    if (std::optional<double> theta = Number(rope, "rope_theta", where, path)) {
-      if (nested && *nested != *theta)
-        throw DataError(StrFormat("%s: %s=%g and %s=%g disagree; keep one", path.c_str(),
-                                  nested_key.c_str(), *nested, where.c_str(), *theta));
-      nested = theta;
-      nested_key = where;
-    }
-  }
-  if (top && nested && *top != *nested)
-    throw DataError(StrFormat("%s: rope_theta=%g and %s=%g disagree; keep one", path.c_str(), *top,
-                              nested_key.c_str(), *nested));
-  const double theta = nested ? *nested : top ? *top : 10000.0;
-  if (!(theta > 0)) throw DataError(path + ": rope_theta must be positive");
-  return theta;
-}
 
 // Refuses (DataError naming the file and key) a config.json whose model crucible's Llama cannot
 // reproduce exactly: another activation, biases, a head_dim other than hidden_size/heads, or
@@ -85,7 +25,7 @@ void RequireReproducible(const nlohmann::json& c, const std::string& path) {
     throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
                     " is not supported: crucible's Llama uses silu (SwiGLU)");
   for (const char* key : {"attention_bias", "mlp_bias"})
-    if (Boolean(c, key, false, path))
+    if (HfBoolean(c, key, false, path))
       throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
   auto integer = [&](const char* key) {
     return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : int64_t{0};
@@ -98,7 +38,7 @@ void RequireReproducible(const nlohmann::json& c, const std::string& path) {
         "%s: head_dim=%lld is not hidden_size/num_attention_heads=%lld: not supported (crucible's "
         "Llama splits hidden_size evenly over the heads); use a model whose head_dim is that",
         path.c_str(), (long long)head_dim, (long long)(hidden / heads)));
-  ReadRopeTheta(c, path);
+  ReadHfRopeTheta(c, path);
 }
 
 }  // namespace
@@ -173,10 +113,10 @@ std::vector<std::string> LlamaSpec::Differences(const nlohmann::json& c,
     differences.push_back(StrFormat("num_key_value_heads=%lld vs model.n_kv_heads=%lld",
                                     (long long)kv, (long long)m.n_kv_heads));
   // head_dim: RequireReproducible made it hidden_size / heads, compared above.
-  real("rms_norm_eps", Number(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6), m.norm_eps,
+  real("rms_norm_eps", HfNumber(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6), m.norm_eps,
        "model.norm_eps");
-  real("rope_theta", ReadRopeTheta(c, path), m.rope_theta, "model.rope_theta");
-  const bool tied = Boolean(c, "tie_word_embeddings", false, path);
+  real("rope_theta", ReadHfRopeTheta(c, path), m.rope_theta, "model.rope_theta");
+  const bool tied = HfBoolean(c, "tie_word_embeddings", false, path);
   if (tied != m.tie_embeddings)
     differences.push_back(StrFormat("tie_word_embeddings=%s vs model.tie_embeddings=%s",
                                     tied ? "true" : "false", m.tie_embeddings ? "true" : "false"));
@@ -199,9 +139,9 @@ std::shared_ptr<const ModelSpec> ReadLlamaHfConfig(const nlohmann::json& c,
   m.n_layers = integer("num_hidden_layers", -1);
   m.n_heads = integer("num_attention_heads", -1);
   m.n_kv_heads = integer("num_key_value_heads", m.n_heads);
-  m.norm_eps = Number(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6);
-  m.rope_theta = ReadRopeTheta(c, path);
-  m.tie_embeddings = Boolean(c, "tie_word_embeddings", false, path);
+  m.norm_eps = HfNumber(c, "rms_norm_eps", "rms_norm_eps", path).value_or(1e-6);
+  m.rope_theta = ReadHfRopeTheta(c, path);
+  m.tie_embeddings = HfBoolean(c, "tie_word_embeddings", false, path);
   if (c.contains("initializer_range") && c["initializer_range"].is_number())
     m.init_std = c["initializer_range"].get<double>();
   if (m.n_heads <= 0 || m.dim % m.n_heads != 0 || m.n_kv_heads <= 0 ||

@@ -46,12 +46,15 @@ std::vector<std::string> RegisteredModels() {
 std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config) {
   const std::string name = config.String("model.name");
   const Entry& entry = Find(name);
+  // A key of another family is refused when it was given a value other than its default: a run's
+  // recorded config.toml writes every key, the other families' at their defaults.
+  const Config defaults = Config::Defaults();
   for (const auto& [other, family] : Models().entries()) {
     if (other == name) continue;
     for (const char* key : family.own_keys) {
       bool ours = false;
       for (const char* own : entry.own_keys) ours |= std::string(own) == key;
-      if (!ours && config.IsSet(key))
+      if (!ours && config.IsSet(key) && config.Value(key) != defaults.Value(key))
         throw UsageError(StrFormat("%s (%s): a key of model.name = \"%s\", not of \"%s\"; remove "
                                    "it or set model.name = \"%s\"",
                                    key, config.Origin(key).c_str(), other.c_str(), name.c_str(),

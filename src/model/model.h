@@ -155,6 +155,12 @@ class HfMapping {
                                                const std::string& path) const = 0;
   // The transformers name of a tensor of the table.
   virtual std::string TensorName(const ParamInfo& tensor) const = 0;
+  // Turns `values` (the tensor as the folder whose config.json is `config` stores it) into this
+  // model's layout, in place; the default keeps them. What a family whose layout depends on a
+  // config key overrides (DeepSeek-V3's interleaved RoPE rows). An export is written in the
+  // layout this model reads back unchanged.
+  virtual void FromHf(const nlohmann::json& /*config*/, const ParamInfo& /*tensor*/,
+                      float* /*values*/) const {}
 };
 
 class ModelSpec {
@@ -237,7 +243,8 @@ struct HfFamily {
 
 // A static instance in a model family's .cc file registers it. Two registrations of one name
 // end the program at start-up. `own_keys`: the [model] keys that only this family reads; a run
-// of another family that sets one is refused in one line (BuildModelSpec).
+// of another family that sets one to a value other than its default is refused in one line
+// (BuildModelSpec; a recorded config.toml holds every key, at its default when unused).
 struct ModelRegistrar {
   ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf = {},
                  std::vector<const char*> own_keys = {});

@@ -68,6 +68,46 @@ def test_a_device_this_machine_cannot_run_is_exit_2_in_one_line(tmp_path):
     assert "crucible: error: training.device" not in lines[0], lines  # the run's prefix is not repeated
 
 
+DEEPSEEK_GOLDEN = REPO / "tests" / "golden" / "smoke-deepseek_v3.json"
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_the_deepseek_v3_smoke_passes_on_one_two_and_four_ranks(tmp_path, ranks):
+    if ranks > 1 and not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed")
+    proc = run_crucible("smoke", "--model", "deepseek_v3", "--ranks", ranks, "--work-dir", tmp_path)
+    assert "smoke: PASS 8 steps" in proc.stdout and "smoke-deepseek_v3.json" in proc.stdout
+    # Its run is the MoE family's: routed experts, their balance bias, expert loads.
+    config = (tmp_path / "smoke.toml").read_text()
+    assert 'name = "deepseek_v3"' in config and "n_kv_heads" not in config
+    assert "load_cv=" in (tmp_path / "train.log").read_text()
+
+
+def test_the_deepseek_v3_golden_is_current_and_a_one_ulp_change_fails_it(tmp_path):
+    golden = tmp_path / "golden.json"
+    run_crucible("smoke", "--model", "deepseek_v3", "--golden", golden, "--update")
+    data = json.loads(golden.read_text())
+    assert data == json.loads(DEEPSEEK_GOLDEN.read_text()), "stale: rerun crucible smoke --model deepseek_v3 --update"
+    assert any(".mlp.experts.7.down_proj" in name for name in data["tensors"])
+    assert any(name.endswith("e_score_correction_bias") for name in data["tensors"])
+    proc = run_crucible("smoke", "--model", "deepseek_v3", env={"CRUCIBLE_TEST_PERTURB_KERNEL": "rmsnorm"},
+                        check=False)
+    assert proc.returncode == 1 and "smoke: FAIL first difference at step 1" in proc.stdout, proc.stdout
+
+
+def test_smoke_refusals_are_one_line_with_exit_2(tmp_path):
+    cases = [(["--model", "deepseek_v3", "--tp", "2", "--ranks", "2"], "the family has no tensor parallelism yet"),
+             (["--model", "deepseek_v3", "--portable"], "the family has no portable kernels yet"),
+             # The run's own error line, not mpirun's banner after it.
+             (["--ranks", "4"], "training.global_batch_size (4) must be a positive multiple")]
+    for args, message in cases:
+        if "--ranks" in args and not shutil.which("mpirun"):
+            continue
+        proc = run_crucible("smoke", *args, "--work-dir", tmp_path / "work", check=False)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (args, proc.stderr)
+
+
 def warnings_of(tmp_path, *settings):
     proc = run_crucible("train", *SMALL, "--set", f"job.dump_folder={tmp_path / 'run'}", *settings)
     return [l for l in proc.stderr.splitlines() if l.startswith("warning:")], proc

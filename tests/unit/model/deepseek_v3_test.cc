@@ -138,6 +138,21 @@ TEST(DeepSeekV3, KeysOfTheFamilyAreRefusedForAnotherOne) {
   EXPECT_EQ(BuildModelSpec(config)->name(), "deepseek_v3");
 }
 
+TEST(DeepSeekV3, ARecordedConfigWithEveryKeyAtItsDefaultBuildsEitherFamily) {
+  // A run's config.toml (Config::ToToml) writes every key, those of the other family at their
+  // defaults: read back (crucible export, resume), it is not refused.
+  for (const char* name : {"llama", "deepseek_v3"}) {
+    Config written = Config::Defaults();
+    written.ApplyOverride(std::string("model.name=") + name);
+    Config config = Config::Parse(written.ToToml(), "run/config.toml");
+    EXPECT_EQ(BuildModelSpec(config)->name(), name);
+  }
+  // A key set to its default on the command line is not a setting of the other family either.
+  Config config = Config::Defaults();
+  config.ApplyOverride("model.bias_update_speed=0.001");
+  EXPECT_EQ(BuildModelSpec(config)->name(), "llama");
+}
+
 TEST(DeepSeekV3, RefusesTensorParallelismAndBackendsWithoutItsKernels) {
   const DeepSeekV3Spec spec(Model({}));
   EXPECT_NE(spec.CheckParallelism(ModelParallelism::Layout(2, 0, 2)), "");

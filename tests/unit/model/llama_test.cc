@@ -233,7 +233,7 @@ TEST(LlamaHf, AModelTypeNoFamilyReadsIsRefusedNamingTheOnesThatAre) {
     EXPECT_EQ(e.exit_code(), kExitBadData);
     EXPECT_STREQ(e.what(),
                  "x/config.json: model_type 'qwen2' is not supported: crucible reads only "
-                 "model_type 'llama' (LlamaForCausalLM)");
+                 "model_type 'deepseek_v3' (DeepseekV3ForCausalLM) or 'llama' (LlamaForCausalLM)");
   }
   config.erase("model_type");  // no model_type: the default [model] name
   EXPECT_EQ(ModelNameForHfConfig(config, "x/config.json"), "llama");
