@@ -113,9 +113,13 @@ CommandRun SetupModel(CLI::App& app) {
     float scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
     model->Backward(access, scale);
     float loss = valid > 0 ? static_cast<float>(sum.loss / valid) : 0.0f;
+    // The gradients are those of loss + aux_loss (an auxiliary loss, LossSum::aux, when the model
+    // has one); "loss" stays the cross-entropy.
+    float aux_loss = valid > 0 ? static_cast<float>(sum.aux / valid) : 0.0f;
     std::vector<TensorView> views = {{"loss", {}, &loss},
                                      {"logits", {B, T, V}, logits.data()},
                                      {"losses", {B, T}, losses.data()}};
+    if (spec->has_aux_loss()) views.push_back({"aux_loss", {}, &aux_loss});
     for (const auto& p : table.params())
       views.push_back({"grad." + p.name, p.shape, gradients.data() + p.offset});
     WriteSafetensors(o->out, views, {{"valid_tokens", std::to_string(valid)}});

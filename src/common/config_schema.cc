@@ -104,6 +104,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "deepseek_v3: step of the auxiliary-loss-free balance bias per optimizer step "
        "(DeepSeek-V3's gamma); 0 keeps the bias at 0",
        true, AtLeast(0)},
+      {"model.aux_loss_alpha", T::kFloat, V(0.0),
+       "deepseek_v3: coefficient of the sequence-wise balance loss (DeepSeek-V3's alpha, "
+       "which it set to 0.0001); 0 leaves it out",
+       true, AtLeast(0)},
       {"model.first_k_dense_replace", T::kInt, V(int64_t{-1}),
        "deepseek_v3: leading layers with a dense MLP instead of experts; -1 takes the flavor's",
        true, Closed(-1, 2147483647.0)},

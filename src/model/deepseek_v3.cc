@@ -39,6 +39,7 @@ struct DeepSeekV3Model::Buffers {
     Floats expert_gate, expert_up, expert_hidden;  // (N K, Fm), expert-sorted rows (MoE)
     Floats expert_out;              // (N K, C)
     MoeRouting routing;             // host
+    std::vector<double> balance_f;  // (B, E) the sequence balance loss's count factors
     DeviceArray<int32_t> rows;      // (N K) routing.row on the device
     Floats weights;                 // (N K) routing.weight on the device
   };
@@ -394,6 +395,8 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
     bias = b.host_bias.data();
   }
   RouteTokens(c.router(), logits, bias, N, &L.routing);
+  if (c.aux_loss_alpha > 0)
+    aux_ += SequenceBalanceLoss(c.router(), L.routing, B_, T_, &L.balance_f);
   L.rows.CopyFrom(L.routing.row.data(), N * K);
   L.weights.CopyFrom(L.routing.weight.data(), N * K);
   // The shared experts write x_out; the routed experts' weighted outputs are added to it.
@@ -432,6 +435,7 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
   const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
   b.tokens.CopyFrom(tokens, N);
+  aux_ = 0;
   loss_weights_ = loss_weights;
   if (loss_weights && !be.host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
   const float* unit0 = units_->Weights(access, 0);
@@ -484,7 +488,10 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
   if (!be.host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  return SumLosses(losses(), targets, loss_weights_, N);
+  LossSum sum = SumLosses(losses(), targets, loss_weights_, N);
+  // Each sequence's balance loss counts as its T tokens (DeepSeekV3Config::aux_loss_alpha).
+  sum.aux = c.aux_loss_alpha * static_cast<double>(T_) * aux_;
+  return sum;
 }
 
 void DeepSeekV3Model::SetTargets(const int32_t* targets) {
@@ -534,7 +541,9 @@ LossSum DeepSeekV3Model::Retarget(const int32_t* targets) {
                                 N, config_.vocab_size);
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
-  return SumLosses(losses(), targets, loss_weights_, N);
+  LossSum sum = SumLosses(losses(), targets, loss_weights_, N);
+  sum.aux = config_.aux_loss_alpha * static_cast<double>(T_) * aux_;  // the forward's, unchanged
+  return sum;
 }
 
 void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
@@ -606,6 +615,9 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
     drouter = b.host_drouter.data();
   }
   RouteBackward(c.router(), r, dweights, drouter);
+  if (c.aux_loss_alpha > 0)
+    SequenceBalanceBackward(c.router(), r, B_, T_, L.balance_f,
+                            c.aux_loss_alpha * static_cast<double>(backward_scale_), drouter);
   if (!be.host_memory()) b.drouter.CopyFrom(b.host_drouter.data(), N * E);
   be.MatmulBackward(b.dln.data(), g + o.router, b.drouter.data(), ln2, w + o.router, N, C, E, true,
                     false);
@@ -672,6 +684,7 @@ void DeepSeekV3Model::Backward(ParameterAccess& access, float loss_scale) {
   const DeepSeekV3Config& c = config_;
   const int64_t N = B_ * T_, C = c.dim, V = c.vocab_size, L = c.n_layers;
   const int tail = table_.tail_unit();
+  backward_scale_ = loss_scale;
   if (scored_)
     throw Error(kExitFailure,
                 "internal: Backward after a scored forward (ask Forward for "

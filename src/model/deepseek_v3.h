@@ -55,6 +55,11 @@ struct DeepSeekV3Config {
   double routed_scaling_factor = 1.0;
   bool norm_topk_prob = true;
   int64_t first_k_dense_replace = 0;
+  // The sequence-wise balance loss's coefficient (0: none; moe_routing.h's SequenceBalanceLoss):
+  // each sequence's loss counts as its T tokens do, so with every target counted the objective
+  // is the cross-entropy's mean plus aux_loss_alpha times the mean over sequences and MoE layers'
+  // sum, as DeepSeek-V3 states it.
+  double aux_loss_alpha = 0;
   bool tie_embeddings = false;
   double rope_theta = 10000.0, norm_eps = 1e-6, init_std = 0.02;
 
@@ -131,6 +136,7 @@ class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
                                std::shared_ptr<ComputeBackend> backend,
                                const ModelParallelism& parallelism) const override;
   const HfMapping* hf() const override { return this; }
+  bool has_aux_loss() const override { return config_.aux_loss_alpha > 0; }
 
   // HfMapping (deepseek_v3_hf.cc): DeepseekV3ForCausalLM, tensor names the table's (experts one
   // by one, as transformers saves them with save_original_format, its default). A config.json
@@ -203,6 +209,8 @@ class DeepSeekV3Model final : public Model {
   // The last Forward was kFused (its head's backward done, with this scale), or kScored.
   bool fused_ = false, scored_ = false;
   float fused_scale_ = 0;
+  float backward_scale_ = 0;  // Backward's loss scale, for the balance loss's gradient
+  double aux_ = 0;            // the forward's sum of sequence balance losses over MoE layers
   Buffers* buffers_;
 };
 

@@ -33,6 +33,7 @@ const char* const kKeys[] = {
     "model.n_shared_experts",   "model.num_experts_per_tok",   "model.moe_intermediate_size",
     "model.n_group",            "model.topk_group",            "model.routed_scaling_factor",
     "model.norm_topk_prob",     "model.first_k_dense_replace", "model.bias_update_speed",
+    "model.aux_loss_alpha",
 };
 
 }  // namespace
@@ -172,6 +173,7 @@ DeepSeekV3Config BuildDeepSeekV3Config(Config& config) {
   m.rope_theta = config.Float("model.rope_theta");
   m.norm_eps = config.Float("model.norm_eps");
   m.init_std = config.Float("model.init_std");
+  m.aux_loss_alpha = config.Float("model.aux_loss_alpha");
   if (std::string why = CheckDeepSeekV3Config(m); !why.empty()) throw UsageError(why);
   // Refused before a backend is made, so that a machine without a GPU says this too.
   const std::string& device = config.String("training.device");

@@ -39,6 +39,11 @@ namespace crucible {
 struct LossSum {
   double loss = 0;
   double weight = 0;
+  // The auxiliary losses of the forward (a MoE's sequence-wise balance loss), summed, in the
+  // units of `loss`: the trainer's objective is (loss + aux) / (the global weight sum), its
+  // gradient what Backward writes. Reported apart from the loss (metrics' aux_loss), which stays
+  // the cross-entropy that eval and a dense model report. 0 for a model without one.
+  double aux = 0;
 };
 
 // How a Forward ends. kLogits keeps the whole (B*T, V) logits: logits(), Retarget and a Backward
@@ -176,6 +181,8 @@ class ModelSpec {
   virtual std::string SizeKeys() const = 0;
   // The shape recorded in a weights file's __metadata__ ("crucible.<key>" -> value).
   virtual std::map<std::string, std::string> WeightsMetadata() const = 0;
+  // Whether its forward adds an auxiliary loss (LossSum::aux): the trainer then reports it.
+  virtual bool has_aux_loss() const { return false; }
 
   // ---- planned before anything is allocated ----
   // Of this rank's table under `parallelism` (BuildTable(parallelism)); the whole model's without.

@@ -105,4 +105,52 @@ void RouteBackward(const MoeRouterConfig& c, const MoeRouting& r, const float* d
   }
 }
 
+double SequenceBalanceLoss(const MoeRouterConfig& c, const MoeRouting& r, int64_t sequences,
+                           int64_t seq_len, std::vector<double>* f) {
+  const int64_t E = c.experts, K = c.top_k, T = seq_len;
+  f->assign(sequences * E, 0.0);
+  std::vector<double> totals(sequences, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < sequences; ++b) {
+    double* fb = f->data() + b * E;
+    std::vector<double> P(E, 0.0);
+    for (int64_t t = b * T; t < (b + 1) * T; ++t) {
+      const float* s = r.affinity.data() + t * E;
+      double S = 0.0;
+      for (int64_t e = 0; e < E; ++e) S += s[e];
+      for (int64_t e = 0; e < E; ++e) P[e] += s[e] / S;
+      for (int64_t k = 0; k < K; ++k) fb[r.expert[t * K + k]] += 1.0;
+    }
+    double total = 0.0;
+    for (int64_t e = 0; e < E; ++e) {
+      fb[e] *= static_cast<double>(E) / static_cast<double>(K * T);
+      total += fb[e] * (P[e] / static_cast<double>(T));
+    }
+    totals[b] = total;
+  }
+  double sum = 0.0;
+  for (double total : totals) sum += total;
+  return sum;
+}
+
+void SequenceBalanceBackward(const MoeRouterConfig& c, const MoeRouting& r, int64_t sequences,
+                             int64_t seq_len, const std::vector<double>& f, double scale,
+                             float* dlogits) {
+  const int64_t E = c.experts, T = seq_len;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < sequences * T; ++t) {
+    const double* g = f.data() + (t / T) * E;  // dL/ds'_i = scale * g_i
+    const float* s = r.affinity.data() + t * E;
+    float* dz = dlogits + t * E;
+    double S = 0.0, gs = 0.0;
+    for (int64_t e = 0; e < E; ++e) S += s[e];
+    for (int64_t e = 0; e < E; ++e) gs += g[e] * (s[e] / S);
+    // s'_i = s_i / S: dL/ds_j = scale * (g_j - sum_i g_i s'_i) / S; then the sigmoid's s (1 - s).
+    for (int64_t e = 0; e < E; ++e) {
+      const double ds = scale * (g[e] - gs) / S;
+      dz[e] = static_cast<float>(static_cast<double>(dz[e]) + ds * s[e] * (1.0 - s[e]));
+    }
+  }
+}
+
 }  // namespace crucible

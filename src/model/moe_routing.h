@@ -48,4 +48,21 @@ void RouteTokens(const MoeRouterConfig& config, const float* logits, const float
 void RouteBackward(const MoeRouterConfig& config, const MoeRouting& routing,
                    const float* dweights, float* dlogits);
 
+// DeepSeek-V3's complementary sequence-wise balance loss, for the N = sequences x seq_len tokens
+// of `routing` laid out sequence after sequence. For each sequence of T tokens:
+//   f_i = E / (K T) * (the number of its tokens that chose expert i)        (not differentiable)
+//   P_i = 1/T * sum_t s'_{i,t},   s'_{i,t} = s_{i,t} / sum_j s_{j,t}          (s the affinities)
+//   L_seq = sum_i f_i P_i   (1 when the load is uniform or independent of the affinities)
+// Returns sum over the sequences of L_seq; `f` (sequences x E) keeps the counts' factors for the
+// backward. Fixed order, in double, so any rank layout gives the same bits.
+double SequenceBalanceLoss(const MoeRouterConfig& config, const MoeRouting& routing,
+                           int64_t sequences, int64_t seq_len, std::vector<double>* f);
+
+// Adds to dlogits (N, E) the gradient of scale * T * sum_seq L_seq (its P through s' and the
+// sigmoid; the counts f held fixed): dL/ds'_{i,t} = scale * f_i, then through the normalisation
+// and the sigmoid. `scale` is the loss scale times the loss's coefficient (model.aux_loss_alpha).
+void SequenceBalanceBackward(const MoeRouterConfig& config, const MoeRouting& routing,
+                             int64_t sequences, int64_t seq_len, const std::vector<double>& f,
+                             double scale, float* dlogits);
+
 }  // namespace crucible

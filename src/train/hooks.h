@@ -4,6 +4,7 @@
 // its own, an RL rollout trigger) is one more hook, not a branch in the step.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,9 @@ struct StepReport {
   int64_t step = 0;
   bool last = false;  // the run's last step
   double loss = 0;    // the global batch's mean loss, as logged
+  // The model's auxiliary loss over the same weight sum (LossSum::aux; the objective is
+  // loss + aux_loss); NaN for a model without one (ModelSpec::has_aux_loss).
+  double aux_loss = std::nan("");
   double lr = 0;
   double grad_norm = 0;          // before clipping; NaN when a gradient was not finite
   double grad_norm_clipped = 0;  // after clipping; NaN when the update was skipped

@@ -75,6 +75,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
       for (const ExpertLoadSummary& s : r.expert_loads) cv = std::max(cv, s.cv);
       load = StrFormat(" load_cv=%.3f", cv);
     }
+    if (!std::isnan(r.aux_loss)) load = StrFormat(" aux_loss=%.6f", r.aux_loss) + load;
     PrintLine(StrFormat(
         "step=%lld loss=%.6f lr=%.6e grad_norm=%.6f global_batch=%lld skipped=%lld tok/s=%.1f "
         "mfu=%.2f%s",
@@ -95,6 +96,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"step_seconds", r.step_seconds},
                              {"reduce_wait_s", r.reduce_wait_seconds}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
+    if (!std::isnan(r.aux_loss)) record["aux_loss"] = r.aux_loss;
     if (!r.expert_loads.empty()) {
       nlohmann::json layers = nlohmann::json::array();
       for (const ExpertLoadSummary& s : r.expert_loads)

@@ -631,6 +631,8 @@ StepReport Trainer::Step(int64_t step) {
   r.reduce_wait_seconds = ReduceGradients(step);
   if (step == dump_gradients_step_) DumpGradients(step);
   r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_, step);
+  if (model_spec_->has_aux_loss())
+    r.aux_loss = data_parallel_->OrderedSum(micro_aux_) / normalizer_;
   if (leader() && fresh_model_ && step == 1)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
   r.lr = learning_rate_(step);
@@ -687,6 +689,7 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
                   (long long)step, normalizer_));
   loss_scale_ = 1.0f / static_cast<float>(normalizer_);
   micro_losses_.assign(accumulation, 0.0);
+  micro_aux_.assign(accumulation, 0.0);
   // One warning per step and rank: the first tensor and micro-batch, and how many were not finite.
   std::string first_non_finite;
   int64_t non_finite_micro_batches = 0;
@@ -698,11 +701,11 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
     // whole logits.
     const ForwardOptions options =
         sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
-    micro_losses_[m] =
-        model_
-            ->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
-                      batch.loss_weights_at(m * rows), options)
-            .loss;
+    const LossSum sum = model_->Forward(*access_, batch.inputs_at(m * rows),
+                                        batch.targets_at(m * rows),
+                                        batch.loss_weights_at(m * rows), options);
+    micro_losses_[m] = sum.loss;
+    micro_aux_[m] = sum.aux;
     if (sampled_targets) {
       SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
                     model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,

@@ -202,7 +202,7 @@ class Trainer {
   // ---- the loop ----
   std::unique_ptr<FaultInjector> faults_;
   std::unique_ptr<DataLoader> loader_;
-  std::vector<double> micro_losses_, micro_weights_;
+  std::vector<double> micro_losses_, micro_weights_, micro_aux_;
   std::vector<int32_t> sampled_targets_;  // one micro-batch's, for the Hessian pass
   std::vector<bool> metric_warned_;       // per optimizer metric: above its threshold last step
   int64_t valid_local_ = 0;

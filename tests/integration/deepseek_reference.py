@@ -6,6 +6,11 @@ scale 1/sqrt(qk_nope_head_dim + qk_rope_head_dim); a mixture of experts with sig
 node-limited (grouped) top-k routing on the affinities plus the balance bias, weights normalised
 over the chosen experts and scaled by the routed scaling factor, shared experts), not from
 Crucible's kernels. RoPE is rotate-half on the stored layout, as Crucible stores it. Float64.
+With `aux_loss_alpha` > 0 in the config, DeepSeek-V3's sequence-wise balance loss (the paper's
+L_Bal = alpha sum_i f_i P_i per sequence, f_i = E/(K T) * the sequence's tokens that chose i,
+P_i = the sequence's mean of s_i / sum_j s_j) is added to the objective, each sequence's counting
+as its T tokens do: objective = (sum of cross-entropies + T sum_seq L_Bal) / valid targets; the
+reported loss stays the cross-entropy's mean, `aux_loss` is the rest.
 
 `python -c 'import deepseek_reference, sys; deepseek_reference.main(sys.argv[1:])' grads
 WEIGHTS BATCH OUT.npz CONFIG_JSON`: loss (mean over the valid targets), logits, every gradient,
@@ -86,6 +91,7 @@ class DeepSeekV3Reference(torch.nn.Module):
         c = self.c
         E, K, G, TG = c["n_routed_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
         s = torch.sigmoid(self.linear(x, pre + "gate.weight"))  # (N, E)
+        self.affinity = s
         bias_name = pre + "gate.e_score_correction_bias"
         bias = self.p(bias_name).detach() if bias_name.replace(".", "__") in self.params else torch.zeros(E, dtype=s.dtype)
         choice = (s + bias).detach()
@@ -110,6 +116,15 @@ class DeepSeekV3Reference(torch.nn.Module):
         B, T, C = h.shape
         x = h.reshape(B * T, C)
         experts, w = self.route(x, pre + "mlp.", layer)
+        alpha = c.get("aux_loss_alpha", 0.0)
+        if alpha > 0:
+            E, K = c["n_routed_experts"], c["num_experts_per_tok"]
+            s = self.affinity.reshape(B, T, E)
+            P = (s / s.sum(-1, keepdim=True)).mean(1)  # (B, E)
+            counts = torch.zeros(B, E, dtype=s.dtype)
+            counts.scatter_add_(1, experts.reshape(B, T * K), torch.ones(B, T * K, dtype=s.dtype))
+            f = counts * E / (K * T)
+            self.aux = self.aux + alpha * T * (f * P).sum()
         out = torch.zeros_like(x)
         for e in range(c["n_routed_experts"]):
             token, slot = (experts == e).nonzero(as_tuple=True)
@@ -123,6 +138,7 @@ class DeepSeekV3Reference(torch.nn.Module):
 
     def forward(self, tokens):
         c = self.c
+        self.aux = torch.zeros((), dtype=torch.float64)
         x = self.p("model.embed_tokens.weight")[tokens]
         for l in range(c["n_layers"]):
             pre = f"model.layers.{l}."
@@ -143,10 +159,11 @@ def gradients(weights_path, batch_path, out_path, config_json):
     weights, _ = read_safetensors(weights_path)
     batch, _ = read_safetensors(batch_path)
     ref = DeepSeekV3Reference(weights, json.loads(config_json))
-    loss, logits = ref.loss(torch.tensor(batch["tokens"], dtype=torch.long),
-                            torch.tensor(batch["targets"], dtype=torch.long))
-    loss.backward()
-    out = {"loss": np.array(loss.item()), "logits": logits.detach().numpy()}
+    targets = torch.tensor(batch["targets"], dtype=torch.long)
+    loss, logits = ref.loss(torch.tensor(batch["tokens"], dtype=torch.long), targets)
+    aux = ref.aux / (targets >= 0).sum()
+    (loss + aux).backward()
+    out = {"loss": np.array(loss.item()), "aux_loss": np.array(aux.item()), "logits": logits.detach().numpy()}
     out.update({"grad." + name: p.grad.numpy() for name, p in ref.named().items() if p.grad is not None})
     out.update({f"experts.{layer}": chosen for layer, chosen in ref.chosen.items()})
     np.savez(out_path, **out)

@@ -31,6 +31,8 @@ VARIANTS = {
         "q_lora_rank": 0, "n_shared_experts": 0, "norm_topk_prob": False, "n_group": 1, "topk_group": 1,
         "tie_embeddings": True, "v_head_dim": 24, "routed_scaling_factor": 1.0},
     "all-moe-top3": {"first_k_dense_replace": 0, "num_experts_per_tok": 3, "n_shared_experts": 2},
+    # DeepSeek-V3's sequence-wise balance loss, alpha large enough that its router gradient shows.
+    "sequence-balance-loss": {"aux_loss_alpha": 0.1},
 }
 
 
@@ -76,6 +78,17 @@ def test_logits_loss_and_every_gradient_match_the_pytorch_reference(tmp_path, va
                             json.dumps(reference)).strip()
     ref = np.load(tmp_path / "ref.npz")
 
+    if config.get("aux_loss_alpha", 0) > 0:
+        aux_error = abs(float(ours["aux_loss"]) - float(ref["aux_loss"]))
+        print(f"aux_loss {float(ours['aux_loss']):.6f} vs reference {float(ref['aux_loss']):.6f}")
+        assert aux_error < 1e-6 and float(ref["aux_loss"]) > 0.05
+        # The routers' gradients hold the balance loss's part: without it they differ.
+        plain = tmp_path / "plain.safetensors"
+        run_crucible("model", "grads", *model_sets({**config, "aux_loss_alpha": 0}), "--weights", weights_path,
+                     "--batch", batch_path, "--out", plain)
+        router = "grad.model.layers.1.mlp.gate.weight"
+        without = read_safetensors(plain)[0][router]
+        assert np.max(np.abs(without - ref[router])) > 1e-2 * np.max(np.abs(ref[router]))
     loss_error = abs(float(ours["loss"]) - float(ref["loss"]))
     logit_error = np.max(np.abs(ours["logits"] - ref["logits"]))
     names = [name for name in read_safetensors(weights_path)[0]]
@@ -127,14 +140,23 @@ def loads(run_dir):
 @pytest.mark.parametrize("mode", ["block48", "block32"])
 def test_one_two_and_four_ranks_at_every_zero_stage_give_identical_bits(tmp_path, mode):
     # The experts, the router and its balance bias (whose slot holds loads, summed exactly over
-    # the ranks like any gradient) through data parallelism and ZeRO unchanged.
+    # the ranks like any gradient) through data parallelism and ZeRO unchanged; with block32,
+    # the sequence-wise balance loss too (its sum over micro-batches reduced in a fixed order).
     results = {}
+    aux = ["model.aux_loss_alpha=0.001"] if mode == "block32" else []
     for np, zero_stage in ((1, 0), (2, 0), (2, 1), (2, 3), (4, 1), (4, 3)):
         run_dir = tmp_path / f"np{np}-z{zero_stage}"
-        proc = mpirun(np, TRAIN + ["training.steps=4", f"parallelism.zero_stage={zero_stage}",
-                                   f"parallelism.exact_reduction={mode}", f"job.dump_folder={run_dir}"])
-        assert "load_cv=" in proc.stdout
+        proc = mpirun(np, TRAIN + aux + ["training.steps=4", f"parallelism.zero_stage={zero_stage}",
+                                         f"parallelism.exact_reduction={mode}", f"job.dump_folder={run_dir}"])
+        assert "load_cv=" in proc.stdout and ("aux_loss=" in proc.stdout) == bool(aux)
+        records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+        assert all(("aux_loss" in r) == bool(aux) for r in records)
+        if aux:  # about alpha x (MoE layers) x 1 when the loads and affinities are near uniform
+            assert all(0.0005 < r["aux_loss"] < 0.003 for r in records), [r["aux_loss"] for r in records]
+            results.setdefault("aux", []).append([r["aux_loss"] for r in records])
         results[(np, zero_stage)] = result(proc, run_dir), loads(run_dir)
+    aux_losses = results.pop("aux", [])
+    assert all(a == aux_losses[0] for a in aux_losses), aux_losses
     reference = results[(1, 0)]
     assert all(r == reference for r in results.values()), {k: v[0][1] for k, v in results.items()}
     first = reference[1][0]
