@@ -221,6 +221,56 @@ void ComputeBackend::ScatterAddRows(float* dx, const float* drows, const int32_t
   s.Finish();
 }
 
+void ComputeBackend::GroupedMatmulForward(float* out, const float* inp,
+                                          const float* const* weights, const int64_t* begin,
+                                          int64_t G, int64_t C, int64_t OC) {
+  RefuseInherited("GroupedMatmulForward");
+  if (compute() != ComputePrecision::kFloat32) {  // the bf16 products: one call per group
+    for (int64_t g = 0; g < G; ++g)
+      if (begin[g + 1] > begin[g])
+        MatmulForward(out + begin[g] * OC, inp + begin[g] * C, weights[g], begin[g + 1] - begin[g],
+                      C, OC);
+    return;
+  }
+  Staging s(*this);
+  const int64_t rows = begin[G];
+  std::vector<const float*> w(G);
+  for (int64_t g = 0; g < G; ++g) w[g] = s.In(weights[g], OC * C);
+  float* o = s.Out(out, rows * OC);
+  kernels::grouped_matmul_forward(o, s.In(inp, rows * C), w.data(), begin, G, C, OC);
+  s.Finish();
+}
+
+void ComputeBackend::GroupedMatmulBackward(float* dinp, float* const* dweights, const float* dout,
+                                           const float* inp, const float* const* weights,
+                                           const int64_t* begin, int64_t G, int64_t C,
+                                           int64_t OC, bool accumulate_dinp) {
+  RefuseInherited("GroupedMatmulBackward");
+  if (compute() != ComputePrecision::kFloat32) {  // the bf16 products: one call per group
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = begin[g + 1] - begin[g];
+      if (n == 0)
+        Fill(dweights[g], static_cast<size_t>(OC * C), 0.0f);
+      else
+        MatmulBackward(dinp ? dinp + begin[g] * C : nullptr, dweights[g], dout + begin[g] * OC,
+                       inp + begin[g] * C, weights[g], n, C, OC, accumulate_dinp, false);
+    }
+    return;
+  }
+  Staging s(*this);
+  const int64_t rows = begin[G];
+  std::vector<const float*> w(G);
+  std::vector<float*> dw(G);
+  for (int64_t g = 0; g < G; ++g) {
+    w[g] = s.In(weights[g], OC * C);
+    dw[g] = s.Out(dweights[g], OC * C);
+  }
+  float* di = dinp ? s.Out(dinp, rows * C) : nullptr;
+  kernels::grouped_matmul_backward(di, dw.data(), s.In(dout, rows * OC), s.In(inp, rows * C),
+                                   w.data(), begin, G, C, OC, accumulate_dinp);
+  s.Finish();
+}
+
 const char* ComputePrecisionName(ComputePrecision precision) {
   return precision == ComputePrecision::kBfloat16 ? "bfloat16" : "float32";
 }

@@ -188,6 +188,16 @@ class ComputeBackend {
                                   int64_t C);
   virtual void ScatterAddRows(float* dx, const float* drows, const int32_t* rows, int64_t N,
                               int64_t K, int64_t C);
+  // kernels::grouped_matmul_forward / grouped_matmul_backward: the experts' products, one
+  // grouped GEMM per product. `weights` and `dweights` hold G pointers to device memory; `begin`
+  // (G + 1 row offsets) is host memory. With bfloat16 compute, one MatmulForward /
+  // MatmulBackward per group (the bf16 products have no grouped form yet).
+  virtual void GroupedMatmulForward(float* out, const float* inp, const float* const* weights,
+                                    const int64_t* begin, int64_t G, int64_t C, int64_t OC);
+  virtual void GroupedMatmulBackward(float* dinp, float* const* dweights, const float* dout,
+                                     const float* inp, const float* const* weights,
+                                     const int64_t* begin, int64_t G, int64_t C, int64_t OC,
+                                     bool accumulate_dinp);
   // Why this backend refuses the inherited kernels above (the strided products excepted: they
   // are built from its own); empty when it runs them.
   virtual std::string inherited_kernels_refused() const { return ""; }

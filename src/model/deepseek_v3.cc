@@ -56,12 +56,35 @@ struct DeepSeekV3Model::Buffers {
   Floats drouter, dweights;  // (N,E), (N K)
   std::vector<float> host_router, host_dweights, host_drouter, host_bias;  // off the host
   std::vector<float> host_load;  // (E) the balance bias's gradient
+  // Each expert's gate, up and down weights (or their gradients) in the unit being run: the
+  // grouped products' pointers.
+  template <typename T>
+  struct ExpertTensors {
+    std::vector<T*> gate, up, down;
+  };
+  ExpertTensors<const float> expert_w;
+  ExpertTensors<float> expert_g;
   std::vector<int32_t> host_targets, predictions;
   std::vector<float> host_losses, host_logits, host_chunk;
   bool host_logits_current = false;
 };
 
 namespace {
+
+// `base` + each expert's gate_proj, up_proj and down_proj offsets (each `size` floats, in that
+// order from o.expert[e]).
+template <typename T, typename Tensors>
+void ExpertPointers(T* base, const std::vector<size_t>& expert, size_t size, Tensors* out) {
+  const size_t E = expert.size();
+  out->gate.resize(E);
+  out->up.resize(E);
+  out->down.resize(E);
+  for (size_t e = 0; e < E; ++e) {
+    out->gate[e] = base + expert[e];
+    out->up[e] = base + expert[e] + size;
+    out->down[e] = base + expert[e] + 2 * size;
+  }
+}
 
 // The floats of each buffer of Buffers, in one place for the model and its plan.
 struct BufferPlan {
@@ -405,22 +428,17 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
   else
     be.Fill(x_out, N * C, 0.0f);
   be.GatherRows(b.expert_in.data(), ln2, L.rows.data(), N, K, C);
+  // The experts' products, each one grouped GEMM over the expert-sorted rows.
   const MoeRouting& r = L.routing;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.Load(e), r0 = r.expert_begin[e];
-    if (n == 0) continue;
-    const float* we = w + o.expert[e];
-    be.MatmulForward(L.expert_gate.data() + r0 * Fm, b.expert_in.data() + r0 * C, we, n, C, Fm);
-    be.MatmulForward(L.expert_up.data() + r0 * Fm, b.expert_in.data() + r0 * C, we + Fm * C, n,
-                     C, Fm);
-  }
+  ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
+  const int64_t* begin = r.expert_begin.data();
+  be.GroupedMatmulForward(L.expert_gate.data(), b.expert_in.data(), b.expert_w.gate.data(), begin,
+                          E, C, Fm);
+  be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E,
+                          C, Fm);
   be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), N * K, Fm);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.Load(e), r0 = r.expert_begin[e];
-    if (n == 0) continue;
-    be.MatmulForward(L.expert_out.data() + r0 * C, L.expert_hidden.data() + r0 * Fm,
-                     w + o.expert[e] + 2 * Fm * C, n, Fm, C);
-  }
+  be.GroupedMatmulForward(L.expert_out.data(), L.expert_hidden.data(), b.expert_w.down.data(),
+                          begin, E, Fm, C);
   be.MoeCombine(x_out, L.expert_out.data(), L.rows.data(), L.weights.data(), N, K, C);
   be.Add(x_out, L.x_mid.data(), N * C);
 }
@@ -581,28 +599,18 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
   be.MoeCombineBackward(b.dexpert_out.data(), b.dweights.data(), dx, L.expert_out.data(),
                         L.rows.data(), L.weights.data(), N, K, C);
   be.GatherRows(b.expert_in.data(), ln2, L.rows.data(), N, K, C);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.Load(e), r0 = r.expert_begin[e];
-    if (n == 0) {  // no token: a zero gradient
-      be.Fill(g + o.expert[e], static_cast<size_t>(3 * Fm * C), 0.0f);
-      continue;
-    }
-    be.MatmulBackward(b.dexpert_hidden.data() + r0 * Fm, g + o.expert[e] + 2 * Fm * C,
-                      b.dexpert_out.data() + r0 * C, L.expert_hidden.data() + r0 * Fm,
-                      w + o.expert[e] + 2 * Fm * C, n, Fm, C, false, false);
-  }
+  ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
+  ExpertPointers(g, o.expert, Fm * C, &b.expert_g);
+  const int64_t* begin = r.expert_begin.data();
+  // An expert no token chose gets a zero gradient (the grouped products write it).
+  be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(), b.dexpert_out.data(),
+                           L.expert_hidden.data(), b.expert_w.down.data(), begin, E, Fm, C, false);
   be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
                     L.expert_gate.data(), L.expert_up.data(), N * K, Fm);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = r.Load(e), r0 = r.expert_begin[e];
-    if (n == 0) continue;
-    const float* in = b.expert_in.data() + r0 * C;
-    float* din = b.dexpert_in.data() + r0 * C;
-    be.MatmulBackward(din, g + o.expert[e], b.dexpert_gate.data() + r0 * Fm, in, w + o.expert[e],
-                      n, C, Fm, false, false);
-    be.MatmulBackward(din, g + o.expert[e] + Fm * C, b.dexpert_up.data() + r0 * Fm, in,
-                      w + o.expert[e] + Fm * C, n, C, Fm, true, false);
-  }
+  be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
+                           b.expert_in.data(), b.expert_w.gate.data(), begin, E, C, Fm, false);
+  be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.up.data(), b.dexpert_up.data(),
+                           b.expert_in.data(), b.expert_w.up.data(), begin, E, C, Fm, true);
   be.ScatterAddRows(b.dln.data(), b.dexpert_in.data(), L.rows.data(), N, K, C);
   // The router: through the weights to the logits, then its product.
   const float* dweights = b.dweights.data();

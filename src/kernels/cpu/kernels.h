@@ -47,6 +47,23 @@ void matmul_backward_strided(float* dinp, float* dweight, const float* dout, con
                              bool accumulate_dinp, bool accumulate_dweight,
                              Bf16Gemm bf16 = Bf16Gemm::kOff);
 void matmul_nn(float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N);
+// Grouped products (a mixture of experts' experts, a grouped GEMM): group g is the rows
+// [begin[g], begin[g + 1]) of inp (C wide) and out (OC wide), with its own weight weights[g]
+// (OC, C). One parallel loop over the output tiles of every group, instead of one per group:
+// tiles of kGroupTileRows rows from each group's first row, and columns cut from OC alone; each
+// tile one single-threaded sgemm of the library gemm_library.h's table picks for
+// (kGroupTileRows, OC, C). So a row's result depends neither on the other rows of its group nor
+// on the thread count (what expert parallelism needs: a token's expert output must not depend on
+// which tokens share its expert batch). Groups without rows are skipped.
+inline constexpr int64_t kGroupTileRows = 256;
+void grouped_matmul_forward(float* out, const float* inp, const float* const* weights,
+                            const int64_t* begin, int64_t G, int64_t C, int64_t OC);
+// dout (rows, OC) -> dinp (rows, C) on the forward's tiles (overwritten, or added to when
+// accumulate_dinp) and dweights[g] (OC, C) = dout_g^T inp_g (overwritten; zeros for a group
+// without rows), the weight gradients' tiles of all groups in one parallel loop too.
+void grouped_matmul_backward(float* dinp, float* const* dweights, const float* dout,
+                             const float* inp, const float* const* weights, const int64_t* begin,
+                             int64_t G, int64_t C, int64_t OC, bool accumulate_dinp);
 // inp (N,C) -> out (N,N) = inp inp^T, exactly symmetric: only the tiles on and above the diagonal
 // of a fixed grid of kGramTile x kGramTile tiles (a pure function of N) are multiplied, each one
 // single-threaded sgemm as in matmul_forward, and the upper triangle is mirrored into the lower,
