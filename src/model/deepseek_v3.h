@@ -18,9 +18,9 @@
 //   [k_nope | v] = kv_b_proj(c_kv)                                                (H, Dn + Dv)
 //   RoPE (rotate-half on our layout) on the last Dr values of each query head and on k_pe;
 //   key = [k_nope | k_pe] for every head; causal softmax(q key^T / sqrt(Dq)) v; o_proj.
-// transformers' rope_interleave = true keeps the RoPE pairs interleaved in its weights; its
-// Hugging Face mapping (not built yet) is to permute those rows to this layout (the scores do
-// not change).
+// transformers' rope_interleave = true keeps the RoPE pairs interleaved in its weights; the
+// Hugging Face mapping (deepseek_v3_hf.cc) permutes those rows to this layout when it reads such
+// a folder (the scores do not change) and exports with rope_interleave = false.
 //
 // The attention kernel takes one head width: v is carried at Dq, its last Dq - Dv values zero
 // (as transformers pads v for flash attention), so the P V product costs Dq / Dv of the minimum,
