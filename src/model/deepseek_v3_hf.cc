@@ -14,24 +14,17 @@ namespace {
 
 // Refuses (DataError naming the file and key) what this family cannot reproduce exactly.
 void RequireReproducible(const nlohmann::json& c, const std::string& path) {
-  auto quoted = [](const nlohmann::json& value) {
-    return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
-  };
-  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
-    throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
-                    " is not supported: crucible's DeepSeek-V3 uses silu (SwiGLU)");
-  if (HfBoolean(c, "attention_bias", false, path))
-    throw DataError(path + ": attention_bias=true is not supported: crucible's MLA has no biases");
+  RequireHfSiluWithoutBiases(c, path, "DeepSeek-V3", {"attention_bias"});
   // Older DeepSeek configs spell the router's choices; only V3's is implemented.
   const std::pair<const char*, const char*> expected[] = {
       {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}};
   for (const auto& [key, value] : expected)
     if (c.contains(key) && c[key] != value)
-      throw DataError(path + ": " + key + " " + quoted(c[key]) +
+      throw DataError(path + ": " + key + " " + HfQuoted(c[key]) +
                       " is not supported: crucible's router is DeepSeek-V3's (" + key + " '" +
                       value + "')");
   if (c.contains("moe_layer_freq") && c["moe_layer_freq"] != 1)
-    throw DataError(path + ": moe_layer_freq " + quoted(c["moe_layer_freq"]) +
+    throw DataError(path + ": moe_layer_freq " + HfQuoted(c["moe_layer_freq"]) +
                     " is not supported: every layer after first_k_dense_replace is a MoE layer");
   if (c.contains("num_key_value_heads") && c.contains("num_attention_heads") &&
       c["num_key_value_heads"] != c["num_attention_heads"])
@@ -91,46 +84,35 @@ nlohmann::ordered_json DeepSeekV3Spec::ConfigJson(int64_t max_position_embedding
                                                   const nlohmann::json& bos_token_id,
                                                   const nlohmann::json& eos_token_id) const {
   const DeepSeekV3Config& m = config_;
-  const nlohmann::ordered_json rope_parameters = {{"rope_theta", m.rope_theta},
-                                                  {"rope_type", "default"}};
-  return {{"architectures", {architecture()}},
-          {"model_type", "deepseek_v3"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.dim},
-          {"intermediate_size", m.ffn_hidden_dim},
-          {"moe_intermediate_size", m.moe_intermediate_size},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.n_heads},
-          {"n_shared_experts", m.n_shared_experts},
-          {"n_routed_experts", m.n_routed_experts},
-          {"routed_scaling_factor", m.routed_scaling_factor},
-          {"kv_lora_rank", m.kv_lora_rank},
-          {"q_lora_rank", m.q_lora_rank > 0 ? nlohmann::ordered_json(m.q_lora_rank) : nullptr},
-          {"qk_rope_head_dim", m.qk_rope_head_dim},
-          {"v_head_dim", m.v_head_dim},
-          {"qk_nope_head_dim", m.qk_nope_head_dim},
-          {"n_group", m.n_group},
-          {"topk_group", m.topk_group},
-          {"num_experts_per_tok", m.num_experts_per_tok},
-          {"first_k_dense_replace", m.first_k_dense_replace},
-          {"norm_topk_prob", m.norm_topk_prob},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", max_position_embeddings},
-          {"initializer_range", m.init_std},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_parameters", rope_parameters},
-          // This layout's RoPE pairs are (i, i + D/2) as stored: no interleave to undo.
-          {"rope_interleave", false},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"torch_dtype", "float32"},
-          {"dtype", "float32"},
-          {"use_cache", true},
-          {"bos_token_id", bos_token_id},
-          {"eos_token_id", eos_token_id}};
+  nlohmann::ordered_json config = {
+      {"architectures", {architecture()}},
+      {"model_type", "deepseek_v3"},
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.dim},
+      {"intermediate_size", m.ffn_hidden_dim},
+      {"moe_intermediate_size", m.moe_intermediate_size},
+      {"num_hidden_layers", m.n_layers},
+      {"num_attention_heads", m.n_heads},
+      {"num_key_value_heads", m.n_heads},
+      {"n_shared_experts", m.n_shared_experts},
+      {"n_routed_experts", m.n_routed_experts},
+      {"routed_scaling_factor", m.routed_scaling_factor},
+      {"kv_lora_rank", m.kv_lora_rank},
+      {"q_lora_rank", m.q_lora_rank > 0 ? nlohmann::ordered_json(m.q_lora_rank) : nullptr},
+      {"qk_rope_head_dim", m.qk_rope_head_dim},
+      {"v_head_dim", m.v_head_dim},
+      {"qk_nope_head_dim", m.qk_nope_head_dim},
+      {"n_group", m.n_group},
+      {"topk_group", m.topk_group},
+      {"num_experts_per_tok", m.num_experts_per_tok},
+      {"first_k_dense_replace", m.first_k_dense_replace},
+      {"norm_topk_prob", m.norm_topk_prob},
+      // This layout's RoPE pairs are (i, i + D/2) as stored: no interleave to undo.
+      {"rope_interleave", false}};
+  AppendHfCommonKeys({max_position_embeddings, m.norm_eps, m.rope_theta, m.init_std,
+                      m.tie_embeddings, bos_token_id, eos_token_id},
+                     &config);
+  return config;
 }
 
 std::vector<std::string> DeepSeekV3Spec::Differences(const nlohmann::json& c,

@@ -66,4 +66,39 @@ double ReadHfRopeTheta(const nlohmann::json& c, const std::string& path) {
   return theta;
 }
 
+void AppendHfCommonKeys(const HfCommonKeys& k, nlohmann::ordered_json* config) {
+  const nlohmann::ordered_json rope_parameters = {{"rope_theta", k.rope_theta},
+                                                  {"rope_type", "default"}};
+  nlohmann::ordered_json& c = *config;
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = k.max_position_embeddings;
+  c["rms_norm_eps"] = k.norm_eps;
+  c["rope_theta"] = k.rope_theta;
+  c["rope_parameters"] = rope_parameters;
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["initializer_range"] = k.init_std;
+  c["tie_word_embeddings"] = k.tie_embeddings;
+  c["torch_dtype"] = "float32";
+  c["dtype"] = "float32";
+  c["use_cache"] = true;
+  c["bos_token_id"] = k.bos_token_id;
+  c["eos_token_id"] = k.eos_token_id;
+}
+
+std::string HfQuoted(const nlohmann::json& value) {
+  return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
+}
+
+void RequireHfSiluWithoutBiases(const nlohmann::json& c, const std::string& path,
+                                const char* family, std::initializer_list<const char*> bias_keys) {
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
+    throw DataError(path + ": hidden_act " + HfQuoted(c["hidden_act"]) +
+                    " is not supported: crucible's " + family + " uses silu (SwiGLU)");
+  for (const char* key : bias_keys)
+    if (HfBoolean(c, key, false, path))
+      throw DataError(path + ": " + key + "=true is not supported: crucible's " + family +
+                      " has no biases");
+}
+
 }  // namespace crucible

@@ -17,16 +17,7 @@ namespace {
 // reproduce exactly: another activation, biases, a head_dim other than hidden_size/heads, or
 // another RoPE. (The model_type chose this family.)
 void RequireReproducible(const nlohmann::json& c, const std::string& path) {
-  // A string value as 'text', anything else as JSON.
-  auto quoted = [](const nlohmann::json& value) {
-    return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
-  };
-  if (c.contains("hidden_act") && c["hidden_act"] != "silu")
-    throw DataError(path + ": hidden_act " + quoted(c["hidden_act"]) +
-                    " is not supported: crucible's Llama uses silu (SwiGLU)");
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (HfBoolean(c, key, false, path))
-      throw DataError(path + ": " + key + "=true is not supported: crucible's Llama has no biases");
+  RequireHfSiluWithoutBiases(c, path, "Llama", {"attention_bias", "mlp_bias"});
   auto integer = [&](const char* key) {
     return c.contains(key) && c[key].is_number_integer() ? c[key].get<int64_t>() : int64_t{0};
   };
@@ -47,35 +38,21 @@ nlohmann::ordered_json LlamaSpec::ConfigJson(int64_t max_position_embeddings,
                                              const nlohmann::json& bos_token_id,
                                              const nlohmann::json& eos_token_id) const {
   const LlamaConfig& m = config_;
-  // The RoPE base and the dtype in the spellings of transformers < 5 (rope_theta, torch_dtype)
-  // and >= 5 (rope_parameters, dtype), each read natively by its own version.
-  const nlohmann::ordered_json rope_parameters = {{"rope_theta", m.rope_theta},
-                                                  {"rope_type", "default"}};
-  return {{"architectures", {architecture()}},
-          {"model_type", "llama"},
-          {"vocab_size", m.vocab_size},
-          {"hidden_size", m.dim},
-          {"intermediate_size", m.ffn_hidden_dim},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.n_kv_heads},
-          {"head_dim", m.head_dim()},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", max_position_embeddings},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_parameters", rope_parameters},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"initializer_range", m.init_std},
-          {"pretraining_tp", 1},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"torch_dtype", "float32"},
-          {"dtype", "float32"},
-          {"use_cache", true},
-          {"bos_token_id", bos_token_id},
-          {"eos_token_id", eos_token_id}};
+  nlohmann::ordered_json config = {{"architectures", {architecture()}},
+                                   {"model_type", "llama"},
+                                   {"vocab_size", m.vocab_size},
+                                   {"hidden_size", m.dim},
+                                   {"intermediate_size", m.ffn_hidden_dim},
+                                   {"num_hidden_layers", m.n_layers},
+                                   {"num_attention_heads", m.n_heads},
+                                   {"num_key_value_heads", m.n_kv_heads},
+                                   {"head_dim", m.head_dim()},
+                                   {"mlp_bias", false},
+                                   {"pretraining_tp", 1}};
+  AppendHfCommonKeys({max_position_embeddings, m.norm_eps, m.rope_theta, m.init_std,
+                      m.tie_embeddings, bos_token_id, eos_token_id},
+                     &config);
+  return config;
 }
 
 std::vector<std::string> LlamaSpec::Differences(const nlohmann::json& c,

@@ -117,3 +117,18 @@ def python_env(stack, setup=None, folder=None) -> PythonEnv:
     if setup:
         subprocess.run([str(REPO / "scripts" / setup), str(venv)], check=True)
     return PythonEnv(stack, sys.executable, venv / folder if folder else None)
+
+
+def write_bpe_tokenizer(folder, text):
+    """A byte-level BPE tokenizer (tokenizers, 300 ids, <|endoftext|> special) trained on `text`,
+    saved as folder/tokenizer.json; returns the ids `crucible eval --text` scores for the text
+    (the end-of-text id first, as its document prefix)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([text] * 4, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return [tokenizer.token_to_id("<|endoftext|>")] + tokenizer.encode(text).ids

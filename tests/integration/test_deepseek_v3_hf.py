@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import python_env, run_crucible
+from conftest import python_env, run_crucible, write_bpe_tokenizer
 from safetensors_io import read_safetensors, write_safetensors
 from test_deepseek_v3 import model_sets
 
@@ -210,24 +210,12 @@ def test_export_loads_in_transformers_with_the_same_logits_loss_and_gradients(tm
     assert float(np.max(np.abs(np.load(tmp_path / "zeroed.npz")["logits"] - ours["logits"]))) > 100 * ATOL
 
 
-def make_tokenizer(folder, text):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([text] * 4, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return [tokenizer.token_to_id("<|endoftext|>")] + tokenizer.encode(text).ids
-
-
 def test_model_saved_by_transformers_imports_with_the_same_logits_trains_and_evaluates(tmp_path, hf):
     text = ("In the beginning God created the heaven and the earth. And the earth was without form, "
             "and void; and darkness was upon the face of the deep.")
     hf_dir = tmp_path / "from_hf"
     hf_dir.mkdir()
-    ids = make_tokenizer(hf_dir, text)
+    ids = write_bpe_tokenizer(hf_dir, text)
     (tmp_path / "ids.json").write_text(json.dumps(ids))
     (tmp_path / "held.txt").write_text(text)
     batch = tmp_path / "batch.safetensors"

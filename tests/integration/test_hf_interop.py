@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import STACKS, python_env, run_crucible
+from conftest import STACKS, python_env, run_crucible, write_bpe_tokenizer
 
 ATOL = 1e-4
 LOSS_RTOL = 1e-5
@@ -205,22 +205,14 @@ def test_model_saved_by_transformers_imports_with_the_same_logits(tmp_path, hf):
 def test_eval_of_a_model_saved_by_transformers_matches_its_loss(tmp_path, hf):
     """`crucible eval` on the folder reads the shape, RoPE base and tied embeddings (transformers
     then saves no lm_head.weight) from its config.json alone."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     text = ("In the beginning God created the heaven and the earth. And the earth was without form, "
             "and void; and darkness was upon the face of the deep.")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([text] * 4, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
     batch = tmp_path / "batch.safetensors"
     write_batch(batch, seed=2)
     hf_dir = tmp_path / "from_hf"
     hf_dir.mkdir()
-    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    ids = write_bpe_tokenizer(hf_dir, text)
     (tmp_path / "held.txt").write_text(text)
-    ids = [tokenizer.token_to_id("<|endoftext|>")] + tokenizer.encode(text).ids
     (tmp_path / "ids.json").write_text(json.dumps(ids))
     saved = json.loads(hf.run(HF_SAVE, hf_dir, batch, 128, THETA, "true", tmp_path / "ids.json"))
     assert 16 < saved["tokens"] < 64  # one window of max_position_embeddings
