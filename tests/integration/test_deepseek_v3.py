@@ -12,6 +12,7 @@ bias's slot must hold its experts' load share above 1/E as the reference's choic
 import json
 
 import numpy as np
+import numpy as np_  # `np` is also a rank count below
 import pytest
 
 from conftest import STACKS, python_env, run_crucible
@@ -229,3 +230,26 @@ def test_the_family_refuses_bad_settings_in_one_line_with_exit_two(tmp_path):
                       f"job.dump_folder={tmp_path / 'tp'}"], check=False)
     assert proc.returncode == 2, proc.stderr
     assert 'model.name = "deepseek_v3" has no tensor-parallel layers yet' in proc.stderr
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD", "Lion", "SophiaG", "Muon", "Mano"])
+def test_every_optimizer_trains_the_family_with_the_same_bits_on_one_and_two_ranks(tmp_path, optimizer):
+    # Muon and Mano orthogonalise each expert's matrices and the router as separate matrices
+    # (ZeRO-1 gives each whole matrix one owner rank); SophiaG's Hessian pass resamples targets
+    # from the whole logits. The balance bias follows its own rule under each.
+    runs = {}
+    hessian = ["optimizer.sophia_k=2"] if optimizer == "SophiaG" else []  # passes at steps 2, 4, 6
+    for np, zero_stage in ((1, 0), (2, 1)):
+        run_dir = tmp_path / f"np{np}"
+        proc = mpirun(np, TRAIN + hessian + [f"optimizer.name={optimizer}", "training.steps=6",
+                                   f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"])
+        runs[np] = result(proc, run_dir)
+    assert runs[1] == runs[2], (runs[1][0], runs[2][0])
+    losses = [loss for _, loss, _ in runs[1][0]]
+    assert all(np_.isfinite(losses)), losses
+    trained, _ = read_safetensors(tmp_path / "np1" / "model.safetensors")
+    bias = trained["model.layers.1.mlp.gate.e_score_correction_bias"]
+    # From 0 by -speed, 0 or +speed a step (the sign of the load above the mean), whatever the optimizer.
+    steps = bias / 0.01
+    assert np_.all(np_.abs(steps - np_.round(steps)) < 1e-4) and np_.all(np_.abs(steps) <= 6), bias
+    assert np_.any(bias != 0), bias
