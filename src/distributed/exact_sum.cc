@@ -119,16 +119,19 @@ bool RoundToFixedPointInPlace(float* values, size_t count) {
   ScopedKernelTimer profile_timer("exact_accumulate", 0, 8.0 * static_cast<double>(count));
   const int64_t n = static_cast<int64_t>(count);
   int refused = 0;
-  // Branch-free, so that it vectorises (with -fno-trapping-math: CMakeLists.txt).
+  // In float, 8 lanes a vector: a float v with |v| >= 2^-41 is a multiple of its ULP, at least
+  // 2^-64, so it is on the grid already; below, v 2^64 (exact: a power of two, a subnormal v
+  // included) is under 2^23, its truncation exact, and that integer times 2^-64 a normal float.
+  // So the result is trunc(v 2^64) 2^-64 as the 128-bit sum gives it back (ToDouble), bit for bit;
+  // + 0 turns a -0 into the integer zero's +0. Branch-free, so that it vectorises (with
+  // -fno-trapping-math: CMakeLists.txt); the products of values that are not used may overflow.
 #pragma omp parallel for schedule(static) reduction(| : refused)
   for (int64_t i = 0; i < n; ++i) {
     const float value = values[i];
-    const double v = static_cast<double>(value);
-    const bool fits = std::fabs(v) < kLimit;  // false for NaN
-    // trunc(v * 2^64) is the integer ToInt128 gives, exactly (a double's truncation is a double);
-    // ToDouble gives it back exactly, where an integer zero is +0: the + 0.0 turns a -0 into +0.
-    const float rounded = static_cast<float>((std::trunc(v * kScale) + 0.0) * kInverseScale);
-    values[i] = fits ? rounded : value;
+    const float magnitude = std::fabs(value);
+    const bool fits = magnitude < 0x1p62f;  // false for NaN
+    const float truncated = (std::trunc(value * 0x1p64f) + 0.0f) * 0x1p-64f;
+    values[i] = fits && magnitude < 0x1p-41f ? truncated : value;
     refused |= fits ? 0 : 1;
   }
   return refused == 0;
