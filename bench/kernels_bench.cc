@@ -267,7 +267,8 @@ void Experts(benchmark::State& state) {
   std::vector<double> share(E);
   for (int64_t e = 0; e < E; ++e) total += share[e] = 1.0 + 0.55 * std::sin(2.4 * e);
   for (int64_t e = 0; e < E; ++e)
-    begin.push_back(e + 1 == E ? rows : begin.back() + static_cast<int64_t>(rows * share[e] / total));
+    begin.push_back(e + 1 == E ? rows
+                               : begin.back() + static_cast<int64_t>(rows * share[e] / total));
   std::vector<float> x = Filled(rows * C, 0.5f), w = Filled(E * 3 * Fm * C, 0.4f);
   std::vector<float> dw(E * 3 * Fm * C), gate(rows * Fm), up(rows * Fm), out(rows * C);
   std::vector<float> dx(rows * C), dh(rows * Fm), dy = Filled(rows * C, 0.3f);
@@ -286,10 +287,10 @@ void Experts(benchmark::State& state) {
       k::grouped_matmul_forward(out.data(), gate.data(), wd.data(), begin.data(), E, Fm, C);
       k::grouped_matmul_backward(dh.data(), gd.data(), dy.data(), gate.data(), wd.data(),
                                  begin.data(), E, Fm, C, false);
-      k::grouped_matmul_backward(dx.data(), gg.data(), dh.data(), x.data(), wg.data(),
-                                 begin.data(), E, C, Fm, false);
-      k::grouped_matmul_backward(dx.data(), gu.data(), dh.data(), x.data(), wu.data(),
-                                 begin.data(), E, C, Fm, true);
+      k::grouped_matmul_backward(dx.data(), gg.data(), dh.data(), x.data(), wg.data(), begin.data(),
+                                 E, C, Fm, false);
+      k::grouped_matmul_backward(dx.data(), gu.data(), dh.data(), x.data(), wu.data(), begin.data(),
+                                 E, C, Fm, true);
     } else {
       for (int64_t e = 0; e < E; ++e) {
         const int64_t r0 = begin[e], n = begin[e + 1] - r0;
@@ -307,18 +308,18 @@ void Experts(benchmark::State& state) {
       }
       for (int64_t e = 0; e < E; ++e) {
         const int64_t r0 = begin[e], n = begin[e + 1] - r0;
-        k::matmul_backward(dx.data() + r0 * C, gg[e], dh.data() + r0 * Fm, x.data() + r0 * C,
-                           wg[e], n, C, Fm, false, false);
-        k::matmul_backward(dx.data() + r0 * C, gu[e], dh.data() + r0 * Fm, x.data() + r0 * C,
-                           wu[e], n, C, Fm, true, false);
+        k::matmul_backward(dx.data() + r0 * C, gg[e], dh.data() + r0 * Fm, x.data() + r0 * C, wg[e],
+                           n, C, Fm, false, false);
+        k::matmul_backward(dx.data() + r0 * C, gu[e], dh.data() + r0 * Fm, x.data() + r0 * C, wu[e],
+                           n, C, Fm, true, false);
       }
     }
     benchmark::DoNotOptimize(dw.data());
   }
   state.SetLabel(grouped ? "grouped" : "loop");
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      3.0 * 6.0 * rows * C * Fm * state.iterations(), benchmark::Counter::kIsRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(3.0 * 6.0 * rows * C * Fm * state.iterations(),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
 }  // namespace

@@ -65,11 +65,11 @@ CommandRun SetupModel(CLI::App& app) {
         std::printf("%-48s %-14s offset=%zu\n", p.name.c_str(), ShapeString(p.shape).c_str(),
                     p.offset);
       std::printf(
-          "total_params=%zu active_params=%.0f flop_params=%zu flops_per_token(seq_len=%lld)=%.4g\n",
+          "total_params=%zu active_params=%.0f flop_params=%zu "
+          "flops_per_token(seq_len=%lld)=%.4g\n",
           table.total(),
           spec->PlannedSizes().active > 0 ? spec->PlannedSizes().active : double(table.total()),
-          table.FlopParams(),
-          (long long)config.Int("training.seq_len"),
+          table.FlopParams(), (long long)config.Int("training.seq_len"),
           spec->TrainFlopsPerToken(table, config.Int("training.seq_len")));
       return 0;
     }

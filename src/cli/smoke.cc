@@ -1,4 +1,5 @@
-// crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--update] [--portable] [--device cpu|cuda]
+// crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--update]
+// [--portable] [--device cpu|cuda]
 //                [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
@@ -53,8 +54,9 @@ CommandRun SetupSmoke(CLI::App& app) {
                        "device's kernels do not reproduce; add --portable (one golden for every "
                        "device) or name that device's own --golden");
     if (options->golden.empty())
-      options->golden = options->portable              ? "tests/golden/smoke-portable.json"
-                        : options->model != "llama"    ? "tests/golden/smoke-" + options->model + ".json"
+      options->golden = options->portable ? "tests/golden/smoke-portable.json"
+                        : options->model != "llama"
+                            ? "tests/golden/smoke-" + options->model + ".json"
                         : options->tensor_parallel > 0 ? "tests/golden/smoke-tp.json"
                                                        : "tests/golden/smoke.json";
     return RunSmoke(*options);

@@ -221,9 +221,8 @@ void ComputeBackend::ScatterAddRows(float* dx, const float* drows, const int32_t
   s.Finish();
 }
 
-void ComputeBackend::GroupedMatmulForward(float* out, const float* inp,
-                                          const float* const* weights, const int64_t* begin,
-                                          int64_t G, int64_t C, int64_t OC) {
+void ComputeBackend::GroupedMatmulForward(float* out, const float* inp, const float* const* weights,
+                                          const int64_t* begin, int64_t G, int64_t C, int64_t OC) {
   RefuseInherited("GroupedMatmulForward");
   if (compute() != ComputePrecision::kFloat32) {  // the bf16 products: one call per group
     for (int64_t g = 0; g < G; ++g)
@@ -243,8 +242,8 @@ void ComputeBackend::GroupedMatmulForward(float* out, const float* inp,
 
 void ComputeBackend::GroupedMatmulBackward(float* dinp, float* const* dweights, const float* dout,
                                            const float* inp, const float* const* weights,
-                                           const int64_t* begin, int64_t G, int64_t C,
-                                           int64_t OC, bool accumulate_dinp) {
+                                           const int64_t* begin, int64_t G, int64_t C, int64_t OC,
+                                           bool accumulate_dinp) {
   RefuseInherited("GroupedMatmulBackward");
   if (compute() != ComputePrecision::kFloat32) {  // the bf16 products: one call per group
     for (int64_t g = 0; g < G; ++g) {

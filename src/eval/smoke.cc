@@ -63,8 +63,9 @@ seed = 1234
     // The debug flavor's MLA (query compression, partial RoPE) and MoE (8 experts in 2 groups,
     // top-2 from 1 group, a shared expert, the routed scaling factor), at the same width: one
     // dense layer, then a MoE layer; the balance bias moves every step.
-    const std::string llama = "flavor = \"debug\"\nvocab_size = 512\ndim = 64\nn_layers = 2\n"
-                              "n_heads = 4\nn_kv_heads = 2\nffn_hidden_dim = 160\n";
+    const std::string llama =
+        "flavor = \"debug\"\nvocab_size = 512\ndim = 64\nn_layers = 2\n"
+        "n_heads = 4\nn_kv_heads = 2\nffn_hidden_dim = 160\n";
     config.replace(config.find(llama), llama.size(),
                    "name = \"deepseek_v3\"\nflavor = \"debug\"\nvocab_size = 512\ndim = 64\n"
                    "n_layers = 2\nn_heads = 4\nffn_hidden_dim = 160\nq_lora_rank = 48\n"

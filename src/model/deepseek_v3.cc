@@ -14,9 +14,9 @@ namespace crucible {
 // compression (q then holds q_proj), gate/up/down the dense MLP's or the shared experts'.
 struct DeepSeekV3Model::LayerOffsets {
   size_t ln1 = 0, q_a = 0, q_a_norm = 0, q = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0, o = 0, ln2 = 0;
-  size_t gate = 0, up = 0, down = 0;       // dense MLP, or shared experts (MoE, when any)
-  size_t router = 0, bias = 0;             // MoE: the router's weight, its balance bias
-  std::vector<size_t> expert;              // MoE: expert e's gate_proj (up and down follow)
+  size_t gate = 0, up = 0, down = 0;  // dense MLP, or shared experts (MoE, when any)
+  size_t router = 0, bias = 0;        // MoE: the router's weight, its balance bias
+  std::vector<size_t> expert;         // MoE: expert e's gate_proj (up and down follow)
 };
 
 // Activations of one micro-batch, planned once, in the backend's memory. N = B*T rows; widths as
@@ -25,20 +25,20 @@ struct DeepSeekV3Model::LayerOffsets {
 struct DeepSeekV3Model::Buffers {
   using Floats = DeviceArray<float>;
   struct Layer {
-    Floats x_in, ln1, ln1_rstd;     // (N,C) (N,C) (N)
-    Floats qa, qa_n, qa_rstd;       // (N,Rq) x2, (N): with query compression
-    Floats q;                       // (N,H,Dq), RoPE on its last Dr of each head
-    Floats kv_c, kv_n, kv_rstd;     // (N,Rkv) x2, (N)
-    Floats kpe;                     // (N,Dr) after RoPE
-    Floats kvb;                     // (N,H,Dn+Dv)
-    Floats k, v;                    // (N,H,Dq): [k_nope | k_pe], [v | 0]
-    Floats att, att_lse, att_v;     // (N,H,Dq), (B,H,T), (N,H,Dv)
-    Floats x_mid, ln2, ln2_rstd;    // (N,C) (N,C) (N)
-    Floats gate, up, hidden;        // (N,F) dense, or (N,Fs) shared experts
-    Floats router;                  // (N,E) logits (MoE)
+    Floats x_in, ln1, ln1_rstd;                    // (N,C) (N,C) (N)
+    Floats qa, qa_n, qa_rstd;                      // (N,Rq) x2, (N): with query compression
+    Floats q;                                      // (N,H,Dq), RoPE on its last Dr of each head
+    Floats kv_c, kv_n, kv_rstd;                    // (N,Rkv) x2, (N)
+    Floats kpe;                                    // (N,Dr) after RoPE
+    Floats kvb;                                    // (N,H,Dn+Dv)
+    Floats k, v;                                   // (N,H,Dq): [k_nope | k_pe], [v | 0]
+    Floats att, att_lse, att_v;                    // (N,H,Dq), (B,H,T), (N,H,Dv)
+    Floats x_mid, ln2, ln2_rstd;                   // (N,C) (N,C) (N)
+    Floats gate, up, hidden;                       // (N,F) dense, or (N,Fs) shared experts
+    Floats router;                                 // (N,E) logits (MoE)
     Floats expert_gate, expert_up, expert_hidden;  // (N K, Fm), expert-sorted rows (MoE)
-    Floats expert_out;              // (N K, C)
-    MoeRouting routing;             // host
+    Floats expert_out;                             // (N K, C)
+    MoeRouting routing;                            // host
     std::vector<double> balance_f;  // (B, E) the sequence balance loss's count factors
     DeviceArray<int32_t> rows;      // (N K) routing.row on the device
     Floats weights;                 // (N K) routing.weight on the device
@@ -53,7 +53,7 @@ struct DeepSeekV3Model::Buffers {
   Floats dx, dln, dq, dk, dv, datt, datt_v, dkvb, dkv_n, dkv_c, dkpe, dqa_n, dqa;
   Floats dgate, dup, dhidden;  // (N, max(F, Fs))
   Floats expert_in, dexpert_gate, dexpert_up, dexpert_hidden, dexpert_out, dexpert_in;  // MoE
-  Floats drouter, dweights;  // (N,E), (N K)
+  Floats drouter, dweights;                                                // (N,E), (N K)
   std::vector<float> host_router, host_dweights, host_drouter, host_bias;  // off the host
   std::vector<float> host_load;  // (E) the balance bias's gradient
   // Each expert's gate, up and down weights (or their gradients) in the unit being run: the
@@ -104,17 +104,17 @@ BufferPlan PlanBuffers(const DeepSeekV3Config& c, double B, double T) {
   const double NK = N * static_cast<double>(c.num_experts_per_tok);
   const double V = static_cast<double>(c.vocab_size);
   BufferPlan p;
-  p.layer_attention = 2 * N * C + N + (Rq > 0 ? 2 * N * Rq + N : 0) + N * H * Dq + 2 * N * Rkv +
-                      N + N * Dr + N * H * (Dn + Dv) + 2 * N * H * Dq + N * H * Dq + B * H * T +
+  p.layer_attention = 2 * N * C + N + (Rq > 0 ? 2 * N * Rq + N : 0) + N * H * Dq + 2 * N * Rkv + N +
+                      N * Dr + N * H * (Dn + Dv) + 2 * N * H * Dq + N * H * Dq + B * H * T +
                       N * H * Dv + 2 * N * C + N;
   p.dense_ffn = 3 * N * F;
   // The rows and the weights: 4 bytes each, counted as floats.
   p.moe_ffn = 3 * N * Fs + N * E + 3 * NK * Fm + NK * C + 2 * NK;
   const bool any_moe = c.moe_layers() > 0, any_dense = c.moe_layers() < c.n_layers;
   const double ffn = std::max(any_dense ? F : 0.0, any_moe ? Fs : 0.0);
-  p.rest = 2 * N * C + N + FusedHeadRowsPlanned(N, V) * V + 2 * N + T * Dr + 2 * N +
-           2 * N * C + 3 * N * H * Dq + N * H * Dq + N * H * Dv + N * H * (Dn + Dv) +
-           2 * N * Rkv + N * Dr + (Rq > 0 ? 2 * N * Rq : 0) + 3 * N * ffn +
+  p.rest = 2 * N * C + N + FusedHeadRowsPlanned(N, V) * V + 2 * N + T * Dr + 2 * N + 2 * N * C +
+           3 * N * H * Dq + N * H * Dq + N * H * Dv + N * H * (Dn + Dv) + 2 * N * Rkv + N * Dr +
+           (Rq > 0 ? 2 * N * Rq : 0) + 3 * N * ffn +
            (any_moe ? 3 * NK * Fm + 3 * NK * C + N * E + NK : 0);
   return p;
 }
@@ -141,7 +141,8 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
   if (std::string why = backend_->inherited_kernels_refused(); !why.empty())
     throw UsageError("model.name = \"deepseek_v3\" on training.device = \"" + backend_->name() +
                      "\": its MLA and mixture-of-experts kernels have no version on this backend "
-                     "yet (" + why + ")");
+                     "yet (" +
+                     why + ")");
   units_ = std::make_unique<UnitMemory>(table_, *backend_);
   const DeepSeekV3Config& c = config;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, Dq = c.qk_head_dim(), Dv = c.v_head_dim;
@@ -309,18 +310,18 @@ size_t DeepSeekV3Model::activation_bytes() const {
               L.qa_rstd.size() + L.q.size() + L.kv_c.size() + L.kv_n.size() + L.kv_rstd.size() +
               L.kpe.size() + L.kvb.size() + L.k.size() + L.v.size() + L.att.size() +
               L.att_lse.size() + L.att_v.size() + L.x_mid.size() + L.ln2.size() +
-              L.ln2_rstd.size() + L.gate.size() + L.up.size() + L.hidden.size() +
-              L.router.size() + L.expert_gate.size() + L.expert_up.size() +
-              L.expert_hidden.size() + L.expert_out.size() + L.rows.size() + L.weights.size();
+              L.ln2_rstd.size() + L.gate.size() + L.up.size() + L.hidden.size() + L.router.size() +
+              L.expert_gate.size() + L.expert_up.size() + L.expert_hidden.size() +
+              L.expert_out.size() + L.rows.size() + L.weights.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
             b.head_chunk.size() + b.losses.size() + b.lse.size() + b.rope_cos.size() +
             b.rope_sin.size() + b.tokens.size() + b.targets.size() + b.loss_weights.size() +
-            b.dx.size() + b.dln.size() + b.dq.size() + b.dk.size() + b.dv.size() +
-            b.datt.size() + b.datt_v.size() + b.dkvb.size() + b.dkv_n.size() + b.dkv_c.size() +
-            b.dkpe.size() + b.dqa_n.size() + b.dqa.size() + b.dgate.size() + b.dup.size() +
-            b.dhidden.size() + b.expert_in.size() + b.dexpert_gate.size() +
-            b.dexpert_up.size() + b.dexpert_hidden.size() + b.dexpert_out.size() +
-            b.dexpert_in.size() + b.drouter.size() + b.dweights.size();
+            b.dx.size() + b.dln.size() + b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() +
+            b.datt_v.size() + b.dkvb.size() + b.dkv_n.size() + b.dkv_c.size() + b.dkpe.size() +
+            b.dqa_n.size() + b.dqa.size() + b.dgate.size() + b.dup.size() + b.dhidden.size() +
+            b.expert_in.size() + b.dexpert_gate.size() + b.dexpert_up.size() +
+            b.dexpert_hidden.size() + b.dexpert_out.size() + b.dexpert_in.size() +
+            b.drouter.size() + b.dweights.size();
   return floats * sizeof(float);
 }
 
@@ -375,8 +376,8 @@ void DeepSeekV3Model::AttentionForward(int64_t l, const float* w) {
   for (int64_t h = 0; h < H; ++h)
     be.CopyColumns(L.k.data() + h * Dq + Dn, H * Dq, L.kpe.data(), Dr, N, Dr, false);
   be.CopyColumns(L.v.data(), Dq, L.kvb.data() + Dn, Dn + Dv, N * H, Dv, false);
-  be.AttentionForward(L.att.data(), L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_,
-                      H, H, Dq);
+  be.AttentionForward(L.att.data(), L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H,
+                      H, Dq);
   be.CopyColumns(L.att_v.data(), Dv, L.att.data(), Dq, N * H, Dv, false);
   be.MatmulForward(L.x_mid.data(), L.att_v.data(), w + o.o, N, H * Dv, C);
   be.Add(L.x_mid.data(), L.x_in.data(), N * C);
@@ -434,8 +435,8 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
   const int64_t* begin = r.expert_begin.data();
   be.GroupedMatmulForward(L.expert_gate.data(), b.expert_in.data(), b.expert_w.gate.data(), begin,
                           E, C, Fm);
-  be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E,
-                          C, Fm);
+  be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E, C,
+                          Fm);
   be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), N * K, Fm);
   be.GroupedMatmulForward(L.expert_out.data(), L.expert_hidden.data(), b.expert_w.down.data(),
                           begin, E, Fm, C);
@@ -470,14 +471,13 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
     be.RmsnormForward(Lb.ln1.data(), Lb.ln1_rstd.data(), Lb.x_in.data(), w + layers_[l].ln1, N, C,
                       eps);
     AttentionForward(l, w);
-    be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + layers_[l].ln2, N,
-                      C, eps);
+    be.RmsnormForward(Lb.ln2.data(), Lb.ln2_rstd.data(), Lb.x_mid.data(), w + layers_[l].ln2, N, C,
+                      eps);
     FfnForward(l, w, x_out);
     access.ReleaseWeights(unit);
   }
   const float* wt = units_->Weights(access, tail);
-  be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C,
-                    eps);
+  be.RmsnormForward(b.lnf.data(), b.lnf_rstd.data(), b.x_final.data(), wt + final_norm_, N, C, eps);
   const float* head = c.tie_embeddings ? unit0 + embed_ : wt + head_;
   SetTargets(targets);
   fused_ = scored_ = false;
@@ -486,9 +486,8 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
     float* dhead = units_->Gradients(access, unit) + (c.tie_embeddings ? embed_ : head_);
     const float* weights =
         loss_weights ? (be.host_memory() ? loss_weights : b.loss_weights.data()) : nullptr;
-    FusedHeadChunks(be, b.lnf.data(), head, N, C, V, b.targets.data(), weights,
-                    options.loss_scale, b.head_chunk.data(), b.losses.data(), b.lse.data(),
-                    b.dln.data(), dhead);
+    FusedHeadChunks(be, b.lnf.data(), head, N, C, V, b.targets.data(), weights, options.loss_scale,
+                    b.head_chunk.data(), b.losses.data(), b.lse.data(), b.dln.data(), dhead);
     fused_ = true;
     fused_scale_ = options.loss_scale;
   } else if (options.head == ForwardOptions::Head::kScored) {
@@ -555,8 +554,8 @@ LossSum DeepSeekV3Model::Retarget(const int32_t* targets) {
                 "internal: Retarget after a fused or scored forward (no logits kept; ask "
                 "Forward for ForwardOptions::Logits())");
   SetTargets(targets);
-  backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(),
-                                N, config_.vocab_size);
+  backend_->CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(), N,
+                                config_.vocab_size);
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   LossSum sum = SumLosses(losses(), targets, loss_weights_, N);
@@ -579,10 +578,10 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
   auto mlp = [&](int64_t width) {
     be.MatmulBackward(b.dhidden.data(), g + o.down, dx, L.hidden.data(), w + o.down, N, width, C,
                       false, false);
-    be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), L.gate.data(), L.up.data(),
-                      N, width);
-    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), ln2, w + o.gate, N, C, width,
-                      false, false);
+    be.SwigluBackward(b.dgate.data(), b.dup.data(), b.dhidden.data(), L.gate.data(), L.up.data(), N,
+                      width);
+    be.MatmulBackward(b.dln.data(), g + o.gate, b.dgate.data(), ln2, w + o.gate, N, C, width, false,
+                      false);
     be.MatmulBackward(b.dln.data(), g + o.up, b.dup.data(), ln2, w + o.up, N, C, width, true,
                       false);
   };
@@ -654,8 +653,7 @@ void DeepSeekV3Model::AttentionBackward(int64_t l, const float* w, float* g) {
   be.CopyColumns(b.datt.data(), Dq, b.datt_v.data(), Dv, N * H, Dv, false);  // the rest stays 0
   be.AttentionBackward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), L.att.data(),
                        L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H, H, Dq);
-  be.RopeBackwardStrided(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq,
-                         Dn);
+  be.RopeBackwardStrided(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq, Dn);
   // [k_nope | v] per head back to kv_b's output; k_pe's gradient summed over the heads in order.
   be.CopyColumns(b.dkvb.data(), Dn + Dv, b.dk.data(), Dq, N * H, Dn, false);
   be.CopyColumns(b.dkvb.data() + Dn, Dn + Dv, b.dv.data(), Dq, N * H, Dv, false);
@@ -670,19 +668,17 @@ void DeepSeekV3Model::AttentionBackward(int64_t l, const float* w, float* g) {
   // d ln1 from the three products that read it.
   be.MatmulBackward(b.dln.data(), g + o.kv_a, b.dkv_c.data(), ln1, w + o.kv_a, N, C, Rkv, false,
                     false);
-  be.MatmulBackward(b.dln.data(), g + o.kv_a + Rkv * C, b.dkpe.data(), ln1, w + o.kv_a + Rkv * C,
-                    N, C, Dr, true, false);
+  be.MatmulBackward(b.dln.data(), g + o.kv_a + Rkv * C, b.dkpe.data(), ln1, w + o.kv_a + Rkv * C, N,
+                    C, Dr, true, false);
   if (Rq > 0) {
     be.MatmulBackward(b.dqa_n.data(), g + o.q, b.dq.data(), L.qa_n.data(), w + o.q, N, Rq, H * Dq,
                       false, false);
     be.Fill(b.dqa.data(), N * Rq, 0.0f);
     be.RmsnormBackward(b.dqa.data(), g + o.q_a_norm, b.dqa_n.data(), L.qa.data(), w + o.q_a_norm,
                        L.qa_rstd.data(), N, Rq);
-    be.MatmulBackward(b.dln.data(), g + o.q_a, b.dqa.data(), ln1, w + o.q_a, N, C, Rq, true,
-                      false);
+    be.MatmulBackward(b.dln.data(), g + o.q_a, b.dqa.data(), ln1, w + o.q_a, N, C, Rq, true, false);
   } else {
-    be.MatmulBackward(b.dln.data(), g + o.q, b.dq.data(), ln1, w + o.q, N, C, H * Dq, true,
-                      false);
+    be.MatmulBackward(b.dln.data(), g + o.q, b.dq.data(), ln1, w + o.q, N, C, H * Dq, true, false);
   }
 }
 
@@ -714,8 +710,8 @@ void DeepSeekV3Model::Backward(ParameterAccess& access, float loss_scale) {
                             weights);
     b.host_logits_current = false;
     if (c.tie_embeddings)
-      be.MatmulBackward(b.dln.data(), g0 + embed_, b.logits.data(), b.lnf.data(), unit0 + embed_,
-                        N, C, V, false, false);
+      be.MatmulBackward(b.dln.data(), g0 + embed_, b.logits.data(), b.lnf.data(), unit0 + embed_, N,
+                        C, V, false, false);
     else
       be.MatmulBackward(b.dln.data(), gt + head_, b.logits.data(), b.lnf.data(), wt + head_, N, C,
                         V, false, false);

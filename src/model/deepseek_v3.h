@@ -67,8 +67,12 @@ struct DeepSeekV3Config {
   bool moe_layer(int64_t layer) const { return layer >= first_k_dense_replace; }
   int64_t moe_layers() const { return n_layers - std::min(n_layers, first_k_dense_replace); }
   MoeRouterConfig router() const {
-    return {n_routed_experts, num_experts_per_tok, n_group, topk_group,
-            static_cast<float>(routed_scaling_factor), norm_topk_prob};
+    return {n_routed_experts,
+            num_experts_per_tok,
+            n_group,
+            topk_group,
+            static_cast<float>(routed_scaling_factor),
+            norm_topk_prob};
   }
 };
 
@@ -152,8 +156,7 @@ class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
   std::vector<std::string> Differences(const nlohmann::json& config,
                                        const std::string& path) const override;
   std::string TensorName(const ParamInfo& tensor) const override { return tensor.name; }
-  void FromHf(const nlohmann::json& config, const ParamInfo& tensor,
-              float* values) const override;
+  void FromHf(const nlohmann::json& config, const ParamInfo& tensor, float* values) const override;
 
  private:
   DeepSeekV3Config config_;

@@ -28,11 +28,21 @@ constexpr Flavor kFlavors[] = {
 };
 
 const char* const kKeys[] = {
-    "model.q_lora_rank",        "model.kv_lora_rank",          "model.qk_nope_head_dim",
-    "model.qk_rope_head_dim",   "model.v_head_dim",            "model.n_routed_experts",
-    "model.n_shared_experts",   "model.num_experts_per_tok",   "model.moe_intermediate_size",
-    "model.n_group",            "model.topk_group",            "model.routed_scaling_factor",
-    "model.norm_topk_prob",     "model.first_k_dense_replace", "model.bias_update_speed",
+    "model.q_lora_rank",
+    "model.kv_lora_rank",
+    "model.qk_nope_head_dim",
+    "model.qk_rope_head_dim",
+    "model.v_head_dim",
+    "model.n_routed_experts",
+    "model.n_shared_experts",
+    "model.num_experts_per_tok",
+    "model.moe_intermediate_size",
+    "model.n_group",
+    "model.topk_group",
+    "model.routed_scaling_factor",
+    "model.norm_topk_prob",
+    "model.first_k_dense_replace",
+    "model.bias_update_speed",
     "model.aux_loss_alpha",
 };
 

@@ -16,8 +16,8 @@ namespace {
 void RequireReproducible(const nlohmann::json& c, const std::string& path) {
   RequireHfSiluWithoutBiases(c, path, "DeepSeek-V3", {"attention_bias"});
   // Older DeepSeek configs spell the router's choices; only V3's is implemented.
-  const std::pair<const char*, const char*> expected[] = {
-      {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}};
+  const std::pair<const char*, const char*> expected[] = {{"scoring_func", "sigmoid"},
+                                                          {"topk_method", "noaux_tc"}};
   for (const auto& [key, value] : expected)
     if (c.contains(key) && c[key] != value)
       throw DataError(path + ": " + key + " " + HfQuoted(c[key]) +
@@ -28,7 +28,8 @@ void RequireReproducible(const nlohmann::json& c, const std::string& path) {
                     " is not supported: every layer after first_k_dense_replace is a MoE layer");
   if (c.contains("num_key_value_heads") && c.contains("num_attention_heads") &&
       c["num_key_value_heads"] != c["num_attention_heads"])
-    throw DataError(path + ": num_key_value_heads differs from num_attention_heads: MLA has one "
+    throw DataError(path +
+                    ": num_key_value_heads differs from num_attention_heads: MLA has one "
                     "latent for every head (transformers sets them equal)");
   ReadHfRopeTheta(c, path);
 }
@@ -121,8 +122,9 @@ std::vector<std::string> DeepSeekV3Spec::Differences(const nlohmann::json& c,
   const DeepSeekV3Config& m = config_;
   std::vector<std::string> differences;
   auto integer = [&](const char* key, int64_t a, const char* our_key, int64_t b) {
-    if (a != b) differences.push_back(StrFormat("%s=%lld vs %s=%lld", key, (long long)a, our_key,
-                                                (long long)b));
+    if (a != b)
+      differences.push_back(
+          StrFormat("%s=%lld vs %s=%lld", key, (long long)a, our_key, (long long)b));
   };
   integer("vocab_size", theirs.vocab_size, "model.vocab_size", m.vocab_size);
   integer("hidden_size", theirs.dim, "model.dim", m.dim);
@@ -158,16 +160,15 @@ std::vector<std::string> DeepSeekV3Spec::Differences(const nlohmann::json& c,
   real("rope_theta", theirs.rope_theta, "model.rope_theta", m.rope_theta);
   auto boolean = [&](const char* key, bool a, const char* our_key, bool b) {
     if (a != b)
-      differences.push_back(StrFormat("%s=%s vs %s=%s", key, a ? "true" : "false", our_key,
-                                      b ? "true" : "false"));
+      differences.push_back(
+          StrFormat("%s=%s vs %s=%s", key, a ? "true" : "false", our_key, b ? "true" : "false"));
   };
   boolean("norm_topk_prob", theirs.norm_topk_prob, "model.norm_topk_prob", m.norm_topk_prob);
   boolean("tie_word_embeddings", theirs.tie_embeddings, "model.tie_embeddings", m.tie_embeddings);
   return differences;
 }
 
-void DeepSeekV3Spec::FromHf(const nlohmann::json& c, const ParamInfo& tensor,
-                            float* values) const {
+void DeepSeekV3Spec::FromHf(const nlohmann::json& c, const ParamInfo& tensor, float* values) const {
   // transformers' default (rope_interleave absent) is true: its RoPE rows hold the pairs
   // (2i, 2i + 1), which it de-interleaves to (i, i + D/2) before rotating; this layout stores
   // them de-interleaved.
@@ -198,8 +199,7 @@ void DeepSeekV3Spec::FromHf(const nlohmann::json& c, const ParamInfo& tensor,
 std::shared_ptr<const ModelSpec> ReadDeepSeekV3HfConfig(const nlohmann::json& c,
                                                         const std::string& path) {
   const DeepSeekV3Config m = FromConfigJson(c, path);
-  if (std::string why = CheckDeepSeekV3Config(m); !why.empty())
-    throw DataError(path + ": " + why);
+  if (std::string why = CheckDeepSeekV3Config(m); !why.empty()) throw DataError(path + ": " + why);
   return std::make_shared<DeepSeekV3Spec>(m);
 }
 

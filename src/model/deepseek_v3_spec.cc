@@ -79,7 +79,7 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   // Per layer: norms 2 (+ q_a_layernorm) + kv_a_layernorm; attention products q (or q_a, q_b),
   // kv_a, kv_b, o; a dense MLP's 3, or a router, the shared experts' 3 and each expert's 3.
   const double norms = L * (3 + q_lora) + 1;
-  const double attention_linear = L * (2 + 1 + q_lora);  // q or q_a q_b, kv_a, kv_b
+  const double attention_linear = L * (2 + 1 + q_lora);                  // q or q_a q_b, kv_a, kv_b
   const double mlp_linear = dense * 2 + moe * (1 + 2 * shared + 2 * E);  // the router: 1
   const double mlp_output = dense + moe * (shared + E);
   sizes.tensors = norms + attention_linear + L + mlp_linear + mlp_output + moe + 1 + tied;
@@ -99,8 +99,8 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   set(ParamKind::kOutputProjection, output, L + mlp_output);
   set(ParamKind::kHead, tied * s.embedding, tied);
   set(ParamKind::kBalanceBias, moe * E, moe);
-  set(ParamKind::kLinear, s.parameters - s.embedding - norm_parameters - output -
-                              tied * s.embedding - moe * E,
+  set(ParamKind::kLinear,
+      s.parameters - s.embedding - norm_parameters - output - tied * s.embedding - moe * E,
       attention_linear + mlp_linear);
   return sizes;
 }
@@ -113,8 +113,7 @@ BufferSizes DeepSeekV3Spec::PlannedBuffers(double B, double T, const ModelParall
   const double N = B * T, K = static_cast<double>(c.num_experts_per_tok);
   const double E = static_cast<double>(c.n_routed_experts);
   const double routing = static_cast<double>(c.moe_layers()) * 4 * (N * E + 4 * N * K + 2 * E);
-  return {activations, activations + routing + 8 * N,
-          4 * N * static_cast<double>(c.vocab_size)};
+  return {activations, activations + routing + 8 * N, 4 * N * static_cast<double>(c.vocab_size)};
 }
 
 ParameterTable DeepSeekV3Spec::BuildTable(const ModelParallelism& parallelism) const {

@@ -55,10 +55,10 @@ std::shared_ptr<const ModelSpec> BuildModelSpec(Config& config) {
       bool ours = false;
       for (const char* own : entry.own_keys) ours |= std::string(own) == key;
       if (!ours && config.IsSet(key) && config.Value(key) != defaults.Value(key))
-        throw UsageError(StrFormat("%s (%s): a key of model.name = \"%s\", not of \"%s\"; remove "
-                                   "it or set model.name = \"%s\"",
-                                   key, config.Origin(key).c_str(), other.c_str(), name.c_str(),
-                                   other.c_str()));
+        throw UsageError(
+            StrFormat("%s (%s): a key of model.name = \"%s\", not of \"%s\"; remove "
+                      "it or set model.name = \"%s\"",
+                      key, config.Origin(key).c_str(), other.c_str(), name.c_str(), other.c_str()));
     }
   }
   std::shared_ptr<const ModelSpec> spec = entry.build(config);

@@ -89,7 +89,8 @@ void RouteBackward(const MoeRouterConfig& c, const MoeRouting& r, const float* d
     const float* s = r.affinity.data() + t * E;
     const int32_t* chosen = r.expert.data() + t * K;
     const float* g = dweights + t * K;
-    // w_k = f s_k / S (S = sum of the chosen s + 1e-20): dL/ds_j = f (g_j / S - sum_k g_k s_k / S^2).
+    // w_k = f s_k / S (S = sum of the chosen s + 1e-20): dL/ds_j = f (g_j / S - sum_k g_k s_k /
+    // S^2).
     double S = 1.0, gs = 0.0;
     if (c.normalize) {
       S = 1e-20;

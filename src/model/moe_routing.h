@@ -30,10 +30,10 @@ struct MoeRouterConfig {
 
 struct MoeRouting {
   int64_t tokens = 0;
-  std::vector<float> affinity;      // (N, E) s
-  std::vector<int32_t> expert;      // (N, K) the experts chosen, slot order
-  std::vector<float> weight;        // (N, K) w
-  std::vector<int32_t> row;         // (N, K) each slot's row in the expert-sorted layout
+  std::vector<float> affinity;        // (N, E) s
+  std::vector<int32_t> expert;        // (N, K) the experts chosen, slot order
+  std::vector<float> weight;          // (N, K) w
+  std::vector<int32_t> row;           // (N, K) each slot's row in the expert-sorted layout
   std::vector<int64_t> expert_begin;  // (E + 1) expert e's rows are [begin[e], begin[e + 1])
   std::vector<int32_t> row_token;     // (N K) the token of each sorted row
   int64_t Load(int64_t e) const { return expert_begin[e + 1] - expert_begin[e]; }
@@ -45,8 +45,8 @@ void RouteTokens(const MoeRouterConfig& config, const float* logits, const float
 
 // dlogits (N, E), overwritten: the gradient of the loss through the weights w, from
 // dweights (N, K) = dL/dw of each slot. Zero for the experts a token did not choose.
-void RouteBackward(const MoeRouterConfig& config, const MoeRouting& routing,
-                   const float* dweights, float* dlogits);
+void RouteBackward(const MoeRouterConfig& config, const MoeRouting& routing, const float* dweights,
+                   float* dlogits);
 
 // DeepSeek-V3's complementary sequence-wise balance loss, for the N = sequences x seq_len tokens
 // of `routing` laid out sequence after sequence. For each sequence of T tokens:

@@ -284,7 +284,8 @@ void Trainer::AllocateState() {
       config_.Bool("debug.detectors") ? config_.Int("debug.dead_expert_steps") : 0, leader());
   for (const ParamInfo& p : table().params()) {
     if (p.kind != ParamKind::kBalanceBias) continue;
-    const size_t b = std::max(update_begin_, p.offset), e = std::min(update_end_, p.offset + p.numel);
+    const size_t b = std::max(update_begin_, p.offset),
+                 e = std::min(update_end_, p.offset + p.numel);
     if (b < e) balance_ranges_.emplace_back(b, e);
   }
   divergence_ = std::make_unique<DivergenceGuard>(
@@ -701,9 +702,9 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
     // whole logits.
     const ForwardOptions options =
         sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
-    const LossSum sum = model_->Forward(*access_, batch.inputs_at(m * rows),
-                                        batch.targets_at(m * rows),
-                                        batch.loss_weights_at(m * rows), options);
+    const LossSum sum =
+        model_->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
+                        batch.loss_weights_at(m * rows), options);
     micro_losses_[m] = sum.loss;
     micro_aux_[m] = sum.aux;
     if (sampled_targets) {

@@ -180,8 +180,8 @@ std::vector<GroupTile> GroupTiles(const int64_t* begin, int64_t G, int64_t tile_
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i0 = begin[g]; i0 < begin[g + 1]; i0 += tile_rows)
       for (int64_t j0 = 0; j0 < width; j0 += tile_cols)
-        tiles.push_back({g, i0, j0, std::min(tile_rows, begin[g + 1] - i0),
-                         std::min(tile_cols, width - j0)});
+        tiles.push_back(
+            {g, i0, j0, std::min(tile_rows, begin[g + 1] - i0), std::min(tile_cols, width - j0)});
   return tiles;
 }
 
@@ -213,8 +213,8 @@ void grouped_matmul_backward(float* dinp, float* const* dweights, const float* d
     for (int64_t p = 0; p < count; ++p) {
       const GroupTile& t = tiles[p];
       gemm_tile(library, false, false, t.rows, t.cols, OC, dout + t.i0 * OC, OC,
-                weights[t.group] + t.j0, C, accumulate_dinp ? 1.0f : 0.0f,
-                dinp + t.i0 * C + t.j0, C);
+                weights[t.group] + t.j0, C, accumulate_dinp ? 1.0f : 0.0f, dinp + t.i0 * C + t.j0,
+                C);
     }
   }
   // dweight_g (OC, C) = dout_g^T (OC, rows_g) inp_g (rows_g, C): tiles over each group's

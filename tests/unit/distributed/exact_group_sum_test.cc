@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -122,6 +123,50 @@ TEST(BlockGrid, ValuesRoundToMultiplesOf2ToTheBlockExponentMinusTheMantissaBits)
   std::vector<float> top(ExactGrid::kBlock, std::nextafter(2.0f, 0.0f));
   RoundToBlockGrid(top.data(), top.size(), kBlock48);
   EXPECT_EQ(top[0], std::nextafter(2.0f, 0.0f));
+}
+
+TEST(BlockGrid, EveryValueIsRoundedAsTheFormulaSaysWhateverTheBlockSkips) {
+  // Blocks whose values span 0 to 60 binary orders below their largest (zeros, subnormals and
+  // both signs among them): each value must be nearbyint(v 2^shift) 2^-shift of its block's
+  // shift, the rounding written out here for every element, also where the kernel finds a block
+  // already on the grid and skips it.
+  constexpr size_t kBlock = ExactGrid::kBlock;
+  uint32_t state = 99;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  std::vector<float> values(64 * kBlock);
+  for (size_t b = 0; b < 64; ++b) {
+    const int top = static_cast<int>(next() % 200) - 140, span = static_cast<int>(b % 61);
+    for (size_t i = 0; i < kBlock; ++i) {
+      const float mantissa = 1.0f + static_cast<float>(next() >> 9) * 0x1p-23f;
+      const int exponent = top - static_cast<int>(next() % (span + 1));
+      float v = (next() & 1 ? -1.0f : 1.0f) * std::ldexp(mantissa, exponent);
+      if (next() % 50 == 0) v = 0.0f;
+      values[b * kBlock + i] = v;
+    }
+  }
+  for (const ExactGrid& grid : {kBlock48, kBlock32}) {
+    std::vector<float> rounded = values;
+    RoundToBlockGrid(rounded.data(), rounded.size(), grid);
+    for (size_t b = 0; b < 64; ++b) {
+      float largest = 0.0f;
+      for (size_t i = 0; i < kBlock; ++i)
+        largest = std::max(largest, std::fabs(values[b * kBlock + i]));
+      int e = 0;
+      std::frexp(largest, &e);
+      const int shift = grid.mantissa_bits() - (e - 1);
+      for (size_t i = 0; i < kBlock; ++i) {
+        const float v = values[b * kBlock + i];
+        const float expected =
+            largest == 0.0f ? v
+                            : static_cast<float>(
+                                  std::nearbyint(static_cast<double>(v) * std::ldexp(1.0, shift)) *
+                                  std::ldexp(1.0, -shift));
+        ASSERT_EQ(std::bit_cast<uint32_t>(rounded[b * kBlock + i]),
+                  std::bit_cast<uint32_t>(expected))
+            << grid.name() << " block " << b << " value " << v;
+      }
+    }
+  }
 }
 
 TEST(BlockGrid, EachBlockHasItsOwnExponentAndFixed128RoundsNothing) {

@@ -34,7 +34,8 @@ Groups Make(const std::vector<int64_t>& counts, uint64_t seed) {
   for (int64_t n : counts) g.begin.push_back(g.begin.back() + n);
   g.inp = Random(g.rows() * C, seed);
   g.dout = Random(g.rows() * OC, seed + 1);
-  for (size_t i = 0; i < counts.size(); ++i) g.weights.push_back(Random(OC * C, seed + 10 + i, 0.1f));
+  for (size_t i = 0; i < counts.size(); ++i)
+    g.weights.push_back(Random(OC * C, seed + 10 + i, 0.1f));
   for (const auto& w : g.weights) g.w.push_back(w.data());
   return g;
 }

@@ -1,5 +1,7 @@
 // The deepseek_v3 family's plan, router, kernels and config checks. Its forward and backward are
 // checked against a float64 PyTorch reference in tests/integration/test_deepseek_v3.py.
+#include "model/deepseek_v3.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 
 #include "common/error.h"
 #include "kernels/cpu/kernels.h"
-#include "model/deepseek_v3.h"
 #include "model/moe_routing.h"
 
 namespace crucible {
@@ -33,9 +34,8 @@ std::vector<DeepSeekV3Config> Models() {
           Model({"model.first_k_dense_replace=0", "model.num_experts_per_tok=3"}),
           Model({"model.first_k_dense_replace=2"}),  // every layer dense
           Model({"model.dim=64", "model.n_layers=3", "model.n_heads=2", "model.kv_lora_rank=16",
-                 "model.q_lora_rank=32",
-                 "model.v_head_dim=40", "model.n_routed_experts=6", "model.n_group=3",
-                 "model.topk_group=3", "model.n_shared_experts=2"})};
+                 "model.q_lora_rank=32", "model.v_head_dim=40", "model.n_routed_experts=6",
+                 "model.n_group=3", "model.topk_group=3", "model.n_shared_experts=2"})};
 }
 
 TEST(DeepSeekV3, PlannedSizesAreTheParameterTableOfEveryFlavor) {
@@ -53,7 +53,8 @@ TEST(DeepSeekV3, PlannedSizesAreTheParameterTableOfEveryFlavor) {
     for (const ParamInfo& p : table.params()) {
       elements[static_cast<size_t>(p.kind)] += static_cast<double>(p.numel);
       tensors[static_cast<size_t>(p.kind)] += 1;
-      if (p.name.find(".mlp.experts.") != std::string::npos) experts += static_cast<double>(p.numel);
+      if (p.name.find(".mlp.experts.") != std::string::npos)
+        experts += static_cast<double>(p.numel);
     }
     EXPECT_EQ(planned.kind_parameters, elements) << where;
     EXPECT_EQ(planned.kind_tensors, tensors) << where;
@@ -200,8 +201,8 @@ TEST(MoeRouting, ChoosesTheTopExpertsOfTheBestGroupsWithTiesToTheLowerIndex) {
   const float bias[8] = {0, 0, 0, 0, 1.0f, 0, 0, 0};
   RouteTokens(config, logits, bias, 1, &r);
   EXPECT_EQ(r.expert[0], 4);
-  const float biased_sum = r.affinity[r.expert[0]] + r.affinity[r.expert[1]] +
-                           r.affinity[r.expert[2]];
+  const float biased_sum =
+      r.affinity[r.expert[0]] + r.affinity[r.expert[1]] + r.affinity[r.expert[2]];
   EXPECT_FLOAT_EQ(r.weight[0], 2.0f * r.affinity[4] / biased_sum);
 }
 
@@ -243,8 +244,7 @@ TEST(MoeRouting, TheBackwardIsTheDerivativeOfTheWeights) {
       for (int j = 0; j < 6; ++j) s[j] = 1.0 / (1.0 + std::exp(-(z[j] + (j == e ? h : 0.0))));
       for (int k = 0; k < 3; ++k) sum += s[r.expert[k]];
       double value = 0;
-      for (int k = 0; k < 3; ++k)
-        value += g[k] * 2.5 * s[r.expert[k]] / (normalize ? sum : 1.0);
+      for (int k = 0; k < 3; ++k) value += g[k] * 2.5 * s[r.expert[k]] / (normalize ? sum : 1.0);
       return value;
     };
     for (int e = 0; e < 6; ++e) {
@@ -273,8 +273,8 @@ TEST(DeepSeekV3Kernels, AStridedRopeIsRopeOnItsPartAndLeavesTheRestAlone) {
   kernels::rope_forward(part.data(), cos_table.data(), sin_table.data(), B, T, H, D);
   for (int64_t i = 0; i < B * T * H; ++i)
     for (int64_t j = 0; j < stride; ++j) {
-      const float expected = j >= offset && j < offset + D ? part[i * D + j - offset]
-                                                            : x[i * stride + j];
+      const float expected =
+          j >= offset && j < offset + D ? part[i * D + j - offset] : x[i * stride + j];
       ASSERT_EQ(rotated[i * stride + j], expected) << i << " " << j;
     }
   kernels::rope_backward_strided(rotated.data(), cos_table.data(), sin_table.data(), B, T, H, D,
