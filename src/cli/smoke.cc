@@ -1,6 +1,5 @@
 // crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--update]
-// [--portable] [--device cpu|cuda]
-//                [--set KEY=VALUE ...]
+//                [--portable] [--device cpu|cuda] [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
 #include <memory>

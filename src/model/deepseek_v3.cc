@@ -505,9 +505,12 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
   if (!be.host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   access.ReleaseWeights(tail);
   if (c.tie_embeddings) access.ReleaseWeights(0);
-  LossSum sum = SumLosses(losses(), targets, loss_weights_, N);
+  return SumWithAux(SumLosses(losses(), targets, loss_weights_, N));
+}
+
+LossSum DeepSeekV3Model::SumWithAux(LossSum sum) const {
   // Each sequence's balance loss counts as its T tokens (DeepSeekV3Config::aux_loss_alpha).
-  sum.aux = c.aux_loss_alpha * static_cast<double>(T_) * aux_;
+  sum.aux = config_.aux_loss_alpha * static_cast<double>(T_) * aux_;
   return sum;
 }
 
@@ -558,12 +561,10 @@ LossSum DeepSeekV3Model::Retarget(const int32_t* targets) {
                                 config_.vocab_size);
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
-  LossSum sum = SumLosses(losses(), targets, loss_weights_, N);
-  sum.aux = config_.aux_loss_alpha * static_cast<double>(T_) * aux_;  // the forward's, unchanged
-  return sum;
+  return SumWithAux(SumLosses(losses(), targets, loss_weights_, N));  // the forward's aux
 }
 
-void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
+void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g, float loss_scale) {
   Buffers& b = *buffers_;
   Buffers::Layer& L = b.layers[l];
   ComputeBackend& be = *backend_;
@@ -624,7 +625,7 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g) {
   RouteBackward(c.router(), r, dweights, drouter);
   if (c.aux_loss_alpha > 0)
     SequenceBalanceBackward(c.router(), r, B_, T_, L.balance_f,
-                            c.aux_loss_alpha * static_cast<double>(backward_scale_), drouter);
+                            c.aux_loss_alpha * static_cast<double>(loss_scale), drouter);
   if (!be.host_memory()) b.drouter.CopyFrom(b.host_drouter.data(), N * E);
   be.MatmulBackward(b.dln.data(), g + o.router, b.drouter.data(), ln2, w + o.router, N, C, E, true,
                     false);
@@ -688,7 +689,6 @@ void DeepSeekV3Model::Backward(ParameterAccess& access, float loss_scale) {
   const DeepSeekV3Config& c = config_;
   const int64_t N = B_ * T_, C = c.dim, V = c.vocab_size, L = c.n_layers;
   const int tail = table_.tail_unit();
-  backward_scale_ = loss_scale;
   if (scored_)
     throw Error(kExitFailure,
                 "internal: Backward after a scored forward (ask Forward for "
@@ -729,7 +729,7 @@ void DeepSeekV3Model::Backward(ParameterAccess& access, float loss_scale) {
     if (l > 0) access.Prefetch(unit - 1);
     float* g = units_->Gradients(access, unit);
     const LayerOffsets& o = layers_[l];
-    FfnBackward(l, w, g);  // dln = d ln2
+    FfnBackward(l, w, g, loss_scale);  // dln = d ln2
     be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
                        Lb.ln2_rstd.data(), N, C);
     AttentionBackward(l, w, g);  // dln = d ln1

@@ -198,7 +198,10 @@ class DeepSeekV3Model final : public Model {
   void AttentionForward(int64_t l, const float* w);
   void AttentionBackward(int64_t l, const float* w, float* g);
   void FfnForward(int64_t l, const float* w, float* x_out);
-  void FfnBackward(int64_t l, const float* w, float* g);
+  // `loss_scale`: Backward's, for the sequence balance loss's gradient.
+  void FfnBackward(int64_t l, const float* w, float* g, float loss_scale);
+  // `sum` with the forward's auxiliary loss (aux_) in its units.
+  LossSum SumWithAux(LossSum sum) const;
   // Copies `targets` (host) to the model's buffers, checked against the vocabulary.
   void SetTargets(const int32_t* targets);
   DeepSeekV3Config config_;
@@ -212,8 +215,7 @@ class DeepSeekV3Model final : public Model {
   // The last Forward was kFused (its head's backward done, with this scale), or kScored.
   bool fused_ = false, scored_ = false;
   float fused_scale_ = 0;
-  float backward_scale_ = 0;  // Backward's loss scale, for the balance loss's gradient
-  double aux_ = 0;            // the forward's sum of sequence balance losses over MoE layers
+  double aux_ = 0;  // the forward's sum of sequence balance losses over MoE layers
   Buffers* buffers_;
 };
 

@@ -185,20 +185,25 @@ std::vector<GroupTile> GroupTiles(const int64_t* begin, int64_t G, int64_t tile_
   return tiles;
 }
 
+// Runs product(tile) for every tile, in one parallel loop (which thread computes a tile decides
+// nothing about its bits).
+template <typename Product>
+void RunGroupTiles(const std::vector<GroupTile>& tiles, const Product& product) {
+  const int64_t count = static_cast<int64_t>(tiles.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t p = 0; p < count; ++p) product(tiles[p]);
+}
+
 }  // namespace
 
 void grouped_matmul_forward(float* out, const float* inp, const float* const* weights,
                             const int64_t* begin, int64_t G, int64_t C, int64_t OC) {
   ScopedKernelTimer profile_timer(MatmulForwardCost(begin[G] - begin[0], C, OC));
   const GemmLibrary library = GemmLibraryFor(GemmProduct::kForward, kGroupTileRows, OC, C);
-  const std::vector<GroupTile> tiles = GroupTiles(begin, G, kGroupTileRows, OC);
-  const int64_t count = static_cast<int64_t>(tiles.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t p = 0; p < count; ++p) {
-    const GroupTile& t = tiles[p];
+  RunGroupTiles(GroupTiles(begin, G, kGroupTileRows, OC), [&](const GroupTile& t) {
     gemm_tile(library, false, true, t.rows, t.cols, C, inp + t.i0 * C, C,
               weights[t.group] + t.j0 * C, C, 0.0f, out + t.i0 * OC + t.j0, OC);
-  }
+  });
 }
 
 void grouped_matmul_backward(float* dinp, float* const* dweights, const float* dout,
@@ -207,15 +212,11 @@ void grouped_matmul_backward(float* dinp, float* const* dweights, const float* d
   ScopedKernelTimer profile_timer(MatmulBackwardCost(begin[G] - begin[0], C, OC, dinp != nullptr));
   if (dinp) {  // dinp_g (rows_g, C) = dout_g (rows_g, OC) W_g (OC, C)
     const GemmLibrary library = GemmLibraryFor(GemmProduct::kDinp, kGroupTileRows, C, OC);
-    const std::vector<GroupTile> tiles = GroupTiles(begin, G, kGroupTileRows, C);
-    const int64_t count = static_cast<int64_t>(tiles.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t p = 0; p < count; ++p) {
-      const GroupTile& t = tiles[p];
+    RunGroupTiles(GroupTiles(begin, G, kGroupTileRows, C), [&](const GroupTile& t) {
       gemm_tile(library, false, false, t.rows, t.cols, OC, dout + t.i0 * OC, OC,
                 weights[t.group] + t.j0, C, accumulate_dinp ? 1.0f : 0.0f, dinp + t.i0 * C + t.j0,
                 C);
-    }
+    });
   }
   // dweight_g (OC, C) = dout_g^T (OC, rows_g) inp_g (rows_g, C): tiles over each group's
   // (OC, C), the inner dimension the group's rows.
@@ -230,15 +231,12 @@ void grouped_matmul_backward(float* dinp, float* const* dweights, const float* d
       for (int64_t j0 = 0; j0 < C; j0 += tile_cols)
         tiles.push_back({g, i0, j0, std::min(kMaxTileRows, OC - i0), std::min(tile_cols, C - j0)});
   }
-  const int64_t count = static_cast<int64_t>(tiles.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t p = 0; p < count; ++p) {
-    const GroupTile& t = tiles[p];
+  RunGroupTiles(tiles, [&](const GroupTile& t) {
     const int64_t r0 = begin[t.group], n = begin[t.group + 1] - r0;
     const GemmLibrary library = GemmLibraryFor(GemmProduct::kDweight, OC, C, n);
     gemm_tile(library, true, false, t.rows, t.cols, n, dout + r0 * OC + t.i0, OC,
               inp + r0 * C + t.j0, C, 0.0f, dweights[t.group] + t.i0 * C + t.j0, C);
-  }
+  });
 }
 
 }  // namespace crucible::kernels
