@@ -1,4 +1,5 @@
-// crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--update]
+// crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--ep N]
+//                [--update]
 //                [--portable] [--device cpu|cuda] [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
@@ -34,6 +35,11 @@ CommandRun SetupSmoke(CLI::App& app) {
                  "tensor-parallel degree: the tensor-parallel smoke config (its split dimensions "
                  "in 4 chunks) at this degree, against tests/golden/smoke-tp.json, the same for "
                  "--tp 1, 2 and 4 and any --ranks that is a multiple of it")
+      ->check(CLI::IsMember({1, 2, 4}));
+  app.add_option("--ep", options->expert_parallel,
+                 "expert-parallel degree (--model deepseek_v3): its experts split over this many "
+                 "ranks, against the family's golden, the same for --ep 1, 2 and 4 and any --ranks "
+                 "that is a multiple of it")
       ->check(CLI::IsMember({1, 2, 4}));
   app.add_option("--set", options->sets,
                  "KEY=VALUE for the run, repeatable (test-only switches such as "

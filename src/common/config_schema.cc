@@ -308,6 +308,12 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "summed in one order at every degree: runs with the same chunks give the same bits at any "
        "tensor_parallel_degree that divides them (0: the degree; 1: the plain model)",
        false, AtLeast(0)},
+      {"parallelism.expert_parallel_degree", T::kInt, V(int64_t{1}),
+       "ranks of each data-parallel group that split a mixture of experts' routed experts "
+       "between them (consecutive ranks); each rank routes its tokens, which travel to their "
+       "experts' ranks and back by all-to-all; the same bits at every degree "
+       "(docs/parallelism.md)",
+       false, AtLeast(1)},
       {"parallelism.sequence_parallel", T::kBool, V(false),
        "split the residual stream and the norms of a tensor-parallel model along the rows of a "
        "micro-batch over the group (Megatron's sequence parallelism): less activation memory, "

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/hash.h"
 #include "common/profile.h"
+#include "common/strings.h"
 #include "common/timer.h"
 
 namespace crucible {
@@ -46,9 +47,37 @@ void ReplicatedAccess::GradientsReady(int unit) {
   bool finite = true;
   for (const LayoutFreeRun& run : table_.LayoutFreeRuns(unit))  // the grid's blocks start there
     finite = accumulator_.AddRange(run.begin, run.end, grads_ + run.begin, run.piece) && finite;
-  if (!finite && on_non_finite_) on_non_finite_(unit, grads_ + u.begin);
+  if (!finite && on_non_finite_) on_non_finite_(unit, u.begin, u.end, grads_ + u.begin);
   if (overlap_ && last_) dp_.StartReduction(accumulator_, u.begin, u.end, grads_);
   if (overlap_) dp_.Progress();
+}
+
+namespace {
+// The runs of `unit` within [begin, end), which must be whole runs (internal error otherwise).
+std::vector<LayoutFreeRun> RunsWithin(const ParameterTable& table, int unit, size_t begin,
+                                      size_t end) {
+  std::vector<LayoutFreeRun> runs;
+  size_t covered = begin;
+  for (const LayoutFreeRun& run : table.LayoutFreeRuns(unit)) {
+    if (run.end <= begin || run.begin >= end) continue;
+    if (run.begin != covered || run.end > end) break;
+    runs.push_back(run);
+    covered = run.end;
+  }
+  if (covered != end || begin >= end)
+    throw Error(kExitFailure, StrFormat("internal: a gradient contribution to elements %zu to %zu "
+                                        "of unit %d is not made of whole runs of its grid",
+                                        begin, end, unit));
+  return runs;
+}
+}  // namespace
+
+void ReplicatedAccess::AddGradient(int unit, size_t begin, size_t end, float* values) {
+  bool finite = true;
+  for (const LayoutFreeRun& run : RunsWithin(table_, unit, begin, end))
+    finite = accumulator_.AddRange(run.begin, run.end, values + (run.begin - begin), run.piece) &&
+             finite;
+  if (!finite && on_non_finite_) on_non_finite_(unit, begin, end, values);
 }
 
 void ReplicatedAccess::BeginStep() {
@@ -232,8 +261,30 @@ void ShardedAccess::GradientsReady(int unit) {
   for (size_t begin = u.begin; begin < u.end; begin += DataParallel::kReducePiece)
     StartReduction(begin, std::min(u.end, begin + DataParallel::kReducePiece),
                    grads + (begin - u.begin));
-  if (!non_finite_.empty() && on_non_finite_) on_non_finite_(unit, grads);
+  if (!non_finite_.empty() && on_non_finite_) on_non_finite_(unit, u.begin, u.end, grads);
   non_finite_.clear();
+  extra_unit_ = -1;
+  extra_.clear();
+}
+
+void ShardedAccess::AddGradient(int unit, size_t begin, size_t end, float* values) {
+  const std::vector<LayoutFreeRun> runs = RunsWithin(table_, unit, begin, end);
+  if (extra_unit_ != unit) {  // the unit's first: [begin, end) is where they all go
+    extra_unit_ = unit;
+    extra_begin_ = begin;
+    extra_.assign(end - begin, 0);
+  } else if (begin != extra_begin_ || end != extra_begin_ + extra_.size()) {
+    throw Error(kExitFailure,
+                "internal: ZeRO-3 takes one range of other gradient contributions "
+                "per unit");
+  }
+  for (const LayoutFreeRun& run : runs)
+    RoundToBlockGrid(values + (run.begin - begin), run.end - run.begin, dp_.exact().grid(),
+                     run.piece);
+  extra_one_.resize(end - begin);
+  if (!FloatToInt128(values, extra_one_.data(), end - begin) && on_non_finite_)
+    on_non_finite_(unit, begin, end, values);
+  AddInt128(extra_one_.data(), extra_.data(), end - begin);
 }
 
 void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads) {
@@ -248,6 +299,12 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
     Complete(*reduction);
   }
   if (!FloatToInt128(grads, reduction->send.data(), end - begin)) non_finite_ = "yes";
+  // Other contributions (AddGradient) to the piece's elements.
+  const size_t extra_end = extra_begin_ + extra_.size();
+  if (extra_unit_ >= 0 && begin < extra_end && extra_begin_ < end) {
+    const size_t b = std::max(begin, extra_begin_), e = std::min(end, extra_end);
+    AddInt128(extra_.data() + (b - extra_begin_), reduction->send.data() + (b - begin), e - b);
+  }
   const ShardLayout& layout = dp_.layout();
   const Range mine = layout.PartIn(static_cast<size_t>(comm_.rank()), begin, end);
   reduction->receive_offset = mine.size() > 0 ? mine.begin - shard_begin_ : 0;

@@ -30,9 +30,11 @@
 
 namespace crucible {
 
-// Called with a unit whose gradient in this micro-batch holds a non-finite value: (unit, that
-// gradient), where grads[i - units()[unit].begin] is the gradient of flat parameter i.
-using NonFiniteHandler = std::function<void(int unit, const float* grads)>;
+// Called with a gradient contribution of this micro-batch that holds a non-finite value: (unit,
+// begin, end, values), where values[i - begin] is the contribution to flat parameter i of
+// [begin, end) (the unit's whole gradient, or a part ParameterAccess::AddGradient added).
+using NonFiniteHandler =
+    std::function<void(int unit, size_t begin, size_t end, const float* values)>;
 
 // What the trainer holds, whatever the ZeRO stage: the model's ParameterAccess and the step
 // around it. The trainer calls BeginStep, then BeginMicroBatch before each micro-batch's forward
@@ -80,6 +82,8 @@ class ReplicatedAccess : public TrainingAccess {
   const float* AcquireWeights(int unit) override;
   float* Gradients(int unit) override;
   void GradientsReady(int unit) override;
+  // Added to the accumulator at once, on its own grid.
+  void AddGradient(int unit, size_t begin, size_t end, float* values) override;
 
  private:
   const ParameterTable& table_;
@@ -123,6 +127,9 @@ class ShardedAccess : public TrainingAccess {
   void Prefetch(int unit) override;
   float* Gradients(int unit) override;
   void GradientsReady(int unit) override;
+  // Each contribution is put on the grid and turned into fixed point by itself, and the sum of
+  // them is added to the unit's own when GradientsReady sends it.
+  void AddGradient(int unit, size_t begin, size_t end, float* values) override;
 
  private:
   struct GatherBuffer {
@@ -158,6 +165,11 @@ class ShardedAccess : public TrainingAccess {
   std::vector<float> grad_embedding_, grad_unit_;
   std::vector<Reduction> reductions_;
   std::vector<__int128> shard_sum_;
+  // The other contributions to the current unit's elements [extra_begin_, extra_begin_ +
+  // extra_.size()) (AddGradient), and one's fixed-point values on the way there.
+  std::vector<__int128> extra_, extra_one_;
+  size_t extra_begin_ = 0;
+  int extra_unit_ = -1;
   uint64_t clock_ = 0;
   int64_t gathers_started_ = 0;
   bool hashing_ = false, corrupt_next_ = false;

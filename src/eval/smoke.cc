@@ -178,6 +178,11 @@ int RunSmoke(const SmokeOptions& options) {
     throw UsageError(
         "smoke --tp with --portable: the portable kernels have no tensor-parallel "
         "version yet");
+  if (options.expert_parallel > 0 && options.model != "deepseek_v3")
+    throw UsageError("smoke --ep: only --model deepseek_v3 has experts to split");
+  if (options.expert_parallel > 0 && options.ranks % options.expert_parallel != 0)
+    throw UsageError(StrFormat("smoke --ep %d: --ranks %d is not a multiple of it",
+                               options.expert_parallel, options.ranks));
   if (options.model != "llama" && options.model != "deepseek_v3")
     throw UsageError("smoke --model '" + options.model + "': expected llama or deepseek_v3");
   if (options.model != "llama" && (options.tensor_parallel > 0 || options.portable))
@@ -221,16 +226,22 @@ int RunSmoke(const SmokeOptions& options) {
     argv.push_back("--set");
     argv.push_back(StrFormat("parallelism.tensor_parallel_degree=%d", options.tensor_parallel));
   }
+  if (options.expert_parallel > 0) {
+    argv.push_back("--set");
+    argv.push_back(StrFormat("parallelism.expert_parallel_degree=%d", options.expert_parallel));
+  }
   for (const std::string& item : options.sets) {
     argv.push_back("--set");
     argv.push_back(item);
   }
   const std::string log_path = JoinPath(work, "train.log");
+  std::string degrees;
+  if (options.tensor_parallel > 0)
+    degrees += StrFormat(" tensor_parallel=%d", options.tensor_parallel);
+  if (options.expert_parallel > 0)
+    degrees += StrFormat(" expert_parallel=%d", options.expert_parallel);
   PrintLine(StrFormat("phase=smoke status=training ranks=%d%s device=%s log=%s", options.ranks,
-                      options.tensor_parallel > 0
-                          ? StrFormat(" tensor_parallel=%d", options.tensor_parallel).c_str()
-                          : "",
-                      options.device.c_str(), log_path.c_str()));
+                      degrees.c_str(), options.device.c_str(), log_path.c_str()));
   int status = RunChild(argv, env, log_path);
   if (status != 0) {
     // The run's own error line when it has one (mpirun adds its banners after it), else the last.

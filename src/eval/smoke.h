@@ -27,6 +27,9 @@ struct SmokeOptions {
   // at tensor_parallel_degree N, against its own golden (tests/golden/smoke-tp.json), the same
   // for every degree and rank count. `ranks` must be a multiple of it.
   int tensor_parallel = 0;
+  // N > 0: the deepseek_v3 smoke with its experts split over N ranks (expert_parallel_degree N),
+  // against the family's golden: the same bits at every degree.
+  int expert_parallel = 0;
   // The model family of the run: "llama" (the default config) or "deepseek_v3" (its own smoke
   // config: a dense layer then a MoE layer with grouped routing, a shared expert and the balance
   // bias, against tests/golden/smoke-deepseek_v3.json).

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "kernels/cpu/kernels.h"
 #include "model/decoder_common.h"
 
@@ -39,6 +40,10 @@ struct DeepSeekV3Model::Buffers {
     Floats expert_gate, expert_up, expert_hidden;  // (N K, Fm), expert-sorted rows (MoE)
     Floats expert_out;                             // (N K, C)
     MoeRouting routing;                            // host
+    // Expert parallelism: the rows the group sent this rank's experts (M, C), M rows at most
+    // ep_degree N K (every token of every rank routed here: dropless), and how they came.
+    Floats expert_received;
+    ExpertDispatch dispatch;
     std::vector<double> balance_f;  // (B, E) the sequence balance loss's count factors
     DeviceArray<int32_t> rows;      // (N K) routing.row on the device
     Floats weights;                 // (N K) routing.weight on the device
@@ -53,7 +58,11 @@ struct DeepSeekV3Model::Buffers {
   Floats dx, dln, dq, dk, dv, datt, datt_v, dkvb, dkv_n, dkv_c, dkpe, dqa_n, dqa;
   Floats dgate, dup, dhidden;  // (N, max(F, Fs))
   Floats expert_in, dexpert_gate, dexpert_up, dexpert_hidden, dexpert_out, dexpert_in;  // MoE
-  Floats drouter, dweights;                                                // (N,E), (N K)
+  Floats drouter, dweights;  // (N,E), (N K)
+  // Expert parallelism's owner side (M rows): its experts' outputs before they go back, the
+  // output gradients it received, the input gradients it sends back; and the weight gradients
+  // of its experts from each other rank's tokens ((ep_degree - 1) x its experts' floats).
+  Floats expert_result, dexpert_received, dexpert_result, expert_grads_other;
   std::vector<float> host_router, host_dweights, host_drouter, host_bias;  // off the host
   std::vector<float> host_load;  // (E) the balance bias's gradient
   // Each expert's gate, up and down weights (or their gradients) in the unit being run: the
@@ -91,7 +100,7 @@ struct BufferPlan {
   double layer_attention = 0, dense_ffn = 0, moe_ffn = 0, rest = 0;
 };
 
-BufferPlan PlanBuffers(const DeepSeekV3Config& c, double B, double T) {
+BufferPlan PlanBuffers(const DeepSeekV3Config& c, double B, double T, int ep_degree) {
   const double N = B * T, C = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads);
   const double Dq = static_cast<double>(c.qk_head_dim()), Dv = static_cast<double>(c.v_head_dim);
   const double Dn = static_cast<double>(c.qk_nope_head_dim);
@@ -103,26 +112,31 @@ BufferPlan PlanBuffers(const DeepSeekV3Config& c, double B, double T) {
   const double E = static_cast<double>(c.n_routed_experts);
   const double NK = N * static_cast<double>(c.num_experts_per_tok);
   const double V = static_cast<double>(c.vocab_size);
+  // The rows an expert owner may hold: every token of the group's ranks (the degree's NK).
+  const double ep = static_cast<double>(ep_degree), M = ep * NK;
+  const double expert_params = 3 * Fm * C * E / ep;  // this rank's experts
   BufferPlan p;
   p.layer_attention = 2 * N * C + N + (Rq > 0 ? 2 * N * Rq + N : 0) + N * H * Dq + 2 * N * Rkv + N +
                       N * Dr + N * H * (Dn + Dv) + 2 * N * H * Dq + N * H * Dq + B * H * T +
                       N * H * Dv + 2 * N * C + N;
   p.dense_ffn = 3 * N * F;
   // The rows and the weights: 4 bytes each, counted as floats.
-  p.moe_ffn = 3 * N * Fs + N * E + 3 * NK * Fm + NK * C + 2 * NK;
+  p.moe_ffn = 3 * N * Fs + N * E + 3 * M * Fm + NK * C + 2 * NK + (ep > 1 ? M * C : 0);
   const bool any_moe = c.moe_layers() > 0, any_dense = c.moe_layers() < c.n_layers;
   const double ffn = std::max(any_dense ? F : 0.0, any_moe ? Fs : 0.0);
   p.rest = 2 * N * C + N + FusedHeadRowsPlanned(N, V) * V + 2 * N + T * Dr + 2 * N + 2 * N * C +
            3 * N * H * Dq + N * H * Dq + N * H * Dv + N * H * (Dn + Dv) + 2 * N * Rkv + N * Dr +
            (Rq > 0 ? 2 * N * Rq : 0) + 3 * N * ffn +
-           (any_moe ? 3 * NK * Fm + 3 * NK * C + N * E + NK : 0);
+           (any_moe ? 3 * M * Fm + 3 * NK * C + N * E + NK : 0) +
+           (any_moe && ep > 1 ? 3 * M * C + (ep - 1) * expert_params : 0);
   return p;
 }
 
 }  // namespace
 
-double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& c, double B, double T) {
-  const BufferPlan p = PlanBuffers(c, B, T);
+double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& c, double B, double T,
+                                        int ep_degree) {
+  const BufferPlan p = PlanBuffers(c, B, T, ep_degree);
   const double dense = static_cast<double>(c.n_layers - c.moe_layers());
   const double moe = static_cast<double>(c.moe_layers());
   return 4 * (static_cast<double>(c.n_layers) * p.layer_attention + dense * p.dense_ffn +
@@ -130,7 +144,8 @@ double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& c, double B, dou
 }
 
 DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_size,
-                                 int64_t seq_len, std::shared_ptr<ComputeBackend> backend)
+                                 int64_t seq_len, std::shared_ptr<ComputeBackend> backend,
+                                 const ModelParallelism& parallelism)
     : config_(config),
       table_(DeepSeekV3ParameterTable(config)),
       B_(batch_size),
@@ -143,6 +158,13 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
                      "\": its MLA and mixture-of-experts kernels have no version on this backend "
                      "yet (" +
                      why + ")");
+  if (parallelism.ep_degree > 1) {
+    if (!backend_->host_memory())
+      throw UsageError(
+          "parallelism.expert_parallel_degree > 1 runs on training.device = \"cpu\" "
+          "only so far");
+    experts_ = std::make_unique<ExpertParallelOps>(parallelism, config.n_routed_experts);
+  }
   units_ = std::make_unique<UnitMemory>(table_, *backend_);
   const DeepSeekV3Config& c = config;
   const int64_t N = B_ * T_, C = c.dim, H = c.n_heads, Dq = c.qk_head_dim(), Dv = c.v_head_dim;
@@ -150,6 +172,7 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
   const int64_t Rkv = c.kv_lora_rank, F = c.ffn_hidden_dim, Fm = c.moe_intermediate_size;
   const int64_t Fs = c.n_shared_experts * Fm, E = c.n_routed_experts;
   const int64_t NK = N * c.num_experts_per_tok, V = c.vocab_size;
+  const int64_t ep = parallelism.ep_degree, M = ep * NK;  // an expert owner's rows, at most
   ComputeBackend& be = *backend_;
   Buffers& b = *buffers_;
   auto floats = [&](int64_t n) { return Buffers::Floats(be, static_cast<size_t>(n)); };
@@ -184,10 +207,11 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
     L.hidden = floats(N * width);
     if (c.moe_layer(l)) {
       L.router = floats(N * E);
-      L.expert_gate = floats(NK * Fm);
-      L.expert_up = floats(NK * Fm);
-      L.expert_hidden = floats(NK * Fm);
+      L.expert_gate = floats(M * Fm);
+      L.expert_up = floats(M * Fm);
+      L.expert_hidden = floats(M * Fm);
       L.expert_out = floats(NK * C);
+      if (ep > 1) L.expert_received = floats(M * C);
       L.rows = DeviceArray<int32_t>(be, NK);
       L.weights = floats(NK);
     }
@@ -229,9 +253,15 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
   b.dhidden = floats(N * ffn);
   if (any_moe) {
     b.expert_in = floats(NK * C);
-    b.dexpert_gate = floats(NK * Fm);
-    b.dexpert_up = floats(NK * Fm);
-    b.dexpert_hidden = floats(NK * Fm);
+    b.dexpert_gate = floats(M * Fm);
+    b.dexpert_up = floats(M * Fm);
+    b.dexpert_hidden = floats(M * Fm);
+    if (ep > 1) {
+      b.expert_result = floats(M * C);
+      b.dexpert_received = floats(M * C);
+      b.dexpert_result = floats(M * C);
+      b.expert_grads_other = floats((ep - 1) * 3 * Fm * C * (E / ep));
+    }
     b.dexpert_out = floats(NK * C);
     b.dexpert_in = floats(NK * C);
     b.drouter = floats(N * E);
@@ -312,7 +342,7 @@ size_t DeepSeekV3Model::activation_bytes() const {
               L.att_lse.size() + L.att_v.size() + L.x_mid.size() + L.ln2.size() +
               L.ln2_rstd.size() + L.gate.size() + L.up.size() + L.hidden.size() + L.router.size() +
               L.expert_gate.size() + L.expert_up.size() + L.expert_hidden.size() +
-              L.expert_out.size() + L.rows.size() + L.weights.size();
+              L.expert_out.size() + L.rows.size() + L.weights.size() + L.expert_received.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
             b.head_chunk.size() + b.losses.size() + b.lse.size() + b.rope_cos.size() +
             b.rope_sin.size() + b.tokens.size() + b.targets.size() + b.loss_weights.size() +
@@ -321,7 +351,8 @@ size_t DeepSeekV3Model::activation_bytes() const {
             b.dqa_n.size() + b.dqa.size() + b.dgate.size() + b.dup.size() + b.dhidden.size() +
             b.expert_in.size() + b.dexpert_gate.size() + b.dexpert_up.size() +
             b.dexpert_hidden.size() + b.dexpert_out.size() + b.dexpert_in.size() +
-            b.drouter.size() + b.dweights.size();
+            b.drouter.size() + b.dweights.size() + b.expert_result.size() +
+            b.dexpert_received.size() + b.dexpert_result.size() + b.expert_grads_other.size();
   return floats * sizeof(float);
 }
 
@@ -429,19 +460,147 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
   else
     be.Fill(x_out, N * C, 0.0f);
   be.GatherRows(b.expert_in.data(), ln2, L.rows.data(), N, K, C);
-  // The experts' products, each one grouped GEMM over the expert-sorted rows.
-  const MoeRouting& r = L.routing;
-  ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
-  const int64_t* begin = r.expert_begin.data();
-  be.GroupedMatmulForward(L.expert_gate.data(), b.expert_in.data(), b.expert_w.gate.data(), begin,
-                          E, C, Fm);
-  be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E, C,
-                          Fm);
-  be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), N * K, Fm);
-  be.GroupedMatmulForward(L.expert_out.data(), L.expert_hidden.data(), b.expert_w.down.data(),
-                          begin, E, Fm, C);
+  ExpertsForward(l, w);
   be.MoeCombine(x_out, L.expert_out.data(), L.rows.data(), L.weights.data(), N, K, C);
   be.Add(x_out, L.x_mid.data(), N * C);
+}
+
+namespace {
+
+// The experts' weight (or gradient) pointers of an expert owner's groups, source-major: group
+// s El + e is expert first + e's, for every source s of `sources`; `other` (not null) gives the
+// source's group its own gradient buffers instead, except for source `self`.
+template <typename T, typename Tensors>
+void GroupPointers(T* base, const std::vector<size_t>& expert, size_t size, int64_t first,
+                   int64_t El, int sources, int self, T* other, Tensors* out) {
+  const size_t G = static_cast<size_t>(sources) * static_cast<size_t>(El);
+  out->gate.resize(G);
+  out->up.resize(G);
+  out->down.resize(G);
+  for (int s = 0; s < sources; ++s)
+    for (int64_t e = 0; e < El; ++e) {
+      const size_t g = static_cast<size_t>(s) * static_cast<size_t>(El) + static_cast<size_t>(e);
+      T* at = base + expert[static_cast<size_t>(first + e)];
+      if (other && s != self)  // the other sources' buffers, in source order without self
+        at = other + (static_cast<size_t>(s < self ? s : s - 1) * static_cast<size_t>(El) +
+                      static_cast<size_t>(e)) *
+                         3 * size;
+      out->gate[g] = at;
+      out->up[g] = at + size;
+      out->down[g] = at + 2 * size;
+    }
+}
+
+std::string LayerWhat(const char* what, int64_t l) {
+  return StrFormat("expert_parallel %s of layer %lld", what, (long long)l);
+}
+
+}  // namespace
+
+void DeepSeekV3Model::ExpertsForward(int64_t l, const float* w) {
+  Buffers& b = *buffers_;
+  Buffers::Layer& L = b.layers[l];
+  ComputeBackend& be = *backend_;
+  const DeepSeekV3Config& c = config_;
+  const LayerOffsets& o = layers_[l];
+  const int64_t C = c.dim, Fm = c.moe_intermediate_size, E = c.n_routed_experts;
+  const MoeRouting& r = L.routing;
+  if (!experts_) {
+    // The experts' products, each one grouped GEMM over the expert-sorted rows.
+    ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
+    const int64_t* begin = r.expert_begin.data();
+    const int64_t NK = B_ * T_ * c.num_experts_per_tok;
+    be.GroupedMatmulForward(L.expert_gate.data(), b.expert_in.data(), b.expert_w.gate.data(), begin,
+                            E, C, Fm);
+    be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E,
+                            C, Fm);
+    be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), NK, Fm);
+    be.GroupedMatmulForward(L.expert_out.data(), L.expert_hidden.data(), b.expert_w.down.data(),
+                            begin, E, Fm, C);
+    return;
+  }
+  // Expert parallelism: this rank's rows to their experts' owners, the owner's products over
+  // every source's groups (each group alone: the bits of degree 1), the results back.
+  ExpertParallelOps& ep = *experts_;
+  L.dispatch = ep.Plan(r.expert_begin.data(), LayerWhat("row counts", l).c_str());
+  ep.Dispatch(L.dispatch, b.expert_in.data(), L.expert_received.data(), C,
+              LayerWhat("dispatch", l).c_str());
+  GroupPointers(w, o.expert, static_cast<size_t>(Fm * C), ep.first_expert(), ep.local_experts(),
+                ep.degree(), ep.rank(), static_cast<const float*>(nullptr), &b.expert_w);
+  const int64_t G = ep.degree() * ep.local_experts(), M = L.dispatch.received();
+  const int64_t* begin = L.dispatch.begin.data();
+  be.GroupedMatmulForward(L.expert_gate.data(), L.expert_received.data(), b.expert_w.gate.data(),
+                          begin, G, C, Fm);
+  be.GroupedMatmulForward(L.expert_up.data(), L.expert_received.data(), b.expert_w.up.data(), begin,
+                          G, C, Fm);
+  be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), M, Fm);
+  be.GroupedMatmulForward(b.expert_result.data(), L.expert_hidden.data(), b.expert_w.down.data(),
+                          begin, G, Fm, C);
+  ep.Combine(L.dispatch, b.expert_result.data(), L.expert_out.data(), C,
+             LayerWhat("combine", l).c_str());
+}
+
+void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
+                                      ParameterAccess& access) {
+  Buffers& b = *buffers_;
+  Buffers::Layer& L = b.layers[l];
+  ComputeBackend& be = *backend_;
+  const DeepSeekV3Config& c = config_;
+  const LayerOffsets& o = layers_[l];
+  const int64_t C = c.dim, Fm = c.moe_intermediate_size, E = c.n_routed_experts;
+  if (!experts_) {
+    const int64_t NK = B_ * T_ * c.num_experts_per_tok;
+    be.GatherRows(b.expert_in.data(), L.ln2.data(), L.rows.data(), B_ * T_, c.num_experts_per_tok,
+                  C);
+    ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
+    ExpertPointers(g, o.expert, Fm * C, &b.expert_g);
+    const int64_t* begin = L.routing.expert_begin.data();
+    // An expert no token chose gets a zero gradient (the grouped products write it).
+    be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(), b.dexpert_out.data(),
+                             L.expert_hidden.data(), b.expert_w.down.data(), begin, E, Fm, C,
+                             false);
+    be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
+                      L.expert_gate.data(), L.expert_up.data(), NK, Fm);
+    be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
+                             b.expert_in.data(), b.expert_w.gate.data(), begin, E, C, Fm, false);
+    be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.up.data(), b.dexpert_up.data(),
+                             b.expert_in.data(), b.expert_w.up.data(), begin, E, C, Fm, true);
+    return;
+  }
+  ExpertParallelOps& ep = *experts_;
+  const ExpertDispatch& plan = L.dispatch;
+  ep.Dispatch(plan, b.dexpert_out.data(), b.dexpert_received.data(), C,
+              LayerWhat("gradient dispatch", l).c_str());
+  const size_t size = static_cast<size_t>(Fm * C), per_expert = 3 * size;
+  const int64_t first = ep.first_expert(), El = ep.local_experts();
+  GroupPointers(w, o.expert, size, first, El, ep.degree(), ep.rank(),
+                static_cast<const float*>(nullptr), &b.expert_w);
+  // This rank's tokens' gradients of its experts go to the unit's gradient; the others' to
+  // their own buffers, each added by itself below. The other experts' gradients here are 0.
+  float* other = b.expert_grads_other.data();
+  GroupPointers(g, o.expert, size, first, El, ep.degree(), ep.rank(), other, &b.expert_g);
+  be.Fill(g + o.expert[0], static_cast<size_t>(first) * per_expert, 0.0f);
+  be.Fill(g + o.expert[static_cast<size_t>(first + El)],
+          static_cast<size_t>(E - first - El) * per_expert, 0.0f);
+  const int64_t G = ep.degree() * El, M = plan.received();
+  const int64_t* begin = plan.begin.data();
+  be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(),
+                           b.dexpert_received.data(), L.expert_hidden.data(),
+                           b.expert_w.down.data(), begin, G, Fm, C, false);
+  be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
+                    L.expert_gate.data(), L.expert_up.data(), M, Fm);
+  be.GroupedMatmulBackward(b.dexpert_result.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
+                           L.expert_received.data(), b.expert_w.gate.data(), begin, G, C, Fm,
+                           false);
+  be.GroupedMatmulBackward(b.dexpert_result.data(), b.expert_g.up.data(), b.dexpert_up.data(),
+                           L.expert_received.data(), b.expert_w.up.data(), begin, G, C, Fm, true);
+  ep.Combine(plan, b.dexpert_result.data(), b.dexpert_in.data(), C,
+             LayerWhat("gradient combine", l).c_str());
+  const int unit = static_cast<int>(1 + l);
+  const size_t mine = table_.units()[static_cast<size_t>(unit)].begin + o.expert[first];
+  const size_t count = static_cast<size_t>(El) * per_expert;
+  for (int s = 0; s + 1 < ep.degree(); ++s)
+    access.AddGradient(unit, mine, mine + count, other + static_cast<size_t>(s) * count);
 }
 
 LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
@@ -564,7 +723,8 @@ LossSum DeepSeekV3Model::Retarget(const int32_t* targets) {
   return SumWithAux(SumLosses(losses(), targets, loss_weights_, N));  // the forward's aux
 }
 
-void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g, float loss_scale) {
+void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g, float loss_scale,
+                                  ParameterAccess& access) {
   Buffers& b = *buffers_;
   Buffers::Layer& L = b.layers[l];
   ComputeBackend& be = *backend_;
@@ -598,19 +758,7 @@ void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g, float los
   // The weighted combine: each expert row's output gradient, and dL/dw of each slot.
   be.MoeCombineBackward(b.dexpert_out.data(), b.dweights.data(), dx, L.expert_out.data(),
                         L.rows.data(), L.weights.data(), N, K, C);
-  be.GatherRows(b.expert_in.data(), ln2, L.rows.data(), N, K, C);
-  ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
-  ExpertPointers(g, o.expert, Fm * C, &b.expert_g);
-  const int64_t* begin = r.expert_begin.data();
-  // An expert no token chose gets a zero gradient (the grouped products write it).
-  be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(), b.dexpert_out.data(),
-                           L.expert_hidden.data(), b.expert_w.down.data(), begin, E, Fm, C, false);
-  be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
-                    L.expert_gate.data(), L.expert_up.data(), N * K, Fm);
-  be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
-                           b.expert_in.data(), b.expert_w.gate.data(), begin, E, C, Fm, false);
-  be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.up.data(), b.dexpert_up.data(),
-                           b.expert_in.data(), b.expert_w.up.data(), begin, E, C, Fm, true);
+  ExpertsBackward(l, w, g, access);
   be.ScatterAddRows(b.dln.data(), b.dexpert_in.data(), L.rows.data(), N, K, C);
   // The router: through the weights to the logits, then its product.
   const float* dweights = b.dweights.data();
@@ -729,7 +877,7 @@ void DeepSeekV3Model::Backward(ParameterAccess& access, float loss_scale) {
     if (l > 0) access.Prefetch(unit - 1);
     float* g = units_->Gradients(access, unit);
     const LayerOffsets& o = layers_[l];
-    FfnBackward(l, w, g, loss_scale);  // dln = d ln2
+    FfnBackward(l, w, g, loss_scale, access);  // dln = d ln2
     be.RmsnormBackward(b.dx.data(), g + o.ln2, b.dln.data(), Lb.x_mid.data(), w + o.ln2,
                        Lb.ln2_rstd.data(), N, C);
     AttentionBackward(l, w, g);  // dln = d ln1

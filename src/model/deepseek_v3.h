@@ -36,6 +36,7 @@
 #include "common/config.h"
 #include "compute/backend.h"
 #include "model/decoder_common.h"
+#include "model/expert_parallel.h"
 #include "model/model.h"
 #include "model/moe_routing.h"
 #include "model/parameters.h"
@@ -106,8 +107,9 @@ struct DeepSeekV3Sizes {
   double largest_unit = 0, largest_other_unit = 0;
 };
 DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& config);
-// Exactly DeepSeekV3Model(config, B, T).activation_bytes().
-double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& config, double B, double T);
+// Exactly DeepSeekV3Model(config, B, T, backend, a parallelism of ep_degree).activation_bytes().
+double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& config, double B, double T,
+                                        int ep_degree = 1);
 
 class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
  public:
@@ -169,8 +171,11 @@ std::shared_ptr<const ModelSpec> ReadDeepSeekV3HfConfig(const nlohmann::json& co
 class DeepSeekV3Model final : public Model {
  public:
   // UsageError when `backend` refuses the family's inherited kernels (compute/backend.h).
+  // `parallelism`: expert parallelism's group (ep_degree divides n_routed_experts; the backend's
+  // memory must be the host's); no tensor parallelism.
   DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_size, int64_t seq_len,
-                  std::shared_ptr<ComputeBackend> backend);
+                  std::shared_ptr<ComputeBackend> backend,
+                  const ModelParallelism& parallelism = {});
   ~DeepSeekV3Model() override;
   DeepSeekV3Model(const DeepSeekV3Model&) = delete;
   DeepSeekV3Model& operator=(const DeepSeekV3Model&) = delete;
@@ -198,8 +203,13 @@ class DeepSeekV3Model final : public Model {
   void AttentionForward(int64_t l, const float* w);
   void AttentionBackward(int64_t l, const float* w, float* g);
   void FfnForward(int64_t l, const float* w, float* x_out);
-  // `loss_scale`: Backward's, for the sequence balance loss's gradient.
-  void FfnBackward(int64_t l, const float* w, float* g, float loss_scale);
+  // `loss_scale`: Backward's, for the sequence balance loss's gradient. `access`: where an
+  // expert owner adds the other ranks' gradient contributions (expert parallelism).
+  void FfnBackward(int64_t l, const float* w, float* g, float loss_scale, ParameterAccess& access);
+  // The routed experts' products of MoE layer l, forward and backward: over this rank's tokens,
+  // or (expert parallelism) over the tokens every rank of the group sent to this rank's experts.
+  void ExpertsForward(int64_t l, const float* w);
+  void ExpertsBackward(int64_t l, const float* w, float* g, ParameterAccess& access);
   // `sum` with the forward's auxiliary loss (aux_) in its units.
   LossSum SumWithAux(LossSum sum) const;
   // Copies `targets` (host) to the model's buffers, checked against the vocabulary.
@@ -208,6 +218,7 @@ class DeepSeekV3Model final : public Model {
   ParameterTable table_;
   int64_t B_, T_;
   std::shared_ptr<ComputeBackend> backend_;
+  std::unique_ptr<ExpertParallelOps> experts_;  // expert parallelism (ep_degree > 1)
   std::unique_ptr<UnitMemory> units_;
   std::unique_ptr<LayerOffsets[]> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;

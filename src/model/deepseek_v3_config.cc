@@ -269,8 +269,11 @@ ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& c) {
       if (Fs > 0) mlp(p + "mlp.shared_experts.", Fs, true);
       // A token uses num_experts_per_tok experts: they count in FLOPs through
       // TrainFlopsPerToken, not the table.
-      for (int64_t e = 0; e < c.n_routed_experts; ++e)
+      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        table.SetExpert(static_cast<int>(e));
         mlp(p + "mlp.experts." + std::to_string(e) + ".", Fm, false);
+      }
+      table.SetExpert(-1);
     }
     table.EndUnit();
   }

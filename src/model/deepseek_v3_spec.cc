@@ -105,8 +105,9 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   return sizes;
 }
 
-BufferSizes DeepSeekV3Spec::PlannedBuffers(double B, double T, const ModelParallelism&) const {
-  const double activations = PlannedDeepSeekV3ActivationBytes(config_, B, T);
+BufferSizes DeepSeekV3Spec::PlannedBuffers(double B, double T,
+                                           const ModelParallelism& parallelism) const {
+  const double activations = PlannedDeepSeekV3ActivationBytes(config_, B, T, parallelism.ep_degree);
   // Besides the activations (which count the RoPE tables and the tokens' copies): the host's
   // routing of each MoE layer (affinities N x E, four arrays of N x K, the expert offsets).
   const DeepSeekV3Config& c = config_;
@@ -125,6 +126,18 @@ std::string DeepSeekV3Spec::CheckParallelism(const ModelParallelism& parallelism
   if (parallelism.tp_chunks > 1 || parallelism.tp_degree > 1)
     return "model.name = \"deepseek_v3\" has no tensor-parallel layers yet (set "
            "parallelism.tensor_parallel_degree = 1)";
+  const int ep = parallelism.ep_degree;
+  if (ep > 1 && config_.moe_layers() == 0)
+    return StrFormat(
+        "parallelism.expert_parallel_degree = %d: the model has no MoE layer "
+        "(model.first_k_dense_replace = %lld, model.n_layers = %lld): set the degree to 1",
+        ep, (long long)config_.first_k_dense_replace, (long long)config_.n_layers);
+  if (ep > 1 && config_.n_routed_experts % ep != 0)
+    return StrFormat(
+        "parallelism.expert_parallel_degree = %d does not divide model.n_routed_experts = %lld "
+        "(each rank of an expert-parallel group computes an equal block of the experts): choose "
+        "a degree that divides the experts",
+        ep, (long long)config_.n_routed_experts);
   return "";
 }
 
@@ -132,7 +145,8 @@ std::unique_ptr<Model> DeepSeekV3Spec::Build(int64_t batch_size, int64_t seq_len
                                              std::shared_ptr<ComputeBackend> backend,
                                              const ModelParallelism& parallelism) const {
   if (std::string why = CheckParallelism(parallelism); !why.empty()) throw UsageError(why);
-  return std::make_unique<DeepSeekV3Model>(config_, batch_size, seq_len, std::move(backend));
+  return std::make_unique<DeepSeekV3Model>(config_, batch_size, seq_len, std::move(backend),
+                                           parallelism);
 }
 
 void DeepSeekV3Spec::InitWeights(const ParameterTable& table, uint64_t seed, size_t begin,

@@ -103,6 +103,11 @@ LlamaSizes PlannedLlamaSizes(const LlamaConfig& c, const ModelParallelism& p) {
 
 std::string CheckLlamaParallelism(const LlamaConfig& c, const ModelParallelism& p) {
   if (std::string why = p.Check(); !why.empty()) return why;
+  if (p.ep_degree > 1)
+    return StrFormat(
+        "parallelism.expert_parallel_degree = %d: model.name = \"llama\" has no experts to split "
+        "(set it to 1, or train a mixture of experts: model.name = \"deepseek_v3\")",
+        p.ep_degree);
   const int64_t chunks = p.tp_chunks;
   if (chunks == 1) return "";
   // Every split dimension is cut into tp_chunks chunks (model/parallelism.h).

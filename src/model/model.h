@@ -202,6 +202,7 @@ class ModelSpec {
   ParameterTable BuildTable() const { return BuildTable(ModelParallelism{}); }
   // What `parallelism` cannot cut of this model, naming its keys and the rule ("" when it can).
   virtual std::string CheckParallelism(const ModelParallelism& parallelism) const {
+    if (parallelism.ep_degree > 1) return name() + " has no experts to split";
     return parallelism.tp_chunks > 1 ? name() + " has no tensor-parallel layers" : "";
   }
   // The initial values of flat elements [begin, end) of `table` (a BuildTable's), written to

@@ -42,11 +42,21 @@ std::string ModelParallelism::Check() const {
         tp_chunks, tp_degree);
   if (tp_rank < 0 || tp_rank >= tp_degree)
     return StrFormat("rank %d is not in a tensor-parallel group of %d", tp_rank, tp_degree);
+  if (ep_degree < 1 || ep_rank < 0 || ep_rank >= ep_degree)
+    return StrFormat("rank %d is not in an expert-parallel group of %d", ep_rank, ep_degree);
   if (sequence_parallel && tp_chunks == 1)
     return "parallelism.sequence_parallel = true splits the rows of a tensor-parallel model, and "
            "this run has none: set parallelism.tensor_parallel_degree > 1 (or "
            "tensor_parallel_chunks > 1), or turn sequence parallelism off";
   return "";
+}
+
+ModelParallelism ModelParallelism::WithExperts(Communicator& group) const {
+  ModelParallelism p = *this;
+  p.ep_degree = group.size();
+  p.ep_rank = group.rank();
+  p.expert_parallel = group.distributed() ? &group : nullptr;
+  return p;
 }
 
 TensorParallelOps::TensorParallelOps(const ModelParallelism& parallelism, ComputeBackend& backend)
@@ -180,7 +190,7 @@ const float* TensorParallelOps::AllToAll(const float* send, size_t block, const 
 }
 
 void TensorParallelOps::Count(double floats_received, double seconds) {
-  if (TensorParallelTraffic* traffic = parallelism_.traffic) {
+  if (ExchangeTraffic* traffic = parallelism_.traffic) {
     traffic->bytes_received += 4.0 * floats_received;
     traffic->seconds += seconds;
     ++traffic->exchanges;

@@ -36,7 +36,7 @@ class ComputeBackend;
 
 // What a tensor-parallel model's collectives moved and waited, added up by TensorParallelOps
 // for whoever gave the model its parallelism (the trainer reports it per step).
-struct TensorParallelTraffic {
+struct ExchangeTraffic {
   double bytes_received = 0;  // by this rank, from the others of its group
   double seconds = 0;         // in the group's exchanges (waiting included)
   int64_t exchanges = 0;
@@ -52,12 +52,24 @@ struct ModelParallelism {
   // The group's communicator; nullptr for one rank (tp_degree 1), or to lay out a table only.
   Communicator* tensor_parallel = nullptr;
   // Where the collectives count their traffic; nullptr: not counted.
-  TensorParallelTraffic* traffic = nullptr;
+  ExchangeTraffic* traffic = nullptr;
+
+  // Expert parallelism: the routed experts of every MoE layer split over a group of ep_degree
+  // ranks of the data-parallel group, rank ep_rank of which computes the ep_rank-th block of
+  // n_routed_experts / ep_degree consecutive experts. Every rank routes its own tokens; those an
+  // expert gets travel to its owner and back with an all-to-all(v) of the group.
+  int ep_degree = 1;
+  int ep_rank = 0;
+  Communicator* expert_parallel = nullptr;  // nullptr for ep_degree 1
+  ExchangeTraffic* expert_traffic = nullptr;
 
   // tp_degree ranks sharing each tensor over `group` (this rank's place: its rank there).
   static ModelParallelism TensorParallel(Communicator& group, int tp_chunks);
   // A layout alone (tables and plans for a degree this process does not run), no communicator.
   static ModelParallelism Layout(int tp_degree, int tp_rank, int tp_chunks);
+
+  // The same with expert parallelism over `group` (this rank's place: its rank there).
+  ModelParallelism WithExperts(Communicator& group) const;
 
   int chunks_per_rank() const { return tp_chunks / tp_degree; }
   // The first row of row chunk j (of tp_chunks) of N rows; j = tp_chunks gives N.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace crucible {
 
@@ -66,6 +67,7 @@ const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_
   info.offset = total_;
   info.kind = kind;
   info.layer = layer;
+  info.expert = expert_;
   total_ += info.numel;
   if (in_flops) flop_params_ += info.global_numel();
   params_.push_back(std::move(info));
@@ -83,13 +85,30 @@ bool ParameterTable::chunked() const {
 
 std::vector<LayoutFreeRun> ParameterTable::LayoutFreeRuns(int unit) const {
   const ParamUnit& u = units_.at(static_cast<size_t>(unit));
-  // Without chunks only data parallelism changes the layout, and it keeps every unit whole.
-  if (!chunked()) return {{u.begin, u.end, u.size()}};
   std::vector<LayoutFreeRun> runs;
+  // Without chunks, data and expert parallelism do not change the table: the unit in runs cut
+  // at each expert tensor.
+  if (!chunked()) {
+    size_t begin = u.begin;
+    for (const ParamInfo& p : params_) {
+      if (p.expert < 0 || p.offset < u.begin || p.offset >= u.end || p.numel == 0) continue;
+      if (begin < p.offset) runs.push_back({begin, p.offset, p.offset - begin});
+      runs.push_back({p.offset, p.offset + p.numel, p.numel});
+      begin = p.offset + p.numel;
+    }
+    if (begin < u.end) runs.push_back({begin, u.end, u.end - begin});
+    return runs;
+  }
   for (const ParamInfo& p : params_)
     if (p.offset >= u.begin && p.offset < u.end && p.numel > 0)
       runs.push_back({p.offset, p.offset + p.numel, p.ChunkRun()});
   return runs;
+}
+
+void ParameterAccess::AddGradient(int unit, size_t begin, size_t end, float* /*values*/) {
+  throw Error(kExitFailure, StrFormat("internal: this parameter access takes no other gradient "
+                                      "contributions (unit %d, elements %zu to %zu)",
+                                      unit, begin, end));
 }
 
 void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole) {

@@ -49,6 +49,10 @@ struct ParamInfo {
   // not cut; set at degree 1 too).
   int chunk_dim = -1;
   int64_t chunks = 1;
+  // A routed expert's tensor: the expert's index (-1: not an expert's). Under expert parallelism
+  // its gradient also takes contributions computed on another rank's tokens
+  // (ParameterAccess::AddGradient), so the exact sum's grid starts at it (LayoutFreeRuns).
+  int expert = -1;
 
   bool sliced() const { return split_dim >= 0; }
   // The length of the runs of consecutive elements of this part that lie in one chunk (the same
@@ -85,6 +89,9 @@ class ParameterTable {
                        int layer, bool in_flops = true, TensorSplit split = {});
   // Closes the unit being built: every tensor added since the previous EndUnit().
   void EndUnit();
+  // The tensors added from now on belong to routed expert `expert` (ParamInfo::expert); -1 ends
+  // the expert's tensors.
+  void SetExpert(int expert) { expert_ = expert; }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<ParamUnit>& units() const { return units_; }
@@ -101,9 +108,12 @@ class ParameterTable {
   // True when some tensor is cut in tensor-parallel chunks (at any degree, 1 included).
   bool chunked() const;
   // The runs of `unit` whose pieces are laid out alike at every degree of the run's tensor
-  // parallelism (and every data-parallel degree, which does not change the table): the whole
-  // unit when no tensor is cut in chunks, else each tensor in pieces of its ChunkRun(). What the
-  // blocks of the exact gradient sum's grid are aligned to (distributed/exact_sum.h).
+  // parallelism (and every data-parallel degree, which does not change the table): when a
+  // tensor is cut in chunks, each tensor in pieces of its ChunkRun(); else the unit's
+  // consecutive tensors that are not an expert's as one run, and each expert tensor as its own
+  // run (expert parallelism adds an expert's contributions by themselves, and the grid of each
+  // contribution must not reach into its neighbours). What the blocks of the exact gradient
+  // sum's grid are aligned to (distributed/exact_sum.h).
   std::vector<LayoutFreeRun> LayoutFreeRuns(int unit) const;
 
  private:
@@ -111,6 +121,7 @@ class ParameterTable {
   std::vector<ParamUnit> units_;
   size_t total_ = 0;
   size_t unit_begin_ = 0;
+  int expert_ = -1;
   size_t flop_params_ = 0;
 };
 
@@ -148,6 +159,13 @@ class ParameterAccess {
   // GradientsReady(unit) for this micro-batch.
   virtual float* Gradients(int unit) = 0;
   virtual void GradientsReady(int /*unit*/) {}
+  // Another contribution of this micro-batch to flat elements [begin, end) of `unit`'s gradient,
+  // before GradientsReady(unit): summed exactly with the one in Gradients(unit), each put on the
+  // exact sum's grid by itself, as if another rank's micro-batch had computed it. Expert
+  // parallelism's owner of an expert adds the expert's gradient from each other rank's tokens
+  // this way. [begin, end) is a whole number of LayoutFreeRuns (expert tensors); `values` may be
+  // overwritten. Layouts without it (one process) throw an internal error.
+  virtual void AddGradient(int unit, size_t begin, size_t end, float* values);
 };
 
 // A single process's access: every unit is a view into one flat buffer of weights and one of

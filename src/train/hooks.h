@@ -35,6 +35,8 @@ struct StepReport {
   double mfu = 0;  // percent; rank 0 only, NaN when not known
   double step_seconds = 0;
   double reduce_wait_seconds = 0;  // waited for the gradient reductions the backward did not hide
+  // This rank's seconds in expert parallelism's all-to-alls (waiting included); NaN without it.
+  double expert_exchange_seconds = std::nan("");
   double local_loss_sum = 0;       // this rank's micro-batches' loss sum
   int64_t local_valid_tokens = 0;  // and its targets that count
   // The optimizer's metrics of the step (Optimizer::metrics, reduced over every rank), by name;

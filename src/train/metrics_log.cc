@@ -97,6 +97,8 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"reduce_wait_s", r.reduce_wait_seconds}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
     if (!std::isnan(r.aux_loss)) record["aux_loss"] = r.aux_loss;
+    if (!std::isnan(r.expert_exchange_seconds))
+      record["expert_exchange_s"] = r.expert_exchange_seconds;
     if (!r.expert_loads.empty()) {
       nlohmann::json layers = nlohmann::json::array();
       for (const ExpertLoadSummary& s : r.expert_loads)
@@ -105,14 +107,18 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
     }
     metrics_.Append(record);
   }
-  if (rank_metrics_.is_open())
-    rank_metrics_.Append({{"step", r.step},
-                          {"rank", rank_},
-                          {"host", host_},
-                          {"local_loss_sum", r.local_loss_sum},
-                          {"local_valid_tokens", r.local_valid_tokens},
-                          {"step_seconds", r.step_seconds},
-                          {"reduce_wait_s", r.reduce_wait_seconds}});
+  if (rank_metrics_.is_open()) {
+    nlohmann::json record = {{"step", r.step},
+                             {"rank", rank_},
+                             {"host", host_},
+                             {"local_loss_sum", r.local_loss_sum},
+                             {"local_valid_tokens", r.local_valid_tokens},
+                             {"step_seconds", r.step_seconds},
+                             {"reduce_wait_s", r.reduce_wait_seconds}};
+    if (!std::isnan(r.expert_exchange_seconds))
+      record["expert_exchange_s"] = r.expert_exchange_seconds;
+    rank_metrics_.Append(record);
+  }
   return std::nullopt;
 }
 

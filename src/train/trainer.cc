@@ -171,12 +171,21 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   // Tensor parallelism over consecutive ranks (one node), data parallelism over the rest.
   const int64_t tp = config_.Int("parallelism.tensor_parallel_degree");
   const int64_t chunks = config_.Int("parallelism.tensor_parallel_chunks");
+  // Expert parallelism over consecutive ranks of each data-parallel group.
+  const int64_t ep = config_.Int("parallelism.expert_parallel_degree");
   MeshShape shape;
   shape.tensor_parallel = static_cast<int>(tp);
+  shape.expert_parallel = static_cast<int>(ep);
   try {
     mesh_ = ProcessMesh::Create(shape, config_.Float("comm.train_timeout_seconds"));
   } catch (const Error& e) {
     if (e.exit_code() != kExitUsage) throw;
+    if (std::string(e.what()).rfind(kExpertParallel, 0) == 0)
+      throw UsageError(StrFormat(
+          "parallelism.expert_parallel_degree = %lld does not divide the data-parallel degree "
+          "(the ranks / parallelism.tensor_parallel_degree = %lld): %s; run a multiple of %lld "
+          "ranks, or choose a degree that divides them",
+          (long long)ep, (long long)tp, e.what(), (long long)(ep * tp)));
     throw UsageError(
         StrFormat("parallelism.tensor_parallel_degree = %lld: %s (the data-parallel "
                   "degree is the ranks / the tensor-parallel degree)",
@@ -190,6 +199,8 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_ = ModelParallelism::TensorParallel(mesh_->tensor_parallel(),
                                                   static_cast<int>(chunks ? chunks : tp));
   parallelism_.traffic = &tp_traffic_;
+  parallelism_ = parallelism_.WithExperts(mesh_->expert_parallel());
+  parallelism_.expert_traffic = &ep_traffic_;
   parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, dp_size_);
@@ -299,7 +310,12 @@ void Trainer::CheckTensorParallelism() {
       StrFormat("parallelism.tensor_parallel_degree = %d, tensor_parallel_chunks = %d",
                 parallelism_.tp_degree, parallelism_.tp_chunks);
   if (std::string why = model_spec_->CheckParallelism(parallelism_); !why.empty())
-    throw UsageError(keys + ": " + why);
+    throw UsageError(why.rfind("parallelism.", 0) == 0 ? why : keys + ": " + why);
+  if (parallelism_.ep_degree > 1 && config_.String("training.device") != "cpu")
+    throw UsageError(
+        StrFormat("parallelism.expert_parallel_degree = %d runs on training.device = "
+                  "\"cpu\" only so far (set the degree to 1)",
+                  parallelism_.ep_degree));
   const int64_t seq_len = config_.Int("training.seq_len");
   if (parallelism_.sequence_parallel && seq_len % parallelism_.tp_chunks != 0)
     throw UsageError(StrFormat(
@@ -444,6 +460,9 @@ void Trainer::Announce() {
                   "sequence_parallel=%s",
                   parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_,
                   parallelism_.sequence_parallel ? "on" : "off"));
+  if (parallelism_.ep_degree > 1)
+    PrintLine(StrFormat("phase=expert_parallel degree=%d data_parallel=%d", parallelism_.ep_degree,
+                        dp_size_));
 }
 
 // The launcher warns before the job (crucible launch --tp); this is the job's own check, for
@@ -465,10 +484,9 @@ void Trainer::WarnOfTensorParallelGroupsAcrossHosts(const std::vector<std::strin
 // How the model reaches parameters and gradients, and the phase=memory line of what that costs.
 void Trainer::ConnectModel() {
   const bool overlap = training_.shape.overlap;
-  auto on_non_finite = [this](int unit, const float* unit_grads) {
+  auto on_non_finite = [this](int /*unit*/, size_t begin, size_t end, const float* values) {
     if (non_finite_where_.empty())
-      non_finite_where_ = detectors_->FindNonFinite(unit_grads, table().units()[unit].begin,
-                                                    table().units()[unit].end);
+      non_finite_where_ = detectors_->FindNonFinite(values, begin, end);
   };
   if (sharded_) {
     auto sharded = std::make_unique<ShardedAccess>(table(), *data_parallel_, weights_.data(),
@@ -613,6 +631,7 @@ int Trainer::Run() {
 
 StepReport Trainer::Step(int64_t step) {
   Timer step_timer;
+  const double exchanged = ep_traffic_.seconds;
   mesh_->SetStep(step);
   // Replicas must agree before they are used. Checked before the step's forward pass, because
   // under ZeRO-1 the next parameter all-gather would overwrite a corrupted replica (after it had
@@ -661,6 +680,7 @@ StepReport Trainer::Step(int64_t step) {
     non_finite_loss_since_ = step;
   r.tokens_seen = tokens_seen_;
   r.step_seconds = step_timer.Seconds();
+  if (parallelism_.ep_degree > 1) r.expert_exchange_seconds = ep_traffic_.seconds - exchanged;
   r.tokens_per_second = static_cast<double>(training_.tokens_per_step(step)) / r.step_seconds;
   r.mfu = leader() ? mfu_meter_->Percent(r.tokens_per_second, step) : 0.0;  // rank 0 logs it
   return r;
@@ -898,6 +918,13 @@ int Trainer::Finish(const Timer& train_timer) {
           "exchange_s_per_step=%.6f",
           static_cast<double>(tp_traffic_.exchanges) / steps_run_,
           tp_traffic_.bytes_received / steps_run_, tp_traffic_.seconds / steps_run_));
+    // What this rank's expert-parallel all-to-alls moved and waited, per step of this process.
+    if (parallelism_.ep_degree > 1 && steps_run_ > 0)
+      PrintLine(StrFormat(
+          "phase=expert_parallel_traffic exchanges_per_step=%.1f bytes_received_per_step=%.0f "
+          "exchange_s_per_step=%.6f",
+          static_cast<double>(ep_traffic_.exchanges) / steps_run_,
+          ep_traffic_.bytes_received / steps_run_, ep_traffic_.seconds / steps_run_));
     // Reductions whose block sums did not fit the narrow format and travelled as 16 bytes.
     PrintLine(StrFormat("phase=exact_reduction format=%s wide_reductions=%lld",
                         training_.shape.exact_grid.name(),

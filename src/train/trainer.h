@@ -154,11 +154,12 @@ class Trainer {
   LrScheduleConfig schedule_;
   LearningRateFunction learning_rate_;  // of each step: the schedule x the ramp rule, unless set
   std::unique_ptr<ProcessMesh> mesh_;
-  int world_ = 1, rank_ = 0;          // the job
-  int dp_size_ = 1, dp_rank_ = 0;     // this rank's data-parallel group
-  ModelParallelism parallelism_;      // this rank's tensor-parallel group
-  TensorParallelTraffic tp_traffic_;  // what its exchanges moved (phase=tensor_parallel_traffic)
-  int64_t steps_run_ = 0;             // steps run by this process
+  int world_ = 1, rank_ = 0;       // the job
+  int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group
+  ModelParallelism parallelism_;   // this rank's tensor-parallel group
+  ExchangeTraffic tp_traffic_;     // what its exchanges moved (phase=tensor_parallel_traffic)
+  ExchangeTraffic ep_traffic_;     // the experts' all-to-alls (phase=expert_parallel_traffic)
+  int64_t steps_run_ = 0;          // steps run by this process
   ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;

@@ -10,6 +10,7 @@ random balance biases; the experts chosen must agree for the gradients to, and e
 bias's slot must hold its experts' load share above 1/E as the reference's choices count it.
 """
 import json
+import re
 
 import numpy as np
 import numpy as np_  # `np` is also a rank count below
@@ -177,6 +178,67 @@ def test_a_checkpoint_of_two_ranks_resumes_bit_exact_on_one_and_four(tmp_path):
         assert result(proc, run_dir) == reference
 
 
+@pytest.mark.parametrize("mode", ["block48", "block32"])
+def test_every_expert_parallel_degree_on_one_two_and_four_ranks_gives_identical_bits(tmp_path, mode):
+    # The experts split over 2 or 4 ranks of the data-parallel group, tokens dispatched and
+    # combined by all-to-all(v): the owner adds each source rank's weight gradient as its own exact
+    # contribution, so every (ranks, EP, ZeRO) point, with 4, 2 or 1 micro-batches a rank, equals
+    # one rank. With block32 the sequence-wise balance loss too.
+    aux = ["model.aux_loss_alpha=0.001"] if mode == "block32" else []
+    results = {}
+    for np, ep, zero_stage in ((1, 1, 0), (2, 2, 0), (2, 2, 3), (4, 2, 1), (4, 4, 1), (4, 4, 3)):
+        run_dir = tmp_path / f"np{np}-ep{ep}-z{zero_stage}"
+        proc = mpirun(np, TRAIN + aux + ["training.steps=4", f"parallelism.zero_stage={zero_stage}",
+                                         f"parallelism.expert_parallel_degree={ep}",
+                                         f"parallelism.exact_reduction={mode}", f"job.dump_folder={run_dir}"])
+        if ep > 1:
+            assert f"phase=expert_parallel degree={ep} data_parallel={np}" in proc.stdout
+            traffic = re.search(r"phase=expert_parallel_traffic exchanges_per_step=([\d.]+) "
+                                r"bytes_received_per_step=(\d+)", proc.stdout)
+            # One MoE layer (debug: layers 1.., first dense): per micro-batch the row counts, the
+            # dispatch and the combine forward, the gradients' dispatch and combine backward.
+            assert float(traffic.group(1)) == 5 * (8 // np // 2), proc.stdout
+            assert int(traffic.group(2)) > 0
+        results[(np, ep, zero_stage)] = result(proc, run_dir), loads(run_dir)
+    reference = results[(1, 1, 0)]
+    assert all(r == reference for r in results.values()), {k: v[0][1] for k, v in results.items()}
+
+
+def test_a_checkpoint_resumes_bit_exact_across_expert_parallel_degrees(tmp_path):
+    straight = tmp_path / "straight"
+    reference = result(mpirun(1, TRAIN + ["training.steps=8", f"job.dump_folder={straight}"]), straight)
+    for resume_ranks, resume_ep, resume_stage in ((1, 1, 0), (4, 4, 3)):
+        run_dir = tmp_path / f"resumed{resume_ranks}"
+        mpirun(2, TRAIN + ["training.steps=4", "checkpoint.interval=4", f"job.dump_folder={run_dir}",
+                           "parallelism.expert_parallel_degree=2", "parallelism.zero_stage=1"])
+        proc = mpirun(resume_ranks, TRAIN + ["training.steps=8", "checkpoint.interval=4", f"job.dump_folder={run_dir}",
+                                             f"parallelism.expert_parallel_degree={resume_ep}",
+                                             f"parallelism.zero_stage={resume_stage}"])
+        assert "phase=resume" in proc.stdout
+        assert result(proc, run_dir) == reference
+
+
+def test_expert_parallelism_refuses_degrees_it_cannot_split_in_one_line_with_exit_two(tmp_path):
+    cases = [
+        (1, ["model.name=deepseek_v3", "parallelism.expert_parallel_degree=2"],
+         "parallelism.expert_parallel_degree = 2 does not divide the data-parallel degree"),
+        (4, ["model.name=deepseek_v3", "parallelism.expert_parallel_degree=4", "model.n_routed_experts=6",
+             "model.n_group=2", "model.topk_group=1"],
+         "parallelism.expert_parallel_degree = 4 does not divide model.n_routed_experts = 6"),
+        (2, ["parallelism.expert_parallel_degree=2"],
+         'parallelism.expert_parallel_degree = 2: model.name = "llama" has no experts to split'),
+    ]
+    for np, settings, message in cases:
+        run_dir = tmp_path / f"run{np}"
+        proc = mpirun(np, settings + [f"job.dump_folder={run_dir}"], check=False)
+        assert proc.returncode == 2, (settings, proc.stdout, proc.stderr)
+        # One line from each rank (mpirun adds its own notice of the exit code after them).
+        errors = [line for line in proc.stderr.splitlines() if "error" in line and "mpirun" not in line]
+        assert len(errors) == np and all(line.startswith("crucible: error: ") and message in line
+                                         for line in errors), (settings, proc.stderr)
+        assert not (run_dir / "metrics.jsonl").exists()
+
+
 def test_a_dead_expert_is_named_and_its_balance_bias_rises_by_the_speed_each_step(tmp_path):
     # Expert 3 of layer 1 starts with a balance bias of -100: never chosen. The detector names it
     # after debug.dead_expert_steps; the balance rule raises its bias by the speed every step
@@ -237,14 +299,17 @@ def test_every_optimizer_trains_the_family_with_the_same_bits_on_one_and_two_ran
     # Muon and Mano orthogonalise each expert's matrices and the router as separate matrices
     # (ZeRO-1 gives each whole matrix one owner rank); SophiaG's Hessian pass resamples targets
     # from the whole logits. The balance bias follows its own rule under each.
+    # With the experts split over the 2 ranks too (expert parallelism).
     runs = {}
     hessian = ["optimizer.sophia_k=2"] if optimizer == "SophiaG" else []  # passes at steps 2, 4, 6
-    for np, zero_stage in ((1, 0), (2, 1)):
-        run_dir = tmp_path / f"np{np}"
+    for np, zero_stage, ep in ((1, 0, 1), (2, 1, 1), (2, 1, 2)):
+        run_dir = tmp_path / f"np{np}" if ep == 1 else tmp_path / f"np{np}-ep{ep}"
         proc = mpirun(np, TRAIN + hessian + [f"optimizer.name={optimizer}", "training.steps=6",
-                                   f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={run_dir}"])
-        runs[np] = result(proc, run_dir)
-    assert runs[1] == runs[2], (runs[1][0], runs[2][0])
+                                   f"parallelism.zero_stage={zero_stage}", f"parallelism.expert_parallel_degree={ep}",
+                                   f"job.dump_folder={run_dir}"])
+        runs[(np, ep)] = result(proc, run_dir)
+    assert runs[(1, 1)] == runs[(2, 1)] == runs[(2, 2)], (runs[(1, 1)][0], runs[(2, 1)][0], runs[(2, 2)][0])
+    runs[1] = runs[(1, 1)]
     losses = [loss for _, loss, _ in runs[1][0]]
     assert all(np_.isfinite(losses)), losses
     trained, _ = read_safetensors(tmp_path / "np1" / "model.safetensors")

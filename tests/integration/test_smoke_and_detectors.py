@@ -83,6 +83,16 @@ def test_the_deepseek_v3_smoke_passes_on_one_two_and_four_ranks(tmp_path, ranks)
     assert "load_cv=" in (tmp_path / "train.log").read_text()
 
 
+@pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 4), (4, 2)])
+def test_the_deepseek_v3_smoke_passes_with_its_experts_split_over_ranks(tmp_path, ranks, ep):
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed")
+    proc = run_crucible("smoke", "--model", "deepseek_v3", "--ranks", ranks, "--ep", ep, "--work-dir", tmp_path)
+    assert f"ranks={ranks} expert_parallel={ep}" in proc.stdout
+    assert "smoke: PASS 8 steps" in proc.stdout and "smoke-deepseek_v3.json" in proc.stdout
+    assert f"phase=expert_parallel degree={ep}" in (tmp_path / "train.log").read_text()
+
+
 def test_the_deepseek_v3_golden_is_current_and_a_one_ulp_change_fails_it(tmp_path):
     golden = tmp_path / "golden.json"
     run_crucible("smoke", "--model", "deepseek_v3", "--golden", golden, "--update")
@@ -98,6 +108,8 @@ def test_the_deepseek_v3_golden_is_current_and_a_one_ulp_change_fails_it(tmp_pat
 def test_smoke_refusals_are_one_line_with_exit_2(tmp_path):
     cases = [(["--model", "deepseek_v3", "--tp", "2", "--ranks", "2"], "the family has no tensor parallelism yet"),
              (["--model", "deepseek_v3", "--portable"], "the family has no portable kernels yet"),
+             (["--ep", "2", "--ranks", "2"], "smoke --ep: only --model deepseek_v3 has experts to split"),
+             (["--model", "deepseek_v3", "--ep", "4", "--ranks", "2"], "smoke --ep 4: --ranks 2 is not a multiple of it"),
              # The run's own error line, not mpirun's banner after it.
              (["--ranks", "4"], "training.global_batch_size (4) must be a positive multiple")]
     for args, message in cases:

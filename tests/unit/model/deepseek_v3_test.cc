@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "distributed/communicator.h"
 #include "kernels/cpu/kernels.h"
 #include "model/moe_routing.h"
 
@@ -86,6 +87,20 @@ TEST(DeepSeekV3, PlannedActivationsAreWhatTheModelAllocates) {
       EXPECT_EQ(spec.PlannedBuffers(B, T).activation_bytes,
                 static_cast<double>(spec.Build(B, T)->activation_bytes()))
           << "q_lora " << c.q_lora_rank << " first dense " << c.first_k_dense_replace;
+      // An expert owner's buffers under expert parallelism (the rows of every rank of its
+      // group, the other ranks' weight gradients): planned as allocated at each degree.
+      std::unique_ptr<Communicator> group = Communicator::OneRank();
+      for (int ep : {2, 4}) {
+        if (c.moe_layers() == 0 || c.n_routed_experts % ep != 0) continue;
+        ModelParallelism parallelism;
+        parallelism.ep_degree = ep;
+        parallelism.expert_parallel = group.get();
+        const double planned = spec.PlannedBuffers(B, T, parallelism).activation_bytes;
+        EXPECT_EQ(planned, static_cast<double>(
+                               spec.Build(B, T, MakeBackend({}), parallelism)->activation_bytes()))
+            << "ep " << ep;
+        EXPECT_GT(planned, spec.PlannedBuffers(B, T).activation_bytes);
+      }
     }
   }
 }
@@ -157,6 +172,13 @@ TEST(DeepSeekV3, ARecordedConfigWithEveryKeyAtItsDefaultBuildsEitherFamily) {
 TEST(DeepSeekV3, RefusesTensorParallelismAndBackendsWithoutItsKernels) {
   const DeepSeekV3Spec spec(Model({}));
   EXPECT_NE(spec.CheckParallelism(ModelParallelism::Layout(2, 0, 2)), "");
+  ModelParallelism experts;
+  experts.ep_degree = 3;  // does not divide the 8 experts
+  EXPECT_NE(spec.CheckParallelism(experts).find("parallelism.expert_parallel_degree = 3 does not "
+                                                "divide model.n_routed_experts = 8"),
+            std::string::npos);
+  experts.ep_degree = 4;
+  EXPECT_EQ(spec.CheckParallelism(experts), "");
   BackendOptions portable;
   portable.portable_exact = true;
   try {
