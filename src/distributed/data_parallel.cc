@@ -14,6 +14,7 @@ namespace crucible {
 
 DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage, ExactGrid grid)
     : comm_(comm),
+      batch_(&comm),
       exact_(comm, grid),
       layout_(n_params, comm.size(), comm.rank(), kNormChunk),
       zero_stage_(zero_stage),
@@ -21,6 +22,25 @@ DataParallel::DataParallel(Communicator& comm, size_t n_params, int zero_stage, 
   if (zero_stage != 0 && zero_stage != 1 && zero_stage != 3)
     throw UsageError("parallelism.zero_stage: " + std::to_string(zero_stage) +
                      " is not supported (choose 0, 1 or 3)");
+}
+
+void DataParallel::SetExpertParallel(Communicator& batch, Communicator& experts,
+                                     std::vector<Range> shared) {
+  batch_ = &batch;
+  shared_ = std::move(shared);
+  if (experts.distributed())
+    shared_exact_ = std::make_unique<ExactGroupSum>(experts, exact_.grid());
+}
+
+void DataParallel::SumShared(__int128* sums, size_t begin, size_t end) {
+  if (!shared_exact_) return;
+  ScopedKernelTimer profile_timer("expert_parallel_shared_reduce");
+  for (const Range& r : shared_) {
+    const size_t b = std::max(begin, r.begin), e = std::min(end, r.end);
+    if (b < e)
+      shared_exact_->AllReduce(sums + (b - begin), e - b,
+                               "shared-gradient all-reduce over the expert-parallel group");
+  }
 }
 
 void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_begin, size_t unit_end,
@@ -33,6 +53,7 @@ void DataParallel::StartReduction(ExactAccumulator& accumulator, size_t unit_beg
     receive_.resize(kMaxInFlight);
     for (size_t i = 0; i < kMaxInFlight; ++i) free_buffers_.push_back(static_cast<int>(i));
   }
+  SumShared(accumulator.data() + unit_begin, unit_begin, unit_end);
   for (size_t begin = unit_begin; begin < unit_end; begin += kReducePiece) {
     const size_t end = std::min(unit_end, begin + kReducePiece);
     // Bounded: MPI keeps temporary buffers of each reduction in flight.
@@ -89,6 +110,7 @@ void DataParallel::ReduceGradients(ExactAccumulator& accumulator, float* grads) 
   }
   if (accumulator.size() != padded_size())
     throw Error(kExitFailure, "internal: accumulator not padded");
+  SumShared(accumulator.data(), 0, n_params());
   if (zero_stage_ == 0) {
     exact_.AllReduce(accumulator.data(), padded_size(), "gradient all-reduce");
     Int128ToFloat(accumulator.data(), grads, n_params());
@@ -135,20 +157,21 @@ void DataParallel::GatherParams(float* weights) {
 }
 
 double DataParallel::OrderedSum(const std::vector<double>& local_values) {
-  std::vector<double> all(local_values.size() * comm_.size());
-  comm_.AllGatherDouble(local_values.data(), all.data(), local_values.size(), "loss all-gather");
+  Communicator& batch = *batch_;
+  std::vector<double> all(local_values.size() * batch.size());
+  batch.AllGatherDouble(local_values.data(), all.data(), local_values.size(), "loss all-gather");
   double total = 0.0;
   for (double v : all) total += v;
   return total;
 }
 
 int64_t DataParallel::Sum(int64_t value) {
-  comm_.AllReduceInt64(&value, 1, "token-count all-reduce");
+  batch_->AllReduceInt64(&value, 1, "token-count all-reduce");
   return value;
 }
 
 bool DataParallel::Any(bool value) {
-  comm_.AllReduceOr(&value, "non-finite flag all-reduce");
+  batch_->AllReduceOr(&value, "non-finite flag all-reduce");
   return value;
 }
 
@@ -188,8 +211,24 @@ void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* 
 }
 
 size_t DataParallel::CommunicatedBytesPerStep(int64_t micro_batches) const {
+  // Expert parallelism: the shared elements' all-reduce over the expert group first (per step,
+  // per micro-batch under ZeRO-3), a ring all-reduce of their sums.
+  size_t shared = 0;
+  if (shared_exact_) {
+    const size_t group = static_cast<size_t>(shared_exact_->group().size());
+    size_t elements = 0;
+    for (const Range& r : shared_) elements += r.size();
+    const size_t describe = exact_.wire_bytes() < 16 ? 2 * 2 * elements / ExactGrid::kBlock : 0;
+    shared = (2 * exact_.wire_bytes() * elements + describe) * (group - 1) / group *
+             static_cast<size_t>(zero_stage_ == 3 ? micro_batches : 1);
+  }
   const size_t world = static_cast<size_t>(comm_.size());
-  if (world == 1) return 0;
+  if (world == 1) return shared;
+  return shared + ReplicaBytesPerStep(micro_batches);
+}
+
+size_t DataParallel::ReplicaBytesPerStep(int64_t micro_batches) const {
+  const size_t world = static_cast<size_t>(comm_.size());
   // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer. The
   // sums travel as exact_.wire_bytes() each (the narrow formats when they fit, the usual case),
   // preceded by the all-reduce of two bytes per block of ExactGrid::kBlock that agrees on them.

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "distributed/communicator.h"
@@ -36,9 +37,24 @@ class DataParallel {
   static constexpr size_t kReducePiece = size_t{1} << 19;
   static constexpr size_t kMaxInFlight = 8;
 
-  // Over the data-parallel group `comm` (ProcessMesh::data_parallel()), which must outlive it;
-  // the gradient sums travel in the format of `grid` ([parallelism] exact_reduction).
+  // Over the data-parallel group `comm` (ProcessMesh::data_parallel(): the ranks that hold the
+  // same parameters), which must outlive it; the gradient sums travel in the format of `grid`
+  // ([parallelism] exact_reduction).
   DataParallel(Communicator& comm, size_t n_params, int zero_stage, ExactGrid grid = {});
+
+  // Expert parallelism: the ranks of `batch` read different micro-batches (the data-parallel
+  // and the expert-parallel ranks), so the losses and flags are summed over it; `experts` is this
+  // rank's expert-parallel group, whose ranks hold different experts and the same `shared`
+  // elements (flat [begin, end) ranges, ascending: every tensor but the experts'). The gradient
+  // sums of the shared elements are summed over `experts` first (SumShared), then over the
+  // data-parallel group like every sum. Both groups must outlive this.
+  void SetExpertParallel(Communicator& batch, Communicator& experts, std::vector<Range> shared);
+  // The ranks whose micro-batches make a step: `batch` above, else the data-parallel group.
+  Communicator& batch() { return *batch_; }
+  // sums[i - begin], i in [begin, end): the shared elements' exact sums over the expert-parallel
+  // group, in place (blocking; nothing without expert parallelism). Every rank of the group
+  // calls it for the same ranges in the same order.
+  void SumShared(__int128* sums, size_t begin, size_t end);
 
   int zero_stage() const { return zero_stage_; }
   // How the flat buffers are sharded over the group (also for stage 0, which does not shard).
@@ -78,7 +94,8 @@ class DataParallel {
   // Stage 1: every rank receives every shard of the updated parameters (nothing for 0 and 3).
   void GatherParams(float* weights);
   // Sum of every rank's values in rank order (so in global micro-batch order when each rank
-  // holds its consecutive micro-batches), identical for any number of ranks.
+  // holds its consecutive micro-batches), identical for any number of ranks. These three are
+  // over batch().
   double OrderedSum(const std::vector<double>& local_values);
   int64_t Sum(int64_t value);
   bool Any(bool value);
@@ -92,13 +109,18 @@ class DataParallel {
   // Bytes this rank sends per step for the gradient reduction and parameter gathers (model of
   // ring algorithms; ZeRO-3 reduce-scatters once per micro-batch).
   size_t CommunicatedBytesPerStep(int64_t micro_batches = 1) const;
+  // Of that, over the data-parallel group (without expert parallelism's shared sums).
+  size_t ReplicaBytesPerStep(int64_t micro_batches = 1) const;
   // The minimum of an fp32 ring all-reduce of the gradient, 2 (R-1)/R 4 P bytes: what the
   // exact formats are measured against.
   size_t Fp32RingBytesPerStep() const;
 
  private:
   Communicator& comm_;
+  Communicator* batch_;
   ExactGroupSum exact_;
+  std::unique_ptr<ExactGroupSum> shared_exact_;  // over the expert-parallel group
+  std::vector<Range> shared_;
   ShardLayout layout_;
   int zero_stage_;
   Range update_;

@@ -103,7 +103,9 @@ int MeshLayout::GroupIndex(int rank, int dimension) const {
 }
 
 std::vector<MeshDimension> MeshShape::Dimensions() const {
-  return {{kDataParallel, data_parallel}, {kTensorParallel, tensor_parallel}};
+  return {{kDataParallel, data_parallel},
+          {kExpertParallel, expert_parallel},
+          {kTensorParallel, tensor_parallel}};
 }
 
 bool ProcessMesh::LaunchedByMpi() {
@@ -113,22 +115,16 @@ bool ProcessMesh::LaunchedByMpi() {
   return false;
 }
 
-std::vector<MeshSubgroup> MeshShape::Subgroups() const {
-  return {{kExpertParallel, kDataParallel, expert_parallel}};
-}
-
 std::unique_ptr<ProcessMesh> ProcessMesh::Create(const MeshShape& shape, double timeout_seconds) {
-  return Create(shape.Dimensions(), timeout_seconds, shape.Subgroups());
+  return Create(shape.Dimensions(), timeout_seconds);
 }
 
 std::unique_ptr<ProcessMesh> ProcessMesh::Create(const std::vector<MeshDimension>& dimensions,
-                                                 double timeout_seconds,
-                                                 const std::vector<MeshSubgroup>& subgroups) {
+                                                 double timeout_seconds) {
   if (!LaunchedByMpi()) {
     std::unique_ptr<ProcessMesh> mesh(
         new ProcessMesh(MeshLayout(dimensions, 1), Communicator::OneRank()));
     mesh->CreateGroups(timeout_seconds);
-    mesh->CreateSubgroups(subgroups, timeout_seconds);
     return mesh;
   }
   int initialized = 0, finalized = 0;
@@ -159,7 +155,6 @@ std::unique_ptr<ProcessMesh> ProcessMesh::Create(const std::vector<MeshDimension
       new ProcessMesh(MeshLayout(dimensions, world_size), std::move(world)));
   mesh->mpi_ = true;
   mesh->CreateGroups(timeout_seconds);
-  mesh->CreateSubgroups(subgroups, timeout_seconds);
   return mesh;
 }
 
@@ -211,44 +206,6 @@ void ProcessMesh::CreateGroups(double timeout_seconds) {
     split_.back()->SetGroupName(dimension + " group: job ranks " + RankRuns(members));
     groups_.push_back(split_.back().get());
   }
-}
-
-void ProcessMesh::CreateSubgroups(const std::vector<MeshSubgroup>& subgroups,
-                                  double timeout_seconds) {
-  const int rank = world_->rank();
-  subgroup_specs_ = subgroups;
-  for (const MeshSubgroup& sub : subgroups) {
-    const int d = layout_.Find(sub.parent);
-    const int degree = layout_.dimensions()[static_cast<size_t>(d)].degree;
-    if (sub.size < 1 || degree % sub.size != 0)
-      throw UsageError(StrFormat("%s groups of %d ranks do not divide the %s groups of %d ranks",
-                                 sub.name.c_str(), sub.size, sub.parent.c_str(), degree));
-    if (sub.size == degree) {  // the parent's group itself
-      subgroups_.emplace_back(sub.name, groups_[static_cast<size_t>(d)]);
-      continue;
-    }
-    const std::vector<int> parent = layout_.Group(rank, d);
-    const int coordinate = layout_.Coordinates(rank)[static_cast<size_t>(d)];
-    const int first = coordinate / sub.size * sub.size;
-    std::vector<int> members(parent.begin() + first, parent.begin() + first + sub.size);
-    std::sort(members.begin(), members.end());
-    MpiHandle handle{MPI_COMM_SELF, false};
-    if (sub.size > 1) {
-      // Collective over the world, at start: one color per (parent group, block within it).
-      const int color = layout_.GroupIndex(rank, d) * (degree / sub.size) + coordinate / sub.size;
-      MPI_Comm_split(MPI_COMM_WORLD, color, coordinate % sub.size, &handle.comm);
-      handle.owned = true;
-    }
-    split_.push_back(std::make_unique<Communicator>(handle, rank, timeout_seconds));
-    split_.back()->SetGroupName(sub.name + " group: job ranks " + RankRuns(members));
-    subgroups_.emplace_back(sub.name, split_.back().get());
-  }
-}
-
-Communicator& ProcessMesh::subgroup(std::string_view name) {
-  for (auto& [n, group] : subgroups_)
-    if (n == name) return *group;
-  throw Error(kExitFailure, "internal: the mesh has no subgroup " + std::string(name));
 }
 
 ProcessMesh::~ProcessMesh() {

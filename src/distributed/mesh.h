@@ -7,11 +7,14 @@
 // once) and one communicator per dimension. A process not started by an MPI launcher is a
 // one-rank job that never touches MPI.
 //
-// The trainer's dimensions are data parallelism and, last in the rank order so that its groups
-// are consecutive ranks (one node), tensor parallelism. A later dimension is added in one place:
-// a field of MeshShape, its entry in MeshShape::Dimensions() (the position gives its place in the
-// rank order), and an accessor like data_parallel(). Its groups are then split from the world
-// with MPI_Comm_split by ProcessMesh (tests/mpi/ runs 2 x 2 and 1 x 4 layouts).
+// The trainer's dimensions are data parallelism (the replicas of the same parameters), expert
+// parallelism (ranks that split the experts between them and read different data: with the
+// data-parallel ranks they are the ranks of different micro-batches) and, last in the rank order
+// so that its groups are consecutive ranks (one node), tensor parallelism. A later dimension is
+// added in one place: a field of MeshShape, its entry in MeshShape::Dimensions() (the position
+// gives its place in the rank order), and an accessor like data_parallel(). Its groups are then
+// split from the world with MPI_Comm_split by ProcessMesh (tests/mpi/ runs 2 x 2 and 1 x 4
+// layouts).
 #pragma once
 
 #include <cstdint>
@@ -66,22 +69,12 @@ struct ConsecutiveGroup {
 std::vector<ConsecutiveGroup> ConsecutiveGroups(const std::vector<std::string>& hosts,
                                                 int group_size);
 
-// Groups nested in a dimension's: each of its groups cut into groups of `size` ranks that are
-// consecutive in it (ranks q size .. q size + size - 1 of the group). Expert parallelism's groups
-// are such groups of the data-parallel group.
-struct MeshSubgroup {
-  std::string name;    // e.g. "expert_parallel"
-  std::string parent;  // a dimension's name
-  int size = 1;        // divides the parent's degree (UsageError otherwise)
-};
-
 // The degrees of the dimensions the trainer knows. -1 takes what the other degrees leave.
 struct MeshShape {
-  int data_parallel = -1;
+  int data_parallel = -1;   // ranks that hold the same parameters (replicas)
+  int expert_parallel = 1;  // ranks that split the experts between them (and read other data)
   int tensor_parallel = 1;
-  int expert_parallel = 1;                        // ranks per group within each data-parallel group
   std::vector<MeshDimension> Dimensions() const;  // in rank order, outermost first
-  std::vector<MeshSubgroup> Subgroups() const;
 };
 
 inline constexpr char kDataParallel[] = "data_parallel";
@@ -97,8 +90,7 @@ class ProcessMesh {
   static std::unique_ptr<ProcessMesh> Create(const MeshShape& shape, double timeout_seconds);
   // The same for any named dimensions (the ones MeshShape does not know yet; tests).
   static std::unique_ptr<ProcessMesh> Create(const std::vector<MeshDimension>& dimensions,
-                                             double timeout_seconds,
-                                             const std::vector<MeshSubgroup>& subgroups = {});
+                                             double timeout_seconds);
   // Finalize(), unless an exception is unwinding: then MPI is left for the process exit to tear
   // down, because MPI_Finalize could wait for ranks that are still inside a collective.
   ~ProcessMesh();
@@ -118,10 +110,7 @@ class ProcessMesh {
   Communicator& group(std::string_view dimension);
   Communicator& data_parallel() { return group(kDataParallel); }
   Communicator& tensor_parallel() { return group(kTensorParallel); }
-  // The subgroups it was created with, and this rank's group of one (by name).
-  const std::vector<MeshSubgroup>& subgroups() const { return subgroup_specs_; }
-  Communicator& subgroup(std::string_view name);
-  Communicator& expert_parallel() { return subgroup(kExpertParallel); }
+  Communicator& expert_parallel() { return group(kExpertParallel); }
 
   // The step the communicators name in timeout messages.
   void SetStep(int64_t step);
@@ -132,10 +121,7 @@ class ProcessMesh {
  private:
   ProcessMesh(MeshLayout layout, std::unique_ptr<Communicator> world);
   void CreateGroups(double timeout_seconds);
-  void CreateSubgroups(const std::vector<MeshSubgroup>& subgroups, double timeout_seconds);
   MeshLayout layout_;
-  std::vector<MeshSubgroup> subgroup_specs_;
-  std::vector<std::pair<std::string, Communicator*>> subgroups_;
   std::unique_ptr<Communicator> world_;
   std::vector<std::unique_ptr<Communicator>> split_;  // groups that are neither world nor one rank
   std::vector<Communicator*> groups_;                 // by dimension

@@ -122,12 +122,26 @@ ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_par
     r.receive.resize(std::max<size_t>(1, std::min(piece, shard_size_)));
   }
   shard_sum_.assign(shard_size_, 0);
+  // AddGradient's: the experts of one unit (their tensors are consecutive in a unit).
+  size_t block = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    size_t experts = 0;
+    for (const ParamInfo& p : table.params())
+      if (p.expert >= 0 && p.offset >= units[u].begin && p.offset < units[u].end)
+        experts += p.numel;
+    block = std::max(block, experts);
+  }
+  if (data_parallel.batch().size() > data_parallel.comm().size()) {  // expert parallelism
+    extra_.resize(block);
+    extra_one_.resize(block);
+  }
 }
 
 size_t ShardedAccess::buffer_bytes() const {
   size_t bytes = 0;
   for (const GatherBuffer& g : gathers_) bytes += g.data.size() * sizeof(float);
   bytes += (grad_embedding_.size() + grad_unit_.size()) * sizeof(float);
+  bytes += (extra_.size() + extra_one_.size()) * 16;
   for (const Reduction& r : reductions_) bytes += (r.send.size() + r.receive.size()) * 16;
   return bytes + shard_sum_.size() * 16;
 }
@@ -264,16 +278,19 @@ void ShardedAccess::GradientsReady(int unit) {
   if (!non_finite_.empty() && on_non_finite_) on_non_finite_(unit, u.begin, u.end, grads);
   non_finite_.clear();
   extra_unit_ = -1;
-  extra_.clear();
+  extra_count_ = 0;
 }
 
 void ShardedAccess::AddGradient(int unit, size_t begin, size_t end, float* values) {
   const std::vector<LayoutFreeRun> runs = RunsWithin(table_, unit, begin, end);
+  if (end - begin > extra_.size())
+    throw Error(kExitFailure, "internal: a gradient contribution larger than a unit's experts");
   if (extra_unit_ != unit) {  // the unit's first: [begin, end) is where they all go
     extra_unit_ = unit;
     extra_begin_ = begin;
-    extra_.assign(end - begin, 0);
-  } else if (begin != extra_begin_ || end != extra_begin_ + extra_.size()) {
+    extra_count_ = end - begin;
+    std::fill(extra_.begin(), extra_.begin() + extra_count_, __int128{0});
+  } else if (begin != extra_begin_ || end != extra_begin_ + extra_count_) {
     throw Error(kExitFailure,
                 "internal: ZeRO-3 takes one range of other gradient contributions "
                 "per unit");
@@ -281,7 +298,6 @@ void ShardedAccess::AddGradient(int unit, size_t begin, size_t end, float* value
   for (const LayoutFreeRun& run : runs)
     RoundToBlockGrid(values + (run.begin - begin), run.end - run.begin, dp_.exact().grid(),
                      run.piece);
-  extra_one_.resize(end - begin);
   if (!FloatToInt128(values, extra_one_.data(), end - begin) && on_non_finite_)
     on_non_finite_(unit, begin, end, values);
   AddInt128(extra_one_.data(), extra_.data(), end - begin);
@@ -300,11 +316,13 @@ void ShardedAccess::StartReduction(size_t begin, size_t end, const float* grads)
   }
   if (!FloatToInt128(grads, reduction->send.data(), end - begin)) non_finite_ = "yes";
   // Other contributions (AddGradient) to the piece's elements.
-  const size_t extra_end = extra_begin_ + extra_.size();
+  const size_t extra_end = extra_begin_ + extra_count_;
   if (extra_unit_ >= 0 && begin < extra_end && extra_begin_ < end) {
     const size_t b = std::max(begin, extra_begin_), e = std::min(end, extra_end);
     AddInt128(extra_.data() + (b - extra_begin_), reduction->send.data() + (b - begin), e - b);
   }
+  // Expert parallelism: the elements every rank of the expert group holds, over that group.
+  dp_.SumShared(reduction->send.data(), begin, end);
   const ShardLayout& layout = dp_.layout();
   const Range mine = layout.PartIn(static_cast<size_t>(comm_.rank()), begin, end);
   reduction->receive_offset = mine.size() > 0 ? mine.begin - shard_begin_ : 0;

@@ -166,9 +166,10 @@ class ShardedAccess : public TrainingAccess {
   std::vector<Reduction> reductions_;
   std::vector<__int128> shard_sum_;
   // The other contributions to the current unit's elements [extra_begin_, extra_begin_ +
-  // extra_.size()) (AddGradient), and one's fixed-point values on the way there.
+  // extra_count_) (AddGradient), and one's fixed-point values on the way there; sized at
+  // construction for the largest block of expert tensors of a unit.
   std::vector<__int128> extra_, extra_one_;
-  size_t extra_begin_ = 0;
+  size_t extra_begin_ = 0, extra_count_ = 0;
   int extra_unit_ = -1;
   uint64_t clock_ = 0;
   int64_t gathers_started_ = 0;

@@ -22,7 +22,7 @@ std::vector<double> ShardedOptimizer::ReduceMetrics() {
   const std::vector<OptimizerMetric> specs = config_.optimizer->metrics();
   if (specs.empty()) return {};
   const std::vector<double>& mine = local_->metric_accumulators();
-  Communicator& comm = data_parallel_.comm();
+  Communicator& comm = data_parallel_.batch();  // every rank that updates something
   const size_t ranks = static_cast<size_t>(comm.size()), width = 2 * specs.size();
   std::vector<double> all(ranks * width);
   comm.AllGatherDouble(mine.data(), all.data(), width, "optimizer-metrics all-gather");

@@ -75,6 +75,9 @@ class ShardedOptimizer {
   // Frees full_state()'s buffers (Checkpointing::Resume and GatherFullState allocate them again).
   void ReleaseFullState();
 
+  // OptimizerShard::CountSharedTensorMetrics of this rank's shard.
+  void CountSharedTensorMetrics(bool count) { local_->CountSharedTensorMetrics(count); }
+
   // This rank's own state, for the memory report.
   std::vector<ShardState> LocalState() { return local_->State(); }
   // Bytes of the buffers the step moves pieces through (0 where nothing moves).

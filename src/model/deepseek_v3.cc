@@ -147,7 +147,7 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
                                  int64_t seq_len, std::shared_ptr<ComputeBackend> backend,
                                  const ModelParallelism& parallelism)
     : config_(config),
-      table_(DeepSeekV3ParameterTable(config)),
+      table_(DeepSeekV3ParameterTable(config, parallelism.ep_degree, parallelism.ep_rank)),
       B_(batch_size),
       T_(seq_len),
       backend_(std::move(backend)),
@@ -316,9 +316,11 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
       o.up = at("mlp.shared_experts.up_proj.weight");
       o.down = at("mlp.shared_experts.down_proj.weight");
     }
-    o.expert.resize(E);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = "mlp.experts." + std::to_string(e) + ".";
+    // The routed experts this rank holds (all but under expert parallelism), in order.
+    const int64_t held = E / parallelism.ep_degree, first = held * parallelism.ep_rank;
+    o.expert.resize(held);
+    for (int64_t e = 0; e < held; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(first + e) + ".";
       o.expert[e] = at(x + "gate_proj.weight");
       // The table lays out gate, up, down of an expert one after the other.
       if (at(x + "up_proj.weight") != o.expert[e] + Fm * C ||
@@ -468,11 +470,12 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
 namespace {
 
 // The experts' weight (or gradient) pointers of an expert owner's groups, source-major: group
-// s El + e is expert first + e's, for every source s of `sources`; `other` (not null) gives the
-// source's group its own gradient buffers instead, except for source `self`.
+// s El + e is its expert e's (`expert`: the offsets of the El experts it holds), for every
+// source s of `sources`; `other` (not null) gives the source's group its own gradient buffers
+// instead, except for source `self`.
 template <typename T, typename Tensors>
-void GroupPointers(T* base, const std::vector<size_t>& expert, size_t size, int64_t first,
-                   int64_t El, int sources, int self, T* other, Tensors* out) {
+void GroupPointers(T* base, const std::vector<size_t>& expert, size_t size, int64_t El, int sources,
+                   int self, T* other, Tensors* out) {
   const size_t G = static_cast<size_t>(sources) * static_cast<size_t>(El);
   out->gate.resize(G);
   out->up.resize(G);
@@ -480,7 +483,7 @@ void GroupPointers(T* base, const std::vector<size_t>& expert, size_t size, int6
   for (int s = 0; s < sources; ++s)
     for (int64_t e = 0; e < El; ++e) {
       const size_t g = static_cast<size_t>(s) * static_cast<size_t>(El) + static_cast<size_t>(e);
-      T* at = base + expert[static_cast<size_t>(first + e)];
+      T* at = base + expert[static_cast<size_t>(e)];
       if (other && s != self)  // the other sources' buffers, in source order without self
         at = other + (static_cast<size_t>(s < self ? s : s - 1) * static_cast<size_t>(El) +
                       static_cast<size_t>(e)) *
@@ -525,8 +528,8 @@ void DeepSeekV3Model::ExpertsForward(int64_t l, const float* w) {
   L.dispatch = ep.Plan(r.expert_begin.data(), LayerWhat("row counts", l).c_str());
   ep.Dispatch(L.dispatch, b.expert_in.data(), L.expert_received.data(), C,
               LayerWhat("dispatch", l).c_str());
-  GroupPointers(w, o.expert, static_cast<size_t>(Fm * C), ep.first_expert(), ep.local_experts(),
-                ep.degree(), ep.rank(), static_cast<const float*>(nullptr), &b.expert_w);
+  GroupPointers(w, o.expert, static_cast<size_t>(Fm * C), ep.local_experts(), ep.degree(),
+                ep.rank(), static_cast<const float*>(nullptr), &b.expert_w);
   const int64_t G = ep.degree() * ep.local_experts(), M = L.dispatch.received();
   const int64_t* begin = L.dispatch.begin.data();
   be.GroupedMatmulForward(L.expert_gate.data(), L.expert_received.data(), b.expert_w.gate.data(),
@@ -572,16 +575,13 @@ void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
   ep.Dispatch(plan, b.dexpert_out.data(), b.dexpert_received.data(), C,
               LayerWhat("gradient dispatch", l).c_str());
   const size_t size = static_cast<size_t>(Fm * C), per_expert = 3 * size;
-  const int64_t first = ep.first_expert(), El = ep.local_experts();
-  GroupPointers(w, o.expert, size, first, El, ep.degree(), ep.rank(),
-                static_cast<const float*>(nullptr), &b.expert_w);
+  const int64_t El = ep.local_experts();
+  GroupPointers(w, o.expert, size, El, ep.degree(), ep.rank(), static_cast<const float*>(nullptr),
+                &b.expert_w);
   // This rank's tokens' gradients of its experts go to the unit's gradient; the others' to
-  // their own buffers, each added by itself below. The other experts' gradients here are 0.
+  // their own buffers, each added by itself below.
   float* other = b.expert_grads_other.data();
-  GroupPointers(g, o.expert, size, first, El, ep.degree(), ep.rank(), other, &b.expert_g);
-  be.Fill(g + o.expert[0], static_cast<size_t>(first) * per_expert, 0.0f);
-  be.Fill(g + o.expert[static_cast<size_t>(first + El)],
-          static_cast<size_t>(E - first - El) * per_expert, 0.0f);
+  GroupPointers(g, o.expert, size, El, ep.degree(), ep.rank(), other, &b.expert_g);
   const int64_t G = ep.degree() * El, M = plan.received();
   const int64_t* begin = plan.begin.data();
   be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(),
@@ -597,7 +597,7 @@ void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
   ep.Combine(plan, b.dexpert_result.data(), b.dexpert_in.data(), C,
              LayerWhat("gradient combine", l).c_str());
   const int unit = static_cast<int>(1 + l);
-  const size_t mine = table_.units()[static_cast<size_t>(unit)].begin + o.expert[first];
+  const size_t mine = table_.units()[static_cast<size_t>(unit)].begin + o.expert[0];
   const size_t count = static_cast<size_t>(El) * per_expert;
   for (int s = 0; s + 1 < ep.degree(); ++s)
     access.AddGradient(unit, mine, mine + count, other + static_cast<size_t>(s) * count);

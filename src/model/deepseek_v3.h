@@ -96,7 +96,11 @@ std::string CheckDeepSeekV3Config(const DeepSeekV3Config& config);
 // moe_routing.h); Backward writes in its gradient slot each expert's share of the micro-batch's
 // token slots minus 1/E, and optim/balance_bias.h moves it by model.bias_update_speed a step
 // against the sign of the reduced sum.
-ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& config);
+// Expert parallelism (ep_degree > 1): the table of rank ep_rank of the group, which holds the
+// routed experts [ep_rank E / ep_degree, (ep_rank + 1) E / ep_degree) of each MoE layer and leaves
+// the others out (ParameterTable::Skip): every other tensor is the whole model's.
+ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& config, int ep_degree = 1,
+                                        int ep_rank = 0);
 
 // Parameter counts in double: per unit as the table lays them out, and the active parameters of
 // a token (the routed experts counted num_experts_per_tok times, not n_routed_experts).
@@ -106,7 +110,9 @@ struct DeepSeekV3Sizes {
   double parameters = 0, active = 0;
   double largest_unit = 0, largest_other_unit = 0;
 };
-DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& config);
+// `ep_degree`: of the table of a rank that holds 1 / ep_degree of the routed experts (`active`
+// is the whole model's at every degree).
+DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& config, int ep_degree = 1);
 // Exactly DeepSeekV3Model(config, B, T, backend, a parallelism of ep_degree).activation_bytes().
 double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& config, double B, double T,
                                         int ep_degree = 1);

@@ -198,7 +198,7 @@ DeepSeekV3Config BuildDeepSeekV3Config(Config& config) {
   return m;
 }
 
-DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& c) {
+DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& c, int ep_degree) {
   const double C = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads);
   const double Rq = static_cast<double>(c.q_lora_rank), Rkv = static_cast<double>(c.kv_lora_rank);
   const double Dn = static_cast<double>(c.qk_nope_head_dim);
@@ -216,12 +216,13 @@ DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& c) {
   s.moe_shared = 3 * C * Fs;
   s.expert = 3 * C * Fm;
   s.dense_layer = 2 * C + s.attention + s.dense_mlp;
-  s.moe_layer = 2 * C + s.attention + s.router + s.moe_shared + E * s.expert;
+  const double held = E / static_cast<double>(ep_degree);  // routed experts this rank holds
+  s.moe_layer = 2 * C + s.attention + s.router + s.moe_shared + held * s.expert;
   s.tail = C + (c.tie_embeddings ? 0 : s.embedding);
   const double dense = static_cast<double>(c.n_layers - c.moe_layers());
   const double moe = static_cast<double>(c.moe_layers());
   s.parameters = s.embedding + dense * s.dense_layer + moe * s.moe_layer + s.tail;
-  s.active = s.parameters - moe * (E - static_cast<double>(c.num_experts_per_tok)) * s.expert;
+  s.active = s.parameters - moe * (held - static_cast<double>(c.num_experts_per_tok)) * s.expert;
   s.largest_other_unit = s.tail;
   if (dense > 0) s.largest_other_unit = std::max(s.largest_other_unit, s.dense_layer);
   if (moe > 0) s.largest_other_unit = std::max(s.largest_other_unit, s.moe_layer);
@@ -229,7 +230,8 @@ DeepSeekV3Sizes PlannedDeepSeekV3Sizes(const DeepSeekV3Config& c) {
   return s;
 }
 
-ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& c) {
+ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& c, int ep_degree, int ep_rank) {
+  const int64_t held = c.n_routed_experts / ep_degree, first = held * ep_rank;
   ParameterTable table;
   const int64_t C = c.dim, H = c.n_heads, Dq = c.qk_head_dim(), Dr = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Rkv = c.kv_lora_rank;
@@ -270,6 +272,10 @@ ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& c) {
       // A token uses num_experts_per_tok experts: they count in FLOPs through
       // TrainFlopsPerToken, not the table.
       for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        if (e < first || e >= first + held) {  // another rank's: gate, up, down
+          for (int k = 0; k < 3; ++k) table.Skip();
+          continue;
+        }
         table.SetExpert(static_cast<int>(e));
         mlp(p + "mlp.experts." + std::to_string(e) + ".", Fm, false);
       }

@@ -63,12 +63,14 @@ std::map<std::string, std::string> DeepSeekV3Spec::WeightsMetadata() const {
           {"crucible.tie_embeddings", c.tie_embeddings ? "true" : "false"}};
 }
 
-ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
+ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism& parallelism) const {
   const DeepSeekV3Config& c = config_;
-  const DeepSeekV3Sizes s = PlannedDeepSeekV3Sizes(c);
+  // This rank's table: its block of the routed experts under expert parallelism.
+  const DeepSeekV3Sizes s = PlannedDeepSeekV3Sizes(c, parallelism.ep_degree);
   const double L = static_cast<double>(c.n_layers), moe = static_cast<double>(c.moe_layers());
   const double dense = L - moe, tied = c.tie_embeddings ? 0 : 1;
-  const double C = static_cast<double>(c.dim), E = static_cast<double>(c.n_routed_experts);
+  const double C = static_cast<double>(c.dim);
+  const double E = static_cast<double>(c.n_routed_experts / parallelism.ep_degree);  // held
   const double shared = c.n_shared_experts > 0 ? 1 : 0, q_lora = c.q_lora_rank > 0 ? 1 : 0;
   ParameterSizes sizes;
   sizes.parameters = s.parameters;
@@ -76,6 +78,9 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   sizes.first_unit = s.embedding;
   sizes.largest_unit = s.largest_unit;
   sizes.largest_other_unit = s.largest_other_unit;
+  if (c.moe_layers() > 0)
+    sizes.largest_expert_block =
+        static_cast<double>(c.n_routed_experts / parallelism.ep_degree) * s.expert;
   // Per layer: norms 2 (+ q_a_layernorm) + kv_a_layernorm; attention products q (or q_a, q_b),
   // kv_a, kv_b, o; a dense MLP's 3, or a router, the shared experts' 3 and each expert's 3.
   const double norms = L * (3 + q_lora) + 1;
@@ -98,9 +103,10 @@ ParameterSizes DeepSeekV3Spec::PlannedSizes(const ModelParallelism&) const {
   set(ParamKind::kNorm, norm_parameters, norms);
   set(ParamKind::kOutputProjection, output, L + mlp_output);
   set(ParamKind::kHead, tied * s.embedding, tied);
-  set(ParamKind::kBalanceBias, moe * E, moe);
+  const double biases = moe * static_cast<double>(c.n_routed_experts);  // one per expert, all
+  set(ParamKind::kBalanceBias, biases, moe);
   set(ParamKind::kLinear,
-      s.parameters - s.embedding - norm_parameters - output - tied * s.embedding - moe * E,
+      s.parameters - s.embedding - norm_parameters - output - tied * s.embedding - biases,
       attention_linear + mlp_linear);
   return sizes;
 }
@@ -119,7 +125,7 @@ BufferSizes DeepSeekV3Spec::PlannedBuffers(double B, double T,
 
 ParameterTable DeepSeekV3Spec::BuildTable(const ModelParallelism& parallelism) const {
   if (std::string why = CheckParallelism(parallelism); !why.empty()) throw UsageError(why);
-  return DeepSeekV3ParameterTable(config_);
+  return DeepSeekV3ParameterTable(config_, parallelism.ep_degree, parallelism.ep_rank);
 }
 
 std::string DeepSeekV3Spec::CheckParallelism(const ModelParallelism& parallelism) const {
@@ -169,7 +175,7 @@ void DeepSeekV3Spec::InitWeights(const ParameterTable& table, uint64_t seed, siz
     for (size_t j = 0; j < count; ++j) {
       // Each element has its own Philox stream position: thread-count independent.
       const size_t i = p.GlobalIndex(first + j);
-      Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
+      Philox rng(seed, (static_cast<uint64_t>(p.whole_index) << 40) | i);
       double z = rng.NextNormal();
       for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();
       if (std::fabs(z) > 3.0) z = 0.0;

@@ -107,7 +107,7 @@ void LlamaSpec::InitWeights(const ParameterTable& table, uint64_t seed, size_t b
       // Each element has its own Philox stream position: thread-count independent.
       // The element's index in the whole tensor: a tensor-parallel part gets the whole's bits.
       const size_t i = p.GlobalIndex(first + j);
-      Philox rng(seed, (static_cast<uint64_t>(index) << 40) | i);
+      Philox rng(seed, (static_cast<uint64_t>(p.whole_index) << 40) | i);
       double z = rng.NextNormal();
       for (int attempt = 0; attempt < 8 && std::fabs(z) > 3.0; ++attempt) z = rng.NextNormal();
       if (std::fabs(z) > 3.0) z = 0.0;

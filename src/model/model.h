@@ -129,6 +129,9 @@ struct ParameterSizes {
   // The parameters one token uses: `parameters` for a dense model, a mixture of experts' own
   // experts only (0: not stated, read as `parameters`).
   double active = 0;
+  // The routed experts' elements of the unit that holds the most (0 without experts): what
+  // ZeRO-3 keeps of the other ranks' contributions under expert parallelism.
+  double largest_expert_block = 0;
 };
 
 // Bytes Build(batch_size, seq_len) allocates, in double.

@@ -68,6 +68,7 @@ const ParamInfo& ParameterTable::Add(const std::string& name, std::vector<int64_
   info.kind = kind;
   info.layer = layer;
   info.expert = expert_;
+  info.whole_index = whole_count_++;
   total_ += info.numel;
   if (in_flops) flop_params_ += info.global_numel();
   params_.push_back(std::move(info));
@@ -112,11 +113,14 @@ void ParameterAccess::AddGradient(int unit, size_t begin, size_t end, float* /*v
 }
 
 void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole) {
-  if (parts.params().size() != whole.params().size())
+  if (parts.params().size() > whole.params().size() || whole.partial())
     throw Error(kExitFailure, "internal: a table of parts and the whole table differ in tensors");
   for (size_t t = 0; t < parts.params().size(); ++t) {
     const ParamInfo& p = parts.params()[t];
-    const ParamInfo& w = whole.params()[t];
+    if (p.whole_index >= whole.params().size() ||
+        (t > 0 && p.whole_index <= parts.params()[t - 1].whole_index))
+      throw Error(kExitFailure, "internal: tensor " + p.name + " has no place in the whole table");
+    const ParamInfo& w = whole.params()[p.whole_index];
     if (p.name != w.name || p.global_shape != w.shape)
       throw Error(kExitFailure, "internal: tensor " + p.name + " is not " + w.name + " cut");
   }
@@ -124,16 +128,16 @@ void CheckPartsOfWhole(const ParameterTable& parts, const ParameterTable& whole)
 
 void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
                       const ParameterTable& whole, float* whole_values) {
-  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
+  ForEachPartRun(parts, whole, [&](size_t t, size_t w, size_t part, size_t at, size_t n) {
     const float* from = part_values + parts.params()[t].offset + part;
-    std::copy(from, from + n, whole_values + whole.params()[t].offset + at);
+    std::copy(from, from + n, whole_values + whole.params()[w].offset + at);
   });
 }
 
 void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
                       const ParameterTable& parts, float* part_values) {
-  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
-    const float* from = whole_values + whole.params()[t].offset + at;
+  ForEachPartRun(parts, whole, [&](size_t t, size_t w, size_t part, size_t at, size_t n) {
+    const float* from = whole_values + whole.params()[w].offset + at;
     std::copy(from, from + n, part_values + parts.params()[t].offset + part);
   });
 }

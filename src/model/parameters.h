@@ -53,6 +53,9 @@ struct ParamInfo {
   // its gradient also takes contributions computed on another rank's tokens
   // (ParameterAccess::AddGradient), so the exact sum's grid starts at it (LayoutFreeRuns).
   int expert = -1;
+  // Its index in the whole model's table: a rank's table may leave out tensors another rank
+  // holds (expert parallelism: the other ranks' experts; ParameterTable::Skip).
+  size_t whole_index = 0;
 
   bool sliced() const { return split_dim >= 0; }
   // The length of the runs of consecutive elements of this part that lie in one chunk (the same
@@ -92,6 +95,9 @@ class ParameterTable {
   // The tensors added from now on belong to routed expert `expert` (ParamInfo::expert); -1 ends
   // the expert's tensors.
   void SetExpert(int expert) { expert_ = expert; }
+  // A tensor of the whole model that this table leaves out (another rank holds it): counted in
+  // the tensors' whole_index, taking no place here.
+  void Skip() { ++whole_count_; }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<ParamUnit>& units() const { return units_; }
@@ -105,6 +111,8 @@ class ParameterTable {
   size_t FlopParams() const { return flop_params_; }
   // True when some tensor is a part of a whole one (tensor parallelism).
   bool sliced() const;
+  // True when this is a rank's part of the whole model: a tensor is sliced, or left out.
+  bool partial() const { return whole_count_ != params_.size() || sliced(); }
   // True when some tensor is cut in tensor-parallel chunks (at any degree, 1 included).
   bool chunked() const;
   // The runs of `unit` whose pieces are laid out alike at every degree of the run's tensor
@@ -122,17 +130,19 @@ class ParameterTable {
   size_t total_ = 0;
   size_t unit_begin_ = 0;
   int expert_ = -1;
+  size_t whole_count_ = 0;  // tensors of the whole model so far, held or skipped
   size_t flop_params_ = 0;
 };
 
-// Between a table of parts (`parts`, a tensor-parallel rank's) and the table of the whole model
-// (`whole`, the same tensors in the same order, unsplit): each part's elements are copied to or
-// from their places in the whole tensor. Throws an internal error when the tables do not match.
+// Between a table of parts (`parts`, a tensor- or expert-parallel rank's) and the table of the
+// whole model (`whole`: every tensor, unsplit; `parts` holds some of them, in the same order, each
+// whole or cut): each part's elements are copied to or from their places in the whole tensor.
+// Throws an internal error when the tables do not match.
 void CopyPartsToWhole(const ParameterTable& parts, const float* part_values,
                       const ParameterTable& whole, float* whole_values);
-// The runs of elements that are contiguous in both: for each, fn(tensor index, first element
-// of the part, first element of the whole tensor, count). What the copies above (and the copies
-// of an optimizer state laid out tensor by tensor) are made of.
+// The runs of elements that are contiguous in both: for each, fn(tensor index in `parts`, its
+// index in `whole`, first element of the part, first element of the whole tensor, count). What the
+// copies above (and the copies of an optimizer state laid out tensor by tensor) are made of.
 template <typename Fn>
 void ForEachPartRun(const ParameterTable& parts, const ParameterTable& whole, Fn fn);
 void CopyWholeToParts(const ParameterTable& whole, const float* whole_values,
@@ -194,7 +204,7 @@ void ForEachPartRun(const ParameterTable& parts, const ParameterTable& whole, Fn
   for (size_t t = 0; t < parts.params().size(); ++t) {
     const ParamInfo& p = parts.params()[t];
     if (!p.sliced()) {
-      fn(t, size_t{0}, size_t{0}, p.numel);
+      fn(t, p.whole_index, size_t{0}, size_t{0}, p.numel);
       continue;
     }
     // Runs of contiguous elements: the split dimension and everything inside it.
@@ -202,7 +212,7 @@ void ForEachPartRun(const ParameterTable& parts, const ParameterTable& whole, Fn
     for (size_t d = static_cast<size_t>(p.split_dim); d < p.shape.size(); ++d)
       inner *= static_cast<size_t>(p.shape[d]);
     for (size_t local = 0; local < p.numel; local += inner)
-      fn(t, local, p.GlobalIndex(local), inner);
+      fn(t, p.whole_index, local, p.GlobalIndex(local), inner);
   }
 }
 

@@ -156,6 +156,7 @@ void OptimizerShard::Allocate() {
 
 void OptimizerShard::ResetMetrics() {
   metrics_.assign(2 * metric_specs_.size(), 0.0);
+  uncounted_ = metrics_;
   for (size_t j = 0; j < metric_specs_.size(); ++j) {
     const double inf = std::numeric_limits<double>::infinity();
     if (metric_specs_[j].reduce == OptimizerMetric::kMin) metrics_[2 * j] = inf;
@@ -184,7 +185,7 @@ void OptimizerShard::UpdateSlot(size_t index, float* weights, const float* grads
                             std::span<const float>(grads, slot.count),
                             views_,
                             config_.batch_tokens,
-                            metrics_};
+                            count_shared_ || param.expert >= 0 ? metrics_ : uncounted_};
   if (hessian)
     config_.optimizer->UpdateHessian(update);
   else

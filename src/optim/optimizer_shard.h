@@ -104,6 +104,10 @@ class OptimizerShard {
   // The accumulators of the optimizer's metrics() over this shard's tensors since the last Step
   // (two doubles per metric, OptimizerMetric): Step starts them afresh, StepMatrix adds to them.
   const std::vector<double>& metric_accumulators() const { return metrics_; }
+  // Whether the tensors that are not a routed expert's count in metric_accumulators() (default
+  // true): expert parallelism counts them on one rank of each expert group only, since every
+  // rank of it updates them alike.
+  void CountSharedTensorMetrics(bool count) { count_shared_ = count; }
 
   // The state buffers, in the optimizer's declaration order.
   std::vector<ShardState> State();
@@ -135,7 +139,9 @@ class OptimizerShard {
   std::vector<std::vector<float>> state_;  // one per spec
   std::vector<std::span<float>> views_;    // one per spec, reused by each update
   std::vector<OptimizerMetric> metric_specs_;
-  std::vector<double> metrics_;  // two per metric spec
+  std::vector<double> metrics_;    // two per metric spec
+  std::vector<double> uncounted_;  // where the tensors not counted accumulate (discarded)
+  bool count_shared_ = true;
 };
 
 }  // namespace crucible

@@ -50,7 +50,7 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
                       const ModelParallelism& parallelism) {
   // This rank's table (its parts under tensor parallelism) and the whole model's.
   const ParameterSizes sizes = model.PlannedSizes(parallelism), whole = model.PlannedSizes();
-  const bool cut = parallelism.tp_degree > 1;
+  const bool cut = parallelism.tp_degree > 1 || parallelism.ep_degree > 1;
   const double P = sizes.parameters, U = sizes.largest_unit;
   const double B = static_cast<double>(shape.micro_batch), T = static_cast<double>(shape.seq_len);
   // The layout of DataParallel: shards of whole norm chunks, buffers padded to ranks x shard.
@@ -120,7 +120,8 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
         (4 + 4 + 16) * shard + state_bytes + 4 * ShardedAccess::kGatherBuffers * U +
         4 * (sizes.first_unit + sizes.largest_other_unit) +
         16 * ShardedAccess::kReductionBuffers * (piece + std::max(1.0, std::min(piece, shard))) +
-        owner_buffers + tensor_state;
+        owner_buffers + tensor_state +
+        (parallelism.ep_degree > 1 ? 2 * 16 * sizes.largest_expert_block : 0.0);
   } else {
     const double receive =
         shape.zero_stage == 1 && shape.overlap
@@ -129,7 +130,8 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
             : 0.0;
     // The exact accumulator's 16 bytes an element, except where one rank runs one micro-batch a
     // step: its gradients are rounded in place (distributed/exact_sum.h).
-    const double accumulator = world == 1 && shape.accumulation == 1 ? 0.0 : 16 * padded;
+    const bool one_rank = world == 1 && parallelism.tp_degree == 1 && parallelism.ep_degree == 1;
+    const double accumulator = one_rank && shape.accumulation == 1 ? 0.0 : 16 * padded;
     plan.model_state =
         (4 + 4) * padded + accumulator + state_bytes + receive + owner_buffers + tensor_state;
   }
@@ -139,8 +141,9 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   // and under tensor parallelism rank 0 of the job the parts of every tensor-parallel rank and
   // the whole tensors they make up (the weights, and the states one at a time).
   const bool sharded_state = shape.zero_stage >= 1 && world > 1;
-  const bool leader = rank == 0 && parallelism.tp_rank == 0;
-  const double tp = static_cast<double>(parallelism.tp_degree);
+  const bool leader = rank == 0 && parallelism.tp_rank == 0 && parallelism.ep_rank == 0;
+  // The ranks whose parts rank 0 puts together (tensor or expert parallelism's group).
+  const double tp = static_cast<double>(std::max(parallelism.tp_degree, parallelism.ep_degree));
   if (config.Bool("checkpoint.enable")) {
     if (leader && config.Bool("checkpoint.async"))
       plan.checkpoint += 4 * whole.parameters + whole_state_bytes;
@@ -202,13 +205,15 @@ std::vector<std::string> CheckTrainingFits(const Config& config, const ModelSpec
         "%.3g tokens: more than a 64-bit count holds (9.2e18); lower them",
         steps, global_batch, T, steps * global_batch * T));
 
-  // Rank r's plan: its data-parallel rank and its place in its tensor-parallel group (the mesh's
-  // tensor-parallel groups are consecutive ranks).
-  const int tp = parallelism.tp_degree;
+  // Rank r's plan: its data-parallel rank and its place in its tensor- or expert-parallel group
+  // (the groups of either are consecutive ranks; the two are not combined).
+  const int tp = parallelism.tp_degree, ep = parallelism.ep_degree, group = std::max(tp, ep);
   auto plan_of = [&](int r) {
     ModelParallelism layout = ModelParallelism::Layout(tp, r % tp, parallelism.tp_chunks);
     layout.sequence_parallel = parallelism.sequence_parallel;
-    return PlanMemory(config, model, shape, r / tp, comm.size() / tp, backend.host_memory(),
+    layout.ep_degree = ep;
+    layout.ep_rank = r % ep;
+    return PlanMemory(config, model, shape, r / group, comm.size() / group, backend.host_memory(),
                       layout);
   };
   // Ranks on one host share its memory.

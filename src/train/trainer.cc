@@ -111,18 +111,21 @@ void FreeBuffer(std::vector<float>& buffer) {
   std::vector<float>().swap(buffer);
 }
 
-// An optimizer state over a tensor-parallel rank's parts (laid out by LayOutFullState over
-// `parts`) to or from the same state over the whole model's tensors. Per-element states only
-// (a per-tensor state belongs to whole-matrix optimizers, refused under tensor parallelism).
+// An optimizer state over a tensor- or expert-parallel rank's parts (laid out by LayOutFullState
+// over `parts`) to or from the same state over the whole model's tensors. A per-tensor state
+// (whole-matrix optimizers, refused under tensor parallelism) only of tensors held whole.
 void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* part_values,
                     const ParameterTable& whole, float* whole_values, bool to_whole) {
   const FullStateLayout mine = LayOutFullState(spec, parts), all = LayOutFullState(spec, whole);
-  ForEachPartRun(parts, whole, [&](size_t t, size_t part, size_t at, size_t n) {
+  ForEachPartRun(parts, whole, [&](size_t t, size_t w, size_t part, size_t at, size_t n) {
     if (mine.offsets[t] == FullStateLayout::kNotCarried) return;
-    if (spec.per_tensor > 0)
-      throw Error(kExitFailure, "internal: a per-tensor optimizer state under tensor parallelism");
+    if (spec.per_tensor > 0) {
+      if (parts.params()[t].sliced())
+        throw Error(kExitFailure, "internal: a per-tensor optimizer state of a tensor's part");
+      n = spec.per_tensor;
+    }
     float* a = part_values + mine.offsets[t] + part;
-    float* b = whole_values + all.offsets[t] + at;
+    float* b = whole_values + all.offsets[w] + at;
     if (to_whole)
       std::copy(a, a + n, b);
     else
@@ -151,10 +154,10 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
   hooks_.push_back(MakeValidationHook(*this, model_spec_));
   hooks_.push_back(MakeCheckpointHook(*this));
   // The ranks of a tensor-parallel group read the same samples: those of their data-parallel
-  // rank.
+  // rank (with expert parallelism, their place among the data-parallel x expert-parallel ranks).
   loader_ =
-      std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.batches, dp_rank_,
-                                   dp_size_, resume_.progress.step + 1, training_.steps);
+      std::make_unique<DataLoader>(*source_, training_.shape.seq_len, training_.batches, data_rank_,
+                                   data_size_, resume_.progress.step + 1, training_.steps);
   tokens_seen_ = resume_.progress.tokens_seen;
   last_loss_ = resume_.resumed ? resume_.progress.loss : std::nan("");
 }
@@ -180,12 +183,12 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
     mesh_ = ProcessMesh::Create(shape, config_.Float("comm.train_timeout_seconds"));
   } catch (const Error& e) {
     if (e.exit_code() != kExitUsage) throw;
-    if (std::string(e.what()).rfind(kExpertParallel, 0) == 0)
+    if (ep > 1)
       throw UsageError(StrFormat(
-          "parallelism.expert_parallel_degree = %lld does not divide the data-parallel degree "
-          "(the ranks / parallelism.tensor_parallel_degree = %lld): %s; run a multiple of %lld "
-          "ranks, or choose a degree that divides them",
-          (long long)ep, (long long)tp, e.what(), (long long)(ep * tp)));
+          "parallelism.expert_parallel_degree = %lld does not divide the ranks (%s): run a "
+          "multiple of %lld ranks, or choose a degree that divides the ranks / "
+          "parallelism.tensor_parallel_degree = %lld",
+          (long long)ep, e.what(), (long long)(ep * tp), (long long)tp));
     throw UsageError(
         StrFormat("parallelism.tensor_parallel_degree = %lld: %s (the data-parallel "
                   "degree is the ranks / the tensor-parallel degree)",
@@ -196,6 +199,16 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   if (comm().distributed()) SetLogRank(rank_);
   dp_size_ = mesh_->data_parallel().size();
   dp_rank_ = mesh_->data_parallel().rank();
+  // The ranks of different micro-batches: the data-parallel ranks (replicas) times the
+  // expert-parallel ranks (consecutive in the rank order, so world order when tp = 1).
+  data_size_ = dp_size_ * mesh_->expert_parallel().size();
+  data_rank_ = dp_rank_ * mesh_->expert_parallel().size() + mesh_->expert_parallel().rank();
+  if (ep > 1 && tp > 1)
+    throw UsageError(
+        StrFormat("parallelism.expert_parallel_degree = %lld with "
+                  "tensor_parallel_degree = %lld: the two together are not supported "
+                  "yet (set one of them to 1)",
+                  (long long)ep, (long long)tp));
   parallelism_ = ModelParallelism::TensorParallel(mesh_->tensor_parallel(),
                                                   static_cast<int>(chunks ? chunks : tp));
   parallelism_.traffic = &tp_traffic_;
@@ -203,7 +216,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_.expert_traffic = &ep_traffic_;
   parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
-  training_ = BuildTrainingConfig(config_, dp_size_);
+  training_ = BuildTrainingConfig(config_, data_size_);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
   if (dump_gradients_step_ > 0 && world_ != 1)
     throw UsageError(
@@ -253,10 +266,25 @@ void Trainer::AllocateState() {
                               parallelism_);
   // The whole model's table: what checkpoints, exports, validation and the weights hash see.
   whole_table_ = model_spec_->BuildTable();
+  for (const ParamInfo& p : table().params())
+    experts_in_table_ = experts_in_table_ || p.expert >= 0;
   const size_t n_params = table().total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   data_parallel_ = std::make_unique<DataParallel>(
       mesh_->data_parallel(), n_params, training_.shape.zero_stage, training_.shape.exact_grid);
+  if (parallelism_.ep_degree > 1) {
+    // Every tensor but the experts' is held by every rank of an expert group: its gradient sums
+    // over the group first. The losses and flags over every rank (tp = 1: the world).
+    std::vector<Range> shared;
+    for (const ParamInfo& p : table().params()) {
+      if (p.expert >= 0 || p.numel == 0) continue;
+      if (!shared.empty() && shared.back().end == p.offset)
+        shared.back().end = p.offset + p.numel;
+      else
+        shared.push_back({p.offset, p.offset + p.numel});
+    }
+    data_parallel_->SetExpertParallel(comm(), mesh_->expert_parallel(), std::move(shared));
+  }
   sharded_ = data_parallel_->zero_stage() == 3;
   const size_t padded = data_parallel_->padded_size(), shard = data_parallel_->shard_size();
   base_ = sharded_ ? data_parallel_->shard_begin() : 0;
@@ -276,12 +304,13 @@ void Trainer::AllocateState() {
   // before a save rank 0 gathers it. Under ZeRO its buffers exist only while a resume or a save
   // needs them.
   optimizer_ = MakeShardedOptimizer(optimizer_config_, table(), *data_parallel_);
+  optimizer_->CountSharedTensorMetrics(parallelism_.ep_rank == 0);
   if (optimizer_config_.optimizer->hessian_interval() > 0)
     sampled_targets_.resize(training_.shape.micro_batch * training_.shape.seq_len);
   // A tensor-parallel run's checkpoints hold the whole model's tensors and optimizer state, so
   // that they resume at any degree: the parts are put together on rank 0 for a save and taken
   // apart on every rank after a resume (its buffers exist only then).
-  if (table().sliced()) {
+  if (table().partial()) {
     whole_state_ =
         std::make_unique<OptimizerShard>(optimizer_config_, whole_table_, 0, whole_table_.total());
     for (const ShardState& state : whole_state_->State()) FreeBuffer(state.values);
@@ -368,7 +397,7 @@ void Trainer::LoadOrInitWeights(const std::string& resume_mode) {
   std::vector<float> full_load(sharded_ && loads_full_model ? data_parallel_->padded_size() : 0);
   float* load_target = sharded_ ? full_load.data() : weights_.data();
   // A checkpoint holds the whole model; a tensor-parallel rank keeps its parts of it.
-  const bool parts = table().sliced();
+  const bool parts = table().partial();
   std::vector<float> whole(parts && loads_full_model ? whole_table_.total() : 0);
   resume_ = checkpointing_->Resume(resume_mode, parts ? whole.data() : load_target);
   if (resume_.resumed && parts) {
@@ -406,7 +435,7 @@ void Trainer::InitWeights(float* load_target) {
   if (!init_path.empty() && !hf_path.empty())
     throw UsageError("model.init_weights and checkpoint.initial_load_hf are both set; choose one");
   // A file holds the whole model; a tensor-parallel rank keeps its parts of it.
-  const bool parts = table().sliced();
+  const bool parts = table().partial();
   std::vector<float> whole(parts && (!hf_path.empty() || !init_path.empty()) ? whole_table_.total()
                                                                              : 0);
   float* target = parts ? whole.data() : load_target;
@@ -461,8 +490,10 @@ void Trainer::Announce() {
                   parallelism_.tp_degree, parallelism_.tp_chunks, dp_size_,
                   parallelism_.sequence_parallel ? "on" : "off"));
   if (parallelism_.ep_degree > 1)
-    PrintLine(StrFormat("phase=expert_parallel degree=%d data_parallel=%d", parallelism_.ep_degree,
-                        dp_size_));
+    PrintLine(
+        StrFormat("phase=expert_parallel degree=%d replicas=%d parameters_per_rank=%zu "
+                  "parameters=%zu",
+                  parallelism_.ep_degree, dp_size_, table().total(), whole_table_.total()));
 }
 
 // The launcher warns before the job (crucible launch --tp); this is the job's own check, for
@@ -558,44 +589,60 @@ const float* Trainer::FullWeights() {
                          "parameter gather");
     mine = dp.rank() == 0 ? gathered_.data() : nullptr;
   }
-  if (!table().sliced()) return leader() ? mine : nullptr;
-  // Tensor parallelism: every group of data-parallel rank 0 gathers its ranks' parts on its
-  // rank 0 (rank 0 of the job's is the job's), which puts the whole tensors together.
-  Communicator& tp = mesh_->tensor_parallel();
-  std::vector<float> all(dp_rank_ == 0 && tp.rank() == 0 ? table().total() * tp.size() : 0);
+  if (!table().partial()) return leader() ? mine : nullptr;
+  // Tensor or expert parallelism: every group of data-parallel rank 0 gathers its ranks' parts
+  // on its rank 0 (rank 0 of the job's is the job's), which puts the whole tensors together.
+  // The ranks' tables have the same size.
+  Communicator& group = PartsGroup();
+  std::vector<float> all(dp_rank_ == 0 && group.rank() == 0 ? table().total() * group.size() : 0);
   if (dp_rank_ == 0)
-    tp.GatherFloatToRoot(mine, all.data(), table().total(), "tensor-parallel parameter gather");
+    group.GatherFloatToRoot(mine, all.data(), table().total(), "model-parallel parameter gather");
   if (!leader()) return nullptr;
   whole_.assign(whole_table_.total(), 0.0f);
-  for (int r = 0; r < tp.size(); ++r)
-    CopyPartsToWhole(
-        model_spec_->BuildTable(ModelParallelism::Layout(tp.size(), r, parallelism_.tp_chunks)),
-        all.data() + table().total() * r, whole_table_, whole_.data());
+  for (int r = 0; r < group.size(); ++r)
+    CopyPartsToWhole(model_spec_->BuildTable(PartsLayout(r)), all.data() + table().total() * r,
+                     whole_table_, whole_.data());
   return whole_.data();
 }
 
 void Trainer::GatherOptimizerState() {
   optimizer_->GatherFullState();  // on data-parallel rank 0
   if (!whole_state_) return;
-  // Tensor parallelism: each state's parts from the ranks of data-parallel rank 0's groups,
-  // put together on rank 0 of the job, as FullWeights() does the weights.
-  Communicator& tp = mesh_->tensor_parallel();
+  // Tensor or expert parallelism: each state's parts from the ranks of data-parallel rank 0's
+  // groups, put together on rank 0 of the job, as FullWeights() does the weights.
+  Communicator& group = PartsGroup();
   std::vector<ShardState> mine = optimizer_->full_state().State();
   std::vector<ShardState> all = whole_state_->State();
   for (size_t i = 0; i < mine.size(); ++i) {
     const size_t size = LayOutFullState(mine[i].spec, table()).size;
-    std::vector<float> gathered(dp_rank_ == 0 && tp.rank() == 0 ? size * tp.size() : 0);
+    std::vector<float> gathered(dp_rank_ == 0 && group.rank() == 0 ? size * group.size() : 0);
     if (dp_rank_ == 0)
-      tp.GatherFloatToRoot(mine[i].values.data(), gathered.data(), size,
-                           "tensor-parallel optimizer-state gather");
+      group.GatherFloatToRoot(mine[i].values.data(), gathered.data(), size,
+                              "model-parallel optimizer-state gather");
     if (!leader()) continue;
     all[i].values.assign(LayOutFullState(all[i].spec, whole_table_).size, 0.0f);
-    for (int r = 0; r < tp.size(); ++r)
-      CopyStateParts(
-          mine[i].spec,
-          model_spec_->BuildTable(ModelParallelism::Layout(tp.size(), r, parallelism_.tp_chunks)),
-          gathered.data() + size * r, whole_table_, all[i].values.data(), /*to_whole=*/true);
+    for (int r = 0; r < group.size(); ++r)
+      CopyStateParts(mine[i].spec, model_spec_->BuildTable(PartsLayout(r)),
+                     gathered.data() + size * r, whole_table_, all[i].values.data(),
+                     /*to_whole=*/true);
   }
+}
+
+// The group whose ranks hold different parts of the model: tensor or expert parallelism's (the
+// two are not combined yet).
+Communicator& Trainer::PartsGroup() {
+  return parallelism_.ep_degree > 1 ? mesh_->expert_parallel() : mesh_->tensor_parallel();
+}
+
+// The layout of rank r of PartsGroup().
+ModelParallelism Trainer::PartsLayout(int r) const {
+  if (parallelism_.ep_degree > 1) {
+    ModelParallelism layout;
+    layout.ep_degree = parallelism_.ep_degree;
+    layout.ep_rank = r;
+    return layout;
+  }
+  return ModelParallelism::Layout(parallelism_.tp_degree, r, parallelism_.tp_chunks);
 }
 
 void Trainer::ReleaseFullCopies() {
@@ -645,7 +692,7 @@ StepReport Trainer::Step(int64_t step) {
   expert_loads_->BeginStep();
   const bool finite = ForwardBackward(batch, step);
   StepReport r;
-  r.expert_loads = expert_loads_->FinishStep(mesh_->data_parallel(), step);
+  r.expert_loads = expert_loads_->FinishStep(data_parallel_->batch(), step);
   r.step = step;
   r.last = step == training_.steps;
   r.reduce_wait_seconds = ReduceGradients(step);
@@ -793,17 +840,21 @@ double Trainer::GradNorm(bool finite) {
 
 double Trainer::GradNormOfGradients(bool finite) {
   double squares = 0;
-  if (parallelism_.tp_chunks == 1) {
+  if (parallelism_.tp_chunks == 1 && !experts_in_table_) {
     squares = data_parallel_->GradNormSquared(grads_.data(), base_);
   } else {
     // Each element once, over every group that holds a part (docs/parallelism.md): this rank's
     // update range (ZeRO 0: every data-parallel rank holds all of it, data-parallel rank 0
     // counts it) of its parts, and of the tensors every tensor-parallel rank holds whole,
-    // tensor-parallel rank 0's.
+    // tensor-parallel rank 0's. A mixture of experts' too, at every expert-parallel degree (1
+    // included, for the same bits): its experts on every rank of an expert group, the other
+    // tensors on the group's rank 0.
     std::vector<std::pair<size_t, size_t>> ranges;
     const bool replicated = data_parallel_->zero_stage() == 0 && dp_rank_ != 0;
     for (const ParamInfo& p : table().params()) {
-      if (replicated || (!p.sliced() && parallelism_.tp_rank != 0)) continue;
+      if (replicated || (!p.sliced() && parallelism_.tp_rank != 0) ||
+          (p.expert < 0 && parallelism_.ep_rank != 0))
+        continue;
       const size_t b = std::max(update_begin_, p.offset),
                    e = std::min(update_end_, p.offset + p.numel);
       if (b < e) ranges.emplace_back(b, e);

@@ -111,6 +111,8 @@ class Trainer {
   // ---- setup ----
   void ResolveConfig(const std::string& resume_mode);
   void CheckTensorParallelism();
+  Communicator& PartsGroup();
+  ModelParallelism PartsLayout(int r) const;
   void CheckTensorParallelRun();
   void AllocateState();
   void LoadOrInitWeights(const std::string& resume_mode);
@@ -155,7 +157,10 @@ class Trainer {
   LearningRateFunction learning_rate_;  // of each step: the schedule x the ramp rule, unless set
   std::unique_ptr<ProcessMesh> mesh_;
   int world_ = 1, rank_ = 0;       // the job
-  int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group
+  int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group (the replicas)
+  // The ranks of different micro-batches (data-parallel x expert-parallel) and this one's place.
+  int data_size_ = 1, data_rank_ = 0;
+  bool experts_in_table_ = false;  // a routed expert's tensor (the layout-free gradient norm)
   ModelParallelism parallelism_;   // this rank's tensor-parallel group
   ExchangeTraffic tp_traffic_;     // what its exchanges moved (phase=tensor_parallel_traffic)
   ExchangeTraffic ep_traffic_;     // the experts' all-to-alls (phase=expert_parallel_traffic)

@@ -58,25 +58,12 @@ def test_a_filtered_run_counts_the_tests_each_rank_ran():
 @pytest.mark.parametrize("np,mesh", [(4, "data_parallel=2,tensor_parallel=2"),
                                      (4, "data_parallel=-1,tensor_parallel=2"),
                                      (2, "data_parallel=1,tensor_parallel=2"),
-                                     (4, "data_parallel=1,tensor_parallel=4")])
+                                     (4, "data_parallel=1,tensor_parallel=4"),
+                                     # Expert parallelism's: replicas, the experts' groups, none.
+                                     (4, "data_parallel=2,expert_parallel=2,tensor_parallel=1"),
+                                     (4, "data_parallel=1,expert_parallel=4,tensor_parallel=1")])
 def test_a_mesh_splits_the_world_into_the_groups_of_its_layout(np, mesh):
     passed_on_every_rank(mpirun(np, mesh=mesh), np)
-
-
-@pytest.mark.parametrize("np,mesh", [(4, "data_parallel=4,tensor_parallel=1"),
-                                     (4, "data_parallel=2,tensor_parallel=2"),
-                                     (2, "data_parallel=2,tensor_parallel=1")])
-def test_a_subgroup_cuts_each_parent_group_into_consecutive_ranks(np, mesh):
-    # Expert parallelism's groups: consecutive pairs of each data-parallel group.
-    proc = mpirun(np, mesh=mesh, extra_env={"CRUCIBLE_TEST_SUBGROUP": "expert_parallel=data_parallel/2"})
-    passed_on_every_rank(proc, np)
-
-
-def test_a_subgroup_that_does_not_divide_its_parent_stops_with_exit_2():
-    proc = mpirun(3, mesh="data_parallel=3", extra_env={"CRUCIBLE_TEST_SUBGROUP": "expert_parallel=data_parallel/2"})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "test_mpi: expert_parallel groups of 2 ranks do not divide the data_parallel groups of 3 ranks" \
-        in proc.stderr
 
 
 def test_degrees_that_do_not_multiply_to_the_world_stop_every_rank_with_exit_2():

@@ -16,7 +16,8 @@ import numpy as np
 import numpy as np_  # `np` is also a rank count below
 import pytest
 
-from conftest import STACKS, python_env, run_crucible
+from conftest import STACKS, crucible_binary, python_env, run_crucible
+from rank_runs import stop_one_rank
 from safetensors_io import read_safetensors, write_safetensors
 
 REFERENCE = "import sys, deepseek_reference; deepseek_reference.main(sys.argv[1:])"
@@ -192,7 +193,12 @@ def test_every_expert_parallel_degree_on_one_two_and_four_ranks_gives_identical_
                                          f"parallelism.expert_parallel_degree={ep}",
                                          f"parallelism.exact_reduction={mode}", f"job.dump_folder={run_dir}"])
         if ep > 1:
-            assert f"phase=expert_parallel degree={ep} data_parallel={np}" in proc.stdout
+            # This rank holds its block of the experts (the debug flavor: one MoE layer of 8).
+            held = re.search(r"phase=expert_parallel degree=(\d+) replicas=(\d+) parameters_per_rank=(\d+) "
+                             r"parameters=(\d+)", proc.stdout)
+            assert held and (int(held.group(1)), int(held.group(2))) == (ep, np // ep), proc.stdout
+            expert = 3 * 64 * 128  # gate, up, down of moe_intermediate_size 64 x dim 128
+            assert int(held.group(4)) - int(held.group(3)) == (8 - 8 // ep) * expert, held.group(0)
             traffic = re.search(r"phase=expert_parallel_traffic exchanges_per_step=([\d.]+) "
                                 r"bytes_received_per_step=(\d+)", proc.stdout)
             # One MoE layer (debug: layers 1.., first dense): per micro-batch the row counts, the
@@ -218,10 +224,46 @@ def test_a_checkpoint_resumes_bit_exact_across_expert_parallel_degrees(tmp_path)
         assert result(proc, run_dir) == reference
 
 
+@pytest.mark.parametrize("np,ep,zero_stage,batch", [(2, 2, 0, 4), (2, 2, 3, 8), (4, 2, 1, 8), (4, 4, 3, 16)])
+def test_the_memory_planned_for_an_expert_parallel_rank_is_what_it_allocates(tmp_path, np, ep, zero_stage, batch):
+    # Its block of the experts, its owner buffers (every rank's rows), and under ZeRO-3 the other
+    # ranks' gradient contributions: planned before anything is allocated, then allocated.
+    settings = [s for s in TRAIN if not s.startswith("training.global_batch_size")]
+    run = mpirun(np, settings + [f"training.global_batch_size={batch}", "training.steps=1",
+                                 f"parallelism.zero_stage={zero_stage}", f"parallelism.expert_parallel_degree={ep}",
+                                 f"job.dump_folder={tmp_path / 'ep'}"])
+    planned = int(re.search(r"^phase=memory_check .*model_state_bytes=(\d+)", run.stdout, re.M).group(1))
+    allocated = int(re.search(r"^phase=memory .*model_state_bytes=(\d+)", run.stdout, re.M).group(1))
+    assert planned == allocated, (planned, allocated)
+    activations = int(re.search(r"^phase=memory_check .*activations_bytes=(\d+)", run.stdout, re.M).group(1))
+    plain = mpirun(np, settings + [f"training.global_batch_size={batch}", "training.steps=1",
+                                   f"parallelism.zero_stage={zero_stage}", f"job.dump_folder={tmp_path / 'dp'}"])
+    unsplit = int(re.search(r"^phase=memory .*optimizer_state_bytes=(\d+)", plain.stdout, re.M).group(1))
+    held = int(re.search(r"^phase=memory .*optimizer_state_bytes=(\d+)", run.stdout, re.M).group(1))
+    # At ZeRO 0 a rank keeps the state of its experts only; at ZeRO 1/3 over fewer replicas.
+    if zero_stage == 0:
+        assert held < unsplit, (held, unsplit)
+    assert activations > int(re.search(r"^phase=memory_check .*activations_bytes=(\d+)", plain.stdout,
+                                        re.M).group(1))
+
+
+def test_a_stopped_rank_of_an_expert_group_aborts_the_job_at_the_deadline_naming_the_group(tmp_path):
+    # The tokens' all-to-alls run under the collective deadline like every exchange: rank 0 waits
+    # in one (or in a collective over the job) and the job stops, naming the group and its ranks.
+    run_dir = tmp_path / "run"
+    proc, stderr, elapsed = stop_one_rank(crucible_binary(), run_dir, TRAIN + [
+        "training.steps=100000", "parallelism.expert_parallel_degree=2", "comm.train_timeout_seconds=3",
+        f"job.dump_folder={run_dir}"])
+    assert proc.returncode != 0
+    assert re.search(r"collective timeout: .* at step \d+, world = expert_parallel group: job ranks 0-1 ",
+                     stderr), stderr
+    assert elapsed < 3 + 15, elapsed
+
+
 def test_expert_parallelism_refuses_degrees_it_cannot_split_in_one_line_with_exit_two(tmp_path):
     cases = [
         (1, ["model.name=deepseek_v3", "parallelism.expert_parallel_degree=2"],
-         "parallelism.expert_parallel_degree = 2 does not divide the data-parallel degree"),
+         "parallelism.expert_parallel_degree = 2 does not divide the ranks"),
         (4, ["model.name=deepseek_v3", "parallelism.expert_parallel_degree=4", "model.n_routed_experts=6",
              "model.n_group=2", "model.topk_group=1"],
          "parallelism.expert_parallel_degree = 4 does not divide model.n_routed_experts = 6"),

@@ -198,8 +198,8 @@ def test_a_tensor_parallel_group_across_hosts_is_warned_of_by_the_job_itself(tmp
 
 @pytest.mark.parametrize("np,settings,message", [
     (3, ["parallelism.tensor_parallel_degree=2"],
-     "parallelism.tensor_parallel_degree = 2: parallelism degrees (data_parallel=-1, tensor_parallel=2) do not "
-     "divide the job's 3 ranks"),
+     "parallelism.tensor_parallel_degree = 2: parallelism degrees (data_parallel=-1, expert_parallel=1, "
+     "tensor_parallel=2) do not divide the job's 3 ranks"),
     (1, ["model.n_kv_heads=2"], "model.n_kv_heads = 2 is not divisible by the 4 tensor-parallel chunks"),
     (1, ["parallelism.tensor_parallel_chunks=3"], "not a power of two"),
     (1, ["optimizer.name=Muon"], "choose an elementwise optimizer"),

@@ -36,16 +36,6 @@ std::vector<MeshDimension> TestMesh() {
   return dimensions;
 }
 
-// CRUCIBLE_TEST_SUBGROUP="name=parent/size" (default: expert_parallel=data_parallel/1).
-std::vector<MeshSubgroup> TestSubgroups() {
-  const char* spec = std::getenv("CRUCIBLE_TEST_SUBGROUP");
-  if (!spec || !*spec) return {{kExpertParallel, kDataParallel, 1}};
-  const std::string text = spec;
-  const size_t equals = text.find('='), slash = text.find('/');
-  return {{text.substr(0, equals), text.substr(equals + 1, slash - equals - 1),
-           std::stoi(text.substr(slash + 1))}};
-}
-
 // The world first, then each dimension's group, with a name for failure messages.
 std::vector<std::pair<std::string, Communicator*>> Communicators() {
   std::vector<std::pair<std::string, Communicator*>> out = {{"world", &g_mesh->world()}};
@@ -87,36 +77,6 @@ TEST(Mesh, EachGroupHoldsTheRanksItsLayoutNames) {
         g_mesh->group("data_parallel").group_name(),
         r % 2 == 0 ? "data_parallel group: job ranks 0,2" : "data_parallel group: job ranks 1,3");
     EXPECT_EQ(g_mesh->world().group_name(), "world: job ranks 0-3");
-  }
-}
-
-TEST(Mesh, ASubgroupHoldsConsecutiveRanksOfItsParentsGroup) {
-  const MeshLayout& layout = g_mesh->layout();
-  ASSERT_FALSE(g_mesh->subgroups().empty());
-  for (const MeshSubgroup& sub : g_mesh->subgroups()) {
-    Communicator& group = g_mesh->subgroup(sub.name);
-    const int d = layout.Find(sub.parent);
-    const std::vector<int> parent = layout.Group(g_mesh->rank(), d);
-    const int coordinate = layout.Coordinates(g_mesh->rank())[d];
-    const int first = coordinate / sub.size * sub.size;
-    const uint64_t mine = static_cast<uint64_t>(g_mesh->rank());
-    std::vector<uint64_t> members(group.size());
-    group.AllGatherU64(&mine, members.data(), 1, "test subgroup all-gather");
-    ASSERT_EQ(group.size(), sub.size) << sub.name;
-    EXPECT_EQ(group.rank(), coordinate % sub.size) << sub.name;
-    for (int i = 0; i < sub.size; ++i)
-      EXPECT_EQ(members[i], static_cast<uint64_t>(parent[first + i])) << sub.name << " " << i;
-    if (sub.size > 1 && sub.size < static_cast<int>(parent.size()))
-      EXPECT_EQ(group.group_name().rfind(sub.name + " group: job ranks ", 0), 0u)
-          << group.group_name();
-  }
-  // On four ranks of one data-parallel group, in pairs, written out.
-  if (layout.size() == 4 && layout.dimensions()[0].degree == 4 &&
-      g_mesh->subgroups()[0].size == 2) {
-    const int r = g_mesh->rank();
-    EXPECT_EQ(
-        g_mesh->subgroup(g_mesh->subgroups()[0].name).group_name(),
-        g_mesh->subgroups()[0].name + (r < 2 ? " group: job ranks 0-1" : " group: job ranks 2-3"));
   }
 }
 
@@ -244,8 +204,7 @@ int main(int argc, char** argv) {
   const char* timeout = std::getenv("CRUCIBLE_TEST_TIMEOUT");
   std::unique_ptr<crucible::ProcessMesh> mesh;
   try {
-    mesh = crucible::ProcessMesh::Create(crucible::TestMesh(), timeout ? std::atof(timeout) : 60.0,
-                                         crucible::TestSubgroups());
+    mesh = crucible::ProcessMesh::Create(crucible::TestMesh(), timeout ? std::atof(timeout) : 60.0);
   } catch (const crucible::Error& e) {
     std::fprintf(stderr, "test_mpi: %s\n", e.what());
     return e.exit_code();

@@ -104,15 +104,18 @@ TEST(ProcessMesh, AProcessNotStartedByMpiIsAOneRankJobWhoseDataParallelGroupIsTh
   EXPECT_EQ(mesh->rank(), 0);
   EXPECT_EQ(mesh->world().size(), 1);
   EXPECT_EQ(&mesh->data_parallel(), &mesh->world());
-  EXPECT_EQ(&mesh->tensor_parallel(), &mesh->world());  // one rank: both groups are the world
+  EXPECT_EQ(&mesh->tensor_parallel(), &mesh->world());  // one rank: every group is the world
+  EXPECT_EQ(&mesh->expert_parallel(), &mesh->world());
   EXPECT_EQ(mesh->layout().dimensions()[0].degree, 1);
-  EXPECT_EQ(mesh->layout().dimensions()[1].name, "tensor_parallel");
+  // Expert parallelism between the replicas and tensor parallelism (consecutive ranks last).
+  EXPECT_EQ(mesh->layout().dimensions()[1].name, "expert_parallel");
+  EXPECT_EQ(mesh->layout().dimensions()[2].name, "tensor_parallel");
   mesh->SetStep(7);
   mesh->Finalize();
   mesh->Finalize();  // once is enough; again is harmless
   EXPECT_EQ(UsageErrorOf([] { ProcessMesh::Create(MeshShape{.data_parallel = 2}, 30); }),
-            "parallelism degrees (data_parallel=2, tensor_parallel=1) multiply to 2 ranks, but the "
-            "job has 1");
+            "parallelism degrees (data_parallel=2, expert_parallel=1, tensor_parallel=1) multiply "
+            "to 2 ranks, but the job has 1");
 }
 
 }  // namespace

@@ -79,6 +79,53 @@ TEST(DeepSeekV3, FlavorsHaveTheDocumentedSizes) {
   EXPECT_NEAR(base.active / 1e6, 78.8, 0.05);
 }
 
+TEST(DeepSeekV3, AnExpertParallelRankHoldsItsBlockOfTheExpertsAndPlansWhatItHolds) {
+  for (const DeepSeekV3Config& c : Models()) {
+    if (c.moe_layers() == 0) continue;
+    const ParameterTable whole = DeepSeekV3ParameterTable(c);
+    const DeepSeekV3Spec spec(c);
+    for (int ep : {2, 4}) {
+      if (c.n_routed_experts % ep != 0) continue;
+      std::vector<float> values(whole.total()), together(whole.total(), -1.0f);
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+      size_t experts_held = 0;
+      for (int r = 0; r < ep; ++r) {
+        const ParameterTable part = DeepSeekV3ParameterTable(c, ep, r);
+        const std::string where =
+            c.flavor + " ep " + std::to_string(ep) + " rank " + std::to_string(r);
+        EXPECT_TRUE(part.partial()) << where;
+        ModelParallelism parallelism;
+        parallelism.ep_degree = ep;
+        parallelism.ep_rank = r;
+        const ParameterSizes planned = spec.PlannedSizes(parallelism);
+        EXPECT_EQ(planned.parameters, static_cast<double>(part.total())) << where;
+        EXPECT_EQ(planned.largest_unit, static_cast<double>(part.max_unit_size())) << where;
+        EXPECT_EQ(planned.tensors, static_cast<double>(part.params().size())) << where;
+        std::array<double, kParamKindCount> elements{};
+        for (const ParamInfo& p : part.params()) {
+          elements[static_cast<size_t>(p.kind)] += static_cast<double>(p.numel);
+          if (p.expert < 0) continue;
+          // Its own block of experts, under their whole-model names and places.
+          const int64_t held = c.n_routed_experts / ep;
+          EXPECT_GE(p.expert, held * r) << p.name;
+          EXPECT_LT(p.expert, held * (r + 1)) << p.name;
+          EXPECT_EQ(whole.params()[p.whole_index].name, p.name);
+          ++experts_held;
+        }
+        EXPECT_EQ(planned.kind_parameters, elements) << where;
+        // The parts of every rank put together are the whole model.
+        std::vector<float> mine(part.total());
+        CopyWholeToParts(whole, values.data(), part, mine.data());
+        CopyPartsToWhole(part, mine.data(), whole, together.data());
+      }
+      size_t whole_experts = 0;
+      for (const ParamInfo& p : whole.params()) whole_experts += p.expert >= 0;
+      EXPECT_EQ(experts_held, whole_experts);
+      EXPECT_EQ(together, values) << c.flavor << " ep " << ep;  // dense tensors from every rank
+    }
+  }
+}
+
 TEST(DeepSeekV3, PlannedActivationsAreWhatTheModelAllocates) {
   for (const DeepSeekV3Config& c : Models()) {
     if (c.flavor != "debug") continue;  // the big flavors' activations need not be allocated
