@@ -10,6 +10,15 @@
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
+
+int64_t OneHeadWidth(HeadDims D) {
+  if (D.v != D.qk)
+    throw Error(kExitFailure,
+                "internal: this backend's attention has one head width (value heads of another "
+                "width run on training.device = \"cpu\")");
+  return D.qk;
+}
+
 namespace {
 
 Registry<BackendFactory>& Backends() {

@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/head_dims.h"
+
 namespace crucible {
 
 enum class ComputePrecision { kFloat32, kBfloat16 };
@@ -61,6 +63,9 @@ struct BackendOptions {
   // measured table for this CPU's ISA and the product's shape), "openblas", "onednn".
   std::string gemm_library = "auto";
 };
+
+// D.qk, for an attention kernel with one head width; an internal error when D.v differs.
+int64_t OneHeadWidth(HeadDims D);
 
 class ComputeBackend {
  public:
@@ -117,13 +122,16 @@ class ComputeBackend {
                            int64_t T, int64_t heads, int64_t D) = 0;
   virtual void RopeBackward(float* dx, const float* cos_table, const float* sin_table, int64_t B,
                             int64_t T, int64_t heads, int64_t D) = 0;
+  // kernels::attention_forward/_backward's shapes: D.qk the query and key heads' width, D.v the
+  // value and output heads' (one width converts to both). A backend without a kernel for
+  // D.v != D.qk throws an internal error (its model refuses the backend first).
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                int64_t D) = 0;
+                                HeadDims D) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                 int64_t D) = 0;
+                                 HeadDims D) = 0;
   virtual void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                              int64_t F) = 0;
   virtual void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,

@@ -91,7 +91,8 @@ class PortableBackend final : public HostMemoryBackend {
     Rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims) override {
+    const int64_t D = OneHeadWidth(dims);
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * H * T; ++row) {
       const int64_t b = row / (H * T), h = row / T % H, t = row % T;
@@ -100,7 +101,8 @@ class PortableBackend final : public HostMemoryBackend {
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims) override {
+    const int64_t D = OneHeadWidth(dims);
     std::vector<float> delta(static_cast<size_t>(B * H * T));
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * H * T; ++row) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/profile.h"
+#include "kernels/head_dims.h"
 
 namespace crucible::kernels {
 
@@ -49,14 +50,18 @@ inline KernelCost RopeCost(bool backward, int64_t B, int64_t T, int64_t heads, i
           4.0 * (2.0 * B * T * heads * D + T * D)};
 }
 // The causal half of Q K^T and P V: 2 x 2 B H D T(T+1)/2 flops.
-inline KernelCost AttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  return {"attention", 2.0 * B * H * D * T * (T + 1.0),
-          4.0 * (2.0 * B * T * H * D + 2.0 * B * T * KV * D + 1.0 * B * H * T)};
+// Two causal products: Q K^T over D.qk, P V over D.v.
+inline KernelCost AttentionForwardCost(int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) {
+  const double qk = static_cast<double>(D.qk), v = static_cast<double>(D.v);
+  return {"attention", 1.0 * B * H * (qk + v) * T * (T + 1.0),
+          4.0 * (1.0 * B * T * H * (qk + v) + 1.0 * B * T * KV * (qk + v) + 1.0 * B * H * T)};
 }
-// Five causal products (S recomputed, dP, dV, dQ, dK): 2.5 times the forward's.
-inline KernelCost AttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  return {"attention_backward", 5.0 * B * H * D * T * (T + 1.0),
-          4.0 * (4.0 * B * T * H * D + 4.0 * B * T * KV * D + 1.0 * B * H * T)};
+// Five causal products (S recomputed and dQ, dK over D.qk; dP and dV over D.v): 2.5 times the
+// forward's when D.qk = D.v.
+inline KernelCost AttentionBackwardCost(int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) {
+  const double qk = static_cast<double>(D.qk), v = static_cast<double>(D.v);
+  return {"attention_backward", 0.5 * B * H * (3 * qk + 2 * v) * T * (T + 1.0),
+          4.0 * (2.0 * B * T * H * (qk + v) + 2.0 * B * T * KV * (qk + v) + 1.0 * B * H * T)};
 }
 inline KernelCost SwigluForwardCost(int64_t N, int64_t F) {
   return {"swiglu", 5.0 * N * F, 4.0 * 3.0 * N * F};

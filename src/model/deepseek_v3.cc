@@ -32,8 +32,8 @@ struct DeepSeekV3Model::Buffers {
     Floats kv_c, kv_n, kv_rstd;                    // (N,Rkv) x2, (N)
     Floats kpe;                                    // (N,Dr) after RoPE
     Floats kvb;                                    // (N,H,Dn+Dv)
-    Floats k, v;                                   // (N,H,Dq): [k_nope | k_pe], [v | 0]
-    Floats att, att_lse, att_v;                    // (N,H,Dq), (B,H,T), (N,H,Dv)
+    Floats k, v;                                   // (N,H,Dq) [k_nope | k_pe], (N,H,Dv)
+    Floats att, att_lse;                           // (N,H,Dv), (B,H,T)
     Floats x_mid, ln2, ln2_rstd;                   // (N,C) (N,C) (N)
     Floats gate, up, hidden;                       // (N,F) dense, or (N,Fs) shared experts
     Floats router;                                 // (N,E) logits (MoE)
@@ -55,7 +55,7 @@ struct DeepSeekV3Model::Buffers {
   DeviceArray<int32_t> tokens, targets;
   Floats loss_weights;  // off the host only
   // Backward scratch.
-  Floats dx, dln, dq, dk, dv, datt, datt_v, dkvb, dkv_n, dkv_c, dkpe, dqa_n, dqa;
+  Floats dx, dln, dq, dk, dv, datt, dkvb, dkv_n, dkv_c, dkpe, dqa_n, dqa;
   Floats dgate, dup, dhidden;  // (N, max(F, Fs))
   Floats expert_in, dexpert_gate, dexpert_up, dexpert_hidden, dexpert_out, dexpert_in;  // MoE
   Floats drouter, dweights;  // (N,E), (N K)
@@ -117,15 +117,15 @@ BufferPlan PlanBuffers(const DeepSeekV3Config& c, double B, double T, int ep_deg
   const double expert_params = 3 * Fm * C * E / ep;  // this rank's experts
   BufferPlan p;
   p.layer_attention = 2 * N * C + N + (Rq > 0 ? 2 * N * Rq + N : 0) + N * H * Dq + 2 * N * Rkv + N +
-                      N * Dr + N * H * (Dn + Dv) + 2 * N * H * Dq + N * H * Dq + B * H * T +
-                      N * H * Dv + 2 * N * C + N;
+                      N * Dr + N * H * (Dn + Dv) + N * H * Dq + 2 * N * H * Dv + B * H * T +
+                      2 * N * C + N;
   p.dense_ffn = 3 * N * F;
   // The rows and the weights: 4 bytes each, counted as floats.
   p.moe_ffn = 3 * N * Fs + N * E + 3 * M * Fm + NK * C + 2 * NK + (ep > 1 ? M * C : 0);
   const bool any_moe = c.moe_layers() > 0, any_dense = c.moe_layers() < c.n_layers;
   const double ffn = std::max(any_dense ? F : 0.0, any_moe ? Fs : 0.0);
   p.rest = 2 * N * C + N + FusedHeadRowsPlanned(N, V) * V + 2 * N + T * Dr + 2 * N + 2 * N * C +
-           3 * N * H * Dq + N * H * Dq + N * H * Dv + N * H * (Dn + Dv) + 2 * N * Rkv + N * Dr +
+           2 * N * H * Dq + 2 * N * H * Dv + N * H * (Dn + Dv) + 2 * N * Rkv + N * Dr +
            (Rq > 0 ? 2 * N * Rq : 0) + 3 * N * ffn +
            (any_moe ? 3 * M * Fm + 3 * NK * C + N * E + NK : 0) +
            (any_moe && ep > 1 ? 3 * M * C + (ep - 1) * expert_params : 0);
@@ -194,10 +194,9 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
     L.kpe = floats(N * Dr);
     L.kvb = floats(N * H * (Dn + Dv));
     L.k = floats(N * H * Dq);
-    L.v = floats(N * H * Dq);
-    L.att = floats(N * H * Dq);
+    L.v = floats(N * H * Dv);
+    L.att = floats(N * H * Dv);
     L.att_lse = floats(B_ * H * T_);
-    L.att_v = floats(N * H * Dv);
     L.x_mid = floats(N * C);
     L.ln2 = floats(N * C);
     L.ln2_rstd = floats(N);
@@ -235,9 +234,8 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
   b.dln = floats(N * C);
   b.dq = floats(N * H * Dq);
   b.dk = floats(N * H * Dq);
-  b.dv = floats(N * H * Dq);
-  b.datt = floats(N * H * Dq);
-  b.datt_v = floats(N * H * Dv);
+  b.dv = floats(N * H * Dv);
+  b.datt = floats(N * H * Dv);
   b.dkvb = floats(N * H * (Dn + Dv));
   b.dkv_n = floats(N * Rkv);
   b.dkv_c = floats(N * Rkv);
@@ -341,20 +339,20 @@ size_t DeepSeekV3Model::activation_bytes() const {
     floats += L.x_in.size() + L.ln1.size() + L.ln1_rstd.size() + L.qa.size() + L.qa_n.size() +
               L.qa_rstd.size() + L.q.size() + L.kv_c.size() + L.kv_n.size() + L.kv_rstd.size() +
               L.kpe.size() + L.kvb.size() + L.k.size() + L.v.size() + L.att.size() +
-              L.att_lse.size() + L.att_v.size() + L.x_mid.size() + L.ln2.size() +
-              L.ln2_rstd.size() + L.gate.size() + L.up.size() + L.hidden.size() + L.router.size() +
-              L.expert_gate.size() + L.expert_up.size() + L.expert_hidden.size() +
-              L.expert_out.size() + L.rows.size() + L.weights.size() + L.expert_received.size();
+              L.att_lse.size() + L.x_mid.size() + L.ln2.size() + L.ln2_rstd.size() + L.gate.size() +
+              L.up.size() + L.hidden.size() + L.router.size() + L.expert_gate.size() +
+              L.expert_up.size() + L.expert_hidden.size() + L.expert_out.size() + L.rows.size() +
+              L.weights.size() + L.expert_received.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
             b.head_chunk.size() + b.losses.size() + b.lse.size() + b.rope_cos.size() +
             b.rope_sin.size() + b.tokens.size() + b.targets.size() + b.loss_weights.size() +
             b.dx.size() + b.dln.size() + b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() +
-            b.datt_v.size() + b.dkvb.size() + b.dkv_n.size() + b.dkv_c.size() + b.dkpe.size() +
-            b.dqa_n.size() + b.dqa.size() + b.dgate.size() + b.dup.size() + b.dhidden.size() +
-            b.expert_in.size() + b.dexpert_gate.size() + b.dexpert_up.size() +
-            b.dexpert_hidden.size() + b.dexpert_out.size() + b.dexpert_in.size() +
-            b.drouter.size() + b.dweights.size() + b.expert_result.size() +
-            b.dexpert_received.size() + b.dexpert_result.size() + b.expert_grads_other.size();
+            b.dkvb.size() + b.dkv_n.size() + b.dkv_c.size() + b.dkpe.size() + b.dqa_n.size() +
+            b.dqa.size() + b.dgate.size() + b.dup.size() + b.dhidden.size() + b.expert_in.size() +
+            b.dexpert_gate.size() + b.dexpert_up.size() + b.dexpert_hidden.size() +
+            b.dexpert_out.size() + b.dexpert_in.size() + b.drouter.size() + b.dweights.size() +
+            b.expert_result.size() + b.dexpert_received.size() + b.dexpert_result.size() +
+            b.expert_grads_other.size();
   return floats * sizeof(float);
 }
 
@@ -404,15 +402,14 @@ void DeepSeekV3Model::AttentionForward(int64_t l, const float* w) {
   be.MatmulForward(L.kvb.data(), L.kv_n.data(), w + o.kv_b, N, Rkv, H * (Dn + Dv));
   be.RopeForwardStrided(L.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq, Dn);
   be.RopeForward(L.kpe.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, 1, Dr);
-  // key = [k_nope | k_pe] per head, v at the key's width (zeros after Dv, never written).
+  // key = [k_nope | k_pe] per head; the values at their own width (HeadDims).
   be.CopyColumns(L.k.data(), Dq, L.kvb.data(), Dn + Dv, N * H, Dn, false);
   for (int64_t h = 0; h < H; ++h)
     be.CopyColumns(L.k.data() + h * Dq + Dn, H * Dq, L.kpe.data(), Dr, N, Dr, false);
-  be.CopyColumns(L.v.data(), Dq, L.kvb.data() + Dn, Dn + Dv, N * H, Dv, false);
+  be.CopyColumns(L.v.data(), Dv, L.kvb.data() + Dn, Dn + Dv, N * H, Dv, false);
   be.AttentionForward(L.att.data(), L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H,
-                      H, Dq);
-  be.CopyColumns(L.att_v.data(), Dv, L.att.data(), Dq, N * H, Dv, false);
-  be.MatmulForward(L.x_mid.data(), L.att_v.data(), w + o.o, N, H * Dv, C);
+                      H, HeadDims(Dq, Dv));
+  be.MatmulForward(L.x_mid.data(), L.att.data(), w + o.o, N, H * Dv, C);
   be.Add(L.x_mid.data(), L.x_in.data(), N * C);
 }
 
@@ -797,15 +794,15 @@ void DeepSeekV3Model::AttentionBackward(int64_t l, const float* w, float* g) {
   const int64_t Rkv = c.kv_lora_rank;
   const float* ln1 = L.ln1.data();
   // dx holds d x_mid.
-  be.MatmulBackward(b.datt_v.data(), g + o.o, b.dx.data(), L.att_v.data(), w + o.o, N, H * Dv, C,
-                    false, false);
-  be.CopyColumns(b.datt.data(), Dq, b.datt_v.data(), Dv, N * H, Dv, false);  // the rest stays 0
+  be.MatmulBackward(b.datt.data(), g + o.o, b.dx.data(), L.att.data(), w + o.o, N, H * Dv, C, false,
+                    false);
   be.AttentionBackward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), L.att.data(),
-                       L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H, H, Dq);
+                       L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H, H,
+                       HeadDims(Dq, Dv));
   be.RopeBackwardStrided(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq, Dn);
   // [k_nope | v] per head back to kv_b's output; k_pe's gradient summed over the heads in order.
   be.CopyColumns(b.dkvb.data(), Dn + Dv, b.dk.data(), Dq, N * H, Dn, false);
-  be.CopyColumns(b.dkvb.data() + Dn, Dn + Dv, b.dv.data(), Dq, N * H, Dv, false);
+  be.CopyColumns(b.dkvb.data() + Dn, Dn + Dv, b.dv.data(), Dv, N * H, Dv, false);
   for (int64_t h = 0; h < H; ++h)
     be.CopyColumns(b.dkpe.data(), Dr, b.dk.data() + h * Dq + Dn, H * Dq, N, Dr, h > 0);
   be.RopeBackward(b.dkpe.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, 1, Dr);

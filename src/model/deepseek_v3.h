@@ -22,9 +22,8 @@
 // Hugging Face mapping (deepseek_v3_hf.cc) permutes those rows to this layout when it reads such
 // a folder (the scores do not change) and exports with rope_interleave = false.
 //
-// The attention kernel takes one head width: v is carried at Dq, its last Dq - Dv values zero
-// (as transformers pads v for flash attention), so the P V product costs Dq / Dv of the minimum,
-// and v_head_dim <= qk_nope_head_dim + qk_rope_head_dim is required.
+// The attention kernel takes the two head widths (HeadDims): q and k at Dq, v and the output at
+// Dv, either larger (no padding of v to Dq, as transformers does for flash attention).
 #pragma once
 
 #include <cstddef>

@@ -91,11 +91,6 @@ std::string CheckDeepSeekV3Config(const DeepSeekV3Config& m) {
   if (m.qk_rope_head_dim % 2 != 0)
     return fmt("model.qk_rope_head_dim (%lld) must be even for rotary embeddings",
                m.qk_rope_head_dim);
-  if (m.v_head_dim > m.qk_head_dim())
-    return fmt(
-        "model.v_head_dim (%lld) is larger than qk_nope_head_dim + qk_rope_head_dim (%lld): "
-        "this MLA carries v at the query/key head width; lower v_head_dim",
-        m.v_head_dim, m.qk_head_dim());
   if (m.n_routed_experts % m.n_group != 0)
     return fmt("model.n_routed_experts (%lld) must be divisible by model.n_group (%lld)",
                m.n_routed_experts, m.n_group);

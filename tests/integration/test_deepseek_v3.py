@@ -34,6 +34,8 @@ VARIANTS = {
         "q_lora_rank": 0, "n_shared_experts": 0, "norm_topk_prob": False, "n_group": 1, "topk_group": 1,
         "tie_embeddings": True, "v_head_dim": 24, "routed_scaling_factor": 1.0},
     "all-moe-top3": {"first_k_dense_replace": 0, "num_experts_per_tok": 3, "n_shared_experts": 2},
+    # Value heads wider than the query/key heads (40 against 16 + 8): the attention's two widths.
+    "wide-values": {"v_head_dim": 40},
     # DeepSeek-V3's sequence-wise balance loss, alpha large enough that its router gradient shows.
     "sequence-balance-loss": {"aux_loss_alpha": 0.1},
 }

@@ -177,16 +177,16 @@ class CudaBackend : public ComputeBackend, protected Workspace {
     cuda::RopeBackward(stream_, dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
     Timed timed(*this, kernels::AttentionForwardCost(B, T, H, KV, D));
-    cuda::AttentionForward(stream_, bf16(), out, lse, q, k, v, B, T, H, KV, D);
+    cuda::AttentionForward(stream_, bf16(), out, lse, q, k, v, B, T, H, KV, OneHeadWidth(D));
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
     Timed timed(*this, kernels::AttentionBackwardCost(B, T, H, KV, D));
     cuda::AttentionBackward(stream_, *this, bf16(), dq, dk, dv, dout, out, lse, q, k, v, B, T, H,
-                            KV, D);
+                            KV, OneHeadWidth(D));
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {
@@ -316,13 +316,14 @@ class PortableCudaBackend final : public CudaBackend {
     PortableRope(stream(), dx, cos_table, sin_table, B, T, heads, D, -1.0f);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    PortableAttentionForward(stream(), out, lse, q, k, v, B, T, H, KV, D);
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+    PortableAttentionForward(stream(), out, lse, q, k, v, B, T, H, KV, OneHeadWidth(D));
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    PortableAttentionBackward(stream(), *this, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+    PortableAttentionBackward(stream(), *this, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV,
+                              OneHeadWidth(D));
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {

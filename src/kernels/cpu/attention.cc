@@ -203,17 +203,18 @@ void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, 
 // diagonal tile they skip the outputs and terms the causal mask zeroes.
 class MicroForward {
  public:
-  MicroForward(int64_t T, int64_t D, bool round)
+  MicroForward(int64_t T, int64_t D, int64_t Dv, bool round)
       : T_(T),
         D_(D),
+        Dv_(Dv),
         ldt_(TransposedStride(T)),
         round_(round),
         key_t_(D * ldt_),
-        v_head_(T * D),
+        v_head_(T * Dv),
         q_tile_(kTile * D) {}
-  void Head(const float* K, const float* V, int64_t ldk) {
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
     PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
-    TileOperand(V, ldk, T_, D_, round_, v_head_.data());
+    TileOperand(V, ldv, T_, Dv_, round_, v_head_.data());
   }
   void Query(const float* Q, int64_t ldq, int64_t rows) {
     TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
@@ -223,61 +224,63 @@ class MicroForward {
                   scale, c0 == r0 ? TileCausal::kOutputsUpToRow : TileCausal::kNone});
   }
   void AddValues(const float* S, float* acc, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
-    tile_product({S, kTile, 1, v_head_.data() + c0 * D_, D_, acc, D_, rows, D_, cols, c0 != 0, 1.0f,
-                  c0 == r0 ? TileCausal::kInnerUpToRow : TileCausal::kNone});
+    tile_product({S, kTile, 1, v_head_.data() + c0 * Dv_, Dv_, acc, Dv_, rows, Dv_, cols, c0 != 0,
+                  1.0f, c0 == r0 ? TileCausal::kInnerUpToRow : TileCausal::kNone});
   }
 
  private:
-  int64_t T_, D_, ldt_;
+  int64_t T_, D_, Dv_, ldt_;
   bool round_;
-  std::vector<float> key_t_, v_head_, q_tile_;  // K^T (D x ldt), V (T x D), the query tile
+  std::vector<float> key_t_, v_head_, q_tile_;  // K^T (D x ldt), V (T x Dv), the query tile
 };
 
 class MicroBackward {
  public:
-  MicroBackward(int64_t T, int64_t D, bool round)
+  MicroBackward(int64_t T, int64_t D, int64_t Dv, bool round)
       : T_(T),
         D_(D),
+        Dv_(Dv),
         ldt_(TransposedStride(T)),
         round_(round),
         key_t_(D * ldt_),
-        value_t_(D * ldt_),
+        value_t_(Dv * ldt_),
         k_head_(T * D),
         q_tile_(kTile * D),
-        do_tile_(kTile * D) {}
-  void Head(const float* K, const float* V, int64_t ldk) {
+        do_tile_(kTile * Dv) {}
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
     PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
-    PackHeadTransposed(V, ldk, T_, D_, round_, value_t_.data(), ldt_);
+    PackHeadTransposed(V, ldv, T_, Dv_, round_, value_t_.data(), ldt_);
     TileOperand(K, ldk, T_, D_, round_, k_head_.data());
   }
-  void Query(const float* Q, const float* dO, int64_t ldq, int64_t rows) {
+  void Query(const float* Q, int64_t ldq, const float* dO, int64_t ldo, int64_t rows) {
     TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
-    TileOperand(dO, ldq, rows, D_, round_, do_tile_.data());
+    TileOperand(dO, ldo, rows, Dv_, round_, do_tile_.data());
   }
   void Scores(float* P, float* dS, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
               float scale) {
     const TileCausal outputs = c0 == r0 ? TileCausal::kOutputsUpToRow : TileCausal::kNone;
     tile_product({q_tile_.data(), D_, 1, key_t_.data() + c0, ldt_, P, kTile, rows, cols, D_, false,
                   scale, outputs});
-    tile_product({do_tile_.data(), D_, 1, value_t_.data() + c0, ldt_, dS, kTile, rows, cols, D_,
+    tile_product({do_tile_.data(), Dv_, 1, value_t_.data() + c0, ldt_, dS, kTile, rows, cols, Dv_,
                   false, 1.0f, outputs});
   }
-  void Accumulate(const float* P, const float* dS, float* dV, float* dK, int64_t ldk, float* dQ,
-                  int64_t ldq, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+  void Accumulate(const float* P, const float* dS, float* dV, int64_t ldv, float* dK, int64_t ldk,
+                  float* dQ, int64_t ldq, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
     // The diagonal tile: zero terms of P and dS are skipped.
     const bool diagonal = c0 == r0;
     const TileCausal up_to_row = diagonal ? TileCausal::kInnerUpToRow : TileCausal::kNone,
                      from_row = diagonal ? TileCausal::kInnerFromRow : TileCausal::kNone;
-    tile_product({P, 1, kTile, do_tile_.data(), D_, dV, ldk, cols, D_, rows, true, 1.0f, from_row});
+    tile_product(
+        {P, 1, kTile, do_tile_.data(), Dv_, dV, ldv, cols, Dv_, rows, true, 1.0f, from_row});
     tile_product({dS, 1, kTile, q_tile_.data(), D_, dK, ldk, cols, D_, rows, true, 1.0f, from_row});
     tile_product({dS, kTile, 1, k_head_.data() + c0 * D_, D_, dQ, ldq, rows, D_, cols, c0 != 0,
                   1.0f, up_to_row});
   }
 
  private:
-  int64_t T_, D_, ldt_;
+  int64_t T_, D_, Dv_, ldt_;
   bool round_;
-  // K^T, V^T (D x ldt), K (T x D), the query tile's Q and dO
+  // K^T (D x ldt), V^T (Dv x ldt), K (T x D), the query tile's Q and dO
   std::vector<float> key_t_, value_t_, k_head_, q_tile_, do_tile_;
 };
 
@@ -302,7 +305,9 @@ struct Pairs {
 // Holds this thread's tile configuration from construction to destruction.
 class AmxForward {
  public:
-  AmxForward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+  // Value heads as wide as the query heads only (attention_forward falls back otherwise).
+  AmxForward(int64_t T, int64_t D, int64_t /*Dv: D*/, bool /*round: always*/)
+      : T_(T), D_(D), d_pairs_((D + 1) / 2) {
     key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     value_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
     query_.Size(RoundUp32(kTile), RoundUp16(d_pairs_));
@@ -312,9 +317,9 @@ class AmxForward {
   ~AmxForward() { amx_tiles_end(); }
   AmxForward(const AmxForward&) = delete;
   AmxForward& operator=(const AmxForward&) = delete;
-  void Head(const float* K, const float* V, int64_t ldk) {
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
     pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
-    pack_pairs_columns(V, ldk, T_, D_, value_.words, value_.ld);
+    pack_pairs_columns(V, ldv, T_, D_, value_.words, value_.ld);
   }
   void Query(const float* Q, int64_t ldq, int64_t rows) {
     pack_pairs_rows(Q, ldq, rows, D_, query_.words, query_.ld);
@@ -338,7 +343,8 @@ class AmxForward {
 
 class AmxBackward {
  public:
-  AmxBackward(int64_t T, int64_t D, bool /*round: always*/) : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+  AmxBackward(int64_t T, int64_t D, int64_t /*Dv: D*/, bool /*round: always*/)
+      : T_(T), D_(D), d_pairs_((D + 1) / 2) {
     key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     value_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     key_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
@@ -350,16 +356,16 @@ class AmxBackward {
   ~AmxBackward() { amx_tiles_end(); }
   AmxBackward(const AmxBackward&) = delete;
   AmxBackward& operator=(const AmxBackward&) = delete;
-  void Head(const float* K, const float* V, int64_t ldk) {
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
     pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
-    pack_pairs_rows_transposed(V, ldk, T_, D_, value_t_.words, value_t_.ld);
+    pack_pairs_rows_transposed(V, ldv, T_, D_, value_t_.words, value_t_.ld);
     pack_pairs_columns(K, ldk, T_, D_, key_.words, key_.ld);
   }
-  void Query(const float* Q, const float* dO, int64_t ldq, int64_t rows) {
+  void Query(const float* Q, int64_t ldq, const float* dO, int64_t ldo, int64_t rows) {
     pack_pairs_rows(Q, ldq, rows, D_, q_a_.words, q_a_.ld);
-    pack_pairs_rows(dO, ldq, rows, D_, do_a_.words, do_a_.ld);
+    pack_pairs_rows(dO, ldo, rows, D_, do_a_.words, do_a_.ld);
     pack_pairs_columns(Q, ldq, rows, D_, q_b_.words, q_b_.ld);
-    pack_pairs_columns(dO, ldq, rows, D_, do_b_.words, do_b_.ld);
+    pack_pairs_columns(dO, ldo, rows, D_, do_b_.words, do_b_.ld);
   }
   void Scores(float* P, float* dS, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols,
               float scale) {
@@ -369,13 +375,13 @@ class AmxBackward {
     amx_tile_product(do_a_.words, do_a_.ld, value_t_.words + c0, value_t_.ld, d_pairs_, dS, kTile,
                      rows, cols, false);
   }
-  void Accumulate(const float* P, const float* dS, float* dV, float* dK, int64_t ldk, float* dQ,
-                  int64_t ldq, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols) {
+  void Accumulate(const float* P, const float* dS, float* dV, int64_t ldv, float* dK, int64_t ldk,
+                  float* dQ, int64_t ldq, int64_t /*r0*/, int64_t c0, int64_t rows, int64_t cols) {
     const int64_t row_pairs = (rows + 1) / 2;
     pack_pairs_columns_transposed(P, kTile, rows, cols, p_t_.words, p_t_.ld);
     pack_pairs_columns_transposed(dS, kTile, rows, cols, ds_t_.words, ds_t_.ld);
     pack_pairs_rows(dS, kTile, rows, cols, ds_a_.words, ds_a_.ld);
-    amx_tile_product(p_t_.words, p_t_.ld, do_b_.words, do_b_.ld, row_pairs, dV, ldk, cols, D_,
+    amx_tile_product(p_t_.words, p_t_.ld, do_b_.words, do_b_.ld, row_pairs, dV, ldv, cols, D_,
                      true);
     amx_tile_product(ds_t_.words, ds_t_.ld, q_b_.words, q_b_.ld, row_pairs, dK, ldk, cols, D_,
                      true);
@@ -391,22 +397,22 @@ class AmxBackward {
 
 template <class Tiles>
 void Forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-             int64_t T, int64_t H, int64_t KV, int64_t D, bool round) {
+             int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t ldq = H * D, ldk = KV * D, ldo = H * Dv, ldv = KV * Dv;
 #pragma omp parallel
   {
-    Tiles tiles(T, D, round);
+    Tiles tiles(T, D, Dv, round);
     // S: scores, then probabilities of one tile; acc: the unnormalised output of one query tile.
-    std::vector<float> S(kTile * kTile), acc(kTile * D), run_max(kTile), run_sum(kTile);
+    std::vector<float> S(kTile * kTile), acc(kTile * Dv), run_max(kTile), run_sum(kTile);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
       const float* Q = q + b * T * ldq + h * D;
-      float* O = out + b * T * ldq + h * D;
+      float* O = out + b * T * ldo + h * Dv;
       float* L = lse + bh * T;
-      tiles.Head(k + b * T * ldk + g * D, v + b * T * ldk + g * D, ldk);
+      tiles.Head(k + b * T * ldk + g * D, ldk, v + b * T * ldv + g * Dv, ldv);
       for (int64_t r0 = 0; r0 < T; r0 += kTile) {
         const int64_t rows = std::min(kTile, T - r0);
         tiles.Query(Q + r0 * ldq, ldq, rows);
@@ -414,12 +420,12 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
           const int64_t cols = std::min(kTile, T - c0);
           tiles.Scores(S.data(), r0, c0, rows, cols, scale);
           OnlineSoftmax(S.data(), rows, cols, r0, c0, round, run_max.data(), run_sum.data(),
-                        acc.data(), D);
+                        acc.data(), Dv);
           tiles.AddValues(S.data(), acc.data(), r0, c0, rows, cols);
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / run_sum[i];
-          for (int64_t d = 0; d < D; ++d) O[(r0 + i) * ldq + d] = acc[i * D + d] * inv;
+          for (int64_t d = 0; d < Dv; ++d) O[(r0 + i) * ldo + d] = acc[i * Dv + d] * inv;
           L[r0 + i] = run_max[i] + std::log(run_sum[i]);
         }
       }
@@ -430,13 +436,13 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 template <class Tiles>
 void Backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
               const float* lse, const float* q, const float* k, const float* v, int64_t B,
-              int64_t T, int64_t H, int64_t KV, int64_t D, bool round) {
+              int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+  const int64_t ldq = H * D, ldk = KV * D, ldo = H * Dv, ldv = KV * Dv;
 #pragma omp parallel
   {
-    Tiles tiles(T, D, round);
+    Tiles tiles(T, D, Dv, round);
     // P: recomputed probabilities of one tile; dS: dP = dO V^T, then the score gradient;
     // delta: rowsum(dO * O) of the query tile.
     std::vector<float> P(kTile * kTile), dS(kTile * kTile), delta(kTile);
@@ -444,30 +450,30 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* o
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
       float* dK = dk + b * T * ldk + g * D;
-      float* dV = dv + b * T * ldk + g * D;
+      float* dV = dv + b * T * ldv + g * Dv;
       for (int64_t t = 0; t < T; ++t) {
         std::memset(dK + t * ldk, 0, D * sizeof(float));
-        std::memset(dV + t * ldk, 0, D * sizeof(float));
+        std::memset(dV + t * ldv, 0, Dv * sizeof(float));
       }
-      tiles.Head(k + b * T * ldk + g * D, v + b * T * ldk + g * D, ldk);
+      tiles.Head(k + b * T * ldk + g * D, ldk, v + b * T * ldv + g * Dv, ldv);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const float* Q = q + b * T * ldq + h * D;
-        const float* dO = dout + b * T * ldq + h * D;
-        const float* O = out + b * T * ldq + h * D;
+        const float* dO = dout + b * T * ldo + h * Dv;
+        const float* O = out + b * T * ldo + h * Dv;
         const float* L = lse + (b * H + h) * T;
         float* dQ = dq + b * T * ldq + h * D;
         for (int64_t r0 = 0; r0 < T; r0 += kTile) {
           const int64_t rows = std::min(kTile, T - r0);
           for (int64_t i = 0; i < rows; ++i)
-            delta[i] = lane_dot(dO + (r0 + i) * ldq, O + (r0 + i) * ldq, D);
-          tiles.Query(Q + r0 * ldq, dO + r0 * ldq, ldq, rows);
+            delta[i] = lane_dot(dO + (r0 + i) * ldo, O + (r0 + i) * ldo, Dv);
+          tiles.Query(Q + r0 * ldq, ldq, dO + r0 * ldo, ldo, rows);
           for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
             const int64_t cols = std::min(kTile, T - c0);
             tiles.Scores(P.data(), dS.data(), r0, c0, rows, cols, scale);
             ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, round, L + r0, delta.data(),
                           scale);
-            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldk, dK + c0 * ldk, ldk, dQ + r0 * ldq,
-                             ldq, r0, c0, rows, cols);
+            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldv, ldv, dK + c0 * ldk, ldk,
+                             dQ + r0 * ldq, ldq, r0, c0, rows, cols);
           }
         }
       }
@@ -477,24 +483,27 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* o
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands,
                        Bf16Gemm products) {
   ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
-  if (bf16_operands && products == Bf16Gemm::kAmx)
-    Forward<AmxForward>(out, lse, q, k, v, B, T, H, KV, D, true);
+  // The AMX tiles have one head width: value heads of another width take the micro-kernels (the
+  // same roundings).
+  if (bf16_operands && products == Bf16Gemm::kAmx && D.v == D.qk)
+    Forward<AmxForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, true);
   else
-    Forward<MicroForward>(out, lse, q, k, v, B, T, H, KV, D, bf16_operands);
+    Forward<MicroForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, bf16_operands);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands,
+                        int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands,
                         Bf16Gemm products) {
   ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
-  if (bf16_operands && products == Bf16Gemm::kAmx)
-    Backward<AmxBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, true);
+  if (bf16_operands && products == Bf16Gemm::kAmx && D.v == D.qk)
+    Backward<AmxBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v, true);
   else
-    Backward<MicroBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16_operands);
+    Backward<MicroBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v,
+                            bf16_operands);
 }
 
 }  // namespace crucible::kernels

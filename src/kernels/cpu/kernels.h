@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/head_dims.h"
 
 namespace crucible::kernels {
 
@@ -134,8 +135,9 @@ void scatter_add_rows(float* dx, const float* drows, const int32_t* rows, int64_
                       int64_t C);
 
 // ---- causal grouped-query attention (flash style, kernels/cpu/attention.cc) ----
-// q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), lse (B,H,T): the log-sum-exp of each query row's
-// scaled causal scores, all the backward pass keeps of the softmax (no (T,T) matrix is stored).
+// q (B,T,H,D.qk), k (B,T,KV,D.qk), v (B,T,KV,D.v) -> out (B,T,H,D.v), lse (B,H,T): the
+// log-sum-exp of each query row's causal scores scaled by 1/sqrt(D.qk), all the backward pass
+// keeps of the softmax (no (T,T) matrix is stored). D: one width for both, or two (MLA).
 // Query head h reads kv head h / (H/KV). Scratch is a few 64x64 tiles per thread, internal.
 // bf16_operands: every operand of every product (Q, K, V, dO, the probabilities, the score
 // gradient) rounded to bf16, fp32 accumulation (compute/backend.h "Precision"; attention.cc).
@@ -143,13 +145,13 @@ void scatter_add_rows(float* dx, const float* drows, const int32_t* rows, int64_
 // on AMX (gemm_bf16.h's amx_tile_product) instead of the fp32 micro-kernels on rounded copies:
 // the same roundings, its own sums.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
                        bool bf16_operands = false, Bf16Gemm products = Bf16Gemm::kOff);
-// dout (B,T,H,D), and out, lse of the forward pass -> dq (B,T,H,D), dk, dv (B,T,KV,D), all
-// overwritten. The probabilities are recomputed tile by tile from q, k and lse.
+// dout (B,T,H,D.v), and out, lse of the forward pass -> dq (B,T,H,D.qk), dk (B,T,KV,D.qk), dv
+// (B,T,KV,D.v), all overwritten. The probabilities are recomputed tile by tile from q, k and lse.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16_operands = false,
+                        int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands = false,
                         Bf16Gemm products = Bf16Gemm::kOff);
 
 // ---- SwiGLU ----

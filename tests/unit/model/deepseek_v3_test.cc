@@ -164,7 +164,6 @@ TEST(DeepSeekV3, RefusesWhatItCannotBuildInOneLineWithExitTwo) {
       {{"model.topk_group=3"}, "model.topk_group (3) is larger than model.n_group (2)"},
       {{"model.kv_lora_rank=200"}, "model.kv_lora_rank (200) is larger than model.dim (128)"},
       {{"model.q_lora_rank=129"}, "model.q_lora_rank (129) is larger than model.dim (128)"},
-      {{"model.v_head_dim=49"}, "model.v_head_dim (49) is larger than qk_nope_head_dim"},
       {{"model.qk_rope_head_dim=7"}, "model.qk_rope_head_dim (7) must be even"},
       {{"model.first_k_dense_replace=3"}, "model.first_k_dense_replace (3) must be between 0"},
       {{"model.flavor=1b"}, "model.flavor: unknown deepseek_v3 flavor '1b'"},

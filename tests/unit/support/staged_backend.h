@@ -101,17 +101,18 @@ class StagedBackend final : public ComputeBackend {
     cpu_->RopeBackward(dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    Check(out, 4 * B * T * H * D), Check(lse, 4 * B * H * T), Check(q, 4 * B * T * H * D);
-    Check(k, 4 * B * T * KV * D), Check(v, 4 * B * T * KV * D);
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+    Check(out, 4 * B * T * H * D.v), Check(lse, 4 * B * H * T), Check(q, 4 * B * T * H * D.qk);
+    Check(k, 4 * B * T * KV * D.qk), Check(v, 4 * B * T * KV * D.v);
     cpu_->AttentionForward(out, lse, q, k, v, B, T, H, KV, D);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
-    Check(dq, 4 * B * T * H * D), Check(dk, 4 * B * T * KV * D), Check(dv, 4 * B * T * KV * D);
-    Check(dout, 4 * B * T * H * D), Check(out, 4 * B * T * H * D), Check(lse, 4 * B * H * T);
-    Check(q, 4 * B * T * H * D), Check(k, 4 * B * T * KV * D), Check(v, 4 * B * T * KV * D);
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+    Check(dq, 4 * B * T * H * D.qk), Check(dk, 4 * B * T * KV * D.qk);
+    Check(dv, 4 * B * T * KV * D.v), Check(dout, 4 * B * T * H * D.v);
+    Check(out, 4 * B * T * H * D.v), Check(lse, 4 * B * H * T), Check(q, 4 * B * T * H * D.qk);
+    Check(k, 4 * B * T * KV * D.qk), Check(v, 4 * B * T * KV * D.v);
     cpu_->AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
