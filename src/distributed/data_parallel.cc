@@ -210,39 +210,39 @@ void DataParallel::CheckConsistentHash(uint64_t mine, int64_t step, const char* 
               kExitFailure);
 }
 
+namespace {
+// Ring algorithms: a reduce-scatter and an all-gather each send (ranks-1)/ranks of the buffer.
+// The sums travel as `wire` bytes each (the narrow formats when they fit, the usual case),
+// preceded by the all-reduce of two bytes per block of ExactGrid::kBlock that agrees on them.
+size_t DescribeBytes(size_t elements, int wire) {
+  return wire < 16 ? 2 * 2 * elements / ExactGrid::kBlock : 0;
+}
+}  // namespace
+
 size_t DataParallel::CommunicatedBytesPerStep(int64_t micro_batches) const {
-  // Expert parallelism: the shared elements' all-reduce over the expert group first (per step,
-  // per micro-batch under ZeRO-3), a ring all-reduce of their sums.
+  const size_t wire = static_cast<size_t>(exact_.wire_bytes());
+  // Expert parallelism: the shared elements' exact all-reduce over the expert group first (per
+  // step, per micro-batch under ZeRO-3).
   size_t shared = 0;
   if (shared_exact_) {
     const size_t group = static_cast<size_t>(shared_exact_->group().size());
     size_t elements = 0;
     for (const Range& r : shared_) elements += r.size();
-    const size_t describe = exact_.wire_bytes() < 16 ? 2 * 2 * elements / ExactGrid::kBlock : 0;
-    shared = (2 * exact_.wire_bytes() * elements + describe) * (group - 1) / group *
-             static_cast<size_t>(zero_stage_ == 3 ? micro_batches : 1);
+    shared = (2 * wire * elements + DescribeBytes(elements, exact_.wire_bytes())) * (group - 1) /
+             group * static_cast<size_t>(zero_stage_ == 3 ? micro_batches : 1);
   }
   const size_t world = static_cast<size_t>(comm_.size());
   if (world == 1) return shared;
-  return shared + ReplicaBytesPerStep(micro_batches);
-}
-
-size_t DataParallel::ReplicaBytesPerStep(int64_t micro_batches) const {
-  const size_t world = static_cast<size_t>(comm_.size());
-  // Ring algorithms: reduce-scatter and all-gather each send (world-1)/world of the buffer. The
-  // sums travel as exact_.wire_bytes() each (the narrow formats when they fit, the usual case),
-  // preceded by the all-reduce of two bytes per block of ExactGrid::kBlock that agrees on them.
-  const size_t padded = padded_size();
-  const size_t describe = exact_.wire_bytes() < 16 ? 2 * 2 * padded / ExactGrid::kBlock : 0;
-  const size_t all_reduce = 2 * exact_.wire_bytes() * padded + describe;
-  const size_t reduce_scatter = exact_.wire_bytes() * padded + describe;
-  if (zero_stage_ == 0) return all_reduce * (world - 1) / world;
-  if (zero_stage_ == 1) return (reduce_scatter + 4 * padded) * (world - 1) / world;
+  const size_t padded = padded_size(), describe = DescribeBytes(padded, exact_.wire_bytes());
+  const size_t all_reduce = 2 * wire * padded + describe;
+  const size_t reduce_scatter = wire * padded + describe;
+  if (zero_stage_ == 0) return shared + all_reduce * (world - 1) / world;
+  if (zero_stage_ == 1) return shared + (reduce_scatter + 4 * padded) * (world - 1) / world;
   // Stage 3, per micro-batch: the gradient reduce-scatter, and each unit's parameters gathered
   // for the forward and again for the backward pass (an upper bound: units still cached from
   // the forward pass, the tail and the last layer, are not gathered again).
-  return static_cast<size_t>(micro_batches) * (reduce_scatter + 2 * 4 * padded) * (world - 1) /
-         world;
+  return shared + static_cast<size_t>(micro_batches) * (reduce_scatter + 2 * 4 * padded) *
+                      (world - 1) / world;
 }
 
 size_t DataParallel::Fp32RingBytesPerStep() const {

@@ -51,6 +51,9 @@ class DataParallel {
   void SetExpertParallel(Communicator& batch, Communicator& experts, std::vector<Range> shared);
   // The ranks whose micro-batches make a step: `batch` above, else the data-parallel group.
   Communicator& batch() { return *batch_; }
+  // True when some gradient sums take other ranks' contributions beyond the data-parallel
+  // group's (expert parallelism over more than one rank).
+  bool expert_parallel() const { return shared_exact_ != nullptr; }
   // sums[i - begin], i in [begin, end): the shared elements' exact sums over the expert-parallel
   // group, in place (blocking; nothing without expert parallelism). Every rank of the group
   // calls it for the same ranges in the same order.
@@ -107,10 +110,9 @@ class DataParallel {
   // (`what`, for the message).
   void CheckConsistentHash(uint64_t mine, int64_t step, const char* what);
   // Bytes this rank sends per step for the gradient reduction and parameter gathers (model of
-  // ring algorithms; ZeRO-3 reduce-scatters once per micro-batch).
+  // ring algorithms; ZeRO-3 reduce-scatters once per micro-batch), expert parallelism's shared
+  // sums included.
   size_t CommunicatedBytesPerStep(int64_t micro_batches = 1) const;
-  // Of that, over the data-parallel group (without expert parallelism's shared sums).
-  size_t ReplicaBytesPerStep(int64_t micro_batches = 1) const;
   // The minimum of an fp32 ring all-reduce of the gradient, 2 (R-1)/R 4 P bytes: what the
   // exact formats are measured against.
   size_t Fp32RingBytesPerStep() const;

@@ -122,16 +122,16 @@ ShardedAccess::ShardedAccess(const ParameterTable& table, DataParallel& data_par
     r.receive.resize(std::max<size_t>(1, std::min(piece, shard_size_)));
   }
   shard_sum_.assign(shard_size_, 0);
-  // AddGradient's: the experts of one unit (their tensors are consecutive in a unit).
-  size_t block = 0;
-  for (size_t u = 0; u < units.size(); ++u) {
-    size_t experts = 0;
-    for (const ParamInfo& p : table.params())
-      if (p.expert >= 0 && p.offset >= units[u].begin && p.offset < units[u].end)
-        experts += p.numel;
-    block = std::max(block, experts);
-  }
-  if (data_parallel.batch().size() > data_parallel.comm().size()) {  // expert parallelism
+  // AddGradient's (expert parallelism): the experts of one unit, the largest; a unit's expert
+  // tensors are consecutive, and the table's tensors are in unit order.
+  if (data_parallel.expert_parallel()) {
+    std::vector<size_t> experts(units.size(), 0);
+    size_t u = 0;
+    for (const ParamInfo& p : table.params()) {
+      while (u + 1 < units.size() && p.offset >= units[u].end) ++u;
+      if (p.expert >= 0) experts[u] += p.numel;
+    }
+    const size_t block = *std::max_element(experts.begin(), experts.end());
     extra_.resize(block);
     extra_one_.resize(block);
   }

@@ -80,21 +80,6 @@ struct DeepSeekV3Model::Buffers {
 
 namespace {
 
-// `base` + each expert's gate_proj, up_proj and down_proj offsets (each `size` floats, in that
-// order from o.expert[e]).
-template <typename T, typename Tensors>
-void ExpertPointers(T* base, const std::vector<size_t>& expert, size_t size, Tensors* out) {
-  const size_t E = expert.size();
-  out->gate.resize(E);
-  out->up.resize(E);
-  out->down.resize(E);
-  for (size_t e = 0; e < E; ++e) {
-    out->gate[e] = base + expert[e];
-    out->up[e] = base + expert[e] + size;
-    out->down[e] = base + expert[e] + 2 * size;
-  }
-}
-
 // The floats of each buffer of Buffers, in one place for the model and its plan.
 struct BufferPlan {
   double layer_attention = 0, dense_ffn = 0, moe_ffn = 0, rest = 0;
@@ -466,10 +451,10 @@ void DeepSeekV3Model::FfnForward(int64_t l, const float* w, float* x_out) {
 
 namespace {
 
-// The experts' weight (or gradient) pointers of an expert owner's groups, source-major: group
-// s El + e is its expert e's (`expert`: the offsets of the El experts it holds), for every
-// source s of `sources`; `other` (not null) gives the source's group its own gradient buffers
-// instead, except for source `self`.
+// The experts' weight (or gradient) pointers of the grouped products' groups, source-major:
+// group s El + e is this rank's expert e's (`expert`: the offsets of the El experts it holds),
+// for every source s of `sources` (1 without expert parallelism); `other` (not null) gives a
+// source's group its own gradient buffers instead, except for source `self`'s.
 template <typename T, typename Tensors>
 void GroupPointers(T* base, const std::vector<size_t>& expert, size_t size, int64_t El, int sources,
                    int self, T* other, Tensors* out) {
@@ -502,42 +487,34 @@ void DeepSeekV3Model::ExpertsForward(int64_t l, const float* w) {
   Buffers::Layer& L = b.layers[l];
   ComputeBackend& be = *backend_;
   const DeepSeekV3Config& c = config_;
-  const LayerOffsets& o = layers_[l];
-  const int64_t C = c.dim, Fm = c.moe_intermediate_size, E = c.n_routed_experts;
-  const MoeRouting& r = L.routing;
-  if (!experts_) {
-    // The experts' products, each one grouped GEMM over the expert-sorted rows.
-    ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
-    const int64_t* begin = r.expert_begin.data();
-    const int64_t NK = B_ * T_ * c.num_experts_per_tok;
-    be.GroupedMatmulForward(L.expert_gate.data(), b.expert_in.data(), b.expert_w.gate.data(), begin,
-                            E, C, Fm);
-    be.GroupedMatmulForward(L.expert_up.data(), b.expert_in.data(), b.expert_w.up.data(), begin, E,
-                            C, Fm);
-    be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), NK, Fm);
-    be.GroupedMatmulForward(L.expert_out.data(), L.expert_hidden.data(), b.expert_w.down.data(),
-                            begin, E, Fm, C);
-    return;
+  const int64_t C = c.dim, Fm = c.moe_intermediate_size;
+  // This rank's expert-sorted rows, one group per expert; under expert parallelism they go to
+  // their experts' owners first, and the owner runs one group per (source, expert) of what it
+  // received (each group alone: the bits of degree 1) and sends the results back.
+  const float* rows = b.expert_in.data();
+  const int64_t* begin = L.routing.expert_begin.data();
+  float* out = L.expert_out.data();
+  int sources = 1, self = 0;
+  if (experts_) {
+    ExpertParallelOps& ep = *experts_;
+    L.dispatch = ep.Plan(begin, LayerWhat("row counts", l).c_str());
+    ep.Dispatch(L.dispatch, rows, L.expert_received.data(), C, LayerWhat("dispatch", l).c_str());
+    rows = L.expert_received.data();
+    begin = L.dispatch.begin.data();
+    out = b.expert_result.data();
+    sources = ep.degree();
+    self = ep.rank();
   }
-  // Expert parallelism: this rank's rows to their experts' owners, the owner's products over
-  // every source's groups (each group alone: the bits of degree 1), the results back.
-  ExpertParallelOps& ep = *experts_;
-  L.dispatch = ep.Plan(r.expert_begin.data(), LayerWhat("row counts", l).c_str());
-  ep.Dispatch(L.dispatch, b.expert_in.data(), L.expert_received.data(), C,
-              LayerWhat("dispatch", l).c_str());
-  GroupPointers(w, o.expert, static_cast<size_t>(Fm * C), ep.local_experts(), ep.degree(),
-                ep.rank(), static_cast<const float*>(nullptr), &b.expert_w);
-  const int64_t G = ep.degree() * ep.local_experts(), M = L.dispatch.received();
-  const int64_t* begin = L.dispatch.begin.data();
-  be.GroupedMatmulForward(L.expert_gate.data(), L.expert_received.data(), b.expert_w.gate.data(),
-                          begin, G, C, Fm);
-  be.GroupedMatmulForward(L.expert_up.data(), L.expert_received.data(), b.expert_w.up.data(), begin,
-                          G, C, Fm);
+  const int64_t El = static_cast<int64_t>(layers_[l].expert.size()), G = sources * El;
+  const int64_t M = begin[G] - begin[0];
+  GroupPointers(w, layers_[l].expert, static_cast<size_t>(Fm * C), El, sources, self,
+                static_cast<const float*>(nullptr), &b.expert_w);
+  be.GroupedMatmulForward(L.expert_gate.data(), rows, b.expert_w.gate.data(), begin, G, C, Fm);
+  be.GroupedMatmulForward(L.expert_up.data(), rows, b.expert_w.up.data(), begin, G, C, Fm);
   be.SwigluForward(L.expert_hidden.data(), L.expert_gate.data(), L.expert_up.data(), M, Fm);
-  be.GroupedMatmulForward(b.expert_result.data(), L.expert_hidden.data(), b.expert_w.down.data(),
-                          begin, G, Fm, C);
-  ep.Combine(L.dispatch, b.expert_result.data(), L.expert_out.data(), C,
-             LayerWhat("combine", l).c_str());
+  be.GroupedMatmulForward(out, L.expert_hidden.data(), b.expert_w.down.data(), begin, G, Fm, C);
+  if (experts_)
+    experts_->Combine(L.dispatch, out, L.expert_out.data(), C, LayerWhat("combine", l).c_str());
 }
 
 void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
@@ -546,57 +523,53 @@ void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
   Buffers::Layer& L = b.layers[l];
   ComputeBackend& be = *backend_;
   const DeepSeekV3Config& c = config_;
-  const LayerOffsets& o = layers_[l];
-  const int64_t C = c.dim, Fm = c.moe_intermediate_size, E = c.n_routed_experts;
-  if (!experts_) {
-    const int64_t NK = B_ * T_ * c.num_experts_per_tok;
+  const int64_t C = c.dim, Fm = c.moe_intermediate_size;
+  // As ExpertsForward: the output gradients to the owners, the products over the same groups,
+  // the input gradients back. An expert no row of a group chose gets a zero gradient there (the
+  // grouped products write it).
+  const float* dout = b.dexpert_out.data();
+  const float* rows = b.expert_in.data();
+  const int64_t* begin = L.routing.expert_begin.data();
+  float* din = b.dexpert_in.data();
+  float* other = nullptr;  // the other sources' weight gradients, each added by itself below
+  int sources = 1, self = 0;
+  if (experts_) {
+    ExpertParallelOps& ep = *experts_;
+    ep.Dispatch(L.dispatch, dout, b.dexpert_received.data(), C,
+                LayerWhat("gradient dispatch", l).c_str());
+    dout = b.dexpert_received.data();
+    rows = L.expert_received.data();
+    begin = L.dispatch.begin.data();
+    din = b.dexpert_result.data();
+    other = b.expert_grads_other.data();
+    sources = ep.degree();
+    self = ep.rank();
+  } else {
     be.GatherRows(b.expert_in.data(), L.ln2.data(), L.rows.data(), B_ * T_, c.num_experts_per_tok,
                   C);
-    ExpertPointers(w, o.expert, Fm * C, &b.expert_w);
-    ExpertPointers(g, o.expert, Fm * C, &b.expert_g);
-    const int64_t* begin = L.routing.expert_begin.data();
-    // An expert no token chose gets a zero gradient (the grouped products write it).
-    be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(), b.dexpert_out.data(),
-                             L.expert_hidden.data(), b.expert_w.down.data(), begin, E, Fm, C,
-                             false);
-    be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
-                      L.expert_gate.data(), L.expert_up.data(), NK, Fm);
-    be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
-                             b.expert_in.data(), b.expert_w.gate.data(), begin, E, C, Fm, false);
-    be.GroupedMatmulBackward(b.dexpert_in.data(), b.expert_g.up.data(), b.dexpert_up.data(),
-                             b.expert_in.data(), b.expert_w.up.data(), begin, E, C, Fm, true);
-    return;
   }
-  ExpertParallelOps& ep = *experts_;
-  const ExpertDispatch& plan = L.dispatch;
-  ep.Dispatch(plan, b.dexpert_out.data(), b.dexpert_received.data(), C,
-              LayerWhat("gradient dispatch", l).c_str());
-  const size_t size = static_cast<size_t>(Fm * C), per_expert = 3 * size;
-  const int64_t El = ep.local_experts();
-  GroupPointers(w, o.expert, size, El, ep.degree(), ep.rank(), static_cast<const float*>(nullptr),
+  const std::vector<size_t>& expert = layers_[l].expert;
+  const size_t size = static_cast<size_t>(Fm * C);
+  const int64_t El = static_cast<int64_t>(expert.size()), G = sources * El;
+  const int64_t M = begin[G] - begin[0];
+  GroupPointers(w, expert, size, El, sources, self, static_cast<const float*>(nullptr),
                 &b.expert_w);
-  // This rank's tokens' gradients of its experts go to the unit's gradient; the others' to
-  // their own buffers, each added by itself below.
-  float* other = b.expert_grads_other.data();
-  GroupPointers(g, o.expert, size, El, ep.degree(), ep.rank(), other, &b.expert_g);
-  const int64_t G = ep.degree() * El, M = plan.received();
-  const int64_t* begin = plan.begin.data();
-  be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(),
-                           b.dexpert_received.data(), L.expert_hidden.data(),
-                           b.expert_w.down.data(), begin, G, Fm, C, false);
+  GroupPointers(g, expert, size, El, sources, self, other, &b.expert_g);
+  be.GroupedMatmulBackward(b.dexpert_hidden.data(), b.expert_g.down.data(), dout,
+                           L.expert_hidden.data(), b.expert_w.down.data(), begin, G, Fm, C, false);
   be.SwigluBackward(b.dexpert_gate.data(), b.dexpert_up.data(), b.dexpert_hidden.data(),
                     L.expert_gate.data(), L.expert_up.data(), M, Fm);
-  be.GroupedMatmulBackward(b.dexpert_result.data(), b.expert_g.gate.data(), b.dexpert_gate.data(),
-                           L.expert_received.data(), b.expert_w.gate.data(), begin, G, C, Fm,
-                           false);
-  be.GroupedMatmulBackward(b.dexpert_result.data(), b.expert_g.up.data(), b.dexpert_up.data(),
-                           L.expert_received.data(), b.expert_w.up.data(), begin, G, C, Fm, true);
-  ep.Combine(plan, b.dexpert_result.data(), b.dexpert_in.data(), C,
-             LayerWhat("gradient combine", l).c_str());
+  be.GroupedMatmulBackward(din, b.expert_g.gate.data(), b.dexpert_gate.data(), rows,
+                           b.expert_w.gate.data(), begin, G, C, Fm, false);
+  be.GroupedMatmulBackward(din, b.expert_g.up.data(), b.dexpert_up.data(), rows,
+                           b.expert_w.up.data(), begin, G, C, Fm, true);
+  if (!experts_) return;
+  experts_->Combine(L.dispatch, din, b.dexpert_in.data(), C,
+                    LayerWhat("gradient combine", l).c_str());
   const int unit = static_cast<int>(1 + l);
-  const size_t mine = table_.units()[static_cast<size_t>(unit)].begin + o.expert[0];
-  const size_t count = static_cast<size_t>(El) * per_expert;
-  for (int s = 0; s + 1 < ep.degree(); ++s)
+  const size_t mine = table_.units()[static_cast<size_t>(unit)].begin + expert[0];
+  const size_t count = static_cast<size_t>(El) * 3 * size;
+  for (int s = 0; s + 1 < sources; ++s)
     access.AddGradient(unit, mine, mine + count, other + static_cast<size_t>(s) * count);
 }
 

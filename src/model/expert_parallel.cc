@@ -1,7 +1,6 @@
 #include "model/expert_parallel.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/error.h"
 #include "common/profile.h"
@@ -14,7 +13,7 @@ namespace crucible {
 ExpertParallelOps::ExpertParallelOps(const ModelParallelism& parallelism, int64_t experts)
     : parallelism_(parallelism), experts_(experts) {
   const int ep = parallelism.ep_degree;
-  if (ep < 1 || experts % ep != 0 || (ep > 1 && !parallelism.expert_parallel))
+  if (ep < 2 || experts % ep != 0 || !parallelism.expert_parallel)
     throw Error(kExitFailure,
                 StrFormat("internal: %lld experts over an expert-parallel group of %d",
                           (long long)experts, ep));
@@ -34,17 +33,12 @@ ExpertDispatch ExpertParallelOps::Plan(const int64_t* expert_begin, const char* 
     plan.send_first[q] = expert_begin[q * local_] - expert_begin[0];
     plan.send_rows[q] = expert_begin[(q + 1) * local_] - expert_begin[q * local_];
   }
-  if (ep == 1) {
-    received = counts;
-  } else {
+  {
     const Timer timer;
     ScopedKernelTimer profile_timer("expert_parallel_exchange", 0, 8.0 * counts.size());
     parallelism_.expert_parallel->AllToAll(counts.data(), received.data(), El, what);
-    if (ExchangeTraffic* traffic = parallelism_.expert_traffic) {
-      traffic->bytes_received += 8.0 * static_cast<double>(El) * (ep - 1);
-      traffic->seconds += timer.Seconds();
-      ++traffic->exchanges;
-    }
+    if (ExchangeTraffic* traffic = parallelism_.expert_traffic)
+      traffic->Add(8.0 * static_cast<double>(El) * (ep - 1), timer.Seconds());
   }
   plan.receive_rows.assign(ep, 0);
   plan.begin.assign(static_cast<size_t>(ep) * El + 1, 0);
@@ -72,10 +66,6 @@ void ExpertParallelOps::Exchange(const float* send, const std::vector<int64_t>& 
     in.counts.push_back(static_cast<size_t>(receive_rows[q] * width));
     in.offsets.push_back(static_cast<size_t>(receive_first[q] * width));
   }
-  if (ep == 1) {
-    std::memcpy(receive, send, out.counts[0] * sizeof(float));
-    return;
-  }
   double others = 0;
   for (int q = 0; q < ep; ++q)
     if (q != rank()) others += static_cast<double>(in.counts[q]);
@@ -84,11 +74,8 @@ void ExpertParallelOps::Exchange(const float* send, const std::vector<int64_t>& 
     ScopedKernelTimer profile_timer("expert_parallel_exchange", 0, 4.0 * others);
     parallelism_.expert_parallel->AllToAllV(send, out, receive, in, what);
   }
-  if (ExchangeTraffic* traffic = parallelism_.expert_traffic) {
-    traffic->bytes_received += 4.0 * others;
-    traffic->seconds += timer.Seconds();
-    ++traffic->exchanges;
-  }
+  if (ExchangeTraffic* traffic = parallelism_.expert_traffic)
+    traffic->Add(4.0 * others, timer.Seconds());
 }
 
 namespace {

@@ -35,13 +35,12 @@ struct ExpertDispatch {
 
 class ExpertParallelOps {
  public:
-  // `experts`: the routed experts of a MoE layer (ep_degree divides it).
+  // `experts`: the routed experts of a MoE layer (ep_degree > 1 divides it; internal error
+  // otherwise: without expert parallelism nothing is exchanged).
   ExpertParallelOps(const ModelParallelism& parallelism, int64_t experts);
 
   int degree() const { return parallelism_.ep_degree; }
   int rank() const { return parallelism_.ep_rank; }
-  int64_t local_experts() const { return local_; }
-  int64_t first_expert() const { return local_ * parallelism_.ep_rank; }
 
   // Exchanges each expert's row count: `expert_begin` (experts + 1 offsets) is this rank's
   // routing. `what` names the layer in a timeout message.

@@ -190,11 +190,7 @@ const float* TensorParallelOps::AllToAll(const float* send, size_t block, const 
 }
 
 void TensorParallelOps::Count(double floats_received, double seconds) {
-  if (ExchangeTraffic* traffic = parallelism_.traffic) {
-    traffic->bytes_received += 4.0 * floats_received;
-    traffic->seconds += seconds;
-    ++traffic->exchanges;
-  }
+  if (ExchangeTraffic* traffic = parallelism_.traffic) traffic->Add(4.0 * floats_received, seconds);
 }
 
 }  // namespace crucible

@@ -34,12 +34,19 @@ namespace crucible {
 class Communicator;
 class ComputeBackend;
 
-// What a tensor-parallel model's collectives moved and waited, added up by TensorParallelOps
-// for whoever gave the model its parallelism (the trainer reports it per step).
+// What a model's tensor- or expert-parallel collectives moved and waited, added up by
+// TensorParallelOps and ExpertParallelOps for whoever gave the model its parallelism (the
+// trainer reports it per step).
 struct ExchangeTraffic {
   double bytes_received = 0;  // by this rank, from the others of its group
   double seconds = 0;         // in the group's exchanges (waiting included)
   int64_t exchanges = 0;
+  // One exchange that received `bytes` and took `exchange_seconds`.
+  void Add(double bytes, double exchange_seconds) {
+    bytes_received += bytes;
+    seconds += exchange_seconds;
+    ++exchanges;
+  }
 };
 
 struct ModelParallelism {

@@ -84,6 +84,11 @@ bool ParameterTable::chunked() const {
                      [](const ParamInfo& p) { return p.chunks > 1; });
 }
 
+bool ParameterTable::has_experts() const {
+  return std::any_of(params_.begin(), params_.end(),
+                     [](const ParamInfo& p) { return p.expert >= 0; });
+}
+
 std::vector<LayoutFreeRun> ParameterTable::LayoutFreeRuns(int unit) const {
   const ParamUnit& u = units_.at(static_cast<size_t>(unit));
   std::vector<LayoutFreeRun> runs;

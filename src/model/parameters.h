@@ -115,6 +115,8 @@ class ParameterTable {
   bool partial() const { return whole_count_ != params_.size() || sliced(); }
   // True when some tensor is cut in tensor-parallel chunks (at any degree, 1 included).
   bool chunked() const;
+  // True when some tensor is a routed expert's (ParamInfo::expert).
+  bool has_experts() const;
   // The runs of `unit` whose pieces are laid out alike at every degree of the run's tensor
   // parallelism (and every data-parallel degree, which does not change the table): when a
   // tensor is cut in chunks, each tensor in pieces of its ChunkRun(); else the unit's

@@ -113,7 +113,8 @@ void FreeBuffer(std::vector<float>& buffer) {
 
 // An optimizer state over a tensor- or expert-parallel rank's parts (laid out by LayOutFullState
 // over `parts`) to or from the same state over the whole model's tensors. A per-tensor state
-// (whole-matrix optimizers, refused under tensor parallelism) only of tensors held whole.
+// (Muon's diagnostics; whole-matrix optimizers are refused under tensor parallelism) only of
+// tensors held whole (an expert-parallel rank's).
 void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* part_values,
                     const ParameterTable& whole, float* whole_values, bool to_whole) {
   const FullStateLayout mine = LayOutFullState(spec, parts), all = LayOutFullState(spec, whole);
@@ -266,8 +267,6 @@ void Trainer::AllocateState() {
                               parallelism_);
   // The whole model's table: what checkpoints, exports, validation and the weights hash see.
   whole_table_ = model_spec_->BuildTable();
-  for (const ParamInfo& p : table().params())
-    experts_in_table_ = experts_in_table_ || p.expert >= 0;
   const size_t n_params = table().total();
   // Flat buffers are padded so that ZeRO shards are whole gradient-norm chunks.
   data_parallel_ = std::make_unique<DataParallel>(
@@ -840,7 +839,7 @@ double Trainer::GradNorm(bool finite) {
 
 double Trainer::GradNormOfGradients(bool finite) {
   double squares = 0;
-  if (parallelism_.tp_chunks == 1 && !experts_in_table_) {
+  if (parallelism_.tp_chunks == 1 && !table().has_experts()) {
     squares = data_parallel_->GradNormSquared(grads_.data(), base_);
   } else {
     // Each element once, over every group that holds a part (docs/parallelism.md): this rank's
@@ -962,20 +961,18 @@ int Trainer::Finish(const Timer& train_timer) {
       list += StrFormat("%.0f", p);
     }
     PrintLine("phase=memory_peak rss_bytes_per_rank=" + list);
-    // What this rank's tensor-parallel exchanges moved and waited, per step of this process.
+    // What this rank's tensor- and expert-parallel exchanges moved and waited, per step of this
+    // process.
+    auto traffic = [&](const char* phase, const ExchangeTraffic& t) {
+      PrintLine(StrFormat(
+          "phase=%s exchanges_per_step=%.1f bytes_received_per_step=%.0f exchange_s_per_step=%.6f",
+          phase, static_cast<double>(t.exchanges) / steps_run_, t.bytes_received / steps_run_,
+          t.seconds / steps_run_));
+    };
     if (parallelism_.distributed() && steps_run_ > 0)
-      PrintLine(StrFormat(
-          "phase=tensor_parallel_traffic exchanges_per_step=%.1f bytes_received_per_step=%.0f "
-          "exchange_s_per_step=%.6f",
-          static_cast<double>(tp_traffic_.exchanges) / steps_run_,
-          tp_traffic_.bytes_received / steps_run_, tp_traffic_.seconds / steps_run_));
-    // What this rank's expert-parallel all-to-alls moved and waited, per step of this process.
+      traffic("tensor_parallel_traffic", tp_traffic_);
     if (parallelism_.ep_degree > 1 && steps_run_ > 0)
-      PrintLine(StrFormat(
-          "phase=expert_parallel_traffic exchanges_per_step=%.1f bytes_received_per_step=%.0f "
-          "exchange_s_per_step=%.6f",
-          static_cast<double>(ep_traffic_.exchanges) / steps_run_,
-          ep_traffic_.bytes_received / steps_run_, ep_traffic_.seconds / steps_run_));
+      traffic("expert_parallel_traffic", ep_traffic_);
     // Reductions whose block sums did not fit the narrow format and travelled as 16 bytes.
     PrintLine(StrFormat("phase=exact_reduction format=%s wide_reductions=%lld",
                         training_.shape.exact_grid.name(),

@@ -160,11 +160,10 @@ class Trainer {
   int dp_size_ = 1, dp_rank_ = 0;  // this rank's data-parallel group (the replicas)
   // The ranks of different micro-batches (data-parallel x expert-parallel) and this one's place.
   int data_size_ = 1, data_rank_ = 0;
-  bool experts_in_table_ = false;  // a routed expert's tensor (the layout-free gradient norm)
-  ModelParallelism parallelism_;   // this rank's tensor-parallel group
-  ExchangeTraffic tp_traffic_;     // what its exchanges moved (phase=tensor_parallel_traffic)
-  ExchangeTraffic ep_traffic_;     // the experts' all-to-alls (phase=expert_parallel_traffic)
-  int64_t steps_run_ = 0;          // steps run by this process
+  ModelParallelism parallelism_;  // this rank's tensor-parallel group
+  ExchangeTraffic tp_traffic_;    // what its exchanges moved (phase=tensor_parallel_traffic)
+  ExchangeTraffic ep_traffic_;    // the experts' all-to-alls (phase=expert_parallel_traffic)
+  int64_t steps_run_ = 0;         // steps run by this process
   ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;

@@ -1,6 +1,7 @@
 """Training runs under mpirun for the tests that hold an optimizer to the bits of one rank across
 rank counts, ZeRO stages and resumes (test_whole_matrix_zero.py, test_sophia.py), and a rank
-stopped in the middle of a 2-rank run (test_distributed.py, test_tensor_parallel.py)."""
+stopped in the middle of a 2-rank run (test_distributed.py, test_tensor_parallel.py,
+test_deepseek_v3.py)."""
 import json
 import os
 import re
@@ -80,3 +81,15 @@ def stop_one_rank(binary, run_dir, items):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def assert_stopped_rank_times_out(binary, run_dir, items, group):
+    """stop_one_rank with comm.train_timeout_seconds=3 among `items`: the job must fail within the
+    deadline and 15 s, its message naming a collective timeout at a step in the group that the
+    regular expression `group` matches (the group's name before ": job ranks 0-1"). Returns the
+    stderr."""
+    proc, stderr, elapsed = stop_one_rank(binary, run_dir, items)
+    assert proc.returncode != 0
+    assert re.search(r"collective timeout: .* at step \d+, (" + group + r"): job ranks 0-1 ", stderr), stderr
+    assert elapsed < 3 + 15, elapsed
+    return stderr
