@@ -263,6 +263,11 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"metrics.log_freq", T::kInt, V(int64_t{1}), "print a progress line every N steps", false,
        AtLeast(1)},
       {"metrics.enable_jsonl", T::kBool, V(true), "write metrics.jsonl in the run directory"},
+      {"metrics.enable_tensorboard", T::kBool, V(false),
+       "rank 0 also writes TensorBoard event files (every metrics.jsonl number, validation, the "
+       "config as text) to save_tb_folder"},
+      {"metrics.save_tb_folder", T::kString, V(std::string("tb")),
+       "TensorBoard folder, relative to the run directory (or absolute)"},
       {"metrics.peak_gflops", T::kFloat, V(0.0),
        "peak fp32 GFLOP/s of one rank for MFU; 0: the machine's GEMM ceiling for the model's "
        "shapes, "
@@ -390,6 +395,12 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "test only: this rank flips one bit of its parameters at debug.corrupt_step", false,
        AtLeast(-1)},
       {"debug.corrupt_step", T::kInt, V(int64_t{0}), "test only: see debug.corrupt_rank", false,
+       AtLeast(0)},
+      {"debug.kill_rank", T::kInt, V(int64_t{-1}),
+       "demo and tests: in a run that did not resume, this rank SIGKILLs itself before "
+       "debug.kill_step, as a node that dies (make demo's recovery); -1 never",
+       false, AtLeast(-1)},
+      {"debug.kill_step", T::kInt, V(int64_t{0}), "demo and tests: see debug.kill_rank", false,
        AtLeast(0)},
   };
   return schema;

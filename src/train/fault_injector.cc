@@ -1,5 +1,7 @@
 #include "train/fault_injector.h"
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -9,12 +11,15 @@
 
 namespace crucible {
 
-FaultInjector::FaultInjector(const Config& config, const ParameterTable& table, int rank)
+FaultInjector::FaultInjector(const Config& config, const ParameterTable& table, int rank,
+                             bool resumed)
     : rank_(rank),
       corrupt_rank_(config.Int("debug.corrupt_rank")),
       corrupt_step_(config.Int("debug.corrupt_step")),
       nan_step_(config.Int("debug.inject_nan_step")),
       scale_loss_step_(config.Int("debug.scale_loss_step")),
+      kill_rank_(resumed ? -1 : config.Int("debug.kill_rank")),
+      kill_step_(config.Int("debug.kill_step")),
       loss_divisor_(config.Float("debug.fake_loss_divisor")),
       scale_loss_factor_(config.Float("debug.scale_loss_factor")) {
   if (const char* perturb = std::getenv("CRUCIBLE_TEST_PERTURB_KERNEL"))
@@ -25,6 +30,14 @@ FaultInjector::FaultInjector(const Config& config, const ParameterTable& table, 
 }
 
 void FaultInjector::BeforeStep(int64_t step, TrainingAccess& access) const {
+  if (kill_rank_ == rank_ && kill_step_ == step) {
+    std::fprintf(stderr,
+                 "fault: rank %d kills itself (SIGKILL) before step %lld, as a failed node would "
+                 "(debug.kill_rank; a fresh run only)\n",
+                 rank_, static_cast<long long>(step));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
   if (corrupt_rank_ == rank_ && corrupt_step_ == step) access.CorruptNextGather();
 }
 

@@ -11,6 +11,9 @@
 //   debug.scale_loss_step / _factor     the loss of that step, as logged and as the step guards
 //                                       see it, is multiplied by the factor (a synthetic spike;
 //                                       the gradients are untouched)
+//   debug.kill_rank / kill_step         that rank SIGKILLs itself before that step, as a node that
+//                                       dies does; only in a run that started fresh, never in a
+//                                       resumed one (make demo's recovery, the launcher's tests)
 //   CRUCIBLE_TEST_PERTURB_KERNEL=rmsnorm  every RMSNorm output moves by one ULP (the smoke gate
 //                                       must notice)
 #pragma once
@@ -28,11 +31,13 @@ class TrainingAccess;
 class FaultInjector {
  public:
   // For rank `rank` of the run; `table` names the tensor of debug.inject_nan_tensor (UsageError
-  // when it has none of that name). Applies CRUCIBLE_TEST_PERTURB_KERNEL.
-  FaultInjector(const Config& config, const ParameterTable& table, int rank);
+  // when it has none of that name). Applies CRUCIBLE_TEST_PERTURB_KERNEL. `resumed`: the run
+  // resumed from a checkpoint (debug.kill_rank then does nothing).
+  FaultInjector(const Config& config, const ParameterTable& table, int rank, bool resumed);
 
-  // Before step `step`'s forward pass: the next unit `access` gathers is corrupted (ZeRO-3; a
-  // layout that gathers nothing ignores it and gets the bit flip in AfterUpdate).
+  // Before step `step`'s forward pass: the rank of debug.kill_rank dies at its step; the next
+  // unit `access` gathers is corrupted (ZeRO-3; a layout that gathers nothing ignores it and gets
+  // the bit flip in AfterUpdate).
   void BeforeStep(int64_t step, TrainingAccess& access) const;
   // The flat element whose gradient becomes NaN in micro-batch `micro_batch` of `step` on this
   // rank, or -1.
@@ -46,7 +51,7 @@ class FaultInjector {
 
  private:
   int rank_;
-  int64_t corrupt_rank_, corrupt_step_, nan_step_, scale_loss_step_;
+  int64_t corrupt_rank_, corrupt_step_, nan_step_, scale_loss_step_, kill_rank_, kill_step_;
   int64_t nan_element_ = -1;
   double loss_divisor_, scale_loss_factor_;
 };

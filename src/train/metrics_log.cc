@@ -54,7 +54,8 @@ nlohmann::json FiniteOrNull(double value) {
 }  // namespace
 
 MetricsLog::MetricsLog(const TrainingConfig& training, const std::string& run_dir, int rank,
-                       const std::string& host, int64_t resumed_step)
+                       const std::string& host, int64_t resumed_step,
+                       const std::string& config_toml)
     : training_(training), rank_(rank), host_(host) {
   const bool resumed = resumed_step >= 0;
   if (rank == 0 && training.metrics_jsonl) {
@@ -64,7 +65,17 @@ MetricsLog::MetricsLog(const TrainingConfig& training, const std::string& run_di
   }
   if (training.metrics_per_rank && training.world > 1)
     rank_metrics_.Open(JoinPath(run_dir, StrFormat("metrics-rank%d.jsonl", rank)), resumed);
+  if (rank == 0 && !training.tensorboard_folder.empty()) {
+    // A new file from the run's first step: its SessionLog START makes the reader drop the
+    // steps an earlier attempt logged after the checkpoint this run resumed from.
+    const int64_t first_step = resumed ? resumed_step + 1 : 1;
+    tensorboard_ = std::make_unique<TensorBoardWriter>(
+        JoinPath(run_dir, training.tensorboard_folder), host, first_step);
+    tensorboard_->WriteText(first_step, "config", config_toml);
+  }
 }
+
+MetricsLog::~MetricsLog() = default;
 
 std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
   if (rank_ == 0 && (r.step % training_.log_freq == 0 || r.last)) {
@@ -82,7 +93,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
         (long long)r.step, r.loss, r.lr, r.grad_norm, (long long)r.global_batch,
         (long long)r.skipped_total, r.tokens_per_second, r.mfu, load.c_str()));
   }
-  if (metrics_.is_open()) {
+  if (metrics_.is_open() || tensorboard_) {
     nlohmann::json record = {{"step", r.step},
                              {"loss", r.loss},
                              {"lr", r.lr},
@@ -105,7 +116,8 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
         layers.push_back({{"layer", s.layer}, {"min", s.min}, {"max", s.max}, {"cv", s.cv}});
       record["expert_load"] = layers;
     }
-    metrics_.Append(record);
+    if (metrics_.is_open()) metrics_.Append(record);
+    if (tensorboard_) tensorboard_->WriteScalars(r.step, ScalarsOfRecord(record, "train/"));
   }
   if (rank_metrics_.is_open()) {
     nlohmann::json record = {{"step", r.step},

@@ -2,14 +2,18 @@
 // every metrics.log_freq steps and at the last (rank 0), <run>/metrics.jsonl (rank 0, every
 // step) and, with metrics.per_rank on more than one rank, <run>/metrics-rank<r>.jsonl. Each
 // line is written and flushed as it comes, so a killed run loses at most the line being
-// written; a resumed run first drops the lines of the steps after its checkpoint.
+// written; a resumed run first drops the lines of the steps after its checkpoint. With
+// metrics.enable_tensorboard, rank 0 also writes every number of each metrics.jsonl record as a
+// TensorBoard scalar tagged train/<key> (train/tensorboard.h), and the resolved config as text.
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "train/hooks.h"
+#include "train/tensorboard.h"
 #include "train/training_config.h"
 
 namespace crucible {
@@ -38,17 +42,22 @@ int64_t TruncateMetrics(const std::string& path, int64_t last_step);
 
 class MetricsLog : public TrainerHook {
  public:
-  // `resumed_step`: the step a resumed run continues after (-1: a fresh run).
+  // `resumed_step`: the step a resumed run continues after (-1: a fresh run); `config_toml`: the
+  // resolved config (TensorBoard's "config" text).
   MetricsLog(const TrainingConfig& training, const std::string& run_dir, int rank,
-             const std::string& host, int64_t resumed_step);
+             const std::string& host, int64_t resumed_step, const std::string& config_toml);
+  ~MetricsLog() override;
   std::optional<int> AfterStep(const StepReport& report) override;
   void End(bool stopped) override;
+  // Rank 0's TensorBoard writer, for the hooks after this one (validation); null without one.
+  TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
 
  private:
   const TrainingConfig& training_;
   int rank_;
   std::string host_;
   JsonLinesFile metrics_, rank_metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace crucible

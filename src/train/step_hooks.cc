@@ -16,10 +16,14 @@ namespace {
 
 class ValidationHook : public TrainerHook {
  public:
-  ValidationHook(Trainer& trainer, std::shared_ptr<const ModelSpec> model) : trainer_(trainer) {
-    if (trainer.leader())
+  ValidationHook(Trainer& trainer, std::shared_ptr<const ModelSpec> model,
+                 TensorBoardWriter* tensorboard)
+      : trainer_(trainer) {
+    if (trainer.leader()) {
       validation_ = std::make_unique<Validation>(
           trainer.config(), std::move(model), trainer.run_dir(), trainer.training().shape.seq_len);
+      validation_->set_tensorboard(tensorboard);
+    }
     enabled_ = trainer.AnyRank(trainer.leader() && validation_->enabled(), "validation flag");
   }
 
@@ -147,8 +151,9 @@ class CheckpointHook : public TrainerHook {
 }  // namespace
 
 std::unique_ptr<TrainerHook> MakeValidationHook(Trainer& trainer,
-                                                std::shared_ptr<const ModelSpec> model) {
-  return std::make_unique<ValidationHook>(trainer, std::move(model));
+                                                std::shared_ptr<const ModelSpec> model,
+                                                TensorBoardWriter* tensorboard) {
+  return std::make_unique<ValidationHook>(trainer, std::move(model), tensorboard);
 }
 
 std::unique_ptr<TrainerHook> MakeCheckpointHook(Trainer& trainer) {

@@ -14,11 +14,14 @@
 
 namespace crucible {
 
+class TensorBoardWriter;
 class Trainer;
 
-// Both take what they need from `trainer`, which must outlive them.
+// Both take what they need from `trainer`, which must outlive them. Validation also writes its
+// numbers to `tensorboard` (rank 0's, owned by the metrics hook; null: none).
 std::unique_ptr<TrainerHook> MakeValidationHook(Trainer& trainer,
-                                                std::shared_ptr<const ModelSpec> model);
+                                                std::shared_ptr<const ModelSpec> model,
+                                                TensorBoardWriter* tensorboard);
 std::unique_ptr<TrainerHook> MakeCheckpointHook(Trainer& trainer);
 
 }  // namespace crucible

@@ -149,10 +149,13 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
   LoadOrInitWeights(resume_mode);
   Announce();
   ConnectModel();
-  faults_ = std::make_unique<FaultInjector>(config_, table(), rank_);
-  hooks_.push_back(std::make_unique<MetricsLog>(training_, run_dir_, rank_, comm().host(),
-                                                resume_.resumed ? resume_.progress.step : -1));
-  hooks_.push_back(MakeValidationHook(*this, model_spec_));
+  faults_ = std::make_unique<FaultInjector>(config_, table(), rank_, resume_.resumed);
+  auto metrics =
+      std::make_unique<MetricsLog>(training_, run_dir_, rank_, comm().host(),
+                                   resume_.resumed ? resume_.progress.step : -1, config_.ToToml());
+  TensorBoardWriter* tensorboard = metrics->tensorboard();
+  hooks_.push_back(std::move(metrics));
+  hooks_.push_back(MakeValidationHook(*this, model_spec_, tensorboard));
   hooks_.push_back(MakeCheckpointHook(*this));
   // The ranks of a tensor-parallel group read the same samples: those of their data-parallel
   // rank (with expert parallelism, their place among the data-parallel x expert-parallel ranks).

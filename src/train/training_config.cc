@@ -195,6 +195,14 @@ TrainingConfig BuildTrainingConfig(Config& config, int world) {
   t.backend = BuildBackendOptions(config);
   t.metrics_jsonl = config.Bool("metrics.enable_jsonl");
   t.metrics_per_rank = config.Bool("metrics.per_rank");
+  if (config.Bool("metrics.enable_tensorboard")) {
+    t.tensorboard_folder = config.String("metrics.save_tb_folder");
+    if (t.tensorboard_folder.empty())
+      throw UsageError(
+          "metrics.save_tb_folder is empty: name the folder for the TensorBoard event files "
+          "(relative to the run directory, or absolute), or set metrics.enable_tensorboard = "
+          "false");
+  }
   t.profile = config.Bool("metrics.profile");
   t.checkpoint_enable = config.Bool("checkpoint.enable");
   t.init_weights = config.String("model.init_weights");

@@ -56,6 +56,9 @@ struct TrainingConfig {
   uint64_t seed = 0;            // of the weight init and the synthetic data
   BackendOptions backend;       // training.device, mixed_precision_param; the local rank
   bool metrics_jsonl = true, metrics_per_rank = false, profile = false;
+  // TensorBoard event files (train/tensorboard.h) in this folder, resolved against the run
+  // directory; empty: none.
+  std::string tensorboard_folder;
   bool checkpoint_enable = true;
   std::string init_weights, initial_load_hf;  // where the first weights come from, if not init
 

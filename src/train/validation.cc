@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "eval/eval.h"
+#include "train/tensorboard.h"
 
 namespace crucible {
 
@@ -93,6 +94,7 @@ bool Validation::Run(int64_t step, const float* weights, size_t n_params) {
     }
   }
   if (gate) gate_checked_ = true;
+  if (tensorboard_) tensorboard_->WriteScalars(step, ScalarsOfRecord(record, "validation/"));
   std::string line = record.dump() + "\n";
   std::string previous = FileExists(log_path_) ? ReadFile(log_path_) : "";
   AtomicWriteFile(log_path_, previous + line);
