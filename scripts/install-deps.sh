@@ -13,6 +13,7 @@ build_packages=(
   libopenblas-openmp-dev libopenblas0-openmp libdnnl-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
   libopenmpi-dev openmpi-bin python3
+  libarchive-dev libncurses-dev libjs-chart.js
 )
 default_packages=(
   "${build_packages[@]}"
@@ -21,6 +22,7 @@ default_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-venv python3-pip python3-torch python3-numpy
   clang libclang-rt-14-dev
+  chromium chromium-driver tmux
 )
 if [ "${1:-}" = "--demo" ]; then
   packages=("${build_packages[@]}")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "ckpt/interval.h"
@@ -379,6 +380,20 @@ void Checkpointing::Save(const TrainingProgress& progress, const float* weights,
                 "wait_s=%.4f state_bytes=%llu",
                 (long long)progress.step, background ? "async" : "sync", reason.c_str(),
                 stall_seconds, copy_seconds, wait_seconds, (unsigned long long)StateBytes()));
+  // The same figures, durable in the run directory for `crucible report` (docs/checkpoints.md).
+  const std::string record =
+      nlohmann::json{{"step", progress.step},      {"mode", background ? "async" : "sync"},
+                     {"reason", reason},           {"stall_s", stall_seconds},
+                     {"copy_s", copy_seconds},     {"wait_s", wait_seconds},
+                     {"state_bytes", StateBytes()}}
+          .dump() +
+      "\n";
+  if (std::FILE* file = std::fopen(JoinPath(run_dir_, "checkpoints.jsonl").c_str(), "a")) {
+    std::fputs(record.c_str(), file);
+    if (std::fclose(file) != 0) LogWarn("cannot write " + JoinPath(run_dir_, "checkpoints.jsonl"));
+  } else {
+    LogWarn("cannot open " + JoinPath(run_dir_, "checkpoints.jsonl"));
+  }
   last_saved_step_ = progress.step;
   cost_sum_ += stall_seconds;
   ++cost_count_;

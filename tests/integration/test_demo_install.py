@@ -11,7 +11,8 @@ from conftest import REPO
 # What the test suite needs and the demo does not (each pulls in tens of packages: Slurm, MPICH,
 # Debian's torch, GoogleTest, clang).
 NOT_FOR_THE_DEMO = {"slurm-wlm", "munge", "mpich", "libmpich-dev", "python3-torch", "libgtest-dev",
-                    "libgmock-dev", "libbenchmark-dev", "clang", "libclang-rt-14-dev", "python3-venv"}
+                    "libgmock-dev", "libbenchmark-dev", "clang", "libclang-rt-14-dev", "python3-venv",
+                    "chromium", "chromium-driver", "tmux"}
 
 
 def stand_ins(tmp_path):
