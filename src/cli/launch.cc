@@ -3,9 +3,13 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "common/error.h"
+#include "common/files.h"
 #include "launch/launcher.h"
 #include "launch/preflight.h"
 #include "launch/rank_environment.h"
+#include "stage/node_paths.h"
+#include "stage/yeet.h"
 
 namespace crucible {
 namespace {
@@ -20,6 +24,16 @@ CommandRun SetupLaunch(CLI::App& app) {
                  "ranks per node (default: the allocation's slots, else accelerators, else 1)");
   app.add_option("--nodes", o->nodes, "active nodes (default: the allocation, less the spares)");
   app.add_option("--hostfile", o->hostfile, "file of hosts to use instead of the allocation's");
+  app.add_option("--exclude-file", o->exclude_files,
+                 "file of hosts to leave out of the allocation, one per line (crucible yeet's "
+                 "failed_hosts.txt, launch's bad_nodes.txt); repeatable");
+  auto yeet = std::make_shared<YeetOptions>();
+  app.add_option("--yeet", yeet->sources,
+                 "stage SRC on every node first (crucible yeet; repeatable, needs --to), then "
+                 "point the command's arguments under SRC at DIR/<SRC's name>");
+  app.add_option("--to", yeet->destination,
+                 "where --yeet stages, an absolute node-local path; %N (the node's name) is "
+                 "expanded on each rank, in the rewritten arguments too");
   app.add_option("--mpi", o->mpi, "MPI flavour: auto, openmpi, mpich or none")
       ->check(CLI::IsMember({"auto", "openmpi", "mpich", "none"}));
   app.add_flag("--oversubscribe", o->oversubscribe,
@@ -76,9 +90,32 @@ CommandRun SetupLaunch(CLI::App& app) {
       "complete, else 75; 124 when the watchdog killed it; 2 for bad usage (every number\n"
       "is checked: finite, counts from 1 (--retries, --spares from 0), seconds at most 1e7; more\n"
       "ranks per node than the allocation's slots, or locally CPUs, needs --oversubscribe).\n"
-      "Records: RUN_DIR/launch/attempts.jsonl, attempt-<k>.log, bad_nodes.txt. See "
-      "docs/launch.md.");
-  return [o]() { return RunLaunch(*o, CurrentEnvironment()); };
+      "Records: RUN_DIR/launch/attempts.jsonl, attempt-<k>.log, bad_nodes.txt; with --yeet,\n"
+      "RUN_DIR/yeet/ (status, logs, failed_hosts.txt). See docs/launch.md.");
+  return [o, yeet]() {
+    if (yeet->sources.empty() != yeet->destination.empty())
+      throw UsageError("--yeet SRC and --to DIR go together");
+    if (yeet->sources.empty()) return RunLaunch(*o, CurrentEnvironment());
+    LaunchOptions options = *o;
+    options.command = RewriteArguments(o->command, yeet->sources, yeet->destination);
+    options.expand_node_name = true;
+    options.node_local_pattern = yeet->destination;
+    if (!o->dry_run) {
+      // Stage on every node of the allocation (spares too), recorded in RUN_DIR/yeet/.
+      YeetOptions staging = *yeet;
+      staging.work_dir = JoinPath(o->run_dir, "yeet");
+      staging.hostfile = o->hostfile;
+      staging.exclude_files = o->exclude_files;
+      // Staging always runs over MPI, even for a job launched without it (--mpi none).
+      staging.mpi = o->mpi == "none" ? "auto" : o->mpi;
+      Environment env = CurrentEnvironment();
+      if (env["CRUCIBLE_MPI"] == "none") env.erase("CRUCIBLE_MPI");
+      const YeetResult staged = RunYeet(staging, env);
+      if (staged.exit_code != kExitOk) return staged.exit_code;
+      options.exclude_nodes = staged.nodes_failed;
+    }
+    return RunLaunch(options, CurrentEnvironment());
+  };
 }
 
 CommandRun SetupLaunchRank(CLI::App& app) {

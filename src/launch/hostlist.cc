@@ -121,6 +121,17 @@ int FindHost(const std::vector<std::string>& hosts, std::string_view host) {
   return -1;
 }
 
+std::vector<std::string> ReadExcludeFile(const std::string& path) {
+  std::vector<std::string> hosts;
+  for (const std::string& raw : Split(ReadConfigFile(path), '\n')) {
+    const std::string line = Trim(raw);
+    if (line.empty() || line[0] == '#') continue;
+    const std::string host = line.substr(0, line.find_first_of(" \t"));
+    if (FindHost(hosts, host) < 0) hosts.push_back(host);
+  }
+  return hosts;
+}
+
 std::string JoinHosts(const std::vector<std::string>& hosts, std::string_view separator) {
   std::string out;
   for (size_t i = 0; i < hosts.size(); ++i) {

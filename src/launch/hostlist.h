@@ -28,4 +28,9 @@ int FindHost(const std::vector<std::string>& hosts, std::string_view host);
 
 std::string JoinHosts(const std::vector<std::string>& hosts, std::string_view separator = ",");
 
+// Hosts to leave out of a launch (crucible launch --exclude-file): the first word of each line,
+// blank and '#' lines skipped, so `crucible yeet`'s failed_hosts.txt and launch's own
+// bad_nodes.txt both work; an empty file excludes nothing. Throws UsageError when unreadable.
+std::vector<std::string> ReadExcludeFile(const std::string& path);
+
 }  // namespace crucible

@@ -104,6 +104,19 @@ Plan MakePlan(const LaunchOptions& options, const Environment& env) {
   ValidateLaunchOptions(options);
   Plan plan;
   plan.allocation = DetectAllocation(env, options.hostfile);
+  std::vector<std::string> excluded = options.exclude_nodes;
+  for (const std::string& file : options.exclude_files)
+    for (const std::string& host : ReadExcludeFile(file)) excluded.push_back(host);
+  if (!excluded.empty()) {
+    std::vector<std::string> kept;
+    for (const std::string& node : plan.allocation.nodes)
+      if (FindHost(excluded, node) < 0) kept.push_back(node);
+    if (kept.empty())
+      throw UsageError("every node of the allocation (" + plan.allocation.source +
+                       ") is excluded: " + JoinHosts(excluded));
+    plan.allocation.source += ", less excluded " + JoinHosts(excluded);
+    plan.allocation.nodes = kept;
+  }
   plan.patterns = BadNodePatterns::Defaults();
   for (const std::string& file : Split(Getenv(env, "CRUCIBLE_BAD_NODE_PATTERNS"), ':'))
     if (!file.empty()) plan.patterns.AddFile(file);
@@ -185,6 +198,9 @@ LaunchSpec MakeSpec(const Plan& plan, const LaunchOptions& options,
               {"CRUCIBLE_NODELIST", JoinHosts(nodes)},
               {"CRUCIBLE_ACCELERATOR", AcceleratorName(plan.accelerator.kind)},
               {"CRUCIBLE_LAUNCH_ID", plan.launch_id}};
+  if (options.expand_node_name) spec.env["CRUCIBLE_EXPAND_NODE_NAME"] = "1";
+  if (!options.node_local_pattern.empty())
+    spec.env["CRUCIBLE_NODE_LOCAL"] = options.node_local_pattern;
   // The small wrapper binary beside crucible when it is there (faster start), else the same
   // code inside crucible.
   const std::string fast_wrapper = JoinPath(ParentDirectory(plan.crucible), "crucible-rank");

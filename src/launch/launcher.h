@@ -43,6 +43,15 @@ struct LaunchOptions {
   bool preflight = false;
   double preflight_timeout_seconds = 60;
   std::string preflight_command;  // a site health check run on every node, e.g. a GPU test
+  // Hosts left out of the allocation: those named in --exclude-file files (one per line, e.g.
+  // `crucible yeet`'s failed_hosts.txt) and `exclude_nodes` (the nodes --yeet could not stage).
+  std::vector<std::string> exclude_files;
+  std::vector<std::string> exclude_nodes;
+  // Every %N in the command becomes the rank's node name, at rank start (launch --yeet), and
+  // `node_local_pattern` (--to DIR, with its %N) is passed on so the trainer's config check
+  // treats paths that differ only by the node's own folder as equal (train/rank_agreement.h).
+  bool expand_node_name = false;
+  std::string node_local_pattern;
   // The crucible binary ranks run the wrapper from; empty: this process's executable.
   std::string crucible_path;
   // The tensor-parallel degree (docs/parallelism.md): passed to the command as

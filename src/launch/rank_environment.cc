@@ -94,6 +94,20 @@ bool ParseRankAnnouncement(std::string_view line, RankIdentity* id) {
   return has_rank && has_node;
 }
 
+std::string ExpandNodeName(const std::string& pattern, const std::string& node) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char next = i + 1 < pattern.size() ? pattern[i + 1] : '\0';
+    if (pattern[i] == '%' && (next == 'N' || next == '%')) {
+      out += next == 'N' ? node : "%";
+      ++i;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
 int ExecRank(const std::vector<std::string>& command) {
   if (command.empty()) {
     std::fprintf(stderr, "crucible launch-rank: error: no command after --\n");
@@ -124,8 +138,16 @@ int ExecRank(const std::vector<std::string>& command) {
   std::string announcement = RankAnnouncement(id, getpid()) + "\n";
   ssize_t ignored = write(2, announcement.data(), announcement.size());
   (void)ignored;
+  std::vector<std::string> expanded = command;
+  const char* expand = std::getenv("CRUCIBLE_EXPAND_NODE_NAME");
+  if (expand && std::string(expand) == "1") {
+    for (std::string& arg : expanded) arg = ExpandNodeName(arg, id.node);
+    // This node's folder of the staged files, for the trainer's config check.
+    if (const char* pattern = std::getenv("CRUCIBLE_NODE_LOCAL"))
+      setenv("CRUCIBLE_NODE_LOCAL_DIR", ExpandNodeName(pattern, id.node).c_str(), 1);
+  }
   std::vector<char*> args;
-  for (const std::string& arg : command) args.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : expanded) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   execvp(args[0], args.data());
   const int error = errno;

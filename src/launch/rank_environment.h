@@ -36,8 +36,15 @@ RankIdentity RankIdentityFromEnvironment(const Environment& env, const std::stri
 std::string RankAnnouncement(const RankIdentity& identity, int pid);
 bool ParseRankAnnouncement(std::string_view line, RankIdentity* identity);
 
+// `pattern` with every "%N" replaced by `node` ("%%" is a literal '%'): the node-local paths of
+// `crucible yeet --to` and of a command launched with `crucible launch --yeet`.
+std::string ExpandNodeName(const std::string& pattern, const std::string& node);
+
 // Sets the variables, announces, and execs `command`; returns only on failure (127 when the
-// program is not found, 126 when it cannot be run), after printing why.
+// program is not found, 126 when it cannot be run), after printing why. With
+// CRUCIBLE_EXPAND_NODE_NAME=1 (set by `crucible launch --yeet`) every %N in the command's
+// arguments becomes this rank's node name first, and CRUCIBLE_NODE_LOCAL_DIR is set to
+// CRUCIBLE_NODE_LOCAL (--to DIR) expanded the same way.
 int ExecRank(const std::vector<std::string>& command);
 
 }  // namespace crucible

@@ -1,6 +1,8 @@
 #include "train/rank_agreement.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "common/error.h"
 #include "common/hash.h"
@@ -31,6 +33,22 @@ std::string ThisBinary() {
 
 }  // namespace
 
+std::string NodeLocalPathsAsPattern(const std::string& text) {
+  const char* pattern = std::getenv("CRUCIBLE_NODE_LOCAL");
+  const char* dir = std::getenv("CRUCIBLE_NODE_LOCAL_DIR");
+  const std::string_view from = dir ? dir : "";
+  if (!pattern || from.empty() || from == pattern) return text;
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = text.find(from, at)) != std::string::npos; at = hit + from.size()) {
+    const size_t end = hit + from.size();
+    const bool whole =
+        end == text.size() || text[end] == '/' || text[end] == '"' || text[end] == '\'';
+    out.append(text, at, hit - at).append(whole ? std::string_view(pattern) : from);
+  }
+  return out.append(text, at, std::string::npos);
+}
+
 std::string DescribeConfigDifference(const std::string& mine, const std::string& theirs,
                                      int their_rank) {
   const Config a = Config::Parse(mine, "rank 0's config");
@@ -59,7 +77,7 @@ void CheckRanksAgree(const Config& config, const std::string& resume_mode, Commu
                      r, binaries[r].c_str(), binaries[0].c_str()),
            "run different crucible binaries");
 
-  std::string toml = config.ToToml();
+  std::string toml = NodeLocalPathsAsPattern(config.ToToml());
   const uint64_t mine[2] = {Hash64(toml.data(), toml.size()),
                             Hash64(resume_mode.data(), resume_mode.size())};
   std::vector<uint64_t> all(2 * comm.size());

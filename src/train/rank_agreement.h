@@ -16,6 +16,13 @@ namespace crucible {
 // binaries, or the first differing config key with both values (or the two --resume modes).
 void CheckRanksAgree(const Config& config, const std::string& resume_mode, Communicator& comm);
 
+// `text` (a resolved config as TOML) with this node's folder of staged files written as the
+// pattern it came from: under `crucible launch --yeet SRC --to DIR`, where DIR holds %N (the
+// node's name, e.g. distinct folders of nodes that share a filesystem), every path under
+// CRUCIBLE_NODE_LOCAL_DIR (DIR expanded on this node) becomes CRUCIBLE_NODE_LOCAL (DIR itself),
+// so ranks whose configs differ only by their node's folder agree. Unchanged otherwise.
+std::string NodeLocalPathsAsPattern(const std::string& text);
+
 // What rank 0 says about the first rank whose config differs from its own (`mine` and `theirs`
 // are resolved configs as TOML); "" when they agree.
 std::string DescribeConfigDifference(const std::string& mine, const std::string& theirs,
