@@ -160,7 +160,7 @@ Json ValidationAccuracyChart(const std::vector<RunData>& runs) {
 
 Json MemoryChart(const std::vector<RunData>& runs) {
   // A log scale: the host's available memory dwarfs a small run's buffers.
-  Json chart = Chart("memory", "Memory per rank (log scale)", "bar", "", "MiB");
+  Json chart = Chart("memory", "Memory plan per rank, and the peak (log scale)", "bar", "", "MiB");
   chart["y_log"] = true;
   std::vector<std::string> labels;
   std::set<std::string> seen;
@@ -483,6 +483,9 @@ Json ChartSpecs(const std::vector<RunData>& runs) {
                                "seconds the step loop waited", &RunData::checkpoint_stall,
                                "no data: no run has checkpoints.jsonl or phase=checkpoint lines "
                                "in launch/attempt-<k>.log"));
+  charts.push_back(SeriesChart(runs, "memory_over_steps", "Peak resident memory of rank 0", "MiB",
+                               &RunData::rss_peak_mib,
+                               "no data: no run's metrics.jsonl has rss_peak_bytes"));
   charts.push_back(MemoryChart(runs));
   charts.push_back(TimelineChart(runs));
   return charts;

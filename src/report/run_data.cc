@@ -87,6 +87,7 @@ void ReadMetrics(const std::string& path, RunData* run) {
     run->grad_norm_clipped.Add(step, Number(r, "grad_norm_clipped", where));
     run->tokens_per_second.Add(step, Number(r, "tok_per_s", where));
     run->mfu.Add(step, Number(r, "mfu", where));
+    run->rss_peak_mib.Add(step, Number(r, "rss_peak_bytes", where) / (1024.0 * 1024.0));
     ++run->metrics_lines;
   });
 }

@@ -69,6 +69,7 @@ struct RunData {
 
   int64_t metrics_lines = 0;  // records of metrics.jsonl
   Series loss, lr, grad_norm, grad_norm_clipped, tokens_per_second, mfu;
+  Series rss_peak_mib;  // rank 0's peak resident memory so far (rss_peak_bytes), in MiB
 
   Series held_out_loss;                               // eval/validation.jsonl
   std::map<std::string, Series> validation_accuracy;  // task -> acc ± stderr per step

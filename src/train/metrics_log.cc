@@ -45,6 +45,13 @@ int64_t TruncateMetrics(const std::string& path, int64_t last_step) {
   return lines;
 }
 
+double PeakResidentBytes() {
+  if (!FileExists("/proc/self/status")) return 0;
+  for (const std::string& line : Split(ReadFile("/proc/self/status"), '\n'))
+    if (StartsWith(line, "VmHWM:")) return std::strtod(line.c_str() + 6, nullptr) * 1024.0;
+  return 0;
+}
+
 namespace {
 
 nlohmann::json FiniteOrNull(double value) {
@@ -105,7 +112,8 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"tok_per_s", r.tokens_per_second},
                              {"mfu", FiniteOrNull(r.mfu)},
                              {"step_seconds", r.step_seconds},
-                             {"reduce_wait_s", r.reduce_wait_seconds}};
+                             {"reduce_wait_s", r.reduce_wait_seconds},
+                             {"rss_peak_bytes", PeakResidentBytes()}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
     if (!std::isnan(r.aux_loss)) record["aux_loss"] = r.aux_loss;
     if (!std::isnan(r.expert_exchange_seconds))

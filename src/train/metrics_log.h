@@ -36,6 +36,10 @@ class JsonLinesFile {
   std::FILE* file_ = nullptr;
 };
 
+// VmHWM of this process, in bytes (0 where /proc is unavailable): metrics.jsonl's
+// rss_peak_bytes and the trainer's phase=memory_peak.
+double PeakResidentBytes();
+
 // Keeps the lines of `path` whose step is at most `last_step` (and drops lines a kill cut),
 // atomically; returns how many were kept.
 int64_t TruncateMetrics(const std::string& path, int64_t last_step);

@@ -43,14 +43,6 @@ std::string RunDirectory(const Config& config) {
 
 namespace {
 
-// VmHWM of this process, in bytes (0 where /proc is unavailable).
-double PeakResidentBytes() {
-  if (!FileExists("/proc/self/status")) return 0;
-  for (const std::string& line : Split(ReadFile("/proc/self/status"), '\n'))
-    if (StartsWith(line, "VmHWM:")) return std::strtod(line.c_str() + 6, nullptr) * 1024.0;
-  return 0;
-}
-
 // Whether two paths name one existing file.
 bool SameFile(const std::string& a, const std::string& b) {
   struct stat first, second;

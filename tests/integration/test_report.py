@@ -137,12 +137,13 @@ def test_two_runs_make_one_page_that_chromium_renders_with_every_point(runs, tmp
 
     # Every chart is there, with one point per record of its source, the runs overlaid.
     assert set(charts) - {"empty"} == {"loss", "lr", "grad_norm", "tokens_per_second", "mfu", "eval_accuracy",
-                                       "validation_accuracy", "checkpoint_stall", "memory", "launch_timeline"}
+                                       "validation_accuracy", "checkpoint_stall", "memory_over_steps", "memory",
+                                       "launch_timeline"}
     assert charts["empty"] == []
     assert all(c["id"] == "chart-" + name for name, c in charts.items() if name != "empty")
     validation = lines(run_a / "eval" / "validation.jsonl")
     assert points("loss") == {"run-a train": 20, "run-b train": 20, "run-a held-out": len(validation)}
-    for chart in ("lr", "tokens_per_second", "mfu"):
+    for chart in ("lr", "tokens_per_second", "mfu", "memory_over_steps"):
         assert points(chart) == {"run-a": 20, "run-b": 20}, chart
     assert points("grad_norm") == {f"{r} {w} clipping": 20 for r in ("run-a", "run-b") for w in ("before", "after")}
     losses = [d["values"] for d in charts["loss"]["datasets"] if d["label"] == "run-b train"][0]
