@@ -9,13 +9,16 @@ Run (as root, on a machine with slurm-wlm and munge: scripts/install-deps.sh ins
     CRUCIBLE=build/crucible python3 bench/yeet.py            # 1 GB tree + 100 MB tarballs
     CRUCIBLE=build/crucible python3 bench/yeet.py --quick    # smoke run: 100 MB tree, 25 MB tarballs
     python3 bench/yeet.py --quick --methods sbcast,fanout    # without crucible
+    CRUCIBLE=build/crucible python3 bench/yeet.py --quick --methods crucible,crucible-sbcast
 
 It starts a private cluster of --nodes virtual nodes (tests/integration/slurm/start-cluster.sh)
 under --work, and stops it at the end. Data sets, generated once (seeded) under --cache
 (default ~/.cache/crucible-bench/yeet): `tree` (many files of mixed sizes), `probe` (1 MB, pins
 the per-hop latency) and the tarball as .tar.gz and .tar.zst (python's tarfile; zstd through the
-`zstd` tool). For each data set, three ways onto every node's own folder (WORK/dst/.../nK):
-  crucible  salloc -N NODES crucible yeet SRC --to DIR/%N [--transport mpi] --summary S.json
+`zstd` tool). For each data set, four ways onto every node's own folder (WORK/dst/.../nK):
+  crucible  salloc -N NODES crucible yeet SRC --to DIR/%N --transport mpi --summary S.json
+  crucible-sbcast  the same with --transport sbcast: crucible's manifests, verification and
+            rename, with the bytes some node lacks sent by Slurm's sbcast as one file
   sbcast    inside one allocation: sbcast -F 8 of the file (the tree is first packed with tar),
             then `srun tar -xf` on every node
   fanout    the reference's scheme: the first node copies from the shared filesystem (and unpacks
@@ -25,6 +28,21 @@ Every node's copy is checked against the data set's hashes. Progress lines start
 the last line is one JSON record. Exit 1 when a method failed (its reason is printed; the others
 still run), 2 for bad usage, 3 when this machine cannot run Slurm.
 
+Where crucible's time goes (measured for the speed pass of issue 30; 100 MB quick tree, 4 virtual
+nodes, one 2-core machine shared with other work, so single runs vary by +-30%; per-phase seconds
+from `--summary`, 3-4 alternating runs each, before = the first yeet, after = this one):
+  on ext4 (WORK under /tmp)  before: total 3.78-4.12, broadcast 2.29-2.49, verify 0.05, scan 0.05-0.08
+                             after:  total 2.94-3.92, broadcast 1.59-2.32, verify 0.003, launch 1.0-1.2
+  on tmpfs (/dev/shm)        before: total 1.74-2.06, broadcast 0.48-0.61, verify 0.10-0.12
+                             after:  total 1.51-1.77, broadcast 0.42-0.50, verify 0.001
+  re-run, nothing changed    before: scan 0.16-0.17 (sources and node trees hashed again)
+                             after:  scan 0.08-0.11 (sources from the hash cache)
+`perf record -a -g` of a run on ext4: about half of the ranks' CPU is the kernel allocating inodes
+(__ext4_new_inode -> find_inode_bit -> recently_deleted: this journal-less ext4 skips inodes
+freed in the last 30 s, and each run deletes the previous trees), then page-cache copies; TCP
+(the virtual nodes talk over loopback) and XXH3 are a few percent. The launch (srun, the ranks'
+start with the binary's large shared libraries, MPI and PMIx wire-up) is about 1 s of every run.
+
 The model (printed with the table) fits per-hop latency L and bandwidth W by least squares on the
 measured (bytes, seconds) of each scheme and predicts N nodes:
   crucible  T(N) = F + ceil(log2 N) * (L + C / W) + B / W   (pipelined chunked broadcast down a
@@ -32,6 +50,8 @@ measured (bytes, seconds) of each scheme and predicts N nodes:
             hashing, unpacking and renaming, done on all nodes in parallel)
   sbcast    T(N) = P + X + ceil(log8 N) * (L + S / W) + B / W   (Slurm forwards blocks of
             S = 8 MB down a tree of fan-out 8; P: packing the tree, X: the unpack on each node)
+  crucible-sbcast  the sbcast model with crucible's measured rest F in place of P + X (its
+            "broadcast" phase, the sbcast and each node's copy out of the landed file, is the hop)
   fanout    T(N) = H0 + ceil(log9 N') * (L + B / W)  (each holder sends to 8 more per round, so a
             round multiplies the holders by 9; H0: the first node's copy and unpack; N' = N)
 """
@@ -56,7 +76,10 @@ SLURM = ROOT / "tests" / "integration" / "slurm"
 REFERENCE = {8: 69.7, 256: 132.9, 4096: 750.6}  # the reference team's yeet, seconds
 PREDICT = [8, 64, 256, 1024, 4096]
 PER_SOURCE = 8  # transfers at once from one source (the reference's limit)
-CHUNK = {"crucible": 4 << 20, "sbcast": 8 << 20}  # the unit each tree level adds once (pipelining)
+# The unit each tree level adds once (pipelining); crucible-sbcast is crucible yeet whose bytes go
+# through sbcast, so it rides sbcast's tree.
+CHUNK = {"crucible": 4 << 20, "sbcast": 8 << 20, "crucible-sbcast": 8 << 20}
+METHODS = ("crucible", "crucible-sbcast", "sbcast", "fanout")
 MB = 1 << 20
 
 
@@ -186,7 +209,7 @@ def verify(method, dataset, node_dirs, expected):
                                f"(missing {missing}, different {wrong}, {len(found)} files)")
 
 
-# ---------------------------------------------------------------- the three ways
+# ---------------------------------------------------------------- the four ways
 
 def salloc(args, env, nodes, inner, timeout):
     """Runs `inner` (argv) in an allocation of `nodes` nodes; returns (proc, wall seconds)."""
@@ -204,7 +227,7 @@ def inner_result(proc, what):
                        + (proc.stderr.strip() or proc.stdout.strip())[-600:])
 
 
-def run_crucible(args, env, dataset, dst, nodes):
+def run_crucible(args, env, dataset, dst, nodes, transport="mpi"):
     help_text = subprocess.run([CRUCIBLE, "yeet", "--help"], capture_output=True, text=True)
     if help_text.returncode != 0:
         first = (help_text.stderr.strip() or help_text.stdout.strip()).splitlines()[:1]
@@ -215,7 +238,9 @@ def run_crucible(args, env, dataset, dst, nodes):
     argv = [CRUCIBLE, "yeet", str(dataset["source"]), "--to", str(dst / "%N"), "--summary", str(summary),
             "--work-dir", str(dst / "work")]
     if "--transport" in help_text.stdout:
-        argv += ["--transport", "mpi"]
+        argv += ["--transport", transport]
+    elif transport != "mpi":
+        raise RuntimeError(f"`{CRUCIBLE} yeet` has no --transport option; rebuild crucible")
     proc, wall = salloc(args, env, nodes, argv, timeout=1800)
     if proc.returncode != 0 or not summary.exists():
         raise RuntimeError(f"crucible yeet failed (exit {proc.returncode}): "
@@ -229,6 +254,10 @@ def run_crucible(args, env, dataset, dst, nodes):
     return {"seconds": seconds, "wall_seconds": wall, "phases": phases,
             "hops": [[sent, moved]], "fixed_seconds": max(0.0, seconds - moved),
             "nodes_failed": record.get("nodes_failed", [])}
+
+
+def run_crucible_sbcast(args, env, dataset, dst, nodes):
+    return run_crucible(args, env, dataset, dst, nodes, transport="sbcast")
 
 
 def run_sbcast(args, env, dataset, dst, nodes):
@@ -363,7 +392,7 @@ def fit_line(points):
 def levels(scheme, nodes):
     """Tree levels (rounds) to reach `nodes` nodes: binomial for crucible, fan-out 8 for sbcast,
     and x9 holders per round for the reference's fan-out."""
-    base = {"crucible": 2, "sbcast": 8, "fanout": 9}[scheme]
+    base = {"crucible": 2, "sbcast": 8, "crucible-sbcast": 8, "fanout": 9}[scheme]
     return max(1, math.ceil(math.log(nodes, base) - 1e-9))
 
 
@@ -391,7 +420,7 @@ def reference_at(nodes):
 def model(results, datasets, nodes):
     """Fits each scheme on all its measured hops and prints the predictions."""
     fits = {}
-    for scheme in ("crucible", "sbcast", "fanout"):
+    for scheme in METHODS:
         points = [h for (s, _), r in results.items() if s == scheme and "hops" in r for h in r["hops"]]
         if len(points) >= 1:
             fits[scheme] = fit_line(points)
@@ -404,6 +433,7 @@ def model(results, datasets, nodes):
     log("\nModel (per-hop latency L and bandwidth W fitted by least squares on (bytes, seconds)):")
     log("  crucible: T(N) = F + ceil(log2 N)*(L + C/W) + B/W      pipelined chunked broadcast, C = 4 MiB")
     log("  sbcast:   T(N) = P + X + ceil(log8 N)*(L + S/W) + B/W  Slurm's block-forwarding tree, S = 8 MB")
+    log("  crucible-sbcast: as sbcast, with F (crucible's launch, scan, pack, verify, rename) for P + X")
     log("  fanout:   T(N) = H0 + ceil(log9 N)*(L + B/W)              reference: 8 transfers per source, each "
         "finished node a source")
     predictions = {}
@@ -482,8 +512,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: 100 MB tree, 25 MB tarballs")
     parser.add_argument("--nodes", type=int, default=4, help="virtual nodes (default 4)")
-    parser.add_argument("--methods", default="crucible,sbcast,fanout",
-                        help="comma-separated subset of crucible,sbcast,fanout")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--datasets", default="probe,tree,tar.gz,tar.zst",
                         help="comma-separated subset of probe,tree,tar.gz,tar.zst")
     parser.add_argument("--cache", default=os.path.join(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")),
@@ -494,7 +524,7 @@ def main():
     methods = [m for m in args.methods.split(",") if m]
     wanted = [d for d in args.datasets.split(",") if d]
     for m in methods:
-        if m not in ("crucible", "sbcast", "fanout"):
+        if m not in METHODS:
             parser.error(f"--methods: unknown method {m!r}")
     for d in wanted:
         if d not in ("probe", "tree", "tar.gz", "tar.zst"):
@@ -540,7 +570,8 @@ def main():
     log(f"phase=cluster nodes={args.nodes} work={work}")
     cluster, env = start_cluster(work, args.nodes)
     results, failures = {}, {}
-    runners = {"crucible": run_crucible, "sbcast": run_sbcast, "fanout": run_fanout}
+    runners = {"crucible": run_crucible, "crucible-sbcast": run_crucible_sbcast, "sbcast": run_sbcast,
+               "fanout": run_fanout}
     try:
         node_names = [f"n{k}" for k in range(1, args.nodes + 1)]
         proc, overhead = salloc(args, env, args.nodes, ["true"], timeout=120)

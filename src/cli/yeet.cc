@@ -26,6 +26,10 @@ CommandRun SetupYeet(CLI::App& app) {
                  "repeatable");
   app.add_option("--mpi", o->mpi, "MPI flavour: auto, openmpi or mpich (default auto)")
       ->check(CLI::IsMember({"auto", "openmpi", "mpich"}));
+  app.add_option("--transport", o->transport,
+                 "how the files travel: mpi (a pipelined broadcast between the nodes' ranks) or "
+                 "sbcast (Slurm's sbcast; only inside a Slurm allocation) (default mpi)")
+      ->check(CLI::IsMember({"mpi", "sbcast"}));
   app.add_option("--retries", o->retries,
                  "retry each node that did not finish up to N times, alone (default 2)");
   app.add_option("--backoff", o->backoff_seconds,
@@ -64,6 +68,9 @@ CommandRun SetupYeetRank(CLI::App& app) {
   app.add_option("--stats", o->stats_path, "rank 0's statistics (JSON)");
   app.add_option("--chunk-bytes", o->chunk_bytes, "broadcast chunk size");
   app.add_option("--timeout", o->timeout_seconds, "collective deadline");
+  app.add_option("--transport", o->transport, "mpi or sbcast");
+  app.add_option("--cache-dir", o->cache_dir, "shared folder of remembered hashes");
+  app.add_option("--started-at", o->started_at, "when the driver started the job (epoch s)");
   return [o]() { return RunYeetRank(*o); };
 }
 

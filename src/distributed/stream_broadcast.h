@@ -1,8 +1,10 @@
 // A byte stream from rank 0 to every rank of the job (MPI_COMM_WORLD), pipelined: the stream
-// moves in fixed-size chunks through two buffers, so while one chunk is in flight (MPI_Ibcast)
-// rank 0 reads the next into the other buffer and the other ranks write the previous one out.
-// Used by `crucible yeet` to send files that some node lacks. Without MPI (or with one rank) the
-// chunks go straight from `produce` to `consume`.
+// moves in fixed-size chunks through a ring of buffers. On rank 0 a reader thread fills buffers
+// ahead (`produce`), on every rank a writer thread drains them behind (`consume`), and the
+// calling thread alone talks to MPI, keeping two chunk broadcasts (MPI_Ibcast) in flight, so
+// reading, the network and writing overlap. Used by `crucible yeet` to send files that some
+// node lacks. Without MPI (or with one rank) the chunks go straight from `produce` to `consume`
+// (still on the two threads).
 #pragma once
 
 #include <cstddef>
@@ -16,7 +18,9 @@ using ChunkProducer = std::function<void(char* buffer, size_t size)>;
 // Takes the next `size` bytes of the stream (every rank, rank 0 included).
 using ChunkConsumer = std::function<void(const char* buffer, size_t size)>;
 
-// Every rank must call it with the same `total` and `chunk_bytes` (at most 1 GiB).
+// Every rank must call it with the same `total` and `chunk_bytes` (at most 1 GiB). `produce` and
+// `consume` each run on a thread of their own, chunks in order; an exception from either stops
+// the stream and is rethrown here (the other ranks are then left waiting: their job is killed).
 void BroadcastStream(uint64_t total, size_t chunk_bytes, const ChunkProducer& produce,
                      const ChunkConsumer& consume);
 

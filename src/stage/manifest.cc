@@ -8,12 +8,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/strings.h"
 #include "stage/node_paths.h"
 
@@ -50,13 +55,22 @@ void Walk(const std::string& folder, const std::string& prefix, bool follow, Man
     entry.size = static_cast<uint64_t>(info.st_size);
     entry.mode = info.st_mode & 07777;
     entry.source = path;
+    entry.inode = static_cast<uint64_t>(info.st_ino);
     out->push_back(entry);
   }
   if (error) throw IoError("cannot list " + folder + ": " + error.message());
 }
 
-void HashAll(Manifest* manifest, uint64_t* bytes_read) {
-  for (ManifestEntry& entry : *manifest) entry.hash = HashFile(entry.source, bytes_read);
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+void HashAll(Manifest* manifest, uint64_t* bytes_read, HashCache* cache) {
+  for (ManifestEntry& entry : *manifest)
+    entry.hash = cache ? cache->Hash(entry.source, bytes_read) : HashFile(entry.source, bytes_read);
   std::sort(manifest->begin(), manifest->end(),
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
 }
@@ -87,7 +101,66 @@ uint64_t HashFile(const std::string& path, uint64_t* bytes_read) {
   return XXH3_64bits_digest(state.get());
 }
 
-Manifest ScanSources(const std::vector<std::string>& sources, uint64_t* bytes_read) {
+HashCache::HashCache(std::string path, Kind kind) : path_(std::move(path)), kind_(kind) {
+  if (kind_ == kNodeTree) boot_id_ = BootId();
+  if (path_.empty()) return;
+  std::ifstream in(path_);
+  std::string line;
+  // Line 1: "crucible-hash-cache 1 <boot id or ->"; then "<hash hex> <identity> <path>".
+  if (!std::getline(in, line) ||
+      line != "crucible-hash-cache 1 " + (boot_id_.empty() ? "-" : boot_id_))
+    return;
+  while (std::getline(in, line)) {
+    char hash[17] = {0}, identity[128] = {0};
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "%16[0-9a-f] %127s %n", hash, identity, &consumed) != 2 ||
+        consumed == 0 || static_cast<size_t>(consumed) >= line.size())
+      continue;
+    loaded_[line.substr(static_cast<size_t>(consumed))] = {identity,
+                                                           std::strtoull(hash, nullptr, 16)};
+  }
+}
+
+uint64_t HashCache::Hash(const std::string& file, uint64_t* bytes_read) {
+  struct stat info;
+  if (stat(file.c_str(), &info) != 0) ThrowErrno("cannot stat " + file);
+  std::string identity = StrFormat(
+      "%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%lld.%09ld", static_cast<uint64_t>(info.st_dev),
+      static_cast<uint64_t>(info.st_ino), static_cast<uint64_t>(info.st_size),
+      static_cast<long long>(info.st_mtim.tv_sec), info.st_mtim.tv_nsec);
+  if (kind_ == kSources)
+    identity +=
+        StrFormat(":%lld.%09ld", static_cast<long long>(info.st_ctim.tv_sec), info.st_ctim.tv_nsec);
+  auto it = loaded_.find(file);
+  if (it != loaded_.end() && it->second.identity == identity) {
+    ++hits_;
+    used_[file] = it->second;
+    return it->second.hash;
+  }
+  const uint64_t hash = HashFile(file, bytes_read);
+  // A file changed within the timestamps' granularity may change again unseen: keep it out of
+  // the cache, as git does with "racily clean" entries.
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  const time_t last_change = kind_ == kSources ? info.st_ctim.tv_sec : info.st_mtim.tv_sec;
+  if (now.tv_sec > last_change + 1) used_[file] = {identity, hash};
+  changed_ = true;
+  return hash;
+}
+
+void HashCache::Save() const {
+  if (path_.empty() || (!changed_ && used_.size() == loaded_.size())) return;
+  std::string text = "crucible-hash-cache 1 " + (boot_id_.empty() ? "-" : boot_id_) + "\n";
+  for (const auto& [file, entry] : used_)
+    if (file.find('\n') == std::string::npos)
+      text += StrFormat("%016" PRIx64 " %s ", entry.hash, entry.identity.c_str()) + file + "\n";
+  const std::string parent = ParentDirectory(path_);
+  if (!parent.empty()) MakeDirectories(parent);
+  AtomicWriteFile(path_, text);
+}
+
+Manifest ScanSources(const std::vector<std::string>& sources, uint64_t* bytes_read,
+                     HashCache* cache) {
   Manifest manifest;
   std::map<std::string, std::string> names;  // staged name -> source
   for (const std::string& source : sources) {
@@ -110,16 +183,16 @@ Manifest ScanSources(const std::vector<std::string>& sources, uint64_t* bytes_re
       throw UsageError("cannot stage " + source + ": not a regular file or folder");
     }
   }
-  HashAll(&manifest, bytes_read);
+  HashAll(&manifest, bytes_read, cache);
   return manifest;
 }
 
-Manifest ScanTree(const std::string& root, uint64_t* bytes_read) {
+Manifest ScanTree(const std::string& root, uint64_t* bytes_read, HashCache* cache) {
   Manifest manifest;
   struct stat info;
   if (lstat(root.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) return manifest;
   Walk(root, "", false, &manifest);
-  HashAll(&manifest, bytes_read);
+  HashAll(&manifest, bytes_read, cache);
   return manifest;
 }
 

@@ -48,6 +48,13 @@ std::string ArchiveStem(const std::string& name) {
   return name;
 }
 
+std::string SbcastStagingPath(const std::string& destination, const std::string& yeet_id) {
+  const std::string parent = ParentDirectory(StripTrailingSlashes(destination));
+  const std::string folder =
+      parent.empty() || parent.find('%') != std::string::npos ? "/tmp" : parent;
+  return JoinPath(folder, ".crucible-yeet-" + yeet_id + ".sbcast");
+}
+
 std::string StagedName(const std::string& source) {
   const std::string path = StripTrailingSlashes(source);
   const size_t slash = path.rfind('/');

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -46,6 +47,12 @@ std::string SelfExecutable() {
   return n > 0 ? std::string(path, n) : "crucible";
 }
 
+double WallClock() {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
 void Say(const std::string& message) {
   std::fprintf(stderr, "crucible yeet: %s\n", message.c_str());
   std::fflush(stderr);
@@ -75,6 +82,8 @@ void Validate(const YeetOptions& o) {
   if (o.min_success_nodes && *o.min_success_nodes < 1)
     throw UsageError(
         StrFormat("--min-success-nodes: %d is out of range; give 1 or more", *o.min_success_nodes));
+  if (o.transport != "mpi" && o.transport != "sbcast")
+    throw UsageError("--transport " + o.transport + ": give mpi or sbcast");
   if (o.chunk_bytes < 4096 || o.chunk_bytes > (size_t{1} << 30))
     throw UsageError("--chunk-bytes: give 4096 to 1073741824");
 }
@@ -147,6 +156,12 @@ struct Driver {
                     std::to_string(options.chunk_bytes),
                     "--timeout",
                     StrFormat("%g", options.timeout_seconds),
+                    "--transport",
+                    options.transport,
+                    "--cache-dir",
+                    JoinPath(Absolute(options.work_dir), "cache"),
+                    "--started-at",
+                    StrFormat("%.6f", WallClock()),
                     "--"};
     spec.command.insert(spec.command.end(), sources.begin(), sources.end());
     return spec;
@@ -207,6 +222,10 @@ YeetResult RunYeet(const YeetOptions& options, const Environment& env) {
   for (const std::string& source : options.sources) d.sources.push_back(Absolute(source));
   CheckArchives(d.sources);
   d.allocation = DetectAllocation(env, options.hostfile);
+  if (options.transport == "sbcast" && d.allocation.scheduler != Scheduler::kSlurm)
+    throw UsageError(
+        "--transport sbcast needs a Slurm allocation (run inside salloc or sbatch); use "
+        "--transport mpi elsewhere");
   std::vector<std::string> nodes =
       options.nodes.empty() ? d.allocation.nodes : ExpandHostList(options.nodes);
   std::vector<std::string> excluded;
@@ -325,7 +344,7 @@ YeetResult RunYeet(const YeetOptions& options, const Environment& env) {
                 result.nodes_ok.size(), total, needed, met ? "ok" : "below the floor",
                 result.nodes_failed.size(), result.failed_hosts_path.c_str()));
   if (!options.summary.empty()) {
-    Json summary = {{"transport", "mpi"},
+    Json summary = {{"transport", options.transport},
                     {"bytes_read", bytes_read},
                     {"bytes_sent", bytes_sent},
                     {"files_sent", files_sent},

@@ -4,9 +4,12 @@
 // The driver (RunYeet, on the launch node) starts one `crucible yeet-rank` per node through the
 // same launch commands as `crucible launch` (srun / mpiexec / mpirun). Rank 0 reads the sources
 // from the shared filesystem; every rank reports the manifest of what its DIR already holds; the
-// files some node lacks are sent once, as one pipelined chunked broadcast. Each node builds
-// DIR.partial-<id> (unchanged files hard-linked from its DIR), verifies every file's hash,
-// unpacks the archives, and swaps the tree in by rename. Each rank leaves "done <node>
+// files some node lacks are sent once, as one pipelined chunked broadcast (or, with the sbcast
+// transport, as one file landed on every node by Slurm's sbcast). Each node builds
+// DIR.partial-<id> (unchanged files hard-linked from its DIR, the rest hashed as they are
+// written), checks every file against the manifest, unpacks the archives, and swaps the tree in
+// by rename. Hashes are remembered in WORK_DIR/cache (HashCache), so a re-run reads only what
+// changed. Each rank leaves "done <node>
 // <manifest hash>" (or "failed <node> <reason>") in the driver's status folder, so the driver
 // knows per node even when the MPI job dies. Nodes that did not finish are retried one by one
 // (a job on that node alone, reading the sources itself), then the success floor is applied.
@@ -30,6 +33,7 @@ struct YeetOptions {
   std::string hostfile;
   std::vector<std::string> exclude_files;  // hosts to leave out (crucible launch's format)
   std::string mpi = "auto";
+  std::string transport = "mpi";  // how the bytes travel: "mpi" (broadcast) or "sbcast" (Slurm)
   int retries = 2;
   double backoff_seconds = 2;  // before retry k: backoff x 2^(k-1), at most 60 s
   std::optional<double> min_success_fraction;
@@ -55,8 +59,11 @@ YeetResult RunYeet(const YeetOptions& options, const Environment& env);
 struct YeetRankOptions {
   std::vector<std::string> sources;  // absolute
   std::string destination;           // with %N unexpanded
-  std::string status_dir;  // each rank writes "done|failed <node> ..." to STATUS_DIR/<node>
-  std::string stats_path;  // rank 0's byte counts and phase times (JSON); empty: none
+  std::string status_dir;         // each rank writes "done|failed <node> ..." to STATUS_DIR/<node>
+  std::string stats_path;         // rank 0's byte counts and phase times (JSON); empty: none
+  std::string transport = "mpi";  // or "sbcast" (Slurm only)
+  std::string cache_dir;          // shared folder of remembered hashes (HashCache); empty: none
+  double started_at = 0;  // when the driver started the job (epoch seconds); 0: no launch phase
   std::string yeet_id;
   int attempt = 1;
   size_t chunk_bytes = size_t{4} << 20;

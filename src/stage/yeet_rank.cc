@@ -1,14 +1,20 @@
 // crucible yeet-rank: one node's side of `crucible yeet` (stage/yeet.h).
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -22,6 +28,7 @@
 #include "launch/hostlist.h"
 #include "launch/rank_environment.h"
 #include "stage/archive.h"
+#include "stage/file_stream.h"
 #include "stage/manifest.h"
 #include "stage/node_paths.h"
 #include "stage/yeet.h"
@@ -63,127 +70,6 @@ std::string ReportedNode(const std::string& node, int rank, int size) {
   if (static_cast<int>(nodes.size()) == size) return nodes[static_cast<size_t>(rank)];
   return node;
 }
-
-// Writes the needed files one after another as the broadcast stream delivers them.
-class StreamWriter {
- public:
-  StreamWriter(const Manifest& manifest, const std::vector<size_t>& needed,
-               const std::set<size_t>& mine, const std::string& root, std::string* failure)
-      : manifest_(manifest), needed_(needed), mine_(mine), root_(root), failure_(failure) {}
-  ~StreamWriter() { Close(); }
-
-  void Consume(const char* data, size_t size) {
-    while (size > 0) {
-      SkipEmpty();
-      if (next_ >= needed_.size()) return;  // cannot happen: the stream's size is the sum
-      const ManifestEntry& entry = manifest_[needed_[next_]];
-      if (offset_ == 0) Open();
-      const size_t take = static_cast<size_t>(std::min<uint64_t>(size, entry.size - offset_));
-      if (fd_ >= 0 && failure_->empty()) WriteAll(data, take, entry);
-      data += take;
-      size -= take;
-      offset_ += take;
-      if (offset_ == entry.size) {
-        Close();
-        offset_ = 0;
-        ++next_;
-      }
-    }
-  }
-  void Finish() {
-    SkipEmpty();
-    Close();
-  }
-
- private:
-  void SkipEmpty() {  // empty files take no stream bytes: create them as they come up
-    while (next_ < needed_.size() && offset_ == 0 && manifest_[needed_[next_]].size == 0) {
-      Open();
-      Close();
-      ++next_;
-    }
-  }
-  void Open() {
-    const size_t index = needed_[next_];
-    if (!mine_.count(index) || !failure_->empty()) return;
-    const std::string path = JoinPath(root_, manifest_[index].path);
-    try {
-      MakeParent(path);
-      fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd_ < 0) ThrowErrno("cannot create " + path);
-    } catch (const Error& e) {
-      *failure_ = e.what();
-    }
-  }
-  void WriteAll(const char* data, size_t size, const ManifestEntry& entry) {
-    while (size > 0) {
-      const ssize_t n = write(fd_, data, size);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        *failure_ = StrFormat("cannot write %s under %s: %s", entry.path.c_str(), root_.c_str(),
-                              std::strerror(errno));
-        return;
-      }
-      data += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
-  void Close() {
-    if (fd_ >= 0 && close(fd_) != 0 && failure_->empty())
-      *failure_ = "cannot close a file under " + root_ + ": " + std::strerror(errno);
-    fd_ = -1;
-  }
-
-  const Manifest& manifest_;
-  const std::vector<size_t>& needed_;
-  const std::set<size_t>& mine_;
-  std::string root_;
-  std::string* failure_;
-  size_t next_ = 0;  // position in needed_
-  uint64_t offset_ = 0;
-  int fd_ = -1;
-};
-
-// Reads the needed files from the sources one after another (rank 0).
-class StreamReader {
- public:
-  StreamReader(const Manifest& manifest, const std::vector<size_t>& needed)
-      : manifest_(manifest), needed_(needed) {}
-  ~StreamReader() {
-    if (fd_ >= 0) close(fd_);
-  }
-  void Produce(char* data, size_t size) {
-    while (size > 0) {
-      while (next_ < needed_.size() && manifest_[needed_[next_]].size == 0) ++next_;
-      const ManifestEntry& entry = manifest_[needed_.at(next_)];
-      if (fd_ < 0) {
-        fd_ = open(entry.source.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd_ < 0) ThrowErrno("cannot open " + entry.source);
-      }
-      const size_t want = static_cast<size_t>(std::min<uint64_t>(size, entry.size - offset_));
-      const ssize_t n = read(fd_, data, want);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) ThrowErrno("cannot read " + entry.source);
-      if (n == 0) throw IoError(entry.source + " shrank while it was being staged; run yeet again");
-      data += n;
-      size -= static_cast<size_t>(n);
-      offset_ += static_cast<uint64_t>(n);
-      if (offset_ == entry.size) {
-        close(fd_);
-        fd_ = -1;
-        offset_ = 0;
-        ++next_;
-      }
-    }
-  }
-
- private:
-  const Manifest& manifest_;
-  const std::vector<size_t>& needed_;
-  size_t next_ = 0;
-  uint64_t offset_ = 0;
-  int fd_ = -1;
-};
 
 // Swaps the complete tree at `partial` in for `dir`: one atomic exchange when `dir` exists
 // (renameat2 RENAME_EXCHANGE), else one rename; the old tree is deleted afterwards.
@@ -260,12 +146,28 @@ int RunYeetRank(const YeetRankOptions& options) {
     std::fflush(stderr);
   };
 
-  // Scan: what this node holds; rank 0 also hashes the sources.
+  // Launch: from the driver starting the job to every rank having joined MPI.
+  if (options.started_at > 0) {
+    world.Barrier("yeet started");
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    say({"launch", std::max(0.0, now.tv_sec + now.tv_nsec * 1e-9 - options.started_at), 0}, "");
+  }
+
+  // Scan: what this node holds; rank 0 also hashes the sources. Both remember their hashes in
+  // the work dir's cache (stage/manifest.h, HashCache), so unchanged files are not read again.
   Timer scan_timer;
   uint64_t held_bytes = 0;
   Manifest held;
+  const std::string cache_tag =
+      StrFormat("%016llx", (unsigned long long)XXH3_64bits(dir.data(), dir.size()));
+  HashCache held_cache(options.cache_dir.empty()
+                           ? ""
+                           : JoinPath(options.cache_dir, "node-" + reported + "-" + cache_tag),
+                       HashCache::kNodeTree);
   try {
-    held = ScanTree(dir, &held_bytes);
+    held = ScanTree(dir, &held_bytes, &held_cache);
+    held_cache.Save();
   } catch (const Error&) {
     held.clear();  // unreadable: everything is sent again
   }
@@ -273,7 +175,17 @@ int RunYeetRank(const YeetRankOptions& options) {
   Manifest source;
   if (rank == 0) {
     try {
-      source = ScanSources(options.sources, &bytes_read);
+      std::string joined;
+      for (const std::string& path : options.sources) joined += path + "\n";
+      HashCache source_cache(
+          options.cache_dir.empty()
+              ? ""
+              : JoinPath(options.cache_dir,
+                         StrFormat("sources-%016llx",
+                                   (unsigned long long)XXH3_64bits(joined.data(), joined.size()))),
+          HashCache::kSources);
+      source = ScanSources(options.sources, &bytes_read, &source_cache);
+      source_cache.Save();
       plan = SerializeManifest(source);
     } catch (const Error& e) {
       plan = std::string("error ") + e.what();
@@ -316,7 +228,39 @@ int RunYeetRank(const YeetRankOptions& options) {
   uint64_t total = 0;
   for (size_t i : needed) total += source[i].size;
   double read_seconds = 0;
-  {
+  uint64_t writer_verified = 0;
+  if (options.transport == "sbcast") {
+    SbcastStream send{source, needed, total, options.chunk_bytes,
+                      SbcastStagingPath(options.destination, options.yeet_id)};
+    world.Barrier("yeet partial trees");  // every node's folder for the staged file exists
+    std::string outcome;
+    if (rank == 0) {
+      Timer t;
+      try {
+        if (total > 0) send.Pack();
+        read_seconds = t.Seconds();
+        if (total > 0) send.Broadcast();
+      } catch (const Error& e) {
+        outcome = std::string("error ") + e.what();
+      }
+      send.RemovePack();
+    }
+    world.BroadcastString(&outcome, 0, "yeet sbcast");
+    if (StartsWith(outcome, "error ")) {
+      if (failure.empty()) failure = "sbcast transport: " + outcome.substr(6);
+    } else if (total > 0) {
+      StreamWriter writer(source, needed, mine, partial, &failure);
+      try {
+        send.Unpack(&writer);
+      } catch (const Error& e) {
+        if (failure.empty()) failure = e.what();
+      }
+      writer.Finish();
+      writer_verified = writer.verified_bytes();
+    }
+    world.Barrier("yeet sbcast read");  // on a shared filesystem, every node reads one file
+    unlink(send.staged.c_str());
+  } else {
     StreamReader reader(source, needed);
     StreamWriter writer(source, needed, mine, partial, &failure);
     BroadcastStream(
@@ -328,33 +272,49 @@ int RunYeetRank(const YeetRankOptions& options) {
         },
         [&](const char* data, size_t n) { writer.Consume(data, n); });
     writer.Finish();
+    writer_verified = writer.verified_bytes();
   }
   if (rank == 0) bytes_read += total, bytes_sent = total;
   say({"read", read_seconds, rank == 0 ? total : 0}, "");
   say({"broadcast", broadcast_timer.Seconds(), total}, StrFormat("files=%zu ", needed.size()));
 
-  // Verify every file of the new tree against the manifest.
+  // Verify every file of the new tree against the manifest. The received files were hashed as
+  // they were written (StreamWriter); a hard-linked one is the very file (inode) the scan of DIR
+  // hashed; only a copied one (DIR on another filesystem than its parent) is read back.
   Timer verify_timer;
-  uint64_t verified = 0;
+  uint64_t verified = writer_verified, reread = 0;
+  std::map<std::string, const ManifestEntry*> held_by_path;
+  for (const ManifestEntry& e : held) held_by_path[e.path] = &e;
   for (size_t i = 0; i < source.size() && failure.empty(); ++i) {
     const std::string path = JoinPath(partial, source[i].path);
     try {
-      uint64_t bytes = 0;
-      const uint64_t hash = HashFile(path, &bytes);
-      verified += bytes;
-      if (hash != source[i].hash || bytes != source[i].size)
-        failure = StrFormat(
-            "%s: content differs from the source after the copy (%llu bytes, "
-            "hash %016llx, expected %llu bytes, %016llx)",
-            source[i].path.c_str(), (unsigned long long)bytes, (unsigned long long)hash,
-            (unsigned long long)source[i].size, (unsigned long long)source[i].hash);
-      else if (chmod(path.c_str(), source[i].mode) != 0)
+      if (!mine.count(i)) {
+        struct stat info;
+        if (lstat(path.c_str(), &info) != 0) ThrowErrno("cannot stat " + path);
+        const ManifestEntry* was = held_by_path.at(source[i].path);
+        if (static_cast<uint64_t>(info.st_ino) != was->inode) {
+          uint64_t bytes = 0;
+          const uint64_t hash = HashFile(path, &bytes);
+          reread += bytes;
+          if (hash != source[i].hash || bytes != source[i].size)
+            failure = StrFormat(
+                "%s: content differs from the source after the copy (%llu bytes, "
+                "hash %016llx, expected %llu bytes, %016llx)",
+                source[i].path.c_str(), (unsigned long long)bytes, (unsigned long long)hash,
+                (unsigned long long)source[i].size, (unsigned long long)source[i].hash);
+        } else if (static_cast<uint64_t>(info.st_size) != source[i].size) {
+          failure = source[i].path + ": changed in " + dir + " while it was being staged";
+        }
+        verified += source[i].size;
+      }
+      if (failure.empty() && chmod(path.c_str(), source[i].mode) != 0)
         ThrowErrno("cannot chmod " + path);
     } catch (const Error& e) {
       failure = e.what();
     }
   }
-  say({"verify", verify_timer.Seconds(), verified}, "");
+  say({"verify", verify_timer.Seconds(), verified},
+      StrFormat("reread=%llu ", (unsigned long long)reread));
 
   // Unpack the archives next to themselves: DIR/<name without extension>/.
   Timer unpack_timer;

@@ -2,7 +2,7 @@
 test_launch_slurm.py): every node gets an identical tree under its own folder (/…/node-%N), a
 re-run moves only what changed, a node that fails its first try is retried, one that always fails
 is left out under --min-success-fraction and named in the failed-hosts file (which crucible launch
-takes), an unsafe archive is refused, and `crucible launch --yeet` runs crucible train from the
+takes), the sbcast transport gives the same trees, an unsafe archive is refused, and `crucible launch --yeet` runs crucible train from the
 node-local copies."""
 import hashlib
 import io
@@ -72,7 +72,9 @@ def test_every_node_gets_an_identical_tree_and_a_rerun_sends_only_the_change(clu
                        if p.is_file())
     assert first["bytes_sent"] == source_bytes and first["files_sent"] == 7
     assert sorted(first["nodes_ok"]) == NODES and first["nodes_failed"] == []
-    assert [p["name"] for p in first["phases"]] == ["scan", "read", "broadcast", "verify", "unpack", "rename"]
+    assert [p["name"] for p in first["phases"]] == ["launch", "scan", "read", "broadcast", "verify", "unpack",
+                                                    "rename"]
+    assert first["transport"] == "mpi"
     assert "phase=broadcast" in proc.stderr and "nodes_done=4/4" in proc.stderr
 
     changed = sources[0] / "shard-1.bin"
@@ -84,6 +86,44 @@ def test_every_node_gets_an_identical_tree_and_a_rerun_sends_only_the_change(clu
     expected["data/shard-1.bin"] = hashlib.sha256(changed.read_bytes()).hexdigest()
     for node in NODES:
         assert tree_hashes(tmp_path / "stage" / f"node-{node}") == expected, node
+
+
+def test_the_sbcast_transport_stages_identical_trees_and_resends_only_the_change(cluster, tmp_path, sources):
+    """The same manifests, verification and rename as the MPI transport, with the bytes sent by
+    Slurm's sbcast: one file, the needed files back to back, landed beside DIR on every node (on
+    this cluster one shared path, named after the job) and removed once every node has read it."""
+    folder, env = cluster
+    dest = tmp_path / "stage" / "node-%N"
+    summary = tmp_path / "summary.json"
+    proc = yeet(env, tmp_path, *sources, "--to", dest, "--transport", "sbcast", "--summary", summary)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first = json.loads(summary.read_text())
+    assert first["transport"] == "sbcast" and sorted(first["nodes_ok"]) == NODES
+    assert first["files_sent"] == 7
+    trees = [tree_hashes(tmp_path / "stage" / f"node-{node}") for node in NODES]
+    assert trees[0]["data/shard-2.bin"] == hashlib.sha256((sources[0] / "shard-2.bin").read_bytes()).hexdigest()
+    assert "env/bin/tool.py" in trees[0] and all(tree == trees[0] for tree in trees)
+    assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == [f"node-{n}" for n in NODES]
+
+    changed = sources[0] / "shard-0.bin"
+    changed.write_bytes(changed.read_bytes()[:-5] + b"tail!")
+    proc = yeet(env, tmp_path, *sources, "--to", dest, "--transport", "sbcast", "--summary", summary)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    second = json.loads(summary.read_text())
+    assert second["bytes_sent"] == changed.stat().st_size and second["files_sent"] == 1
+    for node in NODES:
+        tree = tree_hashes(tmp_path / "stage" / f"node-{node}")
+        assert tree["data/shard-0.bin"] == hashlib.sha256(changed.read_bytes()).hexdigest(), node
+        assert {k: v for k, v in tree.items() if k != "data/shard-0.bin"} == \
+            {k: v for k, v in trees[0].items() if k != "data/shard-0.bin"}, node
+    assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == [f"node-{n}" for n in NODES]
+
+    # Outside Slurm the option is a usage error naming it.
+    proc = subprocess.run([CRUCIBLE, "yeet", str(sources[1]), "--to", str(tmp_path / "x"), "--transport", "sbcast",
+                           "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in env.items() if not k.startswith("SLURM_JOB")})
+    assert proc.returncode == 2 and "--transport sbcast" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_a_failing_node_is_retried_and_one_that_always_fails_is_excluded(cluster, tmp_path, sources):

@@ -2,9 +2,12 @@
 // expansion of node-local paths, and the rewriting of a launched command's paths.
 #include "stage/manifest.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -71,6 +74,52 @@ TEST(Manifest, ScansSourcesUnderTheirBaseNamesAndSeesOneChangedFile) {
   EXPECT_EQ(MissingEntries(after, before), (std::vector<size_t>{1}));
   EXPECT_THROW(ScanSources({(root / "data").string(), (root / "data").string()}), Error);
   fs::remove_all(root);
+}
+
+TEST(HashCache, AnUnchangedFileIsNotReadAgainAndAChangedOneIs) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("yeet-cache-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "tree");
+  std::ofstream(root / "tree" / "a.bin") << "alpha";
+  std::ofstream(root / "tree" / "b.bin") << "bravo";
+  const struct timespec an_hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  for (const char* name : {"a.bin", "b.bin"})
+    ASSERT_EQ(utimensat(AT_FDCWD, (root / "tree" / name).c_str(), an_hour_ago, 0), 0);
+  const std::string index = (root / "cache" / "node.index").string();
+  uint64_t read = 0;
+  {
+    HashCache cache(index, HashCache::kNodeTree);
+    const Manifest first = ScanTree((root / "tree").string(), &read, &cache);
+    EXPECT_EQ(read, 10u);
+    cache.Save();
+  }
+  HashCache cache(index, HashCache::kNodeTree);
+  read = 0;
+  const Manifest again = ScanTree((root / "tree").string(), &read, &cache);
+  EXPECT_EQ(read, 0u);
+  EXPECT_EQ(cache.hits(), 2u);
+  EXPECT_EQ(SerializeManifest(again), SerializeManifest(ScanTree((root / "tree").string())));
+  std::ofstream(root / "tree" / "b.bin") << "BRAVO";  // same size, new mtime
+  HashCache after(index, HashCache::kNodeTree);
+  read = 0;
+  const Manifest changed = ScanTree((root / "tree").string(), &read, &after);
+  EXPECT_EQ(read, 5u);
+  EXPECT_EQ(MissingEntries(changed, again), (std::vector<size_t>{1}));
+  // A source file changed within the last 2 s is not remembered (it may change again unseen).
+  HashCache sources((root / "cache" / "sources.index").string(), HashCache::kSources);
+  ScanSources({(root / "tree" / "b.bin").string()}, nullptr, &sources);
+  sources.Save();
+  HashCache reloaded((root / "cache" / "sources.index").string(), HashCache::kSources);
+  read = 0;
+  ScanSources({(root / "tree" / "b.bin").string()}, &read, &reloaded);
+  EXPECT_EQ(read, 5u);
+  fs::remove_all(root);
+}
+
+TEST(NodePaths, SbcastLandsBesideTheDestinationUnlessItsFolderNamesTheNode) {
+  EXPECT_EQ(SbcastStagingPath("/local/job-%N", "12-ab-1"), "/local/.crucible-yeet-12-ab-1.sbcast");
+  EXPECT_EQ(SbcastStagingPath("/local/%N/job/", "7"), "/tmp/.crucible-yeet-7.sbcast");
 }
 
 TEST(NodePaths, PercentNBecomesTheNodeName) {
