@@ -11,6 +11,9 @@ namespace crucible {
 std::string StrFormat(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::vector<std::string> Split(std::string_view text, char separator);
 std::string Trim(std::string_view text);
+
+// `text` for HTML or XML text and attribute values: & < > " ' as entities.
+std::string XmlEscape(std::string_view text);
 bool StartsWith(std::string_view text, std::string_view prefix);
 bool EndsWith(std::string_view text, std::string_view suffix);
 // Levenshtein distance, for "did you mean" suggestions.

@@ -15,32 +15,6 @@ Json NumberOrNull(double value) {
   return std::isfinite(value) ? Json(value) : Json(nullptr);
 }
 
-std::string Escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 Json Chart(const char* id, const char* title, const char* type, const char* x_title,
            const char* y_title) {
   return {{"id", id},           {"title", title},     {"type", type},
@@ -254,11 +228,11 @@ std::string RunsTable(const std::vector<RunData>& runs) {
     html += StrFormat(
         "<tr><td><span class=\"swatch\" style=\"background:%s\"></span>%s</td><td><code>%s</code>"
         "</td><td>%lld</td><td>%s</td><td>%zu</td><td class=\"config\">%s",
-        RunColor(i).c_str(), Escape(run.name).c_str(), Escape(run.dir).c_str(),
+        RunColor(i).c_str(), XmlEscape(run.name).c_str(), XmlEscape(run.dir).c_str(),
         static_cast<long long>(run.metrics_lines), last_loss.c_str(), run.attempts.size(),
-        Escape(ConfigSummary(run)).c_str());
+        XmlEscape(ConfigSummary(run)).c_str());
     for (const std::string& note : run.notes)
-      html += "<br><span class=\"note\">" + Escape(note) + "</span>";
+      html += "<br><span class=\"note\">" + XmlEscape(note) + "</span>";
     html += "</td></tr>\n";
   }
   return html + "</table>\n";
@@ -272,7 +246,7 @@ std::string EvalTable(const std::vector<RunData>& runs) {
         html += StrFormat(
             "<tr><td>%s</td><td>%s</td><td>%s</td><td>%lld</td><td>%.4f ± %.4f</td>"
             "<td>%.4f ± %.4f</td><td>%.4f</td></tr>\n",
-            Escape(run.name).c_str(), Escape(set.source).c_str(), Escape(s.task).c_str(),
+            XmlEscape(run.name).c_str(), XmlEscape(set.source).c_str(), XmlEscape(s.task).c_str(),
             static_cast<long long>(s.items), s.acc, s.acc_stderr, s.acc_norm, s.acc_norm_stderr,
             s.chance);
   if (html.empty()) return "";
@@ -294,10 +268,10 @@ std::string AttemptsTable(const std::vector<RunData>& runs) {
       html += StrFormat(
           "<tr><td>%s</td><td>%d</td><td>%s</td><td>%.1f</td><td>%.1f</td><td>%d</td>"
           "<td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
-          Escape(run.name).c_str(), a.attempt, Escape(a.started).c_str(), a.wall_seconds,
-          a.downtime_before, a.exit_code, Escape(a.verdict).c_str(), Escape(a.action).c_str(),
-          Escape(a.detail).c_str(), steps.c_str(), Escape(nodes).c_str(),
-          Escape(a.evidence).c_str());
+          XmlEscape(run.name).c_str(), a.attempt, XmlEscape(a.started).c_str(), a.wall_seconds,
+          a.downtime_before, a.exit_code, XmlEscape(a.verdict).c_str(), XmlEscape(a.action).c_str(),
+          XmlEscape(a.detail).c_str(), steps.c_str(), XmlEscape(nodes).c_str(),
+          XmlEscape(a.evidence).c_str());
     }
   if (html.empty()) return "";
   return "<table id=\"attempts-table\"><tr><th>run</th><th>attempt</th><th>started</th>"
@@ -500,9 +474,10 @@ std::string RenderReport(const std::vector<RunData>& runs, const std::string& ti
   for (const RunData& run : runs) run_names += (run_names.empty() ? "" : ", ") + run.name;
 
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  html += "<title>" + Escape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
-  html += "<h1>" + Escape(title) + "</h1>\n";
-  html += "<div class=\"generated\">crucible report of " + Escape(run_names) + ", written " +
+  html +=
+      "<title>" + XmlEscape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
+  html += "<h1>" + XmlEscape(title) + "</h1>\n";
+  html += "<div class=\"generated\">crucible report of " + XmlEscape(run_names) + ", written " +
           generated + "</div>\n";
   html += RunsTable(runs);
   html += "<div class=\"grid\" id=\"charts\"></div>\n";

@@ -12,29 +12,6 @@ namespace {
 constexpr double kWidth = 800, kHeight = 500;
 constexpr double kLeft = 80, kRight = kWidth - 30, kTop = 70, kBottom = kHeight - 60;
 
-std::string XmlEscape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // A round tick spacing (1, 2 or 5 times a power of ten) for about `span` / 5.
 double NiceStep(double span) {
   const double raw = span / 5.0;

@@ -9,19 +9,14 @@ import re
 import subprocess
 from pathlib import Path
 
+from test_launch_stop import clean_env  # the environment of a job outside any scheduler
+
 ROOT = Path(__file__).resolve().parents[2]
 CRUCIBLE = os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible"))
 HASH = re.compile(r"weights_xxh3=([0-9a-f]+)")
 SETTINGS = ["model.flavor=debug", "training.seq_len=32", "training.local_batch_size=2",
             "training.global_batch_size=8", "training.steps=24", "lr_scheduler.warmup_steps=2",
             "optimizer.lr=1e-3", "checkpoint.interval=8"]
-
-
-def clean_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "PBS_", "CRUCIBLE_", "OMPI_", "PMI"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    return env
 
 
 def train(run_dir, *extra):
