@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/registry.h"
+#include "kernels/cpu/decode.h"
 #include "kernels/cpu/kernels.h"
 
 namespace crucible {
@@ -188,6 +189,30 @@ void ComputeBackend::CopyColumns(float* dst, int64_t ldd, const float* src, int6
   Staging s(*this);
   float* d = s.Out(dst, (rows - 1) * ldd + cols);
   kernels::copy_columns(d, ldd, s.In(src, (rows - 1) * lds + cols), lds, rows, cols, accumulate);
+  s.Finish();
+}
+
+void ComputeBackend::MatmulRows(float* out, const float* inp, const float* weight, int64_t N,
+                                int64_t C, int64_t OC) {
+  RefuseInherited("MatmulRows");
+  Staging s(*this);
+  float* o = s.Out(out, N * OC);
+  kernels::matmul_rows(o, s.In(inp, N * C), s.In(weight, OC * C), N, C, OC);
+  s.Finish();
+}
+
+void ComputeBackend::DecodeAttention(float* out, const float* q, const float* const* keys,
+                                     const float* const* values, const int64_t* lengths, int64_t N,
+                                     int64_t H, int64_t KV, int64_t D) {
+  RefuseInherited("DecodeAttention");
+  Staging s(*this);
+  float* o = s.Out(out, N * H * D);
+  std::vector<const float*> k(static_cast<size_t>(N)), v(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    k[i] = s.In(keys[i], lengths[i] * KV * D);
+    v[i] = s.In(values[i], lengths[i] * KV * D);
+  }
+  kernels::decode_attention(o, s.In(q, N * H * D), k.data(), v.data(), lengths, N, H, KV, D);
   s.Finish();
 }
 

@@ -155,31 +155,41 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   }
   units_ = std::make_unique<UnitMemory>(table_, be);
 
-  const auto& units = table_.units();
+  const LlamaTensorOffsets offsets = FindLlamaTensors(table_, config);
+  embed_ = offsets.embed;
+  final_norm_ = offsets.final_norm;
+  head_ = offsets.head;
+  layers_ = offsets.layers;
+}
+
+LlamaTensorOffsets FindLlamaTensors(const ParameterTable& table, const LlamaConfig& config) {
+  const auto& units = table.units();
   // Unit-relative offset of a tensor, which must lie inside unit `unit`.
   auto in_unit = [&](const std::string& name, size_t unit) {
-    const ParamInfo& p = table_.Find(name);
+    const ParamInfo& p = table.Find(name);
     const ParamUnit& u = units[unit];
     if (p.offset < u.begin || p.offset + p.numel > u.end)
       throw Error(kExitFailure,
                   "internal: tensor " + name + " is not in unit " + std::to_string(unit));
     return p.offset - u.begin;
   };
-  const size_t tail = static_cast<size_t>(table_.tail_unit());
-  embed_ = in_unit("model.embed_tokens.weight", 0);
-  final_norm_ = in_unit("model.norm.weight", tail);
-  if (!config.tie_embeddings) head_ = in_unit("lm_head.weight", tail);
-  layers_.resize(config.n_layers);
+  LlamaTensorOffsets offsets;
+  const size_t tail = static_cast<size_t>(table.tail_unit());
+  offsets.embed = in_unit("model.embed_tokens.weight", 0);
+  offsets.final_norm = in_unit("model.norm.weight", tail);
+  if (!config.tie_embeddings) offsets.head = in_unit("lm_head.weight", tail);
+  offsets.layers.resize(config.n_layers);
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const size_t unit = static_cast<size_t>(1 + l);
     auto at = [&](const char* name) { return in_unit(p + name, unit); };
-    layers_[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
-                  at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
-                  at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
-                  at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
-                  at("mlp.down_proj.weight")};
+    offsets.layers[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
+                         at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+                         at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+                         at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+                         at("mlp.down_proj.weight")};
   }
+  return offsets;
 }
 
 LlamaModel::~LlamaModel() {
@@ -602,9 +612,8 @@ LossSum LlamaModel::ScoredHead(const float* head, const int32_t* targets) {
   const int64_t rows = FusedHeadRows(N, V);
   b.predictions.assign(N, -1);
   if (parallelism_.tp_chunks == 1) {  // the whole vocabulary in one chunk: the plain head
-    ScoredHeadChunks(be, head_rows_, head, N, C, V, b.targets.data(), targets,
-                     b.head_chunk.data(), b.losses.data(), b.lse.data(), b.predictions.data(),
-                     &b.host_chunk);
+    ScoredHeadChunks(be, head_rows_, head, N, C, V, b.targets.data(), targets, b.head_chunk.data(),
+                     b.losses.data(), b.lse.data(), b.predictions.data(), &b.host_chunk);
   }
   std::vector<float*> x(static_cast<size_t>(chunks_));
   for (int64_t r = 0; parallelism_.tp_chunks > 1 && r < N; r += rows) {

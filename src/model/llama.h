@@ -54,6 +54,29 @@ ParameterTable LlamaParameterTable(const LlamaConfig& config,
 // the FFN width and the vocabulary must divide into tp_chunks.
 std::string CheckLlamaParallelism(const LlamaConfig& config, const ModelParallelism& parallelism);
 
+// Where a Llama's tensors are, relative to the first element of their unit: each decoder layer's
+// (unit 1 + l), the embedding (unit 0), the final norm and the untied head (the tail unit). Looked
+// up per unit in the table, so layers need not be laid out alike (a family whose first layers are
+// dense and later ones MoE keeps one such record per unit in the same way).
+struct LlamaLayerOffsets {
+  size_t ln1 = 0, q = 0, k = 0, v = 0, o = 0, ln2 = 0, gate = 0, up = 0, down = 0;
+};
+struct LlamaTensorOffsets {
+  size_t embed = 0, final_norm = 0, head = 0;  // head: untied only
+  std::vector<LlamaLayerOffsets> layers;
+};
+// Of `table` (LlamaParameterTable(config, ...)); an internal error when a tensor is outside its
+// unit.
+LlamaTensorOffsets FindLlamaTensors(const ParameterTable& table, const LlamaConfig& config);
+
+// The Llama's inference path (model/model.h InferenceModel; llama_infer.cc) over the whole
+// model's table (no tensor parallelism), and the bytes of its KV cache.
+std::unique_ptr<InferenceModel> StartLlamaInference(const LlamaConfig& config,
+                                                    ParameterAccess& access, int64_t slots,
+                                                    int64_t max_len,
+                                                    std::shared_ptr<ComputeBackend> backend);
+double PlannedLlamaKvCacheBytes(const LlamaConfig& config, double slots, double max_len);
+
 // What a config asks for, computed in double so that no config can overflow it (the memory
 // check runs on it before anything is allocated): the parameters of each unit (the embedding,
 // one decoder layer, the tail), exactly as LlamaParameterTable lays them out, and the activation
@@ -106,6 +129,14 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
                                std::shared_ptr<ComputeBackend> backend,
                                const ModelParallelism& parallelism) const override;
+  std::unique_ptr<InferenceModel> StartInference(
+      ParameterAccess& access, int64_t slots, int64_t max_len,
+      std::shared_ptr<ComputeBackend> backend) const override {
+    return StartLlamaInference(config_, access, slots, max_len, std::move(backend));
+  }
+  double PlannedKvCacheBytes(double slots, double max_len) const override {
+    return PlannedLlamaKvCacheBytes(config_, slots, max_len);
+  }
   const HfMapping* hf() const override { return this; }
 
   // HfMapping (llama_hf.cc). A config.json is read as transformers 4 or 5 writes it (the RoPE
@@ -155,11 +186,7 @@ class LlamaModel final : public Model {
   void Backward(ParameterAccess& access, float loss_scale) override;
 
   // Where decoder layer l's tensors are, relative to the first element of its unit (1 + l).
-  // Looked up per unit in the table, so layers need not be laid out alike (a family whose first
-  // layers are dense and later ones MoE keeps one such record per unit in the same way).
-  struct LayerOffsets {
-    size_t ln1 = 0, q = 0, k = 0, v = 0, o = 0, ln2 = 0, gate = 0, up = 0, down = 0;
-  };
+  using LayerOffsets = LlamaLayerOffsets;
   const LayerOffsets& layer_offsets(int64_t layer) const { return layers_[layer]; }
 
  private:

@@ -34,6 +34,13 @@ LossSum Model::Retarget(const int32_t*) {
       "estimate needs (optimizer.name); choose another optimizer");
 }
 
+std::unique_ptr<InferenceModel> ModelSpec::StartInference(ParameterAccess&, int64_t, int64_t,
+                                                          std::shared_ptr<ComputeBackend>) const {
+  throw UsageError("model '" + name() +
+                   "' has no inference path yet (prefill and decode with a KV cache); generation "
+                   "runs the llama family");
+}
+
 ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf,
                                std::vector<const char*> own_keys) {
   Models().Add(name, Entry{build, hf, std::move(own_keys)});

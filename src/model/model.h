@@ -115,6 +115,39 @@ class Model {
   virtual std::vector<ExpertLoad> ExpertLoads() const { return {}; }
 };
 
+// A model's inference path: prefill and decode with a KV cache, the same weights and kernels as
+// its Model (ModelSpec::StartInference builds one). It holds `slots` sequence slots, each with a
+// KV cache of `max_len` positions (per slot: layers x {k, v} x max_len x KV heads x head dim,
+// allocated once), and scratch for a prefill of up to max_len tokens; a call allocates nothing.
+//
+// Batch invariance: a sequence's logits are the same bits whichever slots share its Decode call
+// and however many threads run it. Prefill runs one sequence's prompt alone (its products are the
+// training GEMMs over its own rows); Decode's products and attention are ComputeBackend's
+// MatmulRows and DecodeAttention, whose rows do not depend on each other. Prefill and Decode of
+// the same position agree with Model::Forward to float tolerance, not bit for bit.
+class InferenceModel {
+ public:
+  virtual ~InferenceModel() = default;
+  virtual int64_t slots() const = 0;
+  virtual int64_t max_len() const = 0;  // positions per slot
+  virtual int64_t vocab_size() const = 0;
+  // The KV cache of all slots, and everything else it allocated (scratch, position tables).
+  virtual size_t kv_cache_bytes() const = 0;
+  virtual size_t scratch_bytes() const = 0;
+  // Positions held in `slot`'s cache.
+  virtual int64_t length(int64_t slot) const = 0;
+  // Runs `count` (>= 1) tokens of an empty slot from position 0, keeps their keys and values, and
+  // writes the last position's logits (vocab_size floats, host). Error naming the slot and the
+  // limit when count > max_len; an internal error when the slot is not empty.
+  virtual void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) = 0;
+  // One token for each of `n` distinct slots (each holding >= 1 position), at the next position
+  // of each: appends their keys and values and writes logits (n, vocab_size) (host). Error naming
+  // the slot and the limit when a slot is full (length == max_len).
+  virtual void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) = 0;
+  // Empties `slot` (its cache is overwritten by the next Prefill).
+  virtual void Free(int64_t slot) = 0;
+};
+
 // Parameter counts a config asks for, in double so that no config can overflow them: exactly
 // the unit sizes of the table ModelSpec::BuildTable() lays out.
 struct ParameterSizes {
@@ -231,6 +264,15 @@ class ModelSpec {
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len) const {
     return Build(batch_size, seq_len, DefaultCpuBackend());
   }
+
+  // Its inference path over the weights `access` gives (held acquired while it lives; `access`
+  // must outlive it), `slots` sequences of up to `max_len` positions, on `backend`. The default:
+  // UsageError saying the family has none.
+  virtual std::unique_ptr<InferenceModel> StartInference(
+      ParameterAccess& access, int64_t slots, int64_t max_len,
+      std::shared_ptr<ComputeBackend> backend) const;
+  // The bytes of its KV cache (InferenceModel::kv_cache_bytes()), in double; 0 without one.
+  virtual double PlannedKvCacheBytes(double /*slots*/, double /*max_len*/) const { return 0; }
 
   // Its Hugging Face form; nullptr when it has none (export and initial_load_hf refuse it).
   virtual const HfMapping* hf() const { return nullptr; }

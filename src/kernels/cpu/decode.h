@@ -1,0 +1,29 @@
+// The decode step's kernels (model/model.h InferenceModel): products and attention whose result
+// for one row is a function of that row alone, so a sequence's logits are the same bits whichever
+// other sequences share its decode batch, and for any thread count.
+//
+// Why not matmul_forward: its tiles, and which library computes them, are chosen from the whole
+// shape (matmul.cc), and a library's sgemm may block or vectorise a 1-row product differently
+// from an 8-row one; so the same row can come out with other bits in another batch. Here every
+// output element is one lanes.h dot product in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+namespace crucible::kernels {
+
+// inp (N,C), weight (OC,C) -> out (N,OC): out[i][j] = lane_dot(inp[i], weight[j], C). Weight rows
+// are read once for all N rows (the bandwidth a decode step is bound by), in parallel over them.
+void matmul_rows(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+                 int64_t OC);
+
+// One query row per sequence against that sequence's cached keys and values: for row i, q (N,H,D)
+// attends causally to positions [0, lengths[i]) of keys[i] and values[i] (each (max_len, KV, D),
+// position-major; query head h reads KV head h / (H/KV)) -> out (N,H,D). Scores scaled by
+// 1/sqrt(D); softmax with lanes.h's maximum and sum and exp_fast; the output a sum over positions
+// in position order. `keys`, `values`, `lengths`: N entries each; every length >= 1.
+void decode_attention(float* out, const float* q, const float* const* keys,
+                      const float* const* values, const int64_t* lengths, int64_t N, int64_t H,
+                      int64_t KV, int64_t D);
+
+}  // namespace crucible::kernels

@@ -1,0 +1,262 @@
+// The Llama's inference path (model/model.h InferenceModel): prefill and decode with a KV cache,
+// on the weights and kernels of LlamaModel's Forward (the same layer, written for rows that start
+// at a position other than 0).
+//
+// Prefill (one sequence, T rows from position 0): the training forward's products
+// (MatmulForward), RoPE from position 0, causal AttentionForward over its own rows; the keys and
+// values (after RoPE) copied into the slot's cache; the head on the last row only.
+// Decode (n sequences, one row each at its own position p): MatmulRows products, RoPE of each row
+// by the table row of its position, its key and value written at position p of its slot, and
+// DecodeAttention over positions [0, p] of each slot.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "compute/backend.h"
+#include "kernels/cpu/kernels.h"
+#include "model/decoder_common.h"
+#include "model/llama.h"
+
+namespace crucible {
+namespace {
+
+class LlamaInference final : public InferenceModel {
+ public:
+  LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots, int64_t max_len,
+                 std::shared_ptr<ComputeBackend> backend);
+  ~LlamaInference() override;
+
+  int64_t slots() const override { return slots_; }
+  int64_t max_len() const override { return max_len_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
+  size_t scratch_bytes() const override;
+  int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
+  void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
+  void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
+  void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
+
+ private:
+  using Floats = DeviceArray<float>;
+  size_t CheckSlot(int64_t slot) const {
+    if (slot < 0 || slot >= slots_)
+      throw Error(kExitFailure, "internal: sequence slot " + std::to_string(slot) +
+                                    " outside [0, " + std::to_string(slots_) + ")");
+    return static_cast<size_t>(slot);
+  }
+  // Where layer l's keys (kv 0) or values (kv 1) of `slot` start: (max_len, KV, D).
+  float* Cache(int64_t slot, int64_t layer, int kv) {
+    const int64_t KV = config_.n_kv_heads, D = config_.head_dim();
+    return cache_.data() + ((slot * config_.n_layers + layer) * 2 + kv) * max_len_ * KV * D;
+  }
+  // The layer stack over `n` rows whose residual stream is in x_: `attend(l, q, k, v)` writes
+  // each layer's attention output to att_ from its q, k, v (before RoPE: the callback rotates).
+  template <typename Attend>
+  void Layers(int64_t n, bool row_products, Attend attend);
+  void Product(bool rows, float* out, const float* inp, const float* weight, int64_t n, int64_t C,
+               int64_t OC) {
+    if (rows)
+      backend_->MatmulRows(out, inp, weight, n, C, OC);
+    else
+      backend_->MatmulForward(out, inp, weight, n, C, OC);
+  }
+  // Final norm and head over `n` rows starting at row `first` of x_, logits (n, V) to the host.
+  void Head(int64_t first, int64_t n, float* logits);
+
+  LlamaConfig config_;
+  ParameterAccess& access_;
+  int64_t slots_, max_len_;
+  std::shared_ptr<ComputeBackend> backend_;
+  ParameterTable table_;
+  LlamaTensorOffsets offsets_;
+  UnitMemory units_;
+  std::vector<const float*> weights_;  // per unit, acquired for the session's life
+  std::vector<int64_t> lengths_;       // per slot
+  Floats cache_;                       // slots x layers x {k, v} x max_len x KV x D
+  // Scratch for R = max(max_len, slots) rows.
+  Floats x_, x_mid_, ln_, rstd_, q_, k_, v_, att_, lse_, gate_, up_, hidden_, logits_;
+  Floats rope_cos_, rope_sin_;  // (max_len, D/2)
+  DeviceArray<int32_t> tokens_;
+};
+
+LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots,
+                               int64_t max_len, std::shared_ptr<ComputeBackend> backend)
+    : config_(config),
+      access_(access),
+      slots_(slots),
+      max_len_(max_len),
+      backend_(std::move(backend)),
+      table_(LlamaParameterTable(config)),
+      offsets_(FindLlamaTensors(table_, config)),
+      units_(table_, *backend_),
+      lengths_(static_cast<size_t>(slots), 0) {
+  if (slots < 1 || max_len < 1)
+    throw Error(kExitFailure, "internal: an inference model needs slots >= 1 and max_len >= 1");
+  ComputeBackend& be = *backend_;
+  const int64_t C = config.dim, H = config.n_heads, KV = config.n_kv_heads, D = config.head_dim();
+  const int64_t F = config.ffn_hidden_dim, V = config.vocab_size, L = config.n_layers;
+  const int64_t R = std::max(max_len, slots);
+  auto floats = [&](int64_t n) { return Floats(be, static_cast<size_t>(n)); };
+  cache_ = floats(slots * L * 2 * max_len * KV * D);
+  x_ = floats(R * C);
+  x_mid_ = floats(R * C);
+  ln_ = floats(R * C);
+  rstd_ = floats(R);
+  q_ = floats(R * H * D);
+  k_ = floats(R * KV * D);
+  v_ = floats(R * KV * D);
+  att_ = floats(R * H * D);
+  lse_ = floats(H * R);
+  gate_ = floats(R * F);
+  up_ = floats(R * F);
+  hidden_ = floats(R * F);
+  logits_ = floats(slots * V);
+  tokens_ = DeviceArray<int32_t>(be, static_cast<size_t>(R));
+  std::vector<float> cos_table(max_len * D / 2), sin_table(max_len * D / 2);
+  kernels::rope_tables(cos_table.data(), sin_table.data(), max_len, D, config.rope_theta);
+  rope_cos_ = floats(max_len * D / 2);
+  rope_sin_ = floats(max_len * D / 2);
+  rope_cos_.CopyFrom(cos_table.data(), cos_table.size());
+  rope_sin_.CopyFrom(sin_table.data(), sin_table.size());
+  for (int unit = 0; unit < static_cast<int>(table_.units().size()); ++unit)
+    weights_.push_back(units_.Weights(access_, unit));
+}
+
+LlamaInference::~LlamaInference() {
+  for (int unit = 0; unit < static_cast<int>(weights_.size()); ++unit) access_.ReleaseWeights(unit);
+}
+
+size_t LlamaInference::scratch_bytes() const {
+  size_t floats = 0;
+  for (const Floats* f : {&x_, &x_mid_, &ln_, &rstd_, &q_, &k_, &v_, &att_, &lse_, &gate_, &up_,
+                          &hidden_, &logits_, &rope_cos_, &rope_sin_})
+    floats += f->size();
+  return floats * sizeof(float) + tokens_.size() * sizeof(int32_t);
+}
+
+template <typename Attend>
+void LlamaInference::Layers(int64_t n, bool rows, Attend attend) {
+  ComputeBackend& be = *backend_;
+  const LlamaConfig& c = config_;
+  const int64_t C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
+  const int64_t F = c.ffn_hidden_dim;
+  const float eps = static_cast<float>(c.norm_eps);
+  be.EmbeddingForward(x_.data(), tokens_.data(), weights_[0] + offsets_.embed, n, C);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const float* w = weights_[1 + l];
+    const LlamaLayerOffsets& o = offsets_.layers[l];
+    be.RmsnormForward(ln_.data(), rstd_.data(), x_.data(), w + o.ln1, n, C, eps);
+    Product(rows, q_.data(), ln_.data(), w + o.q, n, C, H * D);
+    Product(rows, k_.data(), ln_.data(), w + o.k, n, C, KV * D);
+    Product(rows, v_.data(), ln_.data(), w + o.v, n, C, KV * D);
+    attend(l);
+    Product(rows, x_mid_.data(), att_.data(), w + o.o, n, H * D, C);
+    be.Add(x_mid_.data(), x_.data(), n * C);
+    be.RmsnormForward(ln_.data(), rstd_.data(), x_mid_.data(), w + o.ln2, n, C, eps);
+    Product(rows, gate_.data(), ln_.data(), w + o.gate, n, C, F);
+    Product(rows, up_.data(), ln_.data(), w + o.up, n, C, F);
+    be.SwigluForward(hidden_.data(), gate_.data(), up_.data(), n, F);
+    Product(rows, x_.data(), hidden_.data(), w + o.down, n, F, C);
+    be.Add(x_.data(), x_mid_.data(), n * C);
+  }
+}
+
+void LlamaInference::Head(int64_t first, int64_t n, float* logits) {
+  ComputeBackend& be = *backend_;
+  const int64_t C = config_.dim, V = config_.vocab_size;
+  const float* tail = weights_.back();
+  const float* head = config_.tie_embeddings ? weights_[0] + offsets_.embed : tail + offsets_.head;
+  be.RmsnormForward(ln_.data(), rstd_.data(), x_.data() + first * C, tail + offsets_.final_norm, n,
+                    C, static_cast<float>(config_.norm_eps));
+  be.MatmulRows(logits_.data(), ln_.data(), head, n, C, V);
+  be.CopyToHost(logits, logits_.data(), static_cast<size_t>(n * V) * sizeof(float));
+}
+
+void LlamaInference::Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) {
+  const size_t s = CheckSlot(slot);
+  if (lengths_[s] != 0)
+    throw Error(kExitFailure, "internal: prefill of sequence slot " + std::to_string(slot) +
+                                  ", which holds " + std::to_string(lengths_[s]) + " positions");
+  if (count < 1 || count > max_len_)
+    throw Error(kExitUsage, "sequence slot " + std::to_string(slot) + ": a prompt of " +
+                                std::to_string(count) + " tokens does not fit the KV cache of " +
+                                std::to_string(max_len_) + " positions");
+  kernels::check_targets(tokens, count, config_.vocab_size);
+  ComputeBackend& be = *backend_;
+  const int64_t H = config_.n_heads, KV = config_.n_kv_heads, D = config_.head_dim();
+  tokens_.CopyFrom(tokens, static_cast<size_t>(count));
+  Layers(count, false, [&](int64_t l) {
+    be.RopeForward(q_.data(), rope_cos_.data(), rope_sin_.data(), 1, count, H, D);
+    be.RopeForward(k_.data(), rope_cos_.data(), rope_sin_.data(), 1, count, KV, D);
+    be.CopyColumns(Cache(slot, l, 0), KV * D, k_.data(), KV * D, count, KV * D, false);
+    be.CopyColumns(Cache(slot, l, 1), KV * D, v_.data(), KV * D, count, KV * D, false);
+    be.AttentionForward(att_.data(), lse_.data(), q_.data(), k_.data(), v_.data(), 1, count, H, KV,
+                        D);
+  });
+  lengths_[s] = count;
+  Head(count - 1, 1, logits);
+}
+
+void LlamaInference::Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) {
+  if (n < 1 || n > slots_)
+    throw Error(kExitFailure, "internal: a decode step of " + std::to_string(n) + " rows for " +
+                                  std::to_string(slots_) + " slots");
+  std::vector<int64_t> positions(static_cast<size_t>(n)), lengths(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t s = CheckSlot(slots[i]);
+    for (int64_t j = 0; j < i; ++j)
+      if (slots[j] == slots[i])
+        throw Error(kExitFailure,
+                    "internal: slot " + std::to_string(slots[i]) + " twice in one decode step");
+    if (lengths_[s] == 0)
+      throw Error(kExitFailure,
+                  "internal: decode of empty sequence slot " + std::to_string(slots[i]));
+    if (lengths_[s] >= max_len_)
+      throw Error(kExitUsage, "sequence slot " + std::to_string(slots[i]) + " is full: its " +
+                                  std::to_string(lengths_[s]) + " positions fill the KV cache of " +
+                                  std::to_string(max_len_));
+    positions[i] = lengths_[s];
+    lengths[i] = lengths_[s] + 1;
+  }
+  kernels::check_targets(tokens, n, config_.vocab_size);
+  ComputeBackend& be = *backend_;
+  const int64_t H = config_.n_heads, KV = config_.n_kv_heads, D = config_.head_dim();
+  tokens_.CopyFrom(tokens, static_cast<size_t>(n));
+  std::vector<const float*> keys(static_cast<size_t>(n)), values(static_cast<size_t>(n));
+  Layers(n, true, [&](int64_t l) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = positions[i];
+      const float* cos = rope_cos_.data() + p * D / 2;
+      const float* sin = rope_sin_.data() + p * D / 2;
+      be.RopeForward(q_.data() + i * H * D, cos, sin, 1, 1, H, D);
+      be.RopeForward(k_.data() + i * KV * D, cos, sin, 1, 1, KV, D);
+      float* k = Cache(slots[i], l, 0);
+      float* v = Cache(slots[i], l, 1);
+      be.CopyColumns(k + p * KV * D, KV * D, k_.data() + i * KV * D, KV * D, 1, KV * D, false);
+      be.CopyColumns(v + p * KV * D, KV * D, v_.data() + i * KV * D, KV * D, 1, KV * D, false);
+      keys[i] = k;
+      values[i] = v;
+    }
+    be.DecodeAttention(att_.data(), q_.data(), keys.data(), values.data(), lengths.data(), n, H, KV,
+                       D);
+  });
+  for (int64_t i = 0; i < n; ++i) lengths_[CheckSlot(slots[i])] = lengths[i];
+  Head(0, n, logits);
+}
+
+}  // namespace
+
+std::unique_ptr<InferenceModel> StartLlamaInference(const LlamaConfig& config,
+                                                    ParameterAccess& access, int64_t slots,
+                                                    int64_t max_len,
+                                                    std::shared_ptr<ComputeBackend> backend) {
+  return std::make_unique<LlamaInference>(config, access, slots, max_len, std::move(backend));
+}
+
+double PlannedLlamaKvCacheBytes(const LlamaConfig& config, double slots, double max_len) {
+  return 4.0 * slots * static_cast<double>(config.n_layers) * 2 * max_len *
+         static_cast<double>(config.n_kv_heads) * static_cast<double>(config.head_dim());
+}
+
+}  // namespace crucible
