@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps demo-deps demo-build venv current-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
+.PHONY: all build build-mpich deps demo-deps demo-build venv current-env llama-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
 
 all: build
 
@@ -25,6 +25,12 @@ $(VENV)/.stamp: scripts/requirements-test.txt scripts/setup-venv.sh
 # clone (~/.cache/crucible/venv-current-<key>, about 6 GB), built once per requirements change.
 current-env: deps
 	@scripts/setup-current.sh >/dev/null
+
+# The llama.cpp test environment: llama-cpp-python (llama.cpp compiled from source for the CPU,
+# x86-64-v3, minutes on 2 cores) and the gguf package (scripts/requirements-llama.txt), for the
+# GGUF export tests. A venv outside the clone (~/.cache/crucible/venv-llama-<key>), built once.
+llama-env: deps
+	@scripts/setup-llama-cpp.sh >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -48,7 +54,7 @@ build-mpich: deps $(MPICH_BUILD)/build.ninja
 unit-test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-py-test: build build-mpich venv current-env
+py-test: build build-mpich venv current-env llama-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible CRUCIBLE_MPICH=$(abspath $(MPICH_BUILD))/crucible \
 	  $(PYTHON) -m pytest -q tests/integration
 

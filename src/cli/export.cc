@@ -1,9 +1,10 @@
-// crucible export hf RUN_OR_CKPT OUT: a Hugging Face LlamaForCausalLM folder from a run
-// directory (its newest checkpoint that verifies, else its final model.safetensors) or from one
-// checkpoint folder.
+// crucible export hf RUN_OR_CKPT OUT: a Hugging Face LlamaForCausalLM folder, and crucible
+// export gguf RUN_OR_CKPT OUT.gguf: one GGUF file for llama.cpp, from a run directory (its newest
+// checkpoint that verifies, else its final model.safetensors) or from one checkpoint folder.
 #include <memory>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/gguf.h"
 #include "ckpt/hf.h"
 #include "ckpt/model_weights.h"
 #include "cli/command.h"
@@ -19,6 +20,7 @@ namespace {
 
 struct ExportOptions {
   std::string source, out;
+  std::string dtype = "f32", name;
 };
 
 // The weights file and the config that describes it.
@@ -41,6 +43,39 @@ ExportSource ResolveSource(const std::string& source) {
   return {run.weights_path, run.config_path};
 }
 
+// The model a source holds: its config, spec, table and weights, and its tokenizer path (""
+// when [model] tokenizer_path is unset; UsageError when it names a missing file).
+struct LoadedModel {
+  ExportSource source;
+  Config config = Config::Defaults();
+  std::shared_ptr<const ModelSpec> model;
+  ParameterTable table;
+  std::vector<float> weights;
+  std::string tokenizer;
+};
+
+LoadedModel LoadSource(const std::string& path) {
+  LoadedModel m;
+  m.source = ResolveSource(path);
+  m.config = Config::Parse(ReadConfigFile(m.source.config_path), m.source.config_path);
+  m.model = BuildModelSpec(m.config);
+  m.table = m.model->BuildTable();
+  m.weights.resize(m.table.total());
+  LoadModelWeights(m.source.weights_path, m.table, m.weights.data());
+  m.tokenizer = m.config.String("model.tokenizer_path");
+  if (!m.tokenizer.empty() && !FileExists(m.tokenizer))
+    throw UsageError(m.source.config_path + ": model.tokenizer_path " + m.tokenizer +
+                     ": no such file (run from the folder the run started in)");
+  return m;
+}
+
+// The last component of a path, without trailing slashes: general.name's default.
+std::string BaseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 CommandRun SetupExport(CLI::App& app) {
   auto o = std::make_shared<ExportOptions>();
   app.require_subcommand(1);
@@ -50,28 +85,46 @@ CommandRun SetupExport(CLI::App& app) {
       "generation_config.json, tokenizer.json when [model] tokenizer_path is set)");
   hf->add_option("RUN_OR_CKPT", o->source, "run directory or checkpoint folder")->required();
   hf->add_option("OUT", o->out, "output folder (must not exist, or be empty)")->required();
-  return [o, hf]() {
+  CLI::App* gguf = app.add_subcommand(
+      "gguf",
+      "write one GGUF v3 file that llama.cpp runs as is: architecture \"llama\", llama.cpp's "
+      "tensor names (q/k rows interleaved for its RoPE), the tokenizer from [model] "
+      "tokenizer_path (byte-level BPE, Llama-3 or GPT-2 pre-tokenizer; required); Llama family "
+      "only (docs/generation.md)");
+  gguf->add_option("RUN_OR_CKPT", o->source, "run directory or checkpoint folder")->required();
+  gguf->add_option("OUT", o->out, "output .gguf file (replaced atomically)")->required();
+  gguf->add_option("--dtype", o->dtype,
+                   "matrices as f32, f16 or bf16 (rounded to nearest even) or q8_0 (ggml's "
+                   "blocks of 32 with an fp16 scale); norms stay f32")
+      ->capture_default_str();
+  gguf->add_option("--name", o->name, "general.name (default: the source folder's name)");
+  return [o, hf, gguf]() {
+    if (gguf->parsed()) {
+      const GgufFileType type = ParseGgufFileType(o->dtype);
+      const LoadedModel m = LoadSource(o->source);
+      const size_t bytes = ExportGgufModel(o->out, *m.model, m.table, m.weights.data(),
+                                           m.config.Int("training.seq_len"), m.tokenizer, type,
+                                           o->name.empty() ? BaseName(o->source) : o->name);
+      PrintLine(StrFormat("exported %s -> %s (gguf %s, %zu parameters, %s)",
+                          m.source.weights_path.c_str(), o->out.c_str(),
+                          GgufFileTypeName(type).c_str(), m.table.total(),
+                          HumanBytes(static_cast<double>(bytes)).c_str()));
+      return kExitOk;
+    }
     if (!hf->parsed()) return kExitUsage;
-    ExportSource source = ResolveSource(o->source);
-    Config config = Config::Parse(ReadConfigFile(source.config_path), source.config_path);
-    const std::shared_ptr<const ModelSpec> model = BuildModelSpec(config);
-    const ParameterTable table = model->BuildTable();
-    std::vector<float> weights(table.total());
-    LoadModelWeights(source.weights_path, table, weights.data());
-    const std::string& tokenizer = config.String("model.tokenizer_path");
-    if (!tokenizer.empty() && !FileExists(tokenizer))
-      throw UsageError(source.config_path + ": model.tokenizer_path " + tokenizer +
-                       ": no such file (run from the folder the run started in)");
-    ExportHfModel(o->out, *model, table, weights.data(), config.Int("training.seq_len"), tokenizer);
-    PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s)", source.weights_path.c_str(),
-                        o->out.c_str(), model->hf()->architecture().c_str(), table.total(),
-                        tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json"));
+    const LoadedModel m = LoadSource(o->source);
+    ExportHfModel(o->out, *m.model, m.table, m.weights.data(), m.config.Int("training.seq_len"),
+                  m.tokenizer);
+    PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s)", m.source.weights_path.c_str(),
+                        o->out.c_str(), m.model->hf()->architecture().c_str(), m.table.total(),
+                        m.tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json"));
     return kExitOk;
   };
 }
 
 CommandRegistrar export_registrar("export",
-                                  "export a run or checkpoint: crucible export hf RUN_OR_CKPT OUT",
+                                  "export a run or checkpoint: crucible export hf RUN_OR_CKPT "
+                                  "OUT, crucible export gguf RUN_OR_CKPT OUT.gguf",
                                   SetupExport);
 
 }  // namespace

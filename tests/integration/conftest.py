@@ -90,6 +90,15 @@ def current_python() -> str:
     return _current_python[0]
 
 
+def llama_python():
+    """The python of the llama.cpp venv (llama-cpp-python and gguf, scripts/setup-llama-cpp.sh),
+    or None when it is not built: `make test` builds it first (make llama-env); a bare pytest run
+    does not start the minutes-long compile."""
+    proc = subprocess.run([str(REPO / "scripts" / "setup-llama-cpp.sh"), "--find"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else None
+
+
 class PythonEnv:
     """One interpreter with one set of packages, run in a subprocess with the helpers of
     tests/integration importable (and `folder`, a private package folder, first on the path)."""
