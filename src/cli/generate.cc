@@ -2,6 +2,7 @@
 // folder, through the engine (infer/engine.h) with a KV cache. stdout carries the output alone
 // (the text, streamed for one prompt, or --json); the phase= lines go to stderr.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -10,12 +11,19 @@
 #include "cli/command.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "eval/eval.h"
 #include "infer/engine.h"
 
 namespace crucible {
 namespace {
+
+// Flushes stdout; a failed write is recorded for main()'s exit 74 with its errno (a later
+// fprintf to stderr would overwrite errno).
+void FlushStdout() {
+  if (std::fflush(stdout) != 0) RecordStdoutError(errno);
+}
 
 struct GenerateCliOptions {
   std::string model, tokenizer, prompts_file;
@@ -187,7 +195,7 @@ CommandRun SetupGenerate(CLI::App& app) {
         const std::string delta = StreamDelta(engine.sequence(id), hold, &printed);
         if (!delta.empty()) {
           std::fputs(delta.c_str(), stdout);
-          std::fflush(stdout);
+          FlushStdout();
         }
       }
     }
@@ -221,7 +229,7 @@ CommandRun SetupGenerate(CLI::App& app) {
       std::printf("%s\n",
                   out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
-    std::fflush(stdout);
+    FlushStdout();
     std::fprintf(stderr, "phase=generate prompts=%zu tokens=%lld seconds=%.3f tokens_per_s=%.1f\n",
                  prompts.size(), (long long)generated, seconds,
                  seconds > 0 ? static_cast<double>(generated) / seconds : 0.0);
