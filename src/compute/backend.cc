@@ -203,16 +203,16 @@ void ComputeBackend::MatmulRows(float* out, const float* inp, const float* weigh
 
 void ComputeBackend::DecodeAttention(float* out, const float* q, const float* const* keys,
                                      const float* const* values, const int64_t* lengths, int64_t N,
-                                     int64_t H, int64_t KV, int64_t D) {
+                                     int64_t H, int64_t KV, HeadDims D) {
   RefuseInherited("DecodeAttention");
   Staging s(*this);
-  float* o = s.Out(out, N * H * D);
+  float* o = s.Out(out, N * H * D.v);
   std::vector<const float*> k(static_cast<size_t>(N)), v(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) {
-    k[i] = s.In(keys[i], lengths[i] * KV * D);
-    v[i] = s.In(values[i], lengths[i] * KV * D);
+    k[i] = s.In(keys[i], lengths[i] * KV * D.qk);
+    v[i] = s.In(values[i], lengths[i] * KV * D.v);
   }
-  kernels::decode_attention(o, s.In(q, N * H * D), k.data(), v.data(), lengths, N, H, KV, D);
+  kernels::decode_attention(o, s.In(q, N * H * D.qk), k.data(), v.data(), lengths, N, H, KV, D);
   s.Finish();
 }
 

@@ -209,12 +209,12 @@ class ComputeBackend {
   // The decode step's kernels (kernels/cpu/decode.h; model/model.h InferenceModel): a product
   // and an attention whose bits for one row depend on that row alone, never on the other rows of
   // the batch. fp32 whatever compute() is. `keys`, `values` (N pointers to device memory) and
-  // `lengths` (N) are host memory.
+  // `lengths` (N) are host memory; D as AttentionForward's (values may be narrower or wider).
   virtual void MatmulRows(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                           int64_t OC);
   virtual void DecodeAttention(float* out, const float* q, const float* const* keys,
                                const float* const* values, const int64_t* lengths, int64_t N,
-                               int64_t H, int64_t KV, int64_t D);
+                               int64_t H, int64_t KV, HeadDims D);
   // Why this backend refuses the inherited kernels above (the strided products excepted: they
   // are built from its own); empty when it runs them.
   virtual std::string inherited_kernels_refused() const { return ""; }

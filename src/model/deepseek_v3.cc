@@ -11,15 +11,6 @@
 
 namespace crucible {
 
-// Unit-relative offsets of a layer's tensors; q_a / q_a_norm / q_b are 0 without query
-// compression (q then holds q_proj), gate/up/down the dense MLP's or the shared experts'.
-struct DeepSeekV3Model::LayerOffsets {
-  size_t ln1 = 0, q_a = 0, q_a_norm = 0, q = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0, o = 0, ln2 = 0;
-  size_t gate = 0, up = 0, down = 0;  // dense MLP, or shared experts (MoE, when any)
-  size_t router = 0, bias = 0;        // MoE: the router's weight, its balance bias
-  std::vector<size_t> expert;         // MoE: expert e's gate_proj (up and down follow)
-};
-
 // Activations of one micro-batch, planned once, in the backend's memory. N = B*T rows; widths as
 // in the header (H heads, Dq, Dv, Rq, Rkv, Dr; F the dense FFN, Fs the shared experts', Fm an
 // expert's; E experts, K per token).
@@ -128,6 +119,72 @@ double PlannedDeepSeekV3ActivationBytes(const DeepSeekV3Config& c, double B, dou
               moe * p.moe_ffn + p.rest);
 }
 
+DeepSeekV3TensorOffsets FindDeepSeekV3Tensors(const ParameterTable& table,
+                                              const DeepSeekV3Config& c, int ep_degree,
+                                              int ep_rank) {
+  const int64_t C = c.dim, Fm = c.moe_intermediate_size, E = c.n_routed_experts;
+  const int64_t Fs = c.n_shared_experts * Fm, Rq = c.q_lora_rank;
+  DeepSeekV3TensorOffsets offsets;
+  offsets.layers.resize(static_cast<size_t>(c.n_layers));
+  const auto& units = table.units();
+  auto in_unit = [&](const std::string& name, size_t unit) {
+    const ParamInfo& p = table.Find(name);
+    const ParamUnit& u = units[unit];
+    if (p.offset < u.begin || p.offset + p.numel > u.end)
+      throw Error(kExitFailure,
+                  "internal: tensor " + name + " is not in unit " + std::to_string(unit));
+    return p.offset - u.begin;
+  };
+  const size_t tail = static_cast<size_t>(table.tail_unit());
+  offsets.embed = in_unit("model.embed_tokens.weight", 0);
+  offsets.final_norm = in_unit("model.norm.weight", tail);
+  if (!c.tie_embeddings) offsets.head = in_unit("lm_head.weight", tail);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const size_t unit = static_cast<size_t>(1 + l);
+    auto at = [&](const std::string& name) { return in_unit(p + name, unit); };
+    DeepSeekV3LayerOffsets& o = offsets.layers[static_cast<size_t>(l)];
+    o.ln1 = at("input_layernorm.weight");
+    if (Rq > 0) {
+      o.q_a = at("self_attn.q_a_proj.weight");
+      o.q_a_norm = at("self_attn.q_a_layernorm.weight");
+      o.q = at("self_attn.q_b_proj.weight");
+    } else {
+      o.q = at("self_attn.q_proj.weight");
+    }
+    o.kv_a = at("self_attn.kv_a_proj_with_mqa.weight");
+    o.kv_a_norm = at("self_attn.kv_a_layernorm.weight");
+    o.kv_b = at("self_attn.kv_b_proj.weight");
+    o.o = at("self_attn.o_proj.weight");
+    o.ln2 = at("post_attention_layernorm.weight");
+    if (!c.moe_layer(l)) {
+      o.gate = at("mlp.gate_proj.weight");
+      o.up = at("mlp.up_proj.weight");
+      o.down = at("mlp.down_proj.weight");
+      continue;
+    }
+    o.router = at("mlp.gate.weight");
+    o.bias = at("mlp.gate.e_score_correction_bias");
+    if (Fs > 0) {
+      o.gate = at("mlp.shared_experts.gate_proj.weight");
+      o.up = at("mlp.shared_experts.up_proj.weight");
+      o.down = at("mlp.shared_experts.down_proj.weight");
+    }
+    // The routed experts this rank holds (all but under expert parallelism), in order.
+    const int64_t held = E / ep_degree, first = held * ep_rank;
+    o.expert.resize(held);
+    for (int64_t e = 0; e < held; ++e) {
+      const std::string x = "mlp.experts." + std::to_string(first + e) + ".";
+      o.expert[e] = at(x + "gate_proj.weight");
+      // The table lays out gate, up, down of an expert one after the other.
+      if (at(x + "up_proj.weight") != o.expert[e] + Fm * C ||
+          at(x + "down_proj.weight") != o.expert[e] + 2 * Fm * C)
+        throw Error(kExitFailure, "internal: expert " + p + x + " is not laid out gate, up, down");
+    }
+  }
+  return offsets;
+}
+
 DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_size,
                                  int64_t seq_len, std::shared_ptr<ComputeBackend> backend,
                                  const ModelParallelism& parallelism)
@@ -136,7 +193,6 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
       B_(batch_size),
       T_(seq_len),
       backend_(std::move(backend)),
-      layers_(new LayerOffsets[config.n_layers]),
       buffers_(new Buffers) {
   if (std::string why = backend_->inherited_kernels_refused(); !why.empty())
     throw UsageError("model.name = \"deepseek_v3\" on training.device = \"" + backend_->name() +
@@ -255,62 +311,12 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
     b.host_losses.resize(N);
   }
 
-  const auto& units = table_.units();
-  auto in_unit = [&](const std::string& name, size_t unit) {
-    const ParamInfo& p = table_.Find(name);
-    const ParamUnit& u = units[unit];
-    if (p.offset < u.begin || p.offset + p.numel > u.end)
-      throw Error(kExitFailure,
-                  "internal: tensor " + name + " is not in unit " + std::to_string(unit));
-    return p.offset - u.begin;
-  };
-  const size_t tail = static_cast<size_t>(table_.tail_unit());
-  embed_ = in_unit("model.embed_tokens.weight", 0);
-  final_norm_ = in_unit("model.norm.weight", tail);
-  if (!c.tie_embeddings) head_ = in_unit("lm_head.weight", tail);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const size_t unit = static_cast<size_t>(1 + l);
-    auto at = [&](const std::string& name) { return in_unit(p + name, unit); };
-    LayerOffsets& o = layers_[l];
-    o.ln1 = at("input_layernorm.weight");
-    if (Rq > 0) {
-      o.q_a = at("self_attn.q_a_proj.weight");
-      o.q_a_norm = at("self_attn.q_a_layernorm.weight");
-      o.q = at("self_attn.q_b_proj.weight");
-    } else {
-      o.q = at("self_attn.q_proj.weight");
-    }
-    o.kv_a = at("self_attn.kv_a_proj_with_mqa.weight");
-    o.kv_a_norm = at("self_attn.kv_a_layernorm.weight");
-    o.kv_b = at("self_attn.kv_b_proj.weight");
-    o.o = at("self_attn.o_proj.weight");
-    o.ln2 = at("post_attention_layernorm.weight");
-    if (!c.moe_layer(l)) {
-      o.gate = at("mlp.gate_proj.weight");
-      o.up = at("mlp.up_proj.weight");
-      o.down = at("mlp.down_proj.weight");
-      continue;
-    }
-    o.router = at("mlp.gate.weight");
-    o.bias = at("mlp.gate.e_score_correction_bias");
-    if (Fs > 0) {
-      o.gate = at("mlp.shared_experts.gate_proj.weight");
-      o.up = at("mlp.shared_experts.up_proj.weight");
-      o.down = at("mlp.shared_experts.down_proj.weight");
-    }
-    // The routed experts this rank holds (all but under expert parallelism), in order.
-    const int64_t held = E / parallelism.ep_degree, first = held * parallelism.ep_rank;
-    o.expert.resize(held);
-    for (int64_t e = 0; e < held; ++e) {
-      const std::string x = "mlp.experts." + std::to_string(first + e) + ".";
-      o.expert[e] = at(x + "gate_proj.weight");
-      // The table lays out gate, up, down of an expert one after the other.
-      if (at(x + "up_proj.weight") != o.expert[e] + Fm * C ||
-          at(x + "down_proj.weight") != o.expert[e] + 2 * Fm * C)
-        throw Error(kExitFailure, "internal: expert " + p + x + " is not laid out gate, up, down");
-    }
-  }
+  const DeepSeekV3TensorOffsets offsets =
+      FindDeepSeekV3Tensors(table_, c, parallelism.ep_degree, parallelism.ep_rank);
+  embed_ = offsets.embed;
+  final_norm_ = offsets.final_norm;
+  head_ = offsets.head;
+  layers_ = offsets.layers;
 }
 
 DeepSeekV3Model::~DeepSeekV3Model() {

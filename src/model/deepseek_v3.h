@@ -101,6 +101,35 @@ std::string CheckDeepSeekV3Config(const DeepSeekV3Config& config);
 ParameterTable DeepSeekV3ParameterTable(const DeepSeekV3Config& config, int ep_degree = 1,
                                         int ep_rank = 0);
 
+// Unit-relative offsets of a layer's tensors in DeepSeekV3ParameterTable's table; q_a / q_a_norm
+// are 0 without query compression (q then holds q_proj, else q_b_proj), gate/up/down the dense
+// MLP's or the shared experts'.
+struct DeepSeekV3LayerOffsets {
+  size_t ln1 = 0, q_a = 0, q_a_norm = 0, q = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0, o = 0, ln2 = 0;
+  size_t gate = 0, up = 0, down = 0;  // dense MLP, or shared experts (MoE, when any)
+  size_t router = 0, bias = 0;        // MoE: the router's weight, its balance bias
+  std::vector<size_t> expert;         // MoE: each held expert's gate_proj (up and down follow)
+};
+struct DeepSeekV3TensorOffsets {
+  size_t embed = 0, final_norm = 0, head = 0;  // head: untied only
+  std::vector<DeepSeekV3LayerOffsets> layers;
+};
+// Of `table` (DeepSeekV3ParameterTable(config, ep_degree, ep_rank)): the experts that rank holds,
+// in order. An internal error when a tensor is outside its unit or an expert's gate, up and down
+// do not follow each other.
+DeepSeekV3TensorOffsets FindDeepSeekV3Tensors(const ParameterTable& table,
+                                              const DeepSeekV3Config& config, int ep_degree = 1,
+                                              int ep_rank = 0);
+
+// The family's inference path (model/model.h InferenceModel; deepseek_v3_infer.cc) over the
+// whole model's table, on one process, and the bytes of its KV cache: per slot and layer,
+// max_len x H x (qk_head_dim + v_head_dim) floats (the expanded keys after RoPE and the values).
+std::unique_ptr<InferenceModel> StartDeepSeekV3Inference(const DeepSeekV3Config& config,
+                                                         ParameterAccess& access, int64_t slots,
+                                                         int64_t max_len,
+                                                         std::shared_ptr<ComputeBackend> backend);
+double PlannedDeepSeekV3KvCacheBytes(const DeepSeekV3Config& config, double slots, double max_len);
+
 // Parameter counts in double: per unit as the table lays them out, and the active parameters of
 // a token (the routed experts counted num_experts_per_tok times, not n_routed_experts).
 struct DeepSeekV3Sizes {
@@ -146,6 +175,14 @@ class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
   std::unique_ptr<Model> Build(int64_t batch_size, int64_t seq_len,
                                std::shared_ptr<ComputeBackend> backend,
                                const ModelParallelism& parallelism) const override;
+  std::unique_ptr<InferenceModel> StartInference(
+      ParameterAccess& access, int64_t slots, int64_t max_len,
+      std::shared_ptr<ComputeBackend> backend) const override {
+    return StartDeepSeekV3Inference(config_, access, slots, max_len, std::move(backend));
+  }
+  double PlannedKvCacheBytes(double slots, double max_len) const override {
+    return PlannedDeepSeekV3KvCacheBytes(config_, slots, max_len);
+  }
   const HfMapping* hf() const override { return this; }
   bool has_aux_loss() const override { return config_.aux_loss_alpha > 0; }
 
@@ -204,7 +241,7 @@ class DeepSeekV3Model final : public Model {
 
  private:
   struct Buffers;
-  struct LayerOffsets;
+  using LayerOffsets = DeepSeekV3LayerOffsets;
   void AttentionForward(int64_t l, const float* w);
   void AttentionBackward(int64_t l, const float* w, float* g);
   void FfnForward(int64_t l, const float* w, float* x_out);
@@ -225,7 +262,7 @@ class DeepSeekV3Model final : public Model {
   std::shared_ptr<ComputeBackend> backend_;
   std::unique_ptr<ExpertParallelOps> experts_;  // expert parallelism (ep_degree > 1)
   std::unique_ptr<UnitMemory> units_;
-  std::unique_ptr<LayerOffsets[]> layers_;
+  std::vector<LayerOffsets> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   const float* loss_weights_ = nullptr;  // of the last Forward, read by Backward
   // The last Forward was kFused (its head's backward done, with this scale), or kScored.

@@ -38,7 +38,7 @@ std::unique_ptr<InferenceModel> ModelSpec::StartInference(ParameterAccess&, int6
                                                           std::shared_ptr<ComputeBackend>) const {
   throw UsageError("model '" + name() +
                    "' has no inference path yet (prefill and decode with a KV cache); generation "
-                   "runs the llama family");
+                   "runs the llama and deepseek_v3 families");
 }
 
 ModelRegistrar::ModelRegistrar(const char* name, ModelSpecBuilder build, HfFamily hf,

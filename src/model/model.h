@@ -117,8 +117,9 @@ class Model {
 
 // A model's inference path: prefill and decode with a KV cache, the same weights and kernels as
 // its Model (ModelSpec::StartInference builds one). It holds `slots` sequence slots, each with a
-// KV cache of `max_len` positions (per slot: layers x {k, v} x max_len x KV heads x head dim,
-// allocated once), and scratch for a prefill of up to max_len tokens; a call allocates nothing.
+// KV cache of `max_len` positions (per slot: layers x max_len x one position's keys and values,
+// laid out as the family states; allocated once), and scratch for a prefill of up to max_len
+// tokens; a call allocates nothing.
 //
 // Batch invariance: a sequence's logits are the same bits whichever slots share its Decode call
 // and however many threads run it. Prefill runs one sequence's prompt alone (its products are the

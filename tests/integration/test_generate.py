@@ -5,13 +5,17 @@ run and under batching and differs across seeds; bad input gets one line and exi
 
 The model: the debug Llama (vocabulary 320 for a 300-id BPE tokenizer), its initial weights drawn
 3x wider than the init so that the logits are far apart (a near tie could fall either way in two
-implementations), trained 5 steps, exported with `crucible export hf`."""
+implementations), trained 5 steps, exported with `crucible export hf`; and a DeepSeek-V3 of the
+same vocabulary (MLA, a dense layer, then routed and shared experts; its balance biases away from
+0) made the same way, against transformers' DeepseekV3ForCausalLM."""
 import json
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import python_env, run_crucible, write_bpe_tokenizer
+from test_deepseek_v3 import model_sets
 
 TEXT = ("the quick brown fox jumps over the lazy dog. " * 8 +
         "hello world, this is a small test of generation with a cache. " * 6)
@@ -35,22 +39,38 @@ for request in json.loads(sys.argv[2]):
 print(json.dumps(out))
 """
 
+# The DeepSeek-V3 family's shape of test_deepseek_v3_hf (query compression, a dense first layer,
+# grouped routing, a shared expert, values narrower than the keys), at the tokenizer's vocabulary.
+DEEPSEEK = {"vocab_size": 320, "dim": 64, "n_layers": 3, "n_heads": 4, "ffn_hidden_dim": 160,
+            "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+            "v_head_dim": 12, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 1, "norm_topk_prob": True, "tie_embeddings": False}
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """The exported Hugging Face folder of a tiny trained run."""
-    folder = tmp_path_factory.mktemp("generate")
+
+def exported(folder, sets, scale, biases=False):
+    """`crucible export hf` of a run of `sets` trained 5 steps on TEXT from its initial weights
+    drawn `scale` times wider (and, with `biases`, its balance biases away from 0)."""
     write_bpe_tokenizer(folder, TEXT)
     init = folder / "init.safetensors"
-    run_crucible("model", "init", *MODEL, "--out", init)
-    save_file({n: w * 3.0 for n, w in load_file(str(init)).items()}, str(init))
+    run_crucible("model", "init", *sets, "--out", init)
+    rng = np.random.default_rng(5)
+    weights = {n: (rng.normal(0, 0.05, w.shape).astype(np.float32) if biases and n.endswith("e_score_correction_bias")
+                   else w * scale) for n, w in load_file(str(init)).items()}
+    save_file(weights, str(init))
     run = folder / "run"
-    run_crucible("train", *MODEL, "--set", "training.steps=5", "--set", "checkpoint.interval=5",
+    run_crucible("train", *sets, "--set", "training.steps=5", "--set", "checkpoint.interval=5",
                  "--set", f"model.init_weights={init}", "--set", f"model.tokenizer_path={folder / 'tokenizer.json'}",
                  "--set", f"job.dump_folder={run}", env=ENV)
     out = folder / "hf"
     run_crucible("export", "hf", run, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The exported Hugging Face folder of a tiny trained run."""
+    return exported(tmp_path_factory.mktemp("generate"), MODEL, 3.0)
 
 
 def generate(model, prompts, *options):
@@ -127,3 +147,29 @@ def test_bad_input_gets_one_line_and_exit_2(model, args, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def deepseek_model(tmp_path_factory):
+    """The exported DeepseekV3ForCausalLM folder of a tiny trained deepseek_v3 run."""
+    sets = model_sets(DEEPSEEK) + MODEL
+    return exported(tmp_path_factory.mktemp("generate_deepseek"), sets, 3.0, biases=True)
+
+
+def test_deepseek_v3_greedy_equals_transformers_batched_and_unbatched(deepseek_model):
+    """MLA with its cache of expanded keys and values, and routed experts in decode: greedy output
+    is transformers' DeepseekV3ForCausalLM.generate, and a prompt's tokens and log-probabilities
+    are the same bits alone, three to a batch, and two slots for three prompts."""
+    hf = python_env("current")
+    batched = generate(deepseek_model, PROMPTS, "--max-new-tokens", "20", "--batch-size", "3")
+    two = generate(deepseek_model, PROMPTS, "--max-new-tokens", "20", "--batch-size", "2")
+    requests = []
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(deepseek_model, [prompt], "--max-new-tokens", "20")[0]
+        assert batched[i]["tokens"] == alone["tokens"] == two[i]["tokens"]
+        assert batched[i]["logprobs"] == alone["logprobs"] == two[i]["logprobs"]
+        requests.append({"prompt": batched[i]["prompt_tokens"], "max_new_tokens": 20})
+    script = HF_GENERATE.replace("LlamaForCausalLM", "DeepseekV3ForCausalLM")
+    theirs = json.loads(hf.run(script, deepseek_model, json.dumps(requests)).strip().splitlines()[-1])
+    assert theirs == [r["tokens"] for r in batched]
+    assert all(len(set(r["tokens"])) > 2 for r in batched if r["finish"] == "length")

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kernels/head_dims.h"
+
 namespace crucible::kernels {
 
 // inp (N,C), weight (OC,C) -> out (N,OC): out[i][j] = lane_dot(inp[i], weight[j], C). Weight rows
@@ -17,13 +19,14 @@ namespace crucible::kernels {
 void matmul_rows(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                  int64_t OC);
 
-// One query row per sequence against that sequence's cached keys and values: for row i, q (N,H,D)
-// attends causally to positions [0, lengths[i]) of keys[i] and values[i] (each (max_len, KV, D),
-// position-major; query head h reads KV head h / (H/KV)) -> out (N,H,D). Scores scaled by
-// 1/sqrt(D); softmax with lanes.h's maximum and sum and exp_fast; the output a sum over positions
-// in position order. `keys`, `values`, `lengths`: N entries each; every length >= 1.
+// One query row per sequence against that sequence's cached keys and values: for row i, q
+// (N,H,D.qk) attends causally to positions [0, lengths[i]) of keys[i] (max_len, KV, D.qk) and
+// values[i] (max_len, KV, D.v), position-major; query head h reads KV head h / (H/KV) -> out
+// (N,H,D.v). D.v may differ from D.qk (multi-head latent attention). Scores scaled by
+// 1/sqrt(D.qk); softmax with lanes.h's maximum and sum and exp_fast; the output a sum over
+// positions in position order. `keys`, `values`, `lengths`: N entries each; every length >= 1.
 void decode_attention(float* out, const float* q, const float* const* keys,
                       const float* const* values, const int64_t* lengths, int64_t N, int64_t H,
-                      int64_t KV, int64_t D);
+                      int64_t KV, HeadDims D);
 
 }  // namespace crucible::kernels
