@@ -126,14 +126,8 @@ DeepSeekV3TensorOffsets FindDeepSeekV3Tensors(const ParameterTable& table,
   const int64_t Fs = c.n_shared_experts * Fm, Rq = c.q_lora_rank;
   DeepSeekV3TensorOffsets offsets;
   offsets.layers.resize(static_cast<size_t>(c.n_layers));
-  const auto& units = table.units();
   auto in_unit = [&](const std::string& name, size_t unit) {
-    const ParamInfo& p = table.Find(name);
-    const ParamUnit& u = units[unit];
-    if (p.offset < u.begin || p.offset + p.numel > u.end)
-      throw Error(kExitFailure,
-                  "internal: tensor " + name + " is not in unit " + std::to_string(unit));
-    return p.offset - u.begin;
+    return table.OffsetInUnit(name, unit);
   };
   const size_t tail = static_cast<size_t>(table.tail_unit());
   offsets.embed = in_unit("model.embed_tokens.weight", 0);

@@ -28,34 +28,25 @@
 #include "kernels/cpu/kernels.h"
 #include "model/decoder_common.h"
 #include "model/deepseek_v3.h"
+#include "model/inference_slots.h"
 
 namespace crucible {
 namespace {
 
-class DeepSeekV3Inference final : public InferenceModel {
+class DeepSeekV3Inference final : public InferenceSlots {
  public:
   DeepSeekV3Inference(const DeepSeekV3Config& config, ParameterAccess& access, int64_t slots,
                       int64_t max_len, std::shared_ptr<ComputeBackend> backend);
   ~DeepSeekV3Inference() override;
 
-  int64_t slots() const override { return slots_; }
-  int64_t max_len() const override { return max_len_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
   size_t scratch_bytes() const override;
-  int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
-  void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
 
  private:
   using Floats = DeviceArray<float>;
-  size_t CheckSlot(int64_t slot) const {
-    if (slot < 0 || slot >= slots_)
-      throw Error(kExitFailure, "internal: sequence slot " + std::to_string(slot) +
-                                    " outside [0, " + std::to_string(slots_) + ")");
-    return static_cast<size_t>(slot);
-  }
   // Layer l's keys (max_len, H, Dq) of `slot`; its values (max_len, H, Dv) follow them.
   float* Keys(int64_t slot, int64_t layer) {
     const int64_t per_position = config_.n_heads * (config_.qk_head_dim() + config_.v_head_dim);
@@ -86,13 +77,11 @@ class DeepSeekV3Inference final : public InferenceModel {
 
   DeepSeekV3Config config_;
   ParameterAccess& access_;
-  int64_t slots_, max_len_;
   std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   DeepSeekV3TensorOffsets offsets_;
   UnitMemory units_;
   std::vector<const float*> weights_;  // per unit, acquired for the session's life
-  std::vector<int64_t> lengths_;       // per slot
   Floats cache_;                       // slots x layers x (keys, values)
   // Scratch for R = max(max_len, slots) rows (RK = R x num_experts_per_tok expert rows).
   Floats x_, x_mid_, ln_, rstd_, qa_, qa_n_, q_, kv_c_, kv_n_, kpe_, kvb_, att_, lse_;
@@ -108,17 +97,13 @@ class DeepSeekV3Inference final : public InferenceModel {
 DeepSeekV3Inference::DeepSeekV3Inference(const DeepSeekV3Config& config, ParameterAccess& access,
                                          int64_t slots, int64_t max_len,
                                          std::shared_ptr<ComputeBackend> backend)
-    : config_(config),
+    : InferenceSlots(slots, max_len),
+      config_(config),
       access_(access),
-      slots_(slots),
-      max_len_(max_len),
       backend_(std::move(backend)),
       table_(DeepSeekV3ParameterTable(config)),
       offsets_(FindDeepSeekV3Tensors(table_, config)),
-      units_(table_, *backend_),
-      lengths_(static_cast<size_t>(std::max<int64_t>(slots, 0)), 0) {
-  if (slots < 1 || max_len < 1)
-    throw Error(kExitFailure, "internal: an inference model needs slots >= 1 and max_len >= 1");
+      units_(table_, *backend_) {
   if (std::string why = backend_->inherited_kernels_refused(); !why.empty())
     throw UsageError("model.name = \"deepseek_v3\" on training.device = \"" + backend_->name() +
                      "\": its MLA and mixture-of-experts kernels have no version on this backend "
@@ -356,14 +341,7 @@ void DeepSeekV3Inference::Head(int64_t first, int64_t n, float* logits) {
 
 void DeepSeekV3Inference::Prefill(int64_t slot, const int32_t* tokens, int64_t count,
                                   float* logits) {
-  const size_t s = CheckSlot(slot);
-  if (lengths_[s] != 0)
-    throw Error(kExitFailure, "internal: prefill of sequence slot " + std::to_string(slot) +
-                                  ", which holds " + std::to_string(lengths_[s]) + " positions");
-  if (count < 1 || count > max_len_)
-    throw Error(kExitUsage, "sequence slot " + std::to_string(slot) + ": a prompt of " +
-                                std::to_string(count) + " tokens does not fit the KV cache of " +
-                                std::to_string(max_len_) + " positions");
+  const size_t s = BeginPrefill(slot, count);
   kernels::check_targets(tokens, count, config_.vocab_size);
   ComputeBackend& be = *backend_;
   const int64_t H = config_.n_heads, Dq = config_.qk_head_dim(), Dv = config_.v_head_dim;
@@ -378,32 +356,15 @@ void DeepSeekV3Inference::Prefill(int64_t slot, const int32_t* tokens, int64_t c
     be.AttentionForward(att_.data(), lse_.data(), q_.data(), keys, values, 1, count, H, H,
                         HeadDims(Dq, Dv));
   });
-  lengths_[s] = count;
+  SetLength(s, count);
   Head(count - 1, 1, logits);
 }
 
 void DeepSeekV3Inference::Decode(const int64_t* slots, const int32_t* tokens, int64_t n,
                                  float* logits) {
-  if (n < 1 || n > slots_)
-    throw Error(kExitFailure, "internal: a decode step of " + std::to_string(n) + " rows for " +
-                                  std::to_string(slots_) + " slots");
-  std::vector<int64_t> positions(static_cast<size_t>(n)), lengths(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t s = CheckSlot(slots[i]);
-    for (int64_t j = 0; j < i; ++j)
-      if (slots[j] == slots[i])
-        throw Error(kExitFailure,
-                    "internal: slot " + std::to_string(slots[i]) + " twice in one decode step");
-    if (lengths_[s] == 0)
-      throw Error(kExitFailure,
-                  "internal: decode of empty sequence slot " + std::to_string(slots[i]));
-    if (lengths_[s] >= max_len_)
-      throw Error(kExitUsage, "sequence slot " + std::to_string(slots[i]) + " is full: its " +
-                                  std::to_string(lengths_[s]) + " positions fill the KV cache of " +
-                                  std::to_string(max_len_));
-    positions[i] = lengths_[s];
-    lengths[i] = lengths_[s] + 1;
-  }
+  const DecodePlan plan = BeginDecode(slots, n);
+  const std::vector<int64_t>& positions = plan.positions;
+  const std::vector<int64_t>& lengths = plan.lengths;
   kernels::check_targets(tokens, n, config_.vocab_size);
   ComputeBackend& be = *backend_;
   const int64_t H = config_.n_heads, Dq = config_.qk_head_dim(), Dv = config_.v_head_dim;
@@ -426,7 +387,7 @@ void DeepSeekV3Inference::Decode(const int64_t* slots, const int32_t* tokens, in
     be.DecodeAttention(att_.data(), q_.data(), keys.data(), values.data(), lengths.data(), n, H, H,
                        HeadDims(Dq, Dv));
   });
-  for (int64_t i = 0; i < n; ++i) lengths_[CheckSlot(slots[i])] = lengths[i];
+  EndDecode(slots, plan);
   Head(0, n, logits);
 }
 

@@ -163,15 +163,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
 }
 
 LlamaTensorOffsets FindLlamaTensors(const ParameterTable& table, const LlamaConfig& config) {
-  const auto& units = table.units();
-  // Unit-relative offset of a tensor, which must lie inside unit `unit`.
   auto in_unit = [&](const std::string& name, size_t unit) {
-    const ParamInfo& p = table.Find(name);
-    const ParamUnit& u = units[unit];
-    if (p.offset < u.begin || p.offset + p.numel > u.end)
-      throw Error(kExitFailure,
-                  "internal: tensor " + name + " is not in unit " + std::to_string(unit));
-    return p.offset - u.begin;
+    return table.OffsetInUnit(name, unit);
   };
   LlamaTensorOffsets offsets;
   const size_t tail = static_cast<size_t>(table.tail_unit());

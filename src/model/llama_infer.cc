@@ -16,35 +16,26 @@
 #include "compute/backend.h"
 #include "kernels/cpu/kernels.h"
 #include "model/decoder_common.h"
+#include "model/inference_slots.h"
 #include "model/llama.h"
 
 namespace crucible {
 namespace {
 
-class LlamaInference final : public InferenceModel {
+class LlamaInference final : public InferenceSlots {
  public:
   LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots, int64_t max_len,
                  std::shared_ptr<ComputeBackend> backend);
   ~LlamaInference() override;
 
-  int64_t slots() const override { return slots_; }
-  int64_t max_len() const override { return max_len_; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
   size_t scratch_bytes() const override;
-  int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
-  void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
 
  private:
   using Floats = DeviceArray<float>;
-  size_t CheckSlot(int64_t slot) const {
-    if (slot < 0 || slot >= slots_)
-      throw Error(kExitFailure, "internal: sequence slot " + std::to_string(slot) +
-                                    " outside [0, " + std::to_string(slots_) + ")");
-    return static_cast<size_t>(slot);
-  }
   // Where layer l's keys (kv 0) or values (kv 1) of `slot` start: (max_len, KV, D).
   float* Cache(int64_t slot, int64_t layer, int kv) {
     const int64_t KV = config_.n_kv_heads, D = config_.head_dim();
@@ -66,13 +57,11 @@ class LlamaInference final : public InferenceModel {
 
   LlamaConfig config_;
   ParameterAccess& access_;
-  int64_t slots_, max_len_;
   std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   LlamaTensorOffsets offsets_;
   UnitMemory units_;
   std::vector<const float*> weights_;  // per unit, acquired for the session's life
-  std::vector<int64_t> lengths_;       // per slot
   Floats cache_;                       // slots x layers x {k, v} x max_len x KV x D
   // Scratch for R = max(max_len, slots) rows.
   Floats x_, x_mid_, ln_, rstd_, q_, k_, v_, att_, lse_, gate_, up_, hidden_, logits_;
@@ -82,17 +71,13 @@ class LlamaInference final : public InferenceModel {
 
 LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots,
                                int64_t max_len, std::shared_ptr<ComputeBackend> backend)
-    : config_(config),
+    : InferenceSlots(slots, max_len),
+      config_(config),
       access_(access),
-      slots_(slots),
-      max_len_(max_len),
       backend_(std::move(backend)),
       table_(LlamaParameterTable(config)),
       offsets_(FindLlamaTensors(table_, config)),
-      units_(table_, *backend_),
-      lengths_(static_cast<size_t>(slots), 0) {
-  if (slots < 1 || max_len < 1)
-    throw Error(kExitFailure, "internal: an inference model needs slots >= 1 and max_len >= 1");
+      units_(table_, *backend_) {
   ComputeBackend& be = *backend_;
   const int64_t C = config.dim, H = config.n_heads, KV = config.n_kv_heads, D = config.head_dim();
   const int64_t F = config.ffn_hidden_dim, V = config.vocab_size, L = config.n_layers;
@@ -174,14 +159,7 @@ void LlamaInference::Head(int64_t first, int64_t n, float* logits) {
 }
 
 void LlamaInference::Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) {
-  const size_t s = CheckSlot(slot);
-  if (lengths_[s] != 0)
-    throw Error(kExitFailure, "internal: prefill of sequence slot " + std::to_string(slot) +
-                                  ", which holds " + std::to_string(lengths_[s]) + " positions");
-  if (count < 1 || count > max_len_)
-    throw Error(kExitUsage, "sequence slot " + std::to_string(slot) + ": a prompt of " +
-                                std::to_string(count) + " tokens does not fit the KV cache of " +
-                                std::to_string(max_len_) + " positions");
+  const size_t s = BeginPrefill(slot, count);
   kernels::check_targets(tokens, count, config_.vocab_size);
   ComputeBackend& be = *backend_;
   const int64_t H = config_.n_heads, KV = config_.n_kv_heads, D = config_.head_dim();
@@ -194,31 +172,14 @@ void LlamaInference::Prefill(int64_t slot, const int32_t* tokens, int64_t count,
     be.AttentionForward(att_.data(), lse_.data(), q_.data(), k_.data(), v_.data(), 1, count, H, KV,
                         D);
   });
-  lengths_[s] = count;
+  SetLength(s, count);
   Head(count - 1, 1, logits);
 }
 
 void LlamaInference::Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) {
-  if (n < 1 || n > slots_)
-    throw Error(kExitFailure, "internal: a decode step of " + std::to_string(n) + " rows for " +
-                                  std::to_string(slots_) + " slots");
-  std::vector<int64_t> positions(static_cast<size_t>(n)), lengths(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t s = CheckSlot(slots[i]);
-    for (int64_t j = 0; j < i; ++j)
-      if (slots[j] == slots[i])
-        throw Error(kExitFailure,
-                    "internal: slot " + std::to_string(slots[i]) + " twice in one decode step");
-    if (lengths_[s] == 0)
-      throw Error(kExitFailure,
-                  "internal: decode of empty sequence slot " + std::to_string(slots[i]));
-    if (lengths_[s] >= max_len_)
-      throw Error(kExitUsage, "sequence slot " + std::to_string(slots[i]) + " is full: its " +
-                                  std::to_string(lengths_[s]) + " positions fill the KV cache of " +
-                                  std::to_string(max_len_));
-    positions[i] = lengths_[s];
-    lengths[i] = lengths_[s] + 1;
-  }
+  const DecodePlan plan = BeginDecode(slots, n);
+  const std::vector<int64_t>& positions = plan.positions;
+  const std::vector<int64_t>& lengths = plan.lengths;
   kernels::check_targets(tokens, n, config_.vocab_size);
   ComputeBackend& be = *backend_;
   const int64_t H = config_.n_heads, KV = config_.n_kv_heads, D = config_.head_dim();
@@ -241,7 +202,7 @@ void LlamaInference::Decode(const int64_t* slots, const int32_t* tokens, int64_t
     be.DecodeAttention(att_.data(), q_.data(), keys.data(), values.data(), lengths.data(), n, H, KV,
                        D);
   });
-  for (int64_t i = 0; i < n; ++i) lengths_[CheckSlot(slots[i])] = lengths[i];
+  EndDecode(slots, plan);
   Head(0, n, logits);
 }
 

@@ -170,4 +170,13 @@ const ParamInfo& ParameterTable::Find(const std::string& name) const {
   return *p;
 }
 
+size_t ParameterTable::OffsetInUnit(const std::string& name, size_t unit) const {
+  const ParamInfo& p = Find(name);
+  const ParamUnit& u = units_.at(unit);
+  if (p.offset < u.begin || p.offset + p.numel > u.end)
+    throw Error(kExitFailure,
+                "internal: tensor " + name + " is not in unit " + std::to_string(unit));
+  return p.offset - u.begin;
+}
+
 }  // namespace crucible

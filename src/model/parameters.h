@@ -105,6 +105,8 @@ class ParameterTable {
   size_t max_unit_size() const;
   size_t total() const { return total_; }
   const ParamInfo& Find(const std::string& name) const;  // throws if absent
+  // Where tensor `name` starts inside unit `unit` (an internal error when it is not inside it).
+  size_t OffsetInUnit(const std::string& name, size_t unit) const;
   const ParamInfo* TryFind(const std::string& name) const;
   // Parameters counted for FLOPs (6 N per token for forward and backward), of the whole
   // tensors: the model's, whatever part of it this table holds.

@@ -1,0 +1,64 @@
+#include "model/inference_slots.h"
+
+#include <string>
+
+#include "common/error.h"
+
+namespace crucible {
+
+InferenceSlots::InferenceSlots(int64_t slots, int64_t max_len)
+    : slots_(slots), max_len_(max_len), lengths_(static_cast<size_t>(slots > 0 ? slots : 0), 0) {
+  if (slots < 1 || max_len < 1)
+    throw Error(kExitFailure, "internal: an inference model needs slots >= 1 and max_len >= 1");
+}
+
+size_t InferenceSlots::CheckSlot(int64_t slot) const {
+  if (slot < 0 || slot >= slots_)
+    throw Error(kExitFailure, "internal: sequence slot " + std::to_string(slot) + " outside [0, " +
+                                  std::to_string(slots_) + ")");
+  return static_cast<size_t>(slot);
+}
+
+size_t InferenceSlots::BeginPrefill(int64_t slot, int64_t count) const {
+  const size_t s = CheckSlot(slot);
+  if (lengths_[s] != 0)
+    throw Error(kExitFailure, "internal: prefill of sequence slot " + std::to_string(slot) +
+                                  ", which holds " + std::to_string(lengths_[s]) + " positions");
+  if (count < 1 || count > max_len_)
+    throw Error(kExitUsage, "sequence slot " + std::to_string(slot) + ": a prompt of " +
+                                std::to_string(count) + " tokens does not fit the KV cache of " +
+                                std::to_string(max_len_) + " positions");
+  return s;
+}
+
+InferenceSlots::DecodePlan InferenceSlots::BeginDecode(const int64_t* slots, int64_t n) const {
+  if (n < 1 || n > slots_)
+    throw Error(kExitFailure, "internal: a decode step of " + std::to_string(n) + " rows for " +
+                                  std::to_string(slots_) + " slots");
+  DecodePlan plan;
+  plan.positions.resize(static_cast<size_t>(n));
+  plan.lengths.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t s = CheckSlot(slots[i]);
+    for (int64_t j = 0; j < i; ++j)
+      if (slots[j] == slots[i])
+        throw Error(kExitFailure,
+                    "internal: slot " + std::to_string(slots[i]) + " twice in one decode step");
+    if (lengths_[s] == 0)
+      throw Error(kExitFailure,
+                  "internal: decode of empty sequence slot " + std::to_string(slots[i]));
+    if (lengths_[s] >= max_len_)
+      throw Error(kExitUsage, "sequence slot " + std::to_string(slots[i]) + " is full: its " +
+                                  std::to_string(lengths_[s]) + " positions fill the KV cache of " +
+                                  std::to_string(max_len_));
+    plan.positions[static_cast<size_t>(i)] = lengths_[s];
+    plan.lengths[static_cast<size_t>(i)] = lengths_[s] + 1;
+  }
+  return plan;
+}
+
+void InferenceSlots::EndDecode(const int64_t* slots, const DecodePlan& plan) {
+  for (size_t i = 0; i < plan.lengths.size(); ++i) lengths_[CheckSlot(slots[i])] = plan.lengths[i];
+}
+
+}  // namespace crucible

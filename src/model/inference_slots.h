@@ -1,0 +1,46 @@
+// What every family's inference path (model/model.h InferenceModel) keeps the same way: its
+// sequence slots, how many positions each holds, and the checks of a prefill and a decode step
+// against them. A family derives from it and writes only its layers and cache layout.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/model.h"
+
+namespace crucible {
+
+class InferenceSlots : public InferenceModel {
+ public:
+  int64_t slots() const override { return slots_; }
+  int64_t max_len() const override { return max_len_; }
+  int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
+  void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
+
+ protected:
+  // `slots` >= 1 sequences of up to `max_len` >= 1 positions (an internal error otherwise).
+  InferenceSlots(int64_t slots, int64_t max_len);
+
+  // `slot` as an index; an internal error when it is outside [0, slots).
+  size_t CheckSlot(int64_t slot) const;
+  // Before a prefill of `count` tokens into `slot`: the slot must be empty (internal error) and
+  // the prompt must fit (Error, exit 2, naming the slot and the limit). Returns the index.
+  size_t BeginPrefill(int64_t slot, int64_t count) const;
+  // Before a decode step of one token for each of the `n` distinct, non-empty `slots`: the
+  // position each token takes (its slot's length) and the length after it; Error (exit 2) naming
+  // a full slot, internal errors for n outside [1, slots], a repeated or an empty slot.
+  struct DecodePlan {
+    std::vector<int64_t> positions, lengths;
+  };
+  DecodePlan BeginDecode(const int64_t* slots, int64_t n) const;
+  // After the step: each slot holds one more position.
+  void EndDecode(const int64_t* slots, const DecodePlan& plan);
+  void SetLength(size_t slot, int64_t length) { lengths_[slot] = length; }
+
+  int64_t slots_, max_len_;
+
+ private:
+  std::vector<int64_t> lengths_;  // per slot
+};
+
+}  // namespace crucible
