@@ -22,8 +22,8 @@ BASE = ["model.flavor=debug", "model.n_kv_heads=4", "training.seq_len=32", "trai
         "lr_scheduler.decay_type=constant",
         "optimizer.lr=3e-3", "training.steps=4", "parallelism.tensor_parallel_chunks=4",
         "checkpoint.enable=false"]
-# What a step logs that is timing, not arithmetic.
-TIMING = {"mfu", "reduce_wait_s", "step_seconds", "tok_per_s"}
+# What a step logs that is timing or memory use, not arithmetic.
+TIMING = {"mfu", "reduce_wait_s", "step_seconds", "tok_per_s", "rss_peak_bytes"}
 
 
 def train(np, settings, timeout=300, check=True):
