@@ -9,12 +9,49 @@
 
 namespace crucible::kernels {
 
+namespace {
+
+// R consecutive rows of x (row stride C) against one weight row w: out[r * stride] is
+// lane_dot(x + r * C, w, n), the same lanes and the same tree, bit for bit; the weight's 16
+// values are loaded once for the R rows (register blocking over the batch).
+template <int R>
+inline void lane_dots(const float* x, int64_t C, const float* w, int64_t n, float* out,
+                      int64_t stride) {
+  float acc[R][kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int r = 0; r < R; ++r)
+      for (int l = 0; l < kLanes; ++l) acc[r][l] += x[r * C + k + l] * w[k + l];
+  for (int r = 0; r < R; ++r) {
+    for (int l = 0; k + l < n; ++l) acc[r][l] += x[r * C + k + l] * w[k + l];
+    for (int width = kLanes / 2; width >= 1; width /= 2)
+      for (int l = 0; l < width; ++l) acc[r][l] += acc[r][l + width];
+    out[r * stride] = acc[r][0];
+  }
+}
+
+}  // namespace
+
 void matmul_rows(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
                  int64_t OC) {
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < OC; ++j) {
     const float* w = weight + j * C;
-    for (int64_t i = 0; i < N; ++i) out[i * OC + j] = lane_dot(inp + i * C, w, C);
+    int64_t i = 0;
+    for (; i + 4 <= N; i += 4) lane_dots<4>(inp + i * C, C, w, C, out + i * OC + j, OC);
+    switch (N - i) {
+      case 3:
+        lane_dots<3>(inp + i * C, C, w, C, out + i * OC + j, OC);
+        break;
+      case 2:
+        lane_dots<2>(inp + i * C, C, w, C, out + i * OC + j, OC);
+        break;
+      case 1:
+        lane_dots<1>(inp + i * C, C, w, C, out + i * OC + j, OC);
+        break;
+      default:
+        break;
+    }
   }
 }
 
