@@ -36,7 +36,7 @@ class JsonLinesFile {
   std::FILE* file_ = nullptr;
 };
 
-// VmHWM of this process, in bytes (0 where /proc is unavailable): metrics.jsonl's
+// Peak resident memory (VmHWM) of this process, in bytes (0 where getrusage fails): metrics.jsonl's
 // rss_peak_bytes and the trainer's phase=memory_peak.
 double PeakResidentBytes();
 
