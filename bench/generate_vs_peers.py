@@ -74,6 +74,7 @@ from llama_flavors import FLAVORS
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "crucible-bench" / "generate"
 CACHE_VERSION = "v1"
+CRUCIBLE_DTYPE = {"crucible": "f32", "crucible-f16": "f16", "crucible-bf16": "bf16"}
 MAX_LENGTH = 256
 TOKENIZER_VOCAB = 1024
 
@@ -242,7 +243,7 @@ def make_prompts(args, folder, count, length):
         shutil.rmtree(work)
 
 
-def run_crucible(args, folder, texts, ids, B):
+def run_crucible(args, folder, texts, ids, B, dtype="f32"):
     P, D = args.prompt_tokens, args.new_tokens
     with tempfile.TemporaryDirectory(prefix="gvp-") as work:
         prompts = Path(work) / "prompts.jsonl"
@@ -250,7 +251,7 @@ def run_crucible(args, folder, texts, ids, B):
         seconds, tokens = {}, None
         for new in [1, 1, 1, 1 + D]:  # t1: the median of 3 (the difference t - t1 is what decode is)
             proc = crucible(args, "generate", folder / "hf", "--prompts", prompts, "--ignore-eos", "--json",
-                            "--batch-size", B, "--max-length", MAX_LENGTH, "--max-new-tokens", new,
+                            "--batch-size", B, "--max-length", MAX_LENGTH, "--max-new-tokens", new, "--dtype", dtype,
                             env={"OMP_NUM_THREADS": str(args.threads)})
             line = next(l for l in proc.stderr.splitlines() if l.startswith("phase=generate "))
             seconds.setdefault(new, []).append(float(re.search(r"seconds=([0-9.]+)", line).group(1)))
@@ -399,7 +400,9 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1, help="runs per measurement; the median is kept")
-    parser.add_argument("--sides", default="crucible,llama-f32,llama-f16,transformers")
+    parser.add_argument("--sides", default="crucible,crucible-f16,llama-f32,llama-f16,transformers",
+                        help="crucible (f32 weights), crucible-f16, crucible-bf16 (generate --dtype), "
+                             "llama-f32, llama-f16, transformers")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", str(ROOT / "build" / "crucible")))
     parser.add_argument("--llama-python", help="default: scripts/setup-llama-cpp.sh --find")
@@ -440,8 +443,8 @@ def main():
                     load = os.getloadavg()[0]
                     job = {"prompts": ids[:B], "batch": B, "prompt_tokens": args.prompt_tokens,
                            "new_tokens": args.new_tokens, "threads": args.threads}
-                    if side == "crucible":
-                        r = run_crucible(args, folder, texts, ids, B)
+                    if side.startswith("crucible"):
+                        r = run_crucible(args, folder, texts, ids, B, CRUCIBLE_DTYPE[side])
                     elif side.startswith("llama-"):
                         r = run_peer(args, args.llama_python, "peer-llama",
                                      dict(job, gguf=str(folder / f"{side[len('llama-'):]}.gguf")))
@@ -481,7 +484,8 @@ def report_flavor(args, flavor, sides, batches, results, ceiling, everything):
     med = {key: {k: statistics.median([x for x in v[k] if x is not None]) if any(x is not None for x in v[k])
                  else None for k in ("prefill", "decode")} for key, v in results.items()}
     mean_length = args.prompt_tokens + args.new_tokens / 2
-    precision = {"crucible": (4, 4), "llama-f32": (4, 2), "llama-f16": (2, 2), "transformers": (4, 4)}
+    precision = {"crucible": (4, 4), "crucible-f16": (2, 4), "crucible-bf16": (2, 4), "llama-f32": (4, 2),
+                 "llama-f16": (2, 2), "transformers": (4, 4)}
     print(f"\n## {flavor} (threads {args.threads}; prompt {args.prompt_tokens} tokens, {args.new_tokens} new, "
           f"greedy; tokens/s, median of {args.repeats})")
     head = "| side | " + " | ".join(f"prefill b{B} | decode b{B}" for B in batches) + \
@@ -505,21 +509,28 @@ def report_flavor(args, flavor, sides, batches, results, ceiling, everything):
           f"{bytes_per_token(flavor, 2, 2, mean_length) / 2**20:.1f} MiB; measured ceiling: read "
           f"{ceiling['read_gb_per_s']} GB/s, triad {ceiling['triad_gb_per_s']} GB/s")
     ratios = {}
-    if "crucible" in sides:
-        for peer in [s for s in sides if s != "crucible"]:
+    ours = [s for s in sides if s.startswith("crucible")]
+    for mine in ours:
+        for peer in [s for s in sides if not s.startswith("crucible")]:
             parts = []
             for B in batches:
                 for phase in ("prefill", "decode"):
-                    c, p = med.get(("crucible", B), {}).get(phase), med.get((peer, B), {}).get(phase)
+                    c, p = med.get((mine, B), {}).get(phase), med.get((peer, B), {}).get(phase)
                     if c and p:
-                        ratios[(peer, B, phase)] = c / p
+                        ratios[(mine, peer, B, phase)] = c / p
                         parts.append(f"{phase} b{B} {c / p:.2f}x")
-            print(f"crucible / {peer}: " + ", ".join(parts))
-        targets = [("llama-f32", 1.0), ("transformers", 5.0)]
-        for peer, want in targets:
-            got = ratios.get((peer, 1, "decode"))
-            if got is not None:
-                print(f"target decode b1 >= {want:.1f}x {peer}: {got:.2f}x -> {'HOLDS' if got >= want else 'MISSED'}")
+            print(f"{mine} / {peer}: " + ", ".join(parts))
+    # The targets: batch-1 decode at the same precision as llama.cpp (crucible's f32 and
+    # f16 weights against its F32 and F16 files), and 5x transformers (fp32, its default).
+    targets = [("crucible", "llama-f32", 1.0), ("crucible-f16", "llama-f16", 1.0),
+               ("crucible", "transformers", 5.0), ("crucible-f16", "transformers", 5.0),
+               ("crucible-bf16", "transformers", 5.0)]
+    for mine, peer, want in targets:
+        got = ratios.get((mine, peer, 1, "decode"))
+        if got is not None:
+            print(f"target decode b1 {mine} >= {want:.1f}x {peer}: {got:.2f}x -> "
+                  f"{'HOLDS' if got >= want else 'MISSED'}")
+    if "crucible" in sides:
         agree = []
         for peer in [s for s in sides if s != "crucible"]:
             a, b = results.get(("crucible", 1), {}).get("tokens"), results.get((peer, 1), {}).get("tokens")
@@ -532,7 +543,7 @@ def report_flavor(args, flavor, sides, batches, results, ceiling, everything):
     everything["flavors"][flavor] = {
         "medians": {f"{s}/b{B}": v for (s, B), v in med.items()},
         "runs": {f"{s}/b{B}": {k: v for k, v in r.items() if k != "tokens"} for (s, B), r in results.items()},
-        "ratios": {f"{p}/b{B}/{ph}": v for (p, B, ph), v in ratios.items()}}
+        "ratios": {f"{m}/{p}/b{B}/{ph}": v for (m, p, B, ph), v in ratios.items()}}
 
 
 if __name__ == "__main__":

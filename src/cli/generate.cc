@@ -26,7 +26,7 @@ void FlushStdout() {
 }
 
 struct GenerateCliOptions {
-  std::string model, tokenizer, prompts_file;
+  std::string model, tokenizer, prompts_file, dtype = "f32";
   std::vector<std::string> prompts;
   SamplingParams params;
   int64_t batch_size = 8, max_length = 0;
@@ -135,6 +135,11 @@ CommandRun SetupGenerate(CLI::App& app) {
                  "seq_len or max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: the model's)");
+  app.add_option("--dtype", o->dtype,
+                 "the weight matrices' type while generating: f32 (as trained), f16 or bf16 "
+                 "(rounded to nearest even; decode reads half the bytes; activations, norms and "
+                 "arithmetic stay float32)")
+      ->capture_default_str();
   app.add_flag("--json", o->json,
                "print one JSON document: per prompt its token ids, text, log-probabilities and "
                "finish reason");
@@ -143,6 +148,9 @@ CommandRun SetupGenerate(CLI::App& app) {
     SamplingParams& params = o->params;
     params.stop_at_eos = !o->ignore_eos;
     CheckSamplingParams(params);
+    WeightType weight_type;
+    if (!ParseWeightType(o->dtype, &weight_type))
+      throw UsageError("--dtype '" + o->dtype + "': expected f32, f16 or bf16");
     if (o->chat) RefuseChat(o->model);
     std::vector<std::string> prompts = o->prompts;
     if (!o->prompts_file.empty()) {
@@ -174,11 +182,15 @@ CommandRun SetupGenerate(CLI::App& app) {
     const int64_t slots = std::min<int64_t>(o->batch_size, static_cast<int64_t>(prompts.size()));
     const ParameterTable table = model.spec->BuildTable();
     FlatParameterAccess access(table, model.weights.data(), nullptr);
-    std::unique_ptr<InferenceModel> inference =
-        model.spec->StartInference(access, slots, model.max_length, DefaultCpuBackend());
-    std::fprintf(stderr, "phase=kv_cache bytes=%zu slots=%lld max_len=%lld scratch_bytes=%zu\n",
+    std::unique_ptr<InferenceModel> inference = model.spec->StartInference(
+        access, slots, model.max_length, DefaultCpuBackend(), weight_type);
+    // The inference path holds its own copy of the weights: the loaded ones are not needed.
+    std::vector<float>().swap(model.weights);
+    std::fprintf(stderr,
+                 "phase=kv_cache bytes=%zu slots=%lld max_len=%lld scratch_bytes=%zu "
+                 "weight_bytes=%zu dtype=%s\n",
                  inference->kv_cache_bytes(), (long long)slots, (long long)model.max_length,
-                 inference->scratch_bytes());
+                 inference->scratch_bytes(), inference->weight_bytes(), WeightTypeName(weight_type));
     const int64_t eos = model.tokenizer.eos_id();
     Engine engine(*inference, &model.tokenizer, eos);
     std::vector<int64_t> ids;
@@ -225,7 +237,8 @@ CommandRun SetupGenerate(CLI::App& app) {
     if (o->json) {
       nlohmann::ordered_json out = {
           {"model", model.weights_path}, {"kind", model.kind},  {"max_length", model.max_length},
-          {"batch_size", slots},         {"seed", params.seed}, {"results", results}};
+          {"batch_size", slots},         {"seed", params.seed}, {"dtype", o->dtype},
+          {"results", results}};
       std::printf("%s\n",
                   out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }

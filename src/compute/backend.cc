@@ -192,12 +192,26 @@ void ComputeBackend::CopyColumns(float* dst, int64_t ldd, const float* src, int6
   s.Finish();
 }
 
-void ComputeBackend::MatmulRows(float* out, const float* inp, const float* weight, int64_t N,
+void ComputeBackend::MatmulRows(float* out, const float* inp, RowWeights weight, int64_t N,
                                 int64_t C, int64_t OC) {
+  const RowProduct product{out, weight, OC};
+  MatmulRowsMany(&product, 1, inp, N, C);
+}
+
+void ComputeBackend::MatmulRowsMany(const RowProduct* products, int count, const float* inp,
+                                    int64_t N, int64_t C) {
   RefuseInherited("MatmulRows");
   Staging s(*this);
-  float* o = s.Out(out, N * OC);
-  kernels::matmul_rows(o, s.In(inp, N * C), s.In(weight, OC * C), N, C, OC);
+  std::vector<kernels::RowProduct> staged;
+  for (int p = 0; p < count; ++p) {
+    const RowProduct& product = products[p];
+    const size_t weight_bytes =
+        static_cast<size_t>(product.OC * C) * WeightTypeBytes(product.weight.type);
+    const void* weight = s.In(static_cast<const char*>(product.weight.data), weight_bytes);
+    staged.push_back({s.Out(product.out, N * product.OC), RowWeights(weight, product.weight.type),
+                      product.OC});
+  }
+  kernels::matmul_rows(staged.data(), count, s.In(inp, N * C), N, C);
   s.Finish();
 }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kernels/head_dims.h"
+#include "kernels/row_weights.h"
 
 namespace crucible {
 
@@ -210,8 +211,17 @@ class ComputeBackend {
   // and an attention whose bits for one row depend on that row alone, never on the other rows of
   // the batch. fp32 whatever compute() is. `keys`, `values` (N pointers to device memory) and
   // `lengths` (N) are host memory; D as AttentionForward's (values may be narrower or wider).
-  virtual void MatmulRows(float* out, const float* inp, const float* weight, int64_t N, int64_t C,
+  // MatmulRows reads float32 or 16-bit weights (kernels/row_weights.h); MatmulRowsMany runs
+  // several products of one input (each as MatmulRows computes it) in one pass of the threads.
+  virtual void MatmulRows(float* out, const float* inp, RowWeights weight, int64_t N, int64_t C,
                           int64_t OC);
+  struct RowProduct {
+    float* out;         // (N, OC), device memory
+    RowWeights weight;  // (OC, C), device memory
+    int64_t OC;
+  };
+  virtual void MatmulRowsMany(const RowProduct* products, int count, const float* inp, int64_t N,
+                              int64_t C);
   virtual void DecodeAttention(float* out, const float* q, const float* const* keys,
                                const float* const* values, const int64_t* lengths, int64_t N,
                                int64_t H, int64_t KV, HeadDims D);

@@ -3,6 +3,8 @@
 // are one pointer), nothing to wait for. A host backend derives from it and adds its kernels.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -16,9 +18,18 @@ class HostMemoryBackend : public ComputeBackend {
   bool host_memory() const override { return true; }
   void* Allocate(size_t bytes) override {
     // 64-byte aligned (one cache line, one AVX-512 vector), zeroed like std::vector's floats.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* pointer = std::aligned_alloc(64, rounded);
+    // From 2 MiB on: 2 MiB aligned, and asked for transparent huge pages before the first touch
+    // (where the kernel's THP setting is "madvise", as on Debian; a hint, ignored where THP is
+    // off). A stream through weights or activations then crosses a page, and takes a TLB miss,
+    // every 2 MiB instead of every 4 KiB, and the hardware prefetcher, which stops at page
+    // boundaries, runs on: a batch-1 decode step, which only streams weights, read 29-41 GB/s in
+    // 4 KiB pages and 44-60 GB/s in huge pages on the 2-core AMD EPYC this was measured on.
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t align = bytes >= kHuge ? kHuge : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* pointer = std::aligned_alloc(align, rounded);
     if (!pointer) throw std::bad_alloc();
+    if (align == kHuge) madvise(pointer, rounded, MADV_HUGEPAGE);
     std::memset(pointer, 0, rounded);
     return pointer;
   }

@@ -127,7 +127,8 @@ DeepSeekV3TensorOffsets FindDeepSeekV3Tensors(const ParameterTable& table,
 std::unique_ptr<InferenceModel> StartDeepSeekV3Inference(const DeepSeekV3Config& config,
                                                          ParameterAccess& access, int64_t slots,
                                                          int64_t max_len,
-                                                         std::shared_ptr<ComputeBackend> backend);
+                                                         std::shared_ptr<ComputeBackend> backend,
+                                                         WeightType weight_type);
 double PlannedDeepSeekV3KvCacheBytes(const DeepSeekV3Config& config, double slots, double max_len);
 
 // Parameter counts in double: per unit as the table lays them out, and the active parameters of
@@ -177,8 +178,10 @@ class DeepSeekV3Spec final : public ModelSpec, public HfMapping {
                                const ModelParallelism& parallelism) const override;
   std::unique_ptr<InferenceModel> StartInference(
       ParameterAccess& access, int64_t slots, int64_t max_len,
-      std::shared_ptr<ComputeBackend> backend) const override {
-    return StartDeepSeekV3Inference(config_, access, slots, max_len, std::move(backend));
+      std::shared_ptr<ComputeBackend> backend,
+      WeightType weight_type = WeightType::kF32) const override {
+    return StartDeepSeekV3Inference(config_, access, slots, max_len, std::move(backend),
+                                    weight_type);
   }
   double PlannedKvCacheBytes(double slots, double max_len) const override {
     return PlannedDeepSeekV3KvCacheBytes(config_, slots, max_len);

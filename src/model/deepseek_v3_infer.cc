@@ -29,6 +29,7 @@
 #include "model/decoder_common.h"
 #include "model/deepseek_v3.h"
 #include "model/inference_slots.h"
+#include "model/inference_weights.h"
 
 namespace crucible {
 namespace {
@@ -36,12 +37,13 @@ namespace {
 class DeepSeekV3Inference final : public InferenceSlots {
  public:
   DeepSeekV3Inference(const DeepSeekV3Config& config, ParameterAccess& access, int64_t slots,
-                      int64_t max_len, std::shared_ptr<ComputeBackend> backend);
-  ~DeepSeekV3Inference() override;
+                      int64_t max_len, std::shared_ptr<ComputeBackend> backend,
+                      WeightType weight_type);
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
   size_t scratch_bytes() const override;
+  size_t weight_bytes() const override { return weights_.bytes(); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
 
@@ -64,24 +66,33 @@ class DeepSeekV3Inference final : public InferenceSlots {
   template <typename Attend>
   void Layers(int64_t n, bool rows, Attend attend);
   // The FFN of layer l over n rows: x_ = x_mid_ + FFN(ln_).
-  void Ffn(int64_t l, const float* w, int64_t n, bool rows);
-  void Product(bool rows, float* out, const float* inp, const float* weight, int64_t n, int64_t C,
-               int64_t OC) {
-    if (rows)
-      backend_->MatmulRows(out, inp, weight, n, C, OC);
-    else
-      backend_->MatmulForward(out, inp, weight, n, C, OC);
+  void Ffn(int64_t l, int unit, int64_t n, bool rows);
+  // Products of one input `inp` (n, C): {out, offset of the weight in `unit`, OC} each; the
+  // decode step's (`rows`) in one MatmulRowsMany, else one training GEMM each.
+  struct Out {
+    float* out;
+    size_t offset;
+    int64_t OC;
+  };
+  void Products(bool rows, int unit, const float* inp, int64_t n, int64_t C,
+                std::initializer_list<Out> outs) {
+    if (!rows) {
+      for (const Out& o : outs)
+        backend_->MatmulForward(o.out, inp, weights_.unit(unit) + o.offset, n, C, o.OC);
+      return;
+    }
+    std::vector<ComputeBackend::RowProduct> products;
+    for (const Out& o : outs) products.push_back({o.out, weights_.rows(unit, o.offset), o.OC});
+    backend_->MatmulRowsMany(products.data(), static_cast<int>(products.size()), inp, n, C);
   }
   // Final norm and head over `n` rows starting at row `first` of x_, logits (n, V) to the host.
   void Head(int64_t first, int64_t n, float* logits);
 
   DeepSeekV3Config config_;
-  ParameterAccess& access_;
   std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   DeepSeekV3TensorOffsets offsets_;
-  UnitMemory units_;
-  std::vector<const float*> weights_;  // per unit, acquired for the session's life
+  InferenceWeights weights_;
   Floats cache_;                       // slots x layers x (keys, values)
   // Scratch for R = max(max_len, slots) rows (RK = R x num_experts_per_tok expert rows).
   Floats x_, x_mid_, ln_, rstd_, qa_, qa_n_, q_, kv_c_, kv_n_, kpe_, kvb_, att_, lse_;
@@ -96,14 +107,16 @@ class DeepSeekV3Inference final : public InferenceSlots {
 
 DeepSeekV3Inference::DeepSeekV3Inference(const DeepSeekV3Config& config, ParameterAccess& access,
                                          int64_t slots, int64_t max_len,
-                                         std::shared_ptr<ComputeBackend> backend)
+                                         std::shared_ptr<ComputeBackend> backend,
+                                         WeightType weight_type)
     : InferenceSlots(slots, max_len),
       config_(config),
-      access_(access),
       backend_(std::move(backend)),
       table_(DeepSeekV3ParameterTable(config)),
       offsets_(FindDeepSeekV3Tensors(table_, config)),
-      units_(table_, *backend_) {
+      // The routers stay float32 under a 16-bit type: their top-k picks experts.
+      weights_(table_, access, *backend_, weight_type,
+               [](const ParamInfo& p) { return p.name.ends_with("mlp.gate.weight"); }) {
   if (std::string why = backend_->inherited_kernels_refused(); !why.empty())
     throw UsageError("model.name = \"deepseek_v3\" on training.device = \"" + backend_->name() +
                      "\": its MLA and mixture-of-experts kernels have no version on this backend "
@@ -157,12 +170,6 @@ DeepSeekV3Inference::DeepSeekV3Inference(const DeepSeekV3Config& config, Paramet
   rope_sin_ = floats(max_len * Dr / 2);
   rope_cos_.CopyFrom(cos_table.data(), cos_table.size());
   rope_sin_.CopyFrom(sin_table.data(), sin_table.size());
-  for (int unit = 0; unit < static_cast<int>(table_.units().size()); ++unit)
-    weights_.push_back(units_.Weights(access_, unit));
-}
-
-DeepSeekV3Inference::~DeepSeekV3Inference() {
-  for (int unit = 0; unit < static_cast<int>(weights_.size()); ++unit) access_.ReleaseWeights(unit);
 }
 
 size_t DeepSeekV3Inference::scratch_bytes() const {
@@ -218,32 +225,35 @@ void DeepSeekV3Inference::Layers(int64_t n, bool rows, Attend attend) {
   const int64_t Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Rq = c.q_lora_rank;
   const int64_t Rkv = c.kv_lora_rank;
   const float eps = static_cast<float>(c.norm_eps);
-  be.EmbeddingForward(x_.data(), tokens_.data(), weights_[0] + offsets_.embed, n, C);
+  be.EmbeddingForward(x_.data(), tokens_.data(), weights_.unit(0) + offsets_.embed, n, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const float* w = weights_[static_cast<size_t>(1 + l)];
+    const int unit = static_cast<int>(1 + l);
+    const float* w = weights_.unit(unit);
     const DeepSeekV3LayerOffsets& o = offsets_.layers[static_cast<size_t>(l)];
     be.RmsnormForward(ln_.data(), rstd_.data(), x_.data(), w + o.ln1, n, C, eps);
-    // MLA's projections, as DeepSeekV3Model::AttentionForward computes them.
+    // MLA's projections, as DeepSeekV3Model::AttentionForward computes them: those of the
+    // normed input in one pass (kv_a_proj's rows are the latent's, then k_pe's).
+    const size_t kpe = o.kv_a + static_cast<size_t>(Rkv * C);
     if (Rq > 0) {
-      Product(rows, qa_.data(), ln_.data(), w + o.q_a, n, C, Rq);
+      Products(rows, unit, ln_.data(), n, C,
+               {{qa_.data(), o.q_a, Rq}, {kv_c_.data(), o.kv_a, Rkv}, {kpe_.data(), kpe, Dr}});
       be.RmsnormForward(qa_n_.data(), rstd_.data(), qa_.data(), w + o.q_a_norm, n, Rq, eps);
-      Product(rows, q_.data(), qa_n_.data(), w + o.q, n, Rq, H * Dq);
+      Products(rows, unit, qa_n_.data(), n, Rq, {{q_.data(), o.q, H * Dq}});
     } else {
-      Product(rows, q_.data(), ln_.data(), w + o.q, n, C, H * Dq);
+      Products(rows, unit, ln_.data(), n, C,
+               {{q_.data(), o.q, H * Dq}, {kv_c_.data(), o.kv_a, Rkv}, {kpe_.data(), kpe, Dr}});
     }
-    Product(rows, kv_c_.data(), ln_.data(), w + o.kv_a, n, C, Rkv);
-    Product(rows, kpe_.data(), ln_.data(), w + o.kv_a + Rkv * C, n, C, Dr);
     be.RmsnormForward(kv_n_.data(), rstd_.data(), kv_c_.data(), w + o.kv_a_norm, n, Rkv, eps);
-    Product(rows, kvb_.data(), kv_n_.data(), w + o.kv_b, n, Rkv, H * (Dn + Dv));
+    Products(rows, unit, kv_n_.data(), n, Rkv, {{kvb_.data(), o.kv_b, H * (Dn + Dv)}});
     attend(l);
-    Product(rows, x_mid_.data(), att_.data(), w + o.o, n, H * Dv, C);
+    Products(rows, unit, att_.data(), n, H * Dv, {{x_mid_.data(), o.o, C}});
     be.Add(x_mid_.data(), x_.data(), n * C);
     be.RmsnormForward(ln_.data(), rstd_.data(), x_mid_.data(), w + o.ln2, n, C, eps);
-    Ffn(l, w, n, rows);
+    Ffn(l, unit, n, rows);
   }
 }
 
-void DeepSeekV3Inference::Ffn(int64_t l, const float* w, int64_t n, bool rows) {
+void DeepSeekV3Inference::Ffn(int64_t l, int unit, int64_t n, bool rows) {
   ComputeBackend& be = *backend_;
   const DeepSeekV3Config& c = config_;
   const DeepSeekV3LayerOffsets& o = offsets_.layers[static_cast<size_t>(l)];
@@ -251,11 +261,11 @@ void DeepSeekV3Inference::Ffn(int64_t l, const float* w, int64_t n, bool rows) {
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok;
   float* out = x_.data();
   const float* ln2 = ln_.data();
+  const float* w = weights_.unit(unit);
   auto mlp = [&](int64_t width) {
-    Product(rows, gate_.data(), ln2, w + o.gate, n, C, width);
-    Product(rows, up_.data(), ln2, w + o.up, n, C, width);
+    Products(rows, unit, ln2, n, C, {{gate_.data(), o.gate, width}, {up_.data(), o.up, width}});
     be.SwigluForward(hidden_.data(), gate_.data(), up_.data(), n, width);
-    Product(rows, out, hidden_.data(), w + o.down, n, width, C);
+    Products(rows, unit, hidden_.data(), n, width, {{out, o.down, C}});
   };
   if (!c.moe_layer(l)) {
     mlp(c.ffn_hidden_dim);
@@ -263,7 +273,7 @@ void DeepSeekV3Inference::Ffn(int64_t l, const float* w, int64_t n, bool rows) {
     return;
   }
   // Route on the host, each row by its own logits (moe_routing.h).
-  Product(rows, router_.data(), ln2, w + o.router, n, C, E);
+  Products(rows, unit, ln2, n, C, {{router_.data(), o.router, E}});
   const float* logits = router_.data();
   const float* bias = w + o.bias;
   if (!be.host_memory()) {
@@ -290,19 +300,19 @@ void DeepSeekV3Inference::Ffn(int64_t l, const float* w, int64_t n, bool rows) {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t first = begin[e], count = begin[e + 1] - begin[e];
       if (count == 0) continue;
-      const float* we = w + o.expert[static_cast<size_t>(e)];
-      be.MatmulRows(expert_gate_.data() + first * Fm, expert_in_.data() + first * C, we, count, C,
-                    Fm);
-      be.MatmulRows(expert_up_.data() + first * Fm, expert_in_.data() + first * C, we + size, count,
-                    C, Fm);
+      const RowWeights we = weights_.rows(unit, o.expert[static_cast<size_t>(e)]);
+      const ComputeBackend::RowProduct products[2] = {
+          {expert_gate_.data() + first * Fm, we, Fm},
+          {expert_up_.data() + first * Fm, we.Plus(size), Fm}};
+      be.MatmulRowsMany(products, 2, expert_in_.data() + first * C, count, C);
     }
     be.SwigluForward(expert_hidden_.data(), expert_gate_.data(), expert_up_.data(), n * K, Fm);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t first = begin[e], count = begin[e + 1] - begin[e];
       if (count == 0) continue;
-      const float* we = w + o.expert[static_cast<size_t>(e)];
+      const RowWeights we = weights_.rows(unit, o.expert[static_cast<size_t>(e)]);
       be.MatmulRows(expert_out_.data() + first * C, expert_hidden_.data() + first * Fm,
-                    we + 2 * size, count, Fm, C);
+                    we.Plus(2 * size), count, Fm, C);
     }
   } else {
     // The training forward's grouped GEMMs, one group per expert (DeepSeekV3Model's
@@ -331,10 +341,12 @@ void DeepSeekV3Inference::Ffn(int64_t l, const float* w, int64_t n, bool rows) {
 void DeepSeekV3Inference::Head(int64_t first, int64_t n, float* logits) {
   ComputeBackend& be = *backend_;
   const int64_t C = config_.dim, V = config_.vocab_size;
-  const float* tail = weights_.back();
-  const float* head = config_.tie_embeddings ? weights_[0] + offsets_.embed : tail + offsets_.head;
-  be.RmsnormForward(ln_.data(), rstd_.data(), x_.data() + first * C, tail + offsets_.final_norm, n,
-                    C, static_cast<float>(config_.norm_eps));
+  const int tail = table_.tail_unit();
+  const RowWeights head = config_.tie_embeddings ? weights_.rows(0, offsets_.embed)
+                                                 : weights_.rows(tail, offsets_.head);
+  be.RmsnormForward(ln_.data(), rstd_.data(), x_.data() + first * C,
+                    weights_.unit(tail) + offsets_.final_norm, n, C,
+                    static_cast<float>(config_.norm_eps));
   be.MatmulRows(logits_.data(), ln_.data(), head, n, C, V);
   be.CopyToHost(logits, logits_.data(), static_cast<size_t>(n * V) * sizeof(float));
 }
@@ -396,8 +408,10 @@ void DeepSeekV3Inference::Decode(const int64_t* slots, const int32_t* tokens, in
 std::unique_ptr<InferenceModel> StartDeepSeekV3Inference(const DeepSeekV3Config& config,
                                                          ParameterAccess& access, int64_t slots,
                                                          int64_t max_len,
-                                                         std::shared_ptr<ComputeBackend> backend) {
-  return std::make_unique<DeepSeekV3Inference>(config, access, slots, max_len, std::move(backend));
+                                                         std::shared_ptr<ComputeBackend> backend,
+                                                         WeightType weight_type) {
+  return std::make_unique<DeepSeekV3Inference>(config, access, slots, max_len, std::move(backend),
+                                               weight_type);
 }
 
 double PlannedDeepSeekV3KvCacheBytes(const DeepSeekV3Config& config, double slots, double max_len) {

@@ -74,7 +74,8 @@ LlamaTensorOffsets FindLlamaTensors(const ParameterTable& table, const LlamaConf
 std::unique_ptr<InferenceModel> StartLlamaInference(const LlamaConfig& config,
                                                     ParameterAccess& access, int64_t slots,
                                                     int64_t max_len,
-                                                    std::shared_ptr<ComputeBackend> backend);
+                                                    std::shared_ptr<ComputeBackend> backend,
+                                                    WeightType weight_type);
 double PlannedLlamaKvCacheBytes(const LlamaConfig& config, double slots, double max_len);
 
 // What a config asks for, computed in double so that no config can overflow it (the memory
@@ -131,8 +132,9 @@ class LlamaSpec final : public ModelSpec, public HfMapping {
                                const ModelParallelism& parallelism) const override;
   std::unique_ptr<InferenceModel> StartInference(
       ParameterAccess& access, int64_t slots, int64_t max_len,
-      std::shared_ptr<ComputeBackend> backend) const override {
-    return StartLlamaInference(config_, access, slots, max_len, std::move(backend));
+      std::shared_ptr<ComputeBackend> backend,
+      WeightType weight_type = WeightType::kF32) const override {
+    return StartLlamaInference(config_, access, slots, max_len, std::move(backend), weight_type);
   }
   double PlannedKvCacheBytes(double slots, double max_len) const override {
     return PlannedLlamaKvCacheBytes(config_, slots, max_len);

@@ -17,6 +17,7 @@
 #include "kernels/cpu/kernels.h"
 #include "model/decoder_common.h"
 #include "model/inference_slots.h"
+#include "model/inference_weights.h"
 #include "model/llama.h"
 
 namespace crucible {
@@ -25,12 +26,12 @@ namespace {
 class LlamaInference final : public InferenceSlots {
  public:
   LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots, int64_t max_len,
-                 std::shared_ptr<ComputeBackend> backend);
-  ~LlamaInference() override;
+                 std::shared_ptr<ComputeBackend> backend, WeightType weight_type);
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
   size_t scratch_bytes() const override;
+  size_t weight_bytes() const override { return weights_.bytes(); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
 
@@ -45,23 +46,32 @@ class LlamaInference final : public InferenceSlots {
   // each layer's attention output to att_ from its q, k, v (before RoPE: the callback rotates).
   template <typename Attend>
   void Layers(int64_t n, bool row_products, Attend attend);
-  void Product(bool rows, float* out, const float* inp, const float* weight, int64_t n, int64_t C,
-               int64_t OC) {
-    if (rows)
-      backend_->MatmulRows(out, inp, weight, n, C, OC);
-    else
-      backend_->MatmulForward(out, inp, weight, n, C, OC);
+  // Products of one input `inp` (n, C): {out, offset of the weight in `unit`, OC} each; the
+  // decode step's (`rows`) in one MatmulRowsMany, else one training GEMM each.
+  struct Out {
+    float* out;
+    size_t offset;
+    int64_t OC;
+  };
+  void Products(bool rows, int unit, const float* inp, int64_t n, int64_t C,
+                std::initializer_list<Out> outs) {
+    if (!rows) {
+      for (const Out& o : outs)
+        backend_->MatmulForward(o.out, inp, weights_.unit(unit) + o.offset, n, C, o.OC);
+      return;
+    }
+    std::vector<ComputeBackend::RowProduct> products;
+    for (const Out& o : outs) products.push_back({o.out, weights_.rows(unit, o.offset), o.OC});
+    backend_->MatmulRowsMany(products.data(), static_cast<int>(products.size()), inp, n, C);
   }
   // Final norm and head over `n` rows starting at row `first` of x_, logits (n, V) to the host.
   void Head(int64_t first, int64_t n, float* logits);
 
   LlamaConfig config_;
-  ParameterAccess& access_;
   std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   LlamaTensorOffsets offsets_;
-  UnitMemory units_;
-  std::vector<const float*> weights_;  // per unit, acquired for the session's life
+  InferenceWeights weights_;
   Floats cache_;                       // slots x layers x {k, v} x max_len x KV x D
   // Scratch for R = max(max_len, slots) rows.
   Floats x_, x_mid_, ln_, rstd_, q_, k_, v_, att_, lse_, gate_, up_, hidden_, logits_;
@@ -70,14 +80,14 @@ class LlamaInference final : public InferenceSlots {
 };
 
 LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots,
-                               int64_t max_len, std::shared_ptr<ComputeBackend> backend)
+                               int64_t max_len, std::shared_ptr<ComputeBackend> backend,
+                               WeightType weight_type)
     : InferenceSlots(slots, max_len),
       config_(config),
-      access_(access),
       backend_(std::move(backend)),
       table_(LlamaParameterTable(config)),
       offsets_(FindLlamaTensors(table_, config)),
-      units_(table_, *backend_) {
+      weights_(table_, access, *backend_, weight_type) {
   ComputeBackend& be = *backend_;
   const int64_t C = config.dim, H = config.n_heads, KV = config.n_kv_heads, D = config.head_dim();
   const int64_t F = config.ffn_hidden_dim, V = config.vocab_size, L = config.n_layers;
@@ -104,12 +114,6 @@ LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& acces
   rope_sin_ = floats(max_len * D / 2);
   rope_cos_.CopyFrom(cos_table.data(), cos_table.size());
   rope_sin_.CopyFrom(sin_table.data(), sin_table.size());
-  for (int unit = 0; unit < static_cast<int>(table_.units().size()); ++unit)
-    weights_.push_back(units_.Weights(access_, unit));
-}
-
-LlamaInference::~LlamaInference() {
-  for (int unit = 0; unit < static_cast<int>(weights_.size()); ++unit) access_.ReleaseWeights(unit);
 }
 
 size_t LlamaInference::scratch_bytes() const {
@@ -127,22 +131,21 @@ void LlamaInference::Layers(int64_t n, bool rows, Attend attend) {
   const int64_t C = c.dim, H = c.n_heads, KV = c.n_kv_heads, D = c.head_dim();
   const int64_t F = c.ffn_hidden_dim;
   const float eps = static_cast<float>(c.norm_eps);
-  be.EmbeddingForward(x_.data(), tokens_.data(), weights_[0] + offsets_.embed, n, C);
+  be.EmbeddingForward(x_.data(), tokens_.data(), weights_.unit(0) + offsets_.embed, n, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const float* w = weights_[1 + l];
+    const int unit = static_cast<int>(1 + l);
+    const float* w = weights_.unit(unit);
     const LlamaLayerOffsets& o = offsets_.layers[l];
     be.RmsnormForward(ln_.data(), rstd_.data(), x_.data(), w + o.ln1, n, C, eps);
-    Product(rows, q_.data(), ln_.data(), w + o.q, n, C, H * D);
-    Product(rows, k_.data(), ln_.data(), w + o.k, n, C, KV * D);
-    Product(rows, v_.data(), ln_.data(), w + o.v, n, C, KV * D);
+    Products(rows, unit, ln_.data(), n, C,
+             {{q_.data(), o.q, H * D}, {k_.data(), o.k, KV * D}, {v_.data(), o.v, KV * D}});
     attend(l);
-    Product(rows, x_mid_.data(), att_.data(), w + o.o, n, H * D, C);
+    Products(rows, unit, att_.data(), n, H * D, {{x_mid_.data(), o.o, C}});
     be.Add(x_mid_.data(), x_.data(), n * C);
     be.RmsnormForward(ln_.data(), rstd_.data(), x_mid_.data(), w + o.ln2, n, C, eps);
-    Product(rows, gate_.data(), ln_.data(), w + o.gate, n, C, F);
-    Product(rows, up_.data(), ln_.data(), w + o.up, n, C, F);
+    Products(rows, unit, ln_.data(), n, C, {{gate_.data(), o.gate, F}, {up_.data(), o.up, F}});
     be.SwigluForward(hidden_.data(), gate_.data(), up_.data(), n, F);
-    Product(rows, x_.data(), hidden_.data(), w + o.down, n, F, C);
+    Products(rows, unit, hidden_.data(), n, F, {{x_.data(), o.down, C}});
     be.Add(x_.data(), x_mid_.data(), n * C);
   }
 }
@@ -150,10 +153,12 @@ void LlamaInference::Layers(int64_t n, bool rows, Attend attend) {
 void LlamaInference::Head(int64_t first, int64_t n, float* logits) {
   ComputeBackend& be = *backend_;
   const int64_t C = config_.dim, V = config_.vocab_size;
-  const float* tail = weights_.back();
-  const float* head = config_.tie_embeddings ? weights_[0] + offsets_.embed : tail + offsets_.head;
-  be.RmsnormForward(ln_.data(), rstd_.data(), x_.data() + first * C, tail + offsets_.final_norm, n,
-                    C, static_cast<float>(config_.norm_eps));
+  const int tail = table_.tail_unit();
+  const RowWeights head = config_.tie_embeddings ? weights_.rows(0, offsets_.embed)
+                                                 : weights_.rows(tail, offsets_.head);
+  be.RmsnormForward(ln_.data(), rstd_.data(), x_.data() + first * C,
+                    weights_.unit(tail) + offsets_.final_norm, n, C,
+                    static_cast<float>(config_.norm_eps));
   be.MatmulRows(logits_.data(), ln_.data(), head, n, C, V);
   be.CopyToHost(logits, logits_.data(), static_cast<size_t>(n * V) * sizeof(float));
 }
@@ -211,8 +216,10 @@ void LlamaInference::Decode(const int64_t* slots, const int32_t* tokens, int64_t
 std::unique_ptr<InferenceModel> StartLlamaInference(const LlamaConfig& config,
                                                     ParameterAccess& access, int64_t slots,
                                                     int64_t max_len,
-                                                    std::shared_ptr<ComputeBackend> backend) {
-  return std::make_unique<LlamaInference>(config, access, slots, max_len, std::move(backend));
+                                                    std::shared_ptr<ComputeBackend> backend,
+                                                    WeightType weight_type) {
+  return std::make_unique<LlamaInference>(config, access, slots, max_len, std::move(backend),
+                                          weight_type);
 }
 
 double PlannedLlamaKvCacheBytes(const LlamaConfig& config, double slots, double max_len) {

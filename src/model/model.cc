@@ -35,7 +35,8 @@ LossSum Model::Retarget(const int32_t*) {
 }
 
 std::unique_ptr<InferenceModel> ModelSpec::StartInference(ParameterAccess&, int64_t, int64_t,
-                                                          std::shared_ptr<ComputeBackend>) const {
+                                                          std::shared_ptr<ComputeBackend>,
+                                                          WeightType) const {
   throw UsageError("model '" + name() +
                    "' has no inference path yet (prefill and decode with a KV cache); generation "
                    "runs the llama and deepseek_v3 families");

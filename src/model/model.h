@@ -135,6 +135,8 @@ class InferenceModel {
   // The KV cache of all slots, and everything else it allocated (scratch, position tables).
   virtual size_t kv_cache_bytes() const = 0;
   virtual size_t scratch_bytes() const = 0;
+  // Its own copy of the weights (model/inference_weights.h).
+  virtual size_t weight_bytes() const = 0;
   // Positions held in `slot`'s cache.
   virtual int64_t length(int64_t slot) const = 0;
   // Runs `count` (>= 1) tokens of an empty slot from position 0, keeps their keys and values, and
@@ -266,12 +268,12 @@ class ModelSpec {
     return Build(batch_size, seq_len, DefaultCpuBackend());
   }
 
-  // Its inference path over the weights `access` gives (held acquired while it lives; `access`
-  // must outlive it), `slots` sequences of up to `max_len` positions, on `backend`. The default:
-  // UsageError saying the family has none.
+  // Its inference path over the weights `access` gives (copied once: model/inference_weights.h,
+  // with its matrices in `weight_type`), `slots` sequences of up to `max_len` positions, on
+  // `backend`. The default: UsageError saying the family has none.
   virtual std::unique_ptr<InferenceModel> StartInference(
       ParameterAccess& access, int64_t slots, int64_t max_len,
-      std::shared_ptr<ComputeBackend> backend) const;
+      std::shared_ptr<ComputeBackend> backend, WeightType weight_type = WeightType::kF32) const;
   // The bytes of its KV cache (InferenceModel::kv_cache_bytes()), in double; 0 without one.
   virtual double PlannedKvCacheBytes(double /*slots*/, double /*max_len*/) const { return 0; }
 

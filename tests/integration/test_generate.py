@@ -29,6 +29,13 @@ import json, sys, torch, transformers
 from transformers import LlamaForCausalLM
 dtype = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 model = LlamaForCausalLM.from_pretrained(sys.argv[1], **{dtype: torch.float32}).eval()
+# argv[3], when given: round every matrix (not the norms) to that type and back, as
+# `crucible generate --dtype f16|bf16` does (model/inference_weights.h).
+if len(sys.argv) > 3:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(p.to(getattr(torch, sys.argv[3])).float())
 out = []
 for request in json.loads(sys.argv[2]):
     ids = torch.tensor([request["prompt"]])
@@ -131,6 +138,26 @@ def test_streams_one_prompt_and_ends_at_max_tokens_without_its_stop_string(model
     if stop.strip():
         cut = generate(model, ["hello"], "--max-new-tokens", "24", "--ignore-eos", "--stop", stop)[0]
         assert cut["finish"] == "stop" and cut["text"] == long["text"][:long["text"].index(stop)]
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("f16", "float16"), ("bf16", "bfloat16")])
+def test_sixteen_bit_weights_are_the_rounded_model(model, dtype, torch_dtype):
+    """--dtype f16|bf16 generates what transformers generates from the same model with every matrix
+    rounded to that type (norms kept), token for token, batched or not; and the rounding shows: its
+    log-probabilities are not the f32 run's."""
+    hf = python_env("current")
+    batched = generate(model, PROMPTS, "--max-new-tokens", "16", "--dtype", dtype)
+    f32 = generate(model, PROMPTS, "--max-new-tokens", "16")
+    requests = []
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(model, [prompt], "--max-new-tokens", "16", "--dtype", dtype)[0]
+        assert alone["tokens"] == batched[i]["tokens"] and alone["logprobs"] == batched[i]["logprobs"]
+        requests.append({"prompt": batched[i]["prompt_tokens"], "max_new_tokens": 16})
+    theirs = json.loads(hf.run(HF_GENERATE, model, json.dumps(requests), torch_dtype).strip().splitlines()[-1])
+    assert theirs == [r["tokens"] for r in batched]
+    assert [r["logprobs"] for r in batched] != [r["logprobs"] for r in f32]
+    proc = run_crucible("generate", model, "--prompt", "hello", "--dtype", "f8", check=False, env=ENV)
+    assert proc.returncode == 2 and "--dtype 'f8': expected f32, f16 or bf16" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
