@@ -87,10 +87,10 @@ CommandRun SetupExport(CLI::App& app) {
   hf->add_option("OUT", o->out, "output folder (must not exist, or be empty)")->required();
   CLI::App* gguf = app.add_subcommand(
       "gguf",
-      "write one GGUF v3 file that llama.cpp runs as is: architecture \"llama\", llama.cpp's "
-      "tensor names (q/k rows interleaved for its RoPE), the tokenizer from [model] "
-      "tokenizer_path (byte-level BPE, Llama-3 or GPT-2 pre-tokenizer; required); Llama family "
-      "only (docs/generation.md)");
+      "write one GGUF v3 file that llama.cpp runs as is: architecture \"llama\" (Llama) or "
+      "\"deepseek2\" (DeepSeek-V3), llama.cpp's tensor names (RoPE rows interleaved for its "
+      "RoPE), the tokenizer from [model] tokenizer_path (byte-level BPE, Llama-3 or GPT-2 "
+      "pre-tokenizer; required) (docs/generation.md)");
   gguf->add_option("RUN_OR_CKPT", o->source, "run directory or checkpoint folder")->required();
   gguf->add_option("OUT", o->out, "output .gguf file (replaced atomically)")->required();
   gguf->add_option("--dtype", o->dtype,

@@ -15,7 +15,20 @@ are decided by clear margins. Checked:
 - llama.cpp's tokenizer against `crucible tokenizer encode`, for the Llama-3 and the GPT-2
   pre-tokenizers;
 - bad input: an unknown --dtype, a run without a tokenizer, a tokenizer llama.cpp has no
-  pre-tokenizer for, a DeepSeek-V3 model (one line, exit 2)."""
+  pre-tokenizer for, a DeepSeek-V3 model without shared experts (one line, exit 2).
+
+DeepSeek-V3 (llama.cpp's deepseek2): two tiny runs made as tests/integration/test_generate.py makes
+its DeepSeek-V3 (initial weights 3x wider, balance biases away from 0, 5 steps): query compression,
+a dense first layer, then MoE layers with grouped routing (groups of two), one shared expert and
+normalised, scaled weights; and plain queries, a tied head, two shared experts, unnormalised
+weights and groups of one expert. Checked: every key and tensor name, shape and type as GGUFReader
+reads them, the F32 tensors bit for bit against the checkpoint converted in numpy as
+convert_hf_to_gguf.py converts DeepSeek's folder (kv_b split into k_b transposed and v_b, the
+experts stacked, the RoPE rows interleaved), Q8_0's F16 fallback for rows not a multiple of 32 and
+its F32 router; llama.cpp's greedy continuations of 6 prompts from the F32 file with an F32 KV
+cache equal `crucible generate`'s token for token, with the log-probabilities of those tokens
+within 1e-4; with llama.cpp's default F16 cache, and for F16 and Q8_0, how many prompts agree is
+reported."""
 import json
 
 import numpy as np
@@ -23,6 +36,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import PythonEnv, llama_python, python_env, run_crucible
+from test_deepseek_v3 import model_sets
+from test_generate import DEEPSEEK, MODEL as DEEPSEEK_RUN, exported
 
 ENV = {"OMP_NUM_THREADS": "1"}
 DTYPES = ["f32", "f16", "bf16", "q8_0"]
@@ -340,11 +355,219 @@ def test_export_gguf_refuses_what_llama_cpp_cannot_run_in_one_line(trained, tmp_
                                 "metrics.peak_gflops=100", f"job.dump_folder={run_dir}"), env=ENV)
     proc = run_crucible("export", "gguf", run_dir, out, check=False)
     assert proc.returncode == 2 and "has no tokenizer" in proc.stderr and not out.exists()
-    # DeepSeek-V3 (llama.cpp's deepseek2: MLA and merged experts) is not written yet.
+    # DeepSeek-V3 without shared experts: llama.cpp's deepseek2 requires them in its MoE layers.
     run_dir = trained["root"] / "run-deepseek"
-    run_crucible("train", *sets("model.name=deepseek_v3", "model.flavor=debug", "training.seq_len=32",
-                                "training.steps=1", "metrics.peak_gflops=100", f"job.dump_folder={run_dir}",
+    run_crucible("train", *sets("model.name=deepseek_v3", "model.flavor=debug", "model.n_shared_experts=0",
+                                "training.seq_len=32", "training.steps=1", "metrics.peak_gflops=100",
+                                f"job.dump_folder={run_dir}",
                                 f"model.tokenizer_path={trained['root'] / 'tok-llama3.json'}"), env=ENV)
     proc = run_crucible("export", "gguf", run_dir, out, check=False)
-    assert proc.returncode == 2 and "model 'deepseek_v3' is not supported" in proc.stderr
-    assert "deepseek2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+    assert proc.returncode == 2 and "model.n_shared_experts = 0" in proc.stderr and "deepseek2" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+# DeepSeek-V3 as llama.cpp's deepseek2. "compressed" is test_generate.py's model; "plain" the other
+# branches: attn_q, a tied head, unnormalised weights, groups of one expert (written as one group).
+DEEPSEEK_VARIANTS = {
+    "compressed": DEEPSEEK,
+    "plain": {**DEEPSEEK, "q_lora_rank": 0, "tie_embeddings": True, "norm_topk_prob": False, "n_group": 8,
+              "topk_group": 4, "routed_scaling_factor": 1.0, "v_head_dim": 24, "n_shared_experts": 2},
+}
+DEEPSEEK_DTYPES = {"compressed": ["f32", "f16", "q8_0"], "plain": ["f32", "f16"]}
+DEEPSEEK_PROMPTS = ["the quick brown fox", "hello", "this is a small test of generation with a cache. the lazy",
+                    "the lazy dog", "hello world, this is", "a small test of"]
+DEEPSEEK_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    """Per variant: the trained run and its GGUF files."""
+    out = {}
+    for variant, config in DEEPSEEK_VARIANTS.items():
+        folder = tmp_path_factory.mktemp(f"gguf-deepseek-{variant}")
+        exported(folder, model_sets(config) + DEEPSEEK_RUN, 3.0, biases=True)
+        run_dir, files = folder / "run", {}
+        for dtype in DEEPSEEK_DTYPES[variant]:
+            files[dtype] = folder / f"{variant}-{dtype}.gguf"
+            run_crucible("export", "gguf", run_dir, files[dtype], "--dtype", dtype)
+        out[variant] = {"config": config, "run": run_dir, "files": files,
+                        "weights": load_file(str(run_dir / "ckpt" / "step-5" / "model.safetensors"))}
+    return out
+
+
+def deepseek_keys(config, dtype):
+    """The general.* and deepseek2.* keys convert_hf_to_gguf.py writes for DeepSeek's own folder of
+    this config (scoring_func sigmoid), with q_lora_rank 0 written and groups of one as one group."""
+    grouped = config["n_routed_experts"] // config["n_group"] > 1
+    keys = {"general.architecture": "deepseek2", "general.name": "run", "general.alignment": 32,
+            "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7}[dtype], "general.quantization_version": 2}
+    keys.update({f"deepseek2.{k}": v for k, v in {
+        "block_count": config["n_layers"], "context_length": 64, "embedding_length": config["dim"],
+        "feed_forward_length": config["ffn_hidden_dim"], "attention.head_count": config["n_heads"],
+        "attention.head_count_kv": 1, "rope.freq_base": 10000.0,
+        "attention.layer_norm_rms_epsilon": pytest.approx(1e-5, rel=1e-6),
+        "expert_count": config["n_routed_experts"], "expert_used_count": config["num_experts_per_tok"],
+        "expert_group_count": config["n_group"] if grouped else 1,
+        "expert_group_used_count": config["topk_group"] if grouped else 1, "expert_gating_func": 2,
+        "leading_dense_block_count": config["first_k_dense_replace"], "vocab_size": config["vocab_size"],
+        "attention.q_lora_rank": config["q_lora_rank"], "attention.kv_lora_rank": config["kv_lora_rank"],
+        "attention.key_length": config["kv_lora_rank"] + config["qk_rope_head_dim"],
+        "attention.value_length": config["kv_lora_rank"],
+        "attention.key_length_mla": config["qk_nope_head_dim"] + config["qk_rope_head_dim"],
+        "attention.value_length_mla": config["v_head_dim"],
+        "expert_feed_forward_length": config["moe_intermediate_size"],
+        "expert_shared_count": config["n_shared_experts"],
+        "expert_weights_scale": pytest.approx(config["routed_scaling_factor"]),
+        "rope.dimension_count": config["qk_rope_head_dim"]}.items()})
+    if config["norm_topk_prob"]:
+        keys["deepseek2.expert_weights_norm"] = True
+    return keys
+
+
+def deepseek_expected(weights, config):
+    """GGUF name -> float32 values, converted from the checkpoint as convert_hf_to_gguf.py's
+    DeepseekV2Model converts DeepSeek's folder, whose RoPE rows keep their pairs adjacent: ours are
+    rotate-half, so they are interleaved first."""
+    H, Dn, Dr, Dv = config["n_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    R, E = config["kv_lora_rank"], config["n_routed_experts"]
+    out, experts = {}, {}
+    renamed = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_a_proj.weight": "attn_q_a.weight",
+               "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight", "self_attn.q_b_proj.weight": "attn_q_b.weight",
+               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+               "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+               "mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
+    for kind in ["gate", "up", "down"]:
+        renamed[f"mlp.{kind}_proj.weight"] = f"ffn_{kind}.weight"
+        renamed[f"mlp.shared_experts.{kind}_proj.weight"] = f"ffn_{kind}_shexp.weight"
+    outside = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+    for name, w in weights.items():
+        if name in outside:
+            out[outside[name]] = w
+            continue
+        layer, rest = name[len("model.layers."):].split(".", 1)
+        if rest.startswith("mlp.experts."):
+            expert, kind = rest[len("mlp.experts."):].split(".", 1)
+            experts.setdefault(f"blk.{layer}.ffn_{kind.split('_')[0]}_exps.weight", {})[int(expert)] = w
+        elif rest == "self_attn.kv_b_proj.weight":
+            kv_b = w.reshape(H, Dn + Dv, R)
+            out[f"blk.{layer}.attn_k_b.weight"] = kv_b[:, :Dn].transpose(0, 2, 1)
+            out[f"blk.{layer}.attn_v_b.weight"] = kv_b[:, Dn:]
+        else:
+            w = w.copy()
+            if rest in ("self_attn.q_b_proj.weight", "self_attn.q_proj.weight"):
+                heads = w.reshape(H, Dn + Dr, -1)
+                heads[:, Dn:] = interleave(heads[:, Dn:].reshape(H * Dr, -1), H).reshape(H, Dr, -1)
+            elif rest == "self_attn.kv_a_proj_with_mqa.weight":
+                w[R:] = interleave(w[R:], 1)
+            out[f"blk.{layer}.{renamed[rest]}"] = w
+    for name, by_expert in experts.items():
+        assert sorted(by_expert) == list(range(E)), name
+        out[name] = np.stack([by_expert[e] for e in range(E)])
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def test_deepseek_v3_gguf_holds_the_deepseek2_keys_and_tensors(deepseek, llama, tmp_path):
+    job = {f"{variant}/{dtype}": str(path) for variant, d in deepseek.items() for dtype, path in d["files"].items()}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    llama.run(READ, tmp_path / "job.json", tmp_path / "read.json", tmp_path / "tensors.npz")
+    read = json.loads((tmp_path / "read.json").read_text())
+    arrays = np.load(tmp_path / "tensors.npz")
+    for key in job:
+        variant, dtype = key.split("/")
+        config = deepseek[variant]["config"]
+        fields, tensors = read[key]["fields"], read[key]["tensors"]
+        assert {k: v for k, v in fields.items() if not k.startswith("tokenizer.ggml.")} == deepseek_keys(config, dtype)
+        assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
+        expected = deepseek_expected(deepseek[variant]["weights"], config)
+        assert sorted(t[0] for t in tensors) == sorted(expected), key
+        assert ("output.weight" in expected) != config["tie_embeddings"]
+        for name, kind, shape in tensors:
+            want = expected[name]
+            assert shape == list(reversed(want.shape)), (key, name)
+            forced_f32 = want.ndim == 1 or name.endswith("ffn_gate_inp.weight")
+            if dtype == "f32" or forced_f32:
+                assert kind == "F32", (key, name)
+                assert np.array_equal(arrays[f"{key}/{name}"].view(np.uint32).reshape(want.shape),
+                                      want.view(np.uint32)), f"{key} {name}: not bit-exact"
+            elif dtype == "f16" or want.shape[-1] % 32 != 0:  # Q8_0 falls back to F16 for such rows
+                assert kind == "F16", (key, name)
+                assert np.array_equal(arrays[f"{key}/{name}"].view(np.uint16).reshape(want.shape),
+                                      want.astype(np.float16).view(np.uint16)), (key, name)
+            else:
+                assert kind == "Q8_0", (key, name)
+                step = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
+                error = np.abs(arrays[f"{key}/{name}/dequantized"].reshape(-1, 32) - want.reshape(-1, 32))
+                assert np.all(error <= step * (0.5 + 127 * 2.0**-11) * 1.001), (key, name)
+    # Both fallbacks happen: k_b's rows are qk_nope_head_dim = 16 long, the router's stays F32.
+    kinds = {name: kind for name, kind, _ in read["compressed/q8_0"]["tensors"]}
+    assert kinds["blk.1.attn_k_b.weight"] == "F16" and kinds["blk.1.ffn_gate_inp.weight"] == "F32"
+    assert kinds["blk.1.ffn_gate_exps.weight"] == "Q8_0"
+
+
+# argv: a JSON job {files: {key: [path, f32_cache]}, prompts: [[ids]], max_new}; writes {key:
+# {"tokens": [[ids]], "logprobs": [[...]]}}: greedy continuations and the log-softmax of each chosen
+# token, with a KV cache of F32 (type_k = type_v = GGML_TYPE_F32) or llama.cpp's default, F16.
+DEEPSEEK_LLAMA_RUN = r"""
+import json, sys, numpy as np
+from llama_cpp import Llama
+job = json.load(open(sys.argv[1]))
+out = {}
+for key, (path, f32_cache) in job["files"].items():
+    cache = {"type_k": 0, "type_v": 0} if f32_cache else {}
+    llm = Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=1, seed=0, logits_all=True, verbose=False,
+                **cache)
+    eos = llm.token_eos()
+    runs, logprobs = [], []
+    for prompt in job["prompts"]:
+        tokens = []
+        for token in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            tokens.append(int(token))
+            if token == eos or len(tokens) == job["max_new"]:
+                break
+        llm.reset()
+        llm.eval(prompt + tokens[:-1])
+        scores = np.array(llm.scores[len(prompt) - 1:len(prompt) - 1 + len(tokens)], dtype=np.float64)
+        scores -= scores.max(axis=1, keepdims=True)
+        scores -= np.log(np.exp(scores).sum(axis=1, keepdims=True))
+        runs.append(tokens)
+        logprobs.append([float(scores[i, t]) for i, t in enumerate(tokens)])
+    out[key] = {"tokens": runs, "logprobs": logprobs}
+    llm.close()
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+
+def test_llama_cpp_runs_the_deepseek_v3_export_as_crucible_generate_does(deepseek, llama, tmp_path):
+    """The F32 file with an F32 KV cache gives crucible's tokens. llama.cpp's default cache is F16:
+    the latent and k_pe rounded to 11 bits move the log-probabilities by up to a few 1e-3, enough
+    to flip a near tie (in "compressed", "the lazy dog" meets a choice between two experts of layer
+    2 decided by 3.9e-4), so that setting, F16 and Q8_0 only report agreement."""
+    ours, prompts = {}, None
+    for variant, d in deepseek.items():
+        proc = run_crucible("generate", d["run"], *[a for p in DEEPSEEK_PROMPTS for a in ("--prompt", p)],
+                            "--max-new-tokens", DEEPSEEK_NEW, "--json", env=ENV)
+        results = json.loads(proc.stdout)["results"]
+        prompts = prompts or [r["prompt_tokens"] for r in results]
+        assert [r["prompt_tokens"] for r in results] == prompts
+        ours[variant] = results
+        assert any(len(set(r["tokens"])) > 2 for r in results), f"{variant}: degenerate continuations test nothing"
+    files = {}
+    for variant, d in deepseek.items():
+        for dtype, path in d["files"].items():
+            files[f"{variant}/{dtype}"] = [str(path), dtype == "f32"]
+        files[f"{variant}/f32 (F16 cache)"] = [str(d["files"]["f32"]), False]
+    (tmp_path / "job.json").write_text(json.dumps({"files": files, "prompts": prompts, "max_new": DEEPSEEK_NEW}))
+    llama.run(DEEPSEEK_LLAMA_RUN, tmp_path / "job.json", tmp_path / "llama.json")
+    result = json.loads((tmp_path / "llama.json").read_text())
+    for variant, results in ours.items():
+        theirs = result[f"{variant}/f32"]
+        assert theirs["tokens"] == [r["tokens"] for r in results], f"{variant}: llama.cpp (F32) and crucible disagree"
+        worst = max(abs(a - b) for r, lp in zip(results, theirs["logprobs"]) for a, b in zip(r["logprobs"], lp))
+        print(f"deepseek2 {variant} F32: max |logprob_llama.cpp - logprob_crucible| = {worst:.3g}")
+        assert worst < 1e-4
+        for dtype in ["f32 (F16 cache)"] + DEEPSEEK_DTYPES[variant][1:]:
+            agree = sum(a == r["tokens"] for a, r in zip(result[f"{variant}/{dtype}"]["tokens"], results))
+            print(f"deepseek2 {variant} {dtype.upper()}: llama.cpp's greedy continuations equal crucible's for "
+                  f"{agree} of {len(results)} prompts ({DEEPSEEK_NEW} new tokens)")
