@@ -76,7 +76,8 @@ class CpuBackend final : public HostMemoryBackend {
 
   void Add(float* y, const float* x, size_t n) override {
     const int64_t count = static_cast<int64_t>(n);
-#pragma omp parallel for schedule(static)
+    // Below 64 Ki elements (a decode step's rows) one thread: a fork and join would cost more.
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
     for (int64_t i = 0; i < count; ++i) y[i] += x[i];
   }
 

@@ -140,20 +140,25 @@ void decode_attention(float* out, const float* q, const float* const* keys,
                       int64_t KV, HeadDims D) {
   const int64_t group = H / KV, Dk = D.qk, Dv = D.v;
   const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  int64_t longest = 0;
+  for (int64_t i = 0; i < N; ++i) longest = std::max(longest, lengths[i]);
 #pragma omp parallel
   {
-    std::vector<float> scores;
+    // Each thread's scores on its stack below 16 Ki positions (no allocation per step).
+    constexpr int64_t kStack = 1 << 14;
+    float stack[kStack];
+    std::vector<float> heap(longest <= kStack ? 0 : static_cast<size_t>(longest));
+    float* scores = longest <= kStack ? stack : heap.data();
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < N * H; ++row) {
       const int64_t i = row / H, h = row % H, kv = h / group, length = lengths[i];
       const float* query = q + row * Dk;
       const float* k = keys[i] + kv * Dk;
       const float* v = values[i] + kv * Dv;
-      scores.resize(static_cast<size_t>(length));
       for (int64_t t = 0; t < length; ++t) scores[t] = lane_dot(query, k + t * KV * Dk, Dk) * scale;
-      const float m = lane_max(scores.data(), length);
+      const float m = lane_max(scores, length);
       for (int64_t t = 0; t < length; ++t) scores[t] = exp_fast(scores[t] - m);
-      const float inverse = 1.0f / lane_sum(scores.data(), length);
+      const float inverse = 1.0f / lane_sum(scores, length);
       float* o = out + row * Dv;
       for (int64_t d = 0; d < Dv; ++d) o[d] = 0.0f;
       for (int64_t t = 0; t < length; ++t) {

@@ -80,7 +80,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
                      int64_t C, float eps) {
   // x^2 sums, the scale and the weight: about 4 flops per element.
   ScopedKernelTimer profile_timer(RmsnormForwardCost(N, C));
-#pragma omp parallel for schedule(static)
+  // Rows in parallel; a single row (a batch-1 decode step) on the calling thread, with no fork.
+#pragma omp parallel for schedule(static) if (N > 1)
   for (int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     float mean_square = lane_dot(x, x, C) / static_cast<float>(C);
@@ -142,7 +143,7 @@ namespace {
 void rope_rotate(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
                  int64_t heads, int64_t D, int64_t stride, int64_t offset, float sine_sign) {
   int64_t half = D / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T > 1)
   for (int64_t bt = 0; bt < B * T; ++bt) {
     int64_t t = bt % T;
     const float* c = cos_table + t * half;
@@ -186,7 +187,7 @@ void rope_backward_strided(float* dx, const float* cos_table, const float* sin_t
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {
   ScopedKernelTimer profile_timer(SwigluForwardCost(N, F));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1)
   for (int64_t i = 0; i < N; ++i) {
     const float* g = gate + i * F;
     const float* u = up + i * F;

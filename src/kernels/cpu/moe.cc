@@ -7,7 +7,7 @@ namespace crucible::kernels {
 
 void copy_columns(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
                   int64_t cols, bool accumulate) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     float* d = dst + r * ldd;
     const float* s = src + r * lds;
