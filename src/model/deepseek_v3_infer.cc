@@ -42,7 +42,6 @@ class DeepSeekV3Inference final : public InferenceSlots {
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
-  size_t scratch_bytes() const override;
   size_t weight_bytes() const override { return weights_.bytes(); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
@@ -67,29 +66,14 @@ class DeepSeekV3Inference final : public InferenceSlots {
   void Layers(int64_t n, bool rows, Attend attend);
   // The FFN of layer l over n rows: x_ = x_mid_ + FFN(ln_).
   void Ffn(int64_t l, int unit, int64_t n, bool rows);
-  // Products of one input `inp` (n, C): {out, offset of the weight in `unit`, OC} each; the
-  // decode step's (`rows`) in one MatmulRowsMany, else one training GEMM each.
-  struct Out {
-    float* out;
-    size_t offset;
-    int64_t OC;
-  };
   void Products(bool rows, int unit, const float* inp, int64_t n, int64_t C,
-                std::initializer_list<Out> outs) {
-    if (!rows) {
-      for (const Out& o : outs)
-        backend_->MatmulForward(o.out, inp, weights_.unit(unit) + o.offset, n, C, o.OC);
-      return;
-    }
-    std::vector<ComputeBackend::RowProduct> products;
-    for (const Out& o : outs) products.push_back({o.out, weights_.rows(unit, o.offset), o.OC});
-    backend_->MatmulRowsMany(products.data(), static_cast<int>(products.size()), inp, n, C);
+                std::initializer_list<UnitProduct> outs) {
+    UnitProducts(*backend_, weights_, rows, unit, inp, n, C, outs);
   }
   // Final norm and head over `n` rows starting at row `first` of x_, logits (n, V) to the host.
   void Head(int64_t first, int64_t n, float* logits);
 
   DeepSeekV3Config config_;
-  std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   DeepSeekV3TensorOffsets offsets_;
   InferenceWeights weights_;
@@ -109,9 +93,8 @@ DeepSeekV3Inference::DeepSeekV3Inference(const DeepSeekV3Config& config, Paramet
                                          int64_t slots, int64_t max_len,
                                          std::shared_ptr<ComputeBackend> backend,
                                          WeightType weight_type)
-    : InferenceSlots(slots, max_len),
+    : InferenceSlots(slots, max_len, std::move(backend)),
       config_(config),
-      backend_(std::move(backend)),
       table_(DeepSeekV3ParameterTable(config)),
       offsets_(FindDeepSeekV3Tensors(table_, config)),
       // The routers stay float32 under a 16-bit type: their top-k picks experts.
@@ -132,76 +115,38 @@ DeepSeekV3Inference::DeepSeekV3Inference(const DeepSeekV3Config& config, Paramet
   const int64_t F = std::max(any_dense ? c.ffn_hidden_dim : 0, any_moe ? Fs : 0);
   const int64_t V = c.vocab_size, L = c.n_layers, R = std::max(max_len, slots);
   const int64_t RK = any_moe ? R * K : 0;
-  auto floats = [&](int64_t n) { return Floats(be, static_cast<size_t>(n)); };
-  cache_ = floats(slots * L * max_len * H * (Dq + Dv));
-  x_ = floats(R * C);
-  x_mid_ = floats(R * C);
-  ln_ = floats(R * C);
-  rstd_ = floats(R);
+  cache_ = Floats(be, static_cast<size_t>(slots * L * max_len * H * (Dq + Dv)));
+  x_ = Scratch<float>(R * C);
+  x_mid_ = Scratch<float>(R * C);
+  ln_ = Scratch<float>(R * C);
+  rstd_ = Scratch<float>(R);
   if (Rq > 0) {
-    qa_ = floats(R * Rq);
-    qa_n_ = floats(R * Rq);
+    qa_ = Scratch<float>(R * Rq);
+    qa_n_ = Scratch<float>(R * Rq);
   }
-  q_ = floats(R * H * Dq);
-  kv_c_ = floats(R * Rkv);
-  kv_n_ = floats(R * Rkv);
-  kpe_ = floats(R * Dr);
-  kvb_ = floats(R * H * (Dn + Dv));
-  att_ = floats(R * H * Dv);
-  lse_ = floats(H * R);
-  gate_ = floats(R * F);
-  up_ = floats(R * F);
-  hidden_ = floats(R * F);
+  q_ = Scratch<float>(R * H * Dq);
+  kv_c_ = Scratch<float>(R * Rkv);
+  kv_n_ = Scratch<float>(R * Rkv);
+  kpe_ = Scratch<float>(R * Dr);
+  kvb_ = Scratch<float>(R * H * (Dn + Dv));
+  att_ = Scratch<float>(R * H * Dv);
+  lse_ = Scratch<float>(H * R);
+  gate_ = Scratch<float>(R * F);
+  up_ = Scratch<float>(R * F);
+  hidden_ = Scratch<float>(R * F);
   if (any_moe) {
-    router_ = floats(R * E);
-    expert_in_ = floats(RK * C);
-    expert_gate_ = floats(RK * Fm);
-    expert_up_ = floats(RK * Fm);
-    expert_hidden_ = floats(RK * Fm);
-    expert_out_ = floats(RK * C);
-    expert_weights_ = floats(RK);
-    expert_rows_ = DeviceArray<int32_t>(be, static_cast<size_t>(RK));
+    router_ = Scratch<float>(R * E);
+    expert_in_ = Scratch<float>(RK * C);
+    expert_gate_ = Scratch<float>(RK * Fm);
+    expert_up_ = Scratch<float>(RK * Fm);
+    expert_hidden_ = Scratch<float>(RK * Fm);
+    expert_out_ = Scratch<float>(RK * C);
+    expert_weights_ = Scratch<float>(RK);
+    expert_rows_ = Scratch<int32_t>(RK);
   }
-  logits_ = floats(slots * V);
-  tokens_ = DeviceArray<int32_t>(be, static_cast<size_t>(R));
-  std::vector<float> cos_table(max_len * Dr / 2), sin_table(max_len * Dr / 2);
-  kernels::rope_tables(cos_table.data(), sin_table.data(), max_len, Dr, c.rope_theta);
-  rope_cos_ = floats(max_len * Dr / 2);
-  rope_sin_ = floats(max_len * Dr / 2);
-  rope_cos_.CopyFrom(cos_table.data(), cos_table.size());
-  rope_sin_.CopyFrom(sin_table.data(), sin_table.size());
-}
-
-size_t DeepSeekV3Inference::scratch_bytes() const {
-  size_t floats = 0;
-  for (const Floats* f : {&x_,
-                          &x_mid_,
-                          &ln_,
-                          &rstd_,
-                          &qa_,
-                          &qa_n_,
-                          &q_,
-                          &kv_c_,
-                          &kv_n_,
-                          &kpe_,
-                          &kvb_,
-                          &att_,
-                          &lse_,
-                          &gate_,
-                          &up_,
-                          &hidden_,
-                          &router_,
-                          &expert_in_,
-                          &expert_gate_,
-                          &expert_up_,
-                          &expert_hidden_,
-                          &expert_out_,
-                          &expert_weights_,
-                          &logits_,
-                          &rope_cos_,
-                          &rope_sin_})
-    floats += f->size();
-  return floats * sizeof(float) + (tokens_.size() + expert_rows_.size()) * sizeof(int32_t);
+  logits_ = Scratch<float>(slots * V);
+  tokens_ = Scratch<int32_t>(R);
+  RopeTables(Dr, c.rope_theta, &rope_cos_, &rope_sin_);
 }
 
 void DeepSeekV3Inference::StoreKeysValues(int64_t first, int64_t rows, float* keys, float* values) {

@@ -3,13 +3,28 @@
 #include <string>
 
 #include "common/error.h"
+#include "kernels/cpu/kernels.h"
 
 namespace crucible {
 
-InferenceSlots::InferenceSlots(int64_t slots, int64_t max_len)
-    : slots_(slots), max_len_(max_len), lengths_(static_cast<size_t>(slots > 0 ? slots : 0), 0) {
+InferenceSlots::InferenceSlots(int64_t slots, int64_t max_len,
+                               std::shared_ptr<ComputeBackend> backend)
+    : slots_(slots),
+      max_len_(max_len),
+      backend_(std::move(backend)),
+      lengths_(static_cast<size_t>(slots > 0 ? slots : 0), 0) {
   if (slots < 1 || max_len < 1)
     throw Error(kExitFailure, "internal: an inference model needs slots >= 1 and max_len >= 1");
+}
+
+void InferenceSlots::RopeTables(int64_t D, double theta, DeviceArray<float>* cos,
+                                DeviceArray<float>* sin) {
+  std::vector<float> cos_table(static_cast<size_t>(max_len_ * D / 2)), sin_table(cos_table.size());
+  kernels::rope_tables(cos_table.data(), sin_table.data(), max_len_, D, theta);
+  *cos = Scratch<float>(max_len_ * D / 2);
+  *sin = Scratch<float>(max_len_ * D / 2);
+  cos->CopyFrom(cos_table.data(), cos_table.size());
+  sin->CopyFrom(sin_table.data(), sin_table.size());
 }
 
 size_t InferenceSlots::CheckSlot(int64_t slot) const {

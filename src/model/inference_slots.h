@@ -1,9 +1,11 @@
 // What every family's inference path (model/model.h InferenceModel) keeps the same way: its
-// sequence slots, how many positions each holds, and the checks of a prefill and a decode step
-// against them. A family derives from it and writes only its layers and cache layout.
+// sequence slots, how many positions each holds, the checks of a prefill and a decode step
+// against them, its backend, its scratch (counted as it is allocated) and RoPE tables. A family
+// derives from it and writes only its layers and cache layout.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/model.h"
@@ -16,10 +18,20 @@ class InferenceSlots : public InferenceModel {
   int64_t max_len() const override { return max_len_; }
   int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
   void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
+  size_t scratch_bytes() const override { return scratch_bytes_; }
 
  protected:
   // `slots` >= 1 sequences of up to `max_len` >= 1 positions (an internal error otherwise).
-  InferenceSlots(int64_t slots, int64_t max_len);
+  InferenceSlots(int64_t slots, int64_t max_len, std::shared_ptr<ComputeBackend> backend);
+
+  // `n` zeroed elements of backend memory, counted in scratch_bytes() (not for the KV cache).
+  template <typename T>
+  DeviceArray<T> Scratch(int64_t n) {
+    scratch_bytes_ += static_cast<size_t>(n) * sizeof(T);
+    return DeviceArray<T>(*backend_, static_cast<size_t>(n));
+  }
+  // The RoPE tables of every position, (max_len, D/2) each, in scratch.
+  void RopeTables(int64_t D, double theta, DeviceArray<float>* cos, DeviceArray<float>* sin);
 
   // `slot` as an index; an internal error when it is outside [0, slots).
   size_t CheckSlot(int64_t slot) const;
@@ -38,9 +50,11 @@ class InferenceSlots : public InferenceModel {
   void SetLength(size_t slot, int64_t length) { lengths_[slot] = length; }
 
   int64_t slots_, max_len_;
+  std::shared_ptr<ComputeBackend> backend_;
 
  private:
   std::vector<int64_t> lengths_;  // per slot
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace crucible

@@ -57,6 +57,18 @@ RowWeights InferenceWeights::rows(int unit, size_t offset) const {
   return {floats_[u].data() + offset, WeightType::kF32};
 }
 
+void UnitProducts(ComputeBackend& backend, const InferenceWeights& weights, bool rows, int unit,
+                  const float* inp, int64_t n, int64_t C, std::initializer_list<UnitProduct> outs) {
+  if (!rows) {
+    for (const UnitProduct& o : outs)
+      backend.MatmulForward(o.out, inp, weights.unit(unit) + o.offset, n, C, o.OC);
+    return;
+  }
+  std::vector<ComputeBackend::RowProduct> products;
+  for (const UnitProduct& o : outs) products.push_back({o.out, weights.rows(unit, o.offset), o.OC});
+  backend.MatmulRowsMany(products.data(), static_cast<int>(products.size()), inp, n, C);
+}
+
 size_t InferenceWeights::bytes() const {
   size_t total = 0;
   for (const DeviceArray<float>& f : floats_) total += f.size() * sizeof(float);

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -46,5 +47,17 @@ class InferenceWeights {
   // Per unit, the [begin, end) element ranges (in the unit) held in 16 bits.
   std::vector<std::vector<std::pair<size_t, size_t>>> packed_;
 };
+
+// Products of one input `inp` (n, C) against matrices of unit `unit`: {out (n, OC), the weight's
+// offset in the unit, OC} each. The decode step's (`rows`): one MatmulRowsMany over the weights
+// as decode reads them (16-bit where rounded); else (prefill) one training GEMM each over the
+// float32 values.
+struct UnitProduct {
+  float* out;
+  size_t offset;
+  int64_t OC;
+};
+void UnitProducts(ComputeBackend& backend, const InferenceWeights& weights, bool rows, int unit,
+                  const float* inp, int64_t n, int64_t C, std::initializer_list<UnitProduct> outs);
 
 }  // namespace crucible

@@ -30,7 +30,6 @@ class LlamaInference final : public InferenceSlots {
 
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t kv_cache_bytes() const override { return cache_.size() * sizeof(float); }
-  size_t scratch_bytes() const override;
   size_t weight_bytes() const override { return weights_.bytes(); }
   void Prefill(int64_t slot, const int32_t* tokens, int64_t count, float* logits) override;
   void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) override;
@@ -46,29 +45,14 @@ class LlamaInference final : public InferenceSlots {
   // each layer's attention output to att_ from its q, k, v (before RoPE: the callback rotates).
   template <typename Attend>
   void Layers(int64_t n, bool row_products, Attend attend);
-  // Products of one input `inp` (n, C): {out, offset of the weight in `unit`, OC} each; the
-  // decode step's (`rows`) in one MatmulRowsMany, else one training GEMM each.
-  struct Out {
-    float* out;
-    size_t offset;
-    int64_t OC;
-  };
   void Products(bool rows, int unit, const float* inp, int64_t n, int64_t C,
-                std::initializer_list<Out> outs) {
-    if (!rows) {
-      for (const Out& o : outs)
-        backend_->MatmulForward(o.out, inp, weights_.unit(unit) + o.offset, n, C, o.OC);
-      return;
-    }
-    std::vector<ComputeBackend::RowProduct> products;
-    for (const Out& o : outs) products.push_back({o.out, weights_.rows(unit, o.offset), o.OC});
-    backend_->MatmulRowsMany(products.data(), static_cast<int>(products.size()), inp, n, C);
+                std::initializer_list<UnitProduct> outs) {
+    UnitProducts(*backend_, weights_, rows, unit, inp, n, C, outs);
   }
   // Final norm and head over `n` rows starting at row `first` of x_, logits (n, V) to the host.
   void Head(int64_t first, int64_t n, float* logits);
 
   LlamaConfig config_;
-  std::shared_ptr<ComputeBackend> backend_;
   ParameterTable table_;
   LlamaTensorOffsets offsets_;
   InferenceWeights weights_;
@@ -82,9 +66,8 @@ class LlamaInference final : public InferenceSlots {
 LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& access, int64_t slots,
                                int64_t max_len, std::shared_ptr<ComputeBackend> backend,
                                WeightType weight_type)
-    : InferenceSlots(slots, max_len),
+    : InferenceSlots(slots, max_len, std::move(backend)),
       config_(config),
-      backend_(std::move(backend)),
       table_(LlamaParameterTable(config)),
       offsets_(FindLlamaTensors(table_, config)),
       weights_(table_, access, *backend_, weight_type) {
@@ -92,36 +75,22 @@ LlamaInference::LlamaInference(const LlamaConfig& config, ParameterAccess& acces
   const int64_t C = config.dim, H = config.n_heads, KV = config.n_kv_heads, D = config.head_dim();
   const int64_t F = config.ffn_hidden_dim, V = config.vocab_size, L = config.n_layers;
   const int64_t R = std::max(max_len, slots);
-  auto floats = [&](int64_t n) { return Floats(be, static_cast<size_t>(n)); };
-  cache_ = floats(slots * L * 2 * max_len * KV * D);
-  x_ = floats(R * C);
-  x_mid_ = floats(R * C);
-  ln_ = floats(R * C);
-  rstd_ = floats(R);
-  q_ = floats(R * H * D);
-  k_ = floats(R * KV * D);
-  v_ = floats(R * KV * D);
-  att_ = floats(R * H * D);
-  lse_ = floats(H * R);
-  gate_ = floats(R * F);
-  up_ = floats(R * F);
-  hidden_ = floats(R * F);
-  logits_ = floats(slots * V);
-  tokens_ = DeviceArray<int32_t>(be, static_cast<size_t>(R));
-  std::vector<float> cos_table(max_len * D / 2), sin_table(max_len * D / 2);
-  kernels::rope_tables(cos_table.data(), sin_table.data(), max_len, D, config.rope_theta);
-  rope_cos_ = floats(max_len * D / 2);
-  rope_sin_ = floats(max_len * D / 2);
-  rope_cos_.CopyFrom(cos_table.data(), cos_table.size());
-  rope_sin_.CopyFrom(sin_table.data(), sin_table.size());
-}
-
-size_t LlamaInference::scratch_bytes() const {
-  size_t floats = 0;
-  for (const Floats* f : {&x_, &x_mid_, &ln_, &rstd_, &q_, &k_, &v_, &att_, &lse_, &gate_, &up_,
-                          &hidden_, &logits_, &rope_cos_, &rope_sin_})
-    floats += f->size();
-  return floats * sizeof(float) + tokens_.size() * sizeof(int32_t);
+  cache_ = Floats(be, static_cast<size_t>(slots * L * 2 * max_len * KV * D));
+  x_ = Scratch<float>(R * C);
+  x_mid_ = Scratch<float>(R * C);
+  ln_ = Scratch<float>(R * C);
+  rstd_ = Scratch<float>(R);
+  q_ = Scratch<float>(R * H * D);
+  k_ = Scratch<float>(R * KV * D);
+  v_ = Scratch<float>(R * KV * D);
+  att_ = Scratch<float>(R * H * D);
+  lse_ = Scratch<float>(H * R);
+  gate_ = Scratch<float>(R * F);
+  up_ = Scratch<float>(R * F);
+  hidden_ = Scratch<float>(R * F);
+  logits_ = Scratch<float>(slots * V);
+  tokens_ = Scratch<int32_t>(R);
+  RopeTables(D, config.rope_theta, &rope_cos_, &rope_sin_);
 }
 
 template <typename Attend>
