@@ -648,8 +648,7 @@ ConfigChanges CompareResumeConfigs(const Config& saved, const Config& current) {
   ConfigChanges changes;
   for (const std::string& key : saved.Diff(current)) {
     const ConfigKeySpec* spec = Config::FindSpec(key);
-    std::string line = key + ": " + FormatConfigValue(saved.Value(key)) + " -> " +
-                       FormatConfigValue(current.Value(key));
+    std::string line = FormatConfigChange(key, saved.Value(key), current.Value(key));
     (spec && spec->resume_sensitive ? changes.breaking : changes.harmless).push_back(line);
   }
   return changes;

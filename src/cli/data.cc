@@ -17,7 +17,11 @@
 #include "data/indexed_dataset.h"
 #include "data/manifest.h"
 #include "data/prepare.h"
+#include "data/stage_mixture.h"
+#include "data/stages.h"
+#include "data/token_source.h"
 #include "tokenizer/tokenizer.h"
+#include "train/training_config.h"
 
 namespace crucible {
 namespace {
@@ -32,6 +36,10 @@ struct DataOptions {
   int64_t seq_len = 0, samples = 0, decode = 2;
   uint64_t seed = 0;
   std::vector<std::string> prefixes;
+  // inspect --config: a run's config (with --set overrides) and the ranks it will run on
+  std::string config;
+  std::vector<std::string> sets;
+  int ranks = 1;
 };
 
 int RunPrepare(const DataOptions& o) {
@@ -176,7 +184,80 @@ int RunVerify(const DataOptions& o) {
   return bad ? kExitBadData : kExitOk;
 }
 
+// The realised mixture of every stage of a run's [[data.stages]] (docs/data.md#stages).
+void PrintStageMixtures(const BlendedDataset& blend, const std::vector<DataStage>& stages) {
+  const std::vector<StageMixtureReport> reports = RealisedStageMixtures(blend);
+  double worst = 0, worst_anneal = 0;
+  for (size_t k = 0; k < reports.size(); ++k) {
+    const StageMixtureReport& r = reports[k];
+    const DataStage& stage = stages[k];
+    std::printf(
+        "\nStage %d \"%s\": steps %lld-%lld, samples %lld-%lld (%lld), list %s, lr_policy %s\n",
+        r.stage, r.name.c_str(), (long long)stage.first_step, (long long)stage.last_step(),
+        (long long)r.first_sample, (long long)(r.first_sample + r.samples - 1),
+        (long long)r.samples, stage.list.c_str(), LrPolicyName(stage.lr_policy));
+    if (r.anneal_samples > 0)
+      std::printf(
+          "  anneal: its first %lld samples (%lld steps) move from stage %d's weights to these, "
+          "per sample; after it, realised and the prefix error count from the anneal's end\n",
+          (long long)r.anneal_samples, (long long)stage.anneal_steps, r.stage - 1);
+    std::printf("  %-16s %7s %9s %9s %9s %17s %9s %17s\n", "corpus", "dataset", "weight",
+                "realised", "samples", "max prefix error", "anneal", "anneal max error");
+    const int64_t steady = r.samples - r.anneal_samples;
+    for (const StageDatasetMixture& d : r.datasets) {
+      std::printf("  %-16s %7d %9.4f %9.4f %9lld %17.3f %9lld %17.3f\n", d.corpus.c_str(),
+                  d.dataset, d.weight, steady > 0 ? d.taken / static_cast<double>(steady) : 0.0,
+                  (long long)d.taken, d.max_error, (long long)d.anneal_taken, d.anneal_max_error);
+      worst = std::max(worst, d.max_error);
+      worst_anneal = std::max(worst_anneal, d.anneal_max_error);
+    }
+  }
+  std::printf(
+      "\n  worst deviation of any dataset at any prefix of a stage (after its anneal): %.3f "
+      "samples; in an anneal, from the interpolated target: %.3f samples\n",
+      worst, worst_anneal);
+}
+
+// inspect --config: the blend a run's config reads (its stages, or its one file list).
+int RunInspectConfig(const DataOptions& o) {
+  if (o.ranks < 1) throw UsageError("data inspect: --ranks must be at least 1");
+  Config config = Config::Load(o.config, o.sets);
+  config.Validate();
+  const TrainingConfig training = BuildTrainingConfig(config, o.ranks);
+  if (config.String("training.dataset") != "blend")
+    throw UsageError(o.config + ": training.dataset = \"" + config.String("training.dataset") +
+                     "\" reads no blend; data inspect --config reports a blend or its stages");
+  std::unique_ptr<TokenSource> source = MakeTokenSource(
+      config, /*vocab_size=*/0, training.shape.seq_len, training.steps, training.batches);
+  const auto* blend = dynamic_cast<const BlendedDataset*>(source.get());
+  if (!blend) throw Error(kExitFailure, "internal: a blend config made no blend");
+  std::printf("Config %s: %zu stage(s), %lld steps, %lld samples of %lld+1 tokens, seed %llu\n",
+              o.config.c_str(), training.stages.size(), (long long)training.steps,
+              (long long)blend->size(), (long long)training.shape.seq_len,
+              (unsigned long long)config.Int("debug.seed"));
+  if (training.stages.empty()) {
+    double worst = 0;
+    for (const auto& [name, m] : RealisedMixture(*blend, &worst))
+      std::printf("  %-16s weight %9.4f realised %9.4f samples %9lld max prefix error %9.3f\n",
+                  name.c_str(), m.share,
+                  blend->size() ? m.taken / static_cast<double>(blend->size()) : 0.0,
+                  (long long)m.taken, m.worst_prefix_error);
+    return kExitOk;
+  }
+  PrintStageMixtures(*blend, training.stages);
+  return kExitOk;
+}
+
 int RunInspect(const DataOptions& o) {
+  if (!o.config.empty()) {
+    if (!o.list.empty() || o.seq_len > 0 || o.samples > 0)
+      throw UsageError(
+          "data inspect: --config takes the list, seq_len and samples from the "
+          "config; leave out --list, --seq-len and --samples");
+    return RunInspectConfig(o);
+  }
+  if (o.list.empty() || o.seq_len < 1 || o.samples < 1)
+    throw UsageError("data inspect: give --list, --seq-len and --samples (or --config RUN.toml)");
   auto blend = BlendedDataset::Open(MakeBlendOptions(o, !o.quiet));
   std::printf("Blend %s: %zu datasets, %lld samples of %lld+1 tokens, seed %llu\n", o.list.c_str(),
               blend->shards().size(), (long long)blend->size(), (long long)o.seq_len,
@@ -283,18 +364,23 @@ const CLI::Validator kCount(
     },
     "", "COUNT");
 
-void AddBlendOptions(CLI::App* app, DataOptions* o, bool need_samples) {
-  app->add_option("--list", o->list, "blendcorpus file list: `weight prefix [corpus]` per line")
-      ->required();
-  app->add_option("--seq-len", o->seq_len, "tokens per sample (each sample holds seq_len + 1)")
-      ->required()
-      ->transform(kCount);
+// `inspect` takes a run's config instead of --list/--seq-len/--samples (checked when it runs).
+void AddBlendOptions(CLI::App* app, DataOptions* o, bool need_samples, bool or_config = false) {
+  auto* list = app->add_option("--list", o->list,
+                               "blendcorpus file list: `weight prefix [corpus]` per line");
+  auto* seq_len =
+      app->add_option("--seq-len", o->seq_len, "tokens per sample (each sample holds seq_len + 1)")
+          ->transform(kCount);
+  if (!or_config) {
+    list->required();
+    seq_len->required();
+  }
   auto* samples =
       app->add_option("--samples", o->samples,
                       "global samples to index (1e6 or 1000000; 10 bytes of index each, refused "
                       "when twice that exceeds the memory this process can have)")
           ->transform(kCount);
-  if (need_samples) samples->required();
+  if (need_samples && !or_config) samples->required();
   app->add_option("--seed", o->seed, "shuffle seed (the [debug] seed of a run)");
   app->add_option("--tokenizer", o->tokenizer,
                   "tokenizer.json: its checksum must match the shards' (and decodes samples)");
@@ -337,10 +423,16 @@ CommandRun SetupData(CLI::App& app) {
   verify->add_option("--list", o->list, "verify every shard of a file list");
   CLI::App* inspect = app.add_subcommand(
       "inspect", "realised mixture vs weights, document/token statistics, decoded samples");
-  AddBlendOptions(inspect, o.get(), true);
+  AddBlendOptions(inspect, o.get(), true, /*or_config=*/true);
   inspect
       ->add_option("--decode", o->decode, "samples to print (decoded with --tokenizer, else ids)")
       ->transform(kCount);
+  inspect->add_option("--config", o->config,
+                      "a run's config: the realised mixture of each of its [[data.stages]] (or "
+                      "of its blend), for the run's steps, batches and seed");
+  inspect->add_option("--set", o->sets, "config override section.key=value (with --config)");
+  inspect->add_option("--ranks", o->ranks,
+                      "the ranks the run will use (with --config; for global_batch_size = 0)");
   CLI::App* dump = app.add_subcommand(
       "dump",
       "print every sequence of a .bin/.idx shard (any Megatron shard) as a JSON array of ids");

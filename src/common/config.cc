@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -30,6 +31,8 @@ const char* ConfigTypeName(ConfigType type) {
       return "an integer or a string";
     case ConfigType::kBoolOrString:
       return "true, false or a string";
+    case ConfigType::kTableList:
+      return "an array of tables of strings and numbers";
   }
   return "?";
 }
@@ -59,6 +62,46 @@ std::string Where(const std::string& source, const toml::node& node) {
   const auto& begin = node.source().begin;
   if (begin.line == 0) return source;
   return source + ":" + std::to_string(begin.line);
+}
+
+// The shortest text that reads back as `value` (std::to_chars), with ".0" on a whole number so
+// that it stays a TOML float.
+std::string ShortestDouble(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof(text), value);
+  std::string out(text, result.ptr);
+  if (out.find_first_of(".eE") == std::string::npos) out += ".0";
+  return out;
+}
+
+// A table of scalars as a canonical inline TOML table: `{ key = value, ... }`, keys sorted (toml++
+// keeps them so), strings quoted as FormatConfigValue quotes them. False when a value is not a
+// string, integer, float or boolean.
+bool CanonicalInlineTable(const toml::table& table, std::string* out) {
+  std::string text = "{";
+  for (const auto& [key, node] : table) {
+    std::string value;
+    if (auto v = node.value_exact<std::string>())
+      value = FormatConfigValue(*v);
+    else if (auto v = node.value_exact<int64_t>())
+      value = std::to_string(*v);
+    else if (auto v = node.value_exact<double>())
+      value = ShortestDouble(*v);
+    else if (auto v = node.value_exact<bool>())
+      value = *v ? "true" : "false";
+    else
+      return false;
+    std::string name(key.str());
+    if (name.empty() ||
+        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                               "0123456789_-") != std::string::npos)
+      name = FormatConfigValue(name);  // a quoted key
+    text += (text.size() > 1 ? ", " : " ") + name + " = " + value;
+  }
+  *out = text + (text.size() > 1 ? " }" : "}");
+  return true;
 }
 
 // Converts a TOML node to the schema type, or returns false.
@@ -97,8 +140,35 @@ bool Convert(const toml::node& node, ConfigType type, ConfigValue* out) {
       *out = items;
       return true;
     }
+    case ConfigType::kTableList: {
+      const toml::array* array = node.as_array();
+      if (!array) return false;
+      std::vector<std::string> items;
+      for (const auto& element : *array) {
+        const toml::table* table = element.as_table();
+        std::string text;
+        if (!table || !CanonicalInlineTable(*table, &text)) return false;
+        items.push_back(text);
+      }
+      *out = items;
+      return true;
+    }
   }
   return false;
+}
+
+// Where each table of a kTableList key was given: Origin("<key>#<i>").
+void RecordTableOrigins(const std::string& key, const toml::node& node, const std::string& source,
+                        const std::string& where_all, std::map<std::string, std::string>* origin) {
+  for (auto it = origin->lower_bound(key + "#");
+       it != origin->end() && it->first.rfind(key + "#", 0) == 0;)
+    it = origin->erase(it);
+  const toml::array* array = node.as_array();
+  if (!array) return;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string where = source.empty() ? where_all : Where(source, *array->get(i));
+    (*origin)[key + "#" + std::to_string(i)] = where;
+  }
 }
 
 std::string DidYouMean(const std::string& key) {
@@ -205,6 +275,8 @@ Config Config::Parse(std::string_view toml_text, const std::string& source,
       config.values_[key] = value;
       config.set_[key] = true;
       config.origin_[key] = Where(source, node);
+      if (spec->type == ConfigType::kTableList)
+        RecordTableOrigins(key, node, source, "", &config.origin_);
     }
   }
   for (const auto& assignment : overrides) config.ApplyOverride(assignment);
@@ -232,6 +304,8 @@ void Config::ApplyOverride(const std::string& assignment) {
     toml::table parsed = toml::parse(std::string_view(document), std::string_view("--set"));
     const toml::node* node = parsed.get("v");
     converted = node && Convert(*node, spec->type, &value);
+    if (converted && spec->type == ConfigType::kTableList)
+      RecordTableOrigins(key, *node, "", where, &origin_);
     if (!converted && node && spec->type == ConfigType::kString && IsBareWord(text)) {
       value = text;  // e.g. --set job.name=123
       converted = true;
@@ -368,6 +442,24 @@ std::string FormatConfigValue(const ConfigValue& value) {
   return std::visit(Visitor{}, value);
 }
 
+std::string FormatConfigChange(const std::string& key, const ConfigValue& from,
+                               const ConfigValue& to) {
+  const ConfigKeySpec* spec = Config::FindSpec(key);
+  const auto* a = std::get_if<std::vector<std::string>>(&from);
+  const auto* b = std::get_if<std::vector<std::string>>(&to);
+  if (!spec || spec->type != ConfigType::kTableList || !a || !b)
+    return key + ": " + FormatConfigValue(from) + " -> " + FormatConfigValue(to);
+  std::string out;
+  for (size_t i = 0; i < std::max(a->size(), b->size()); ++i) {
+    const std::string before = i < a->size() ? (*a)[i] : "(none)";
+    const std::string after = i < b->size() ? (*b)[i] : "(none)";
+    if (before == after) continue;
+    out += (out.empty() ? "" : "; ") + key + " #" + std::to_string(i + 1) + ": " + before + " -> " +
+           after;
+  }
+  return out;
+}
+
 std::string Config::ToToml() const {
   std::string out;
   std::string current_section;
@@ -377,7 +469,14 @@ std::string Config::ToToml() const {
       out += (out.empty() ? "[" : "\n[") + section + "]\n";
       current_section = section;
     }
-    out += spec.key.substr(section.size() + 1) + " = " + FormatConfigValue(Value(spec.key)) + "\n";
+    std::string value = FormatConfigValue(Value(spec.key));
+    if (spec.type == ConfigType::kTableList) {  // the tables themselves, not strings holding them
+      value = "[";
+      for (const std::string& table : StringList(spec.key))
+        value += (value.size() > 1 ? ", " : "") + table;
+      value += "]";
+    }
+    out += spec.key.substr(section.size() + 1) + " = " + value + "\n";
   }
   return out;
 }

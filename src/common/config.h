@@ -19,7 +19,20 @@ using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector
 
 // kBoolOrString holds a string: a TOML boolean is read as its spelling, "true" or "false" (a key
 // whose words include true and false, like model.tie_embeddings's true, false or flavor).
-enum class ConfigType { kBool, kInt, kFloat, kString, kStringList, kIntOrString, kBoolOrString };
+// kTableList is an array of tables of strings, integers, floats and booleans (`[[data.stages]]`,
+// or `stages = [{...}, ...]`): it holds one string per table, the table as a canonical inline
+// TOML table (`{ key = value, ... }`, keys sorted), which its module parses; Origin(key + "#<i>")
+// says where table i (from 0) was given. It is written back as an array of inline tables.
+enum class ConfigType {
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kStringList,
+  kIntOrString,
+  kBoolOrString,
+  kTableList
+};
 
 // The values a numeric key accepts: from `min` to `max`, either end open or closed (an infinite
 // end is no limit). A float key must also be finite. Keys of other types have no range.
@@ -90,6 +103,10 @@ class Config {
 };
 
 std::string FormatConfigValue(const ConfigValue& value);
+// "key: old -> new"; for a kTableList key, each table that differs: "key #2: {...} -> {...}"
+// (a table only one side has: "(none)" on the other), joined by "; ".
+std::string FormatConfigChange(const std::string& key, const ConfigValue& from,
+                               const ConfigValue& to);
 const char* ConfigTypeName(ConfigType type);
 
 }  // namespace crucible

@@ -176,6 +176,13 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"training.token_dtype", T::kString, V(std::string("uint16")),
        "element type of a flat token file: uint16 or uint32", true},
 
+      // [data]
+      {"data.stages", T::kTableList, V(std::vector<std::string>{}),
+       "training stages in order, each a [[data.stages]] table: list (a blend file list), steps "
+       "or tokens, lr_policy (continue, rewarm, gentle), warmup_steps, peak_fraction (gentle), "
+       "anneal_steps, name; needs training.dataset = \"blend\" (docs/training.md#stages)",
+       true},
+
       // [optimizer]
       {"optimizer.name", T::kString, V(std::string("AdamW")),
        "AdamW, SGD, Lion, SophiaG, Muon, Mano or Mano_v2", true},

@@ -375,6 +375,17 @@ std::string BlendIndexPath(const std::string& cache_dir, const std::string& key_
 BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string& key_text,
                                  const std::vector<double>& weights, int64_t n, bool progress,
                                  const std::string& asked) {
+  return LoadOrBuildIndex(
+      cache_dir, key_text, weights.size(), n, progress, asked,
+      [&weights](int64_t count, uint16_t* dataset_index, int64_t* dataset_sample,
+                 const std::function<void(int64_t)>& heartbeat) {
+        BuildBlendIndex(weights, count, dataset_index, dataset_sample, heartbeat);
+      });
+}
+
+BlendIndex LoadOrBuildIndex(const std::string& cache_dir, const std::string& key_text,
+                            size_t datasets, int64_t n, bool progress, const std::string& asked,
+                            const BlendIndexBuilder& build) {
   CheckBlendIndexFits(n, asked);
   const std::string path = BlendIndexPath(cache_dir, key_text);
   BlendIndex index;
@@ -419,16 +430,15 @@ BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string
   if (progress)
     PrintLine(
         StrFormat("phase=index status=building samples=%lld datasets=%zu reason=\"%s\" path=%s",
-                  (long long)n, weights.size(), reason.c_str(), path.c_str()));
+                  (long long)n, datasets, reason.c_str(), path.c_str()));
   Timer timer;
   index.dataset_index.resize(n);
   index.dataset_sample.resize(n);
-  BuildBlendIndex(weights, n, index.dataset_index.data(), index.dataset_sample.data(),
-                  [&](int64_t done) {
-                    if (progress)
-                      PrintLine(StrFormat("phase=index status=building done=%lld of=%lld",
-                                          (long long)done, (long long)n));
-                  });
+  build(n, index.dataset_index.data(), index.dataset_sample.data(), [&](int64_t done) {
+    if (progress)
+      PrintLine(StrFormat("phase=index status=building done=%lld of=%lld", (long long)done,
+                          (long long)n));
+  });
   AtomicWriteFile(path, SerializeCache(key_text, index));
   if (progress)
     PrintLine(StrFormat("phase=index status=built samples=%lld seconds=%.3f", (long long)n,

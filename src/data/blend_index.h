@@ -54,6 +54,16 @@ BlendIndex LoadOrBuildBlendIndex(const std::string& cache_dir, const std::string
                                  const std::vector<double>& weights, int64_t n, bool progress,
                                  const std::string& asked = "");
 
+// The same cache for an index another rule builds (the stages' of staged_blend_index.h): `build`
+// fills n samples of `datasets` datasets, calling its heartbeat with the samples done. The key
+// must name the rule and everything it reads.
+using BlendIndexBuilder =
+    std::function<void(int64_t n, uint16_t* dataset_index, int64_t* dataset_sample,
+                       const std::function<void(int64_t)>& heartbeat)>;
+BlendIndex LoadOrBuildIndex(const std::string& cache_dir, const std::string& key_text,
+                            size_t datasets, int64_t n, bool progress, const std::string& asked,
+                            const BlendIndexBuilder& build);
+
 // Refuses (UsageError, exit 2, naming `asked` and the sizes) an index of n samples whose build or
 // read would need more memory than this process can have: 10 bytes a sample, twice that at the
 // peak (the serialised copy while it is written, the file's bytes while it is read), against the

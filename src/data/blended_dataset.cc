@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <list>
+#include <map>
 #include <mutex>
 #include <numeric>
 
@@ -13,6 +14,7 @@
 #include "common/timer.h"
 #include "data/blend_index.h"
 #include "data/indexed_dataset.h"
+#include "data/staged_blend_index.h"
 
 namespace crucible {
 namespace {
@@ -71,6 +73,7 @@ struct BlendedDataset::State {
   BlendOptions options;
   std::vector<BlendedShard> shards;
   std::vector<std::unique_ptr<ShardReader>> readers;
+  std::vector<BlendStage> stages;
   BlendIndex index;
   std::string key, path;
 
@@ -110,75 +113,100 @@ struct BlendedDataset::State {
 BlendedDataset::BlendedDataset(std::unique_ptr<State> state) : state_(std::move(state)) {}
 BlendedDataset::~BlendedDataset() = default;
 
+namespace {
+
+// Opens and checks one shard of a file list: its files against the manifest, the dtype, the
+// tokenizer (the first shard's sets `tokenizer` when the run names none), the vocabulary and its
+// size against seq_len. Errors name the list line.
+std::pair<BlendedShard, std::unique_ptr<ShardReader>> OpenShard(const FileListEntry& entry,
+                                                                const BlendOptions& options,
+                                                                std::string* tokenizer,
+                                                                std::string* tokenizer_source) {
+  const std::string& where = entry.where;
+  for (const std::string& file : {BinPath(entry.prefix), IdxPath(entry.prefix)}) {
+    const std::string missing = StatFailure(file);
+    if (!missing.empty()) throw DataError(where + ": " + file + ": " + missing);
+  }
+  if (!FileExists(ManifestPath(entry.prefix)))
+    throw DataError(where + ": " + entry.prefix + ": unknown corpus file: no " +
+                    ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");
+  BlendedShard shard;
+  shard.entry = entry;
+  auto reader = std::make_unique<ShardReader>();
+  try {
+    shard.manifest = ReadManifest(entry.prefix);
+    std::vector<std::string> problems = CheckShardSizes(entry.prefix, shard.manifest);
+    if (!problems.empty()) throw DataError(problems.front() + " (stale or truncated shard)");
+    reader->data = std::make_unique<IndexedDataset>(entry.prefix);
+  } catch (const Error& e) {
+    throw Error(e.exit_code(), where + ": " + e.what());
+  }
+  const IndexedDataset& data = *reader->data;
+  const ShardManifest& m = shard.manifest;
+  if (DtypeName(data.dtype()) != m.dtype)
+    throw DataError(StrFormat("%s: %s: dtype mismatch: the index holds %s, the manifest says %s",
+                              where.c_str(), IdxPath(entry.prefix).c_str(), DtypeName(data.dtype()),
+                              m.dtype.c_str()));
+  if (data.total_tokens() != m.tokens || data.document_count() != m.documents)
+    throw DataError(
+        StrFormat("%s: %s: holds %lld tokens in %lld documents, the manifest says %lld "
+                  "in %lld (stale shard)",
+                  where.c_str(), IdxPath(entry.prefix).c_str(), (long long)data.total_tokens(),
+                  (long long)data.document_count(), (long long)m.tokens, (long long)m.documents));
+  if (tokenizer->empty()) {
+    *tokenizer = m.tokenizer_checksum;
+    *tokenizer_source = where;
+  } else if (m.tokenizer_checksum != *tokenizer) {
+    throw DataError(StrFormat("%s: %s was tokenized with tokenizer %s, but %s is %s", where.c_str(),
+                              entry.prefix.c_str(), m.tokenizer_checksum.c_str(),
+                              tokenizer_source->c_str(), tokenizer->c_str()));
+  }
+  if (options.vocab_size > 0 && m.max_token >= options.vocab_size)
+    throw DataError(
+        StrFormat("%s: %s: token id %lld does not fit the model's vocab_size %lld "
+                  "(vocabulary overflow)",
+                  where.c_str(), entry.prefix.c_str(), (long long)m.max_token,
+                  (long long)options.vocab_size));
+  shard.samples_per_epoch = (data.total_tokens() - 1) / options.seq_len;
+  if (shard.samples_per_epoch < 1)
+    throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %llu",
+                              where.c_str(), entry.prefix.c_str(), (long long)data.total_tokens(),
+                              (unsigned long long)options.seq_len + 1));
+  return {std::move(shard), std::move(reader)};
+}
+
+// A file list's entries and their shares (exit 65 naming the line for a bad weight).
+std::vector<double> EntryShares(const std::vector<FileListEntry>& entries) {
+  std::vector<double> weights;
+  std::vector<std::string> lines;
+  for (const auto& e : entries) {
+    weights.push_back(e.weight);
+    lines.push_back(e.where);
+  }
+  return BlendShares(weights, lines);
+}
+
+std::string CacheFolder(const BlendOptions& options, const std::string& list) {
+  return options.cache_dir.empty() ? JoinPath(ParentDirectory(list), ".crucible-cache")
+                                   : options.cache_dir;
+}
+
+}  // namespace
+
 std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options) {
   if (options.seq_len < 1) throw UsageError("blend: seq_len must be at least 1");
   // Before any shard is opened: an index that cannot fit is refused at once.
   CheckBlendIndexFits(options.num_samples, options.samples_from);
+  if (!options.stages.empty()) return OpenStaged(options);
   auto state = std::make_unique<State>();
   state->options = options;
   std::vector<FileListEntry> entries = ReadFileList(options.file_list);
-  std::vector<double> entry_weights;
-  std::vector<std::string> entry_lines;
-  for (const auto& e : entries) {
-    entry_weights.push_back(e.weight);
-    entry_lines.push_back(e.where);
-  }
-  const std::vector<double> shares = BlendShares(entry_weights, entry_lines);
+  const std::vector<double> shares = EntryShares(entries);
   std::string tokenizer = options.tokenizer_checksum;
   std::string tokenizer_source = "the run's tokenizer";
   for (size_t d = 0; d < entries.size(); ++d) {
-    const FileListEntry& entry = entries[d];
-    const std::string& where = entry.where;
-    for (const std::string& file : {BinPath(entry.prefix), IdxPath(entry.prefix)}) {
-      const std::string missing = StatFailure(file);
-      if (!missing.empty()) throw DataError(where + ": " + file + ": " + missing);
-    }
-    if (!FileExists(ManifestPath(entry.prefix)))
-      throw DataError(where + ": " + entry.prefix + ": unknown corpus file: no " +
-                      ManifestPath(entry.prefix) + " (make shards with `crucible data prepare`)");
-    BlendedShard shard;
-    shard.entry = entry;
+    auto [shard, reader] = OpenShard(entries[d], options, &tokenizer, &tokenizer_source);
     shard.share = shares[d];
-    auto reader = std::make_unique<ShardReader>();
-    try {
-      shard.manifest = ReadManifest(entry.prefix);
-      std::vector<std::string> problems = CheckShardSizes(entry.prefix, shard.manifest);
-      if (!problems.empty()) throw DataError(problems.front() + " (stale or truncated shard)");
-      reader->data = std::make_unique<IndexedDataset>(entry.prefix);
-    } catch (const Error& e) {
-      throw Error(e.exit_code(), where + ": " + e.what());
-    }
-    const IndexedDataset& data = *reader->data;
-    const ShardManifest& m = shard.manifest;
-    if (DtypeName(data.dtype()) != m.dtype)
-      throw DataError(StrFormat("%s: %s: dtype mismatch: the index holds %s, the manifest says %s",
-                                where.c_str(), IdxPath(entry.prefix).c_str(),
-                                DtypeName(data.dtype()), m.dtype.c_str()));
-    if (data.total_tokens() != m.tokens || data.document_count() != m.documents)
-      throw DataError(
-          StrFormat("%s: %s: holds %lld tokens in %lld documents, the manifest says %lld "
-                    "in %lld (stale shard)",
-                    where.c_str(), IdxPath(entry.prefix).c_str(), (long long)data.total_tokens(),
-                    (long long)data.document_count(), (long long)m.tokens, (long long)m.documents));
-    if (tokenizer.empty()) {
-      tokenizer = m.tokenizer_checksum;
-      tokenizer_source = where;
-    } else if (m.tokenizer_checksum != tokenizer) {
-      throw DataError(StrFormat("%s: %s was tokenized with tokenizer %s, but %s is %s",
-                                where.c_str(), entry.prefix.c_str(), m.tokenizer_checksum.c_str(),
-                                tokenizer_source.c_str(), tokenizer.c_str()));
-    }
-    if (options.vocab_size > 0 && m.max_token >= options.vocab_size)
-      throw DataError(
-          StrFormat("%s: %s: token id %lld does not fit the model's vocab_size %lld "
-                    "(vocabulary overflow)",
-                    where.c_str(), entry.prefix.c_str(), (long long)m.max_token,
-                    (long long)options.vocab_size));
-    shard.samples_per_epoch = (data.total_tokens() - 1) / options.seq_len;
-    if (shard.samples_per_epoch < 1)
-      throw DataError(StrFormat("%s: %s: empty corpus: %lld tokens, fewer than seq_len + 1 = %llu",
-                                where.c_str(), entry.prefix.c_str(), (long long)data.total_tokens(),
-                                (unsigned long long)options.seq_len + 1));
     state->shards.push_back(std::move(shard));
     state->readers.push_back(std::move(reader));
   }
@@ -192,13 +220,101 @@ std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options
                      shard.manifest.content_checksum.c_str());
     weights.push_back(shard.entry.weight);
   }
-  std::string cache_dir = options.cache_dir;
-  if (cache_dir.empty())
-    cache_dir = JoinPath(ParentDirectory(options.file_list), ".crucible-cache");
+  const std::string cache_dir = CacheFolder(options, options.file_list);
   state->key = key;
   state->path = BlendIndexPath(cache_dir, key);
   state->index = LoadOrBuildBlendIndex(cache_dir, key, weights, options.num_samples,
                                        options.progress, options.samples_from);
+  return std::unique_ptr<BlendedDataset>(new BlendedDataset(std::move(state)));
+}
+
+std::unique_ptr<BlendedDataset> BlendedDataset::OpenStaged(const BlendOptions& options) {
+  auto state = std::make_unique<State>();
+  state->options = options;
+  std::string tokenizer = options.tokenizer_checksum;
+  std::string tokenizer_source = "the run's tokenizer";
+  std::map<std::string, int> dataset_of_content;  // a shard is one dataset wherever it appears
+  int64_t total = 0;
+  for (const BlendStageOptions& stage_options : options.stages) {
+    BlendStage stage;
+    stage.options = stage_options;
+    stage.first_sample = total;
+    total += stage_options.samples;
+    try {
+      stage.entries = ReadFileList(stage_options.file_list);
+    } catch (const Error& e) {
+      throw Error(e.exit_code(), stage_options.where + ": " + e.what());
+    }
+    const std::vector<double> shares = EntryShares(stage.entries);
+    std::map<int, std::string> listed;  // this stage's datasets, by the line that lists them
+    std::vector<double> stage_shares;
+    for (size_t i = 0; i < stage.entries.size(); ++i) {
+      const FileListEntry& entry = stage.entries[i];
+      auto [shard, reader] = OpenShard(entry, options, &tokenizer, &tokenizer_source);
+      const std::string content = shard.manifest.content_checksum;
+      auto [it, added] =
+          dataset_of_content.emplace(content, static_cast<int>(state->shards.size()));
+      if (added) {
+        state->shards.push_back(std::move(shard));
+        state->readers.push_back(std::move(reader));
+      }
+      const int d = it->second;
+      if (auto seen = listed.find(d); seen != listed.end())
+        throw DataError(entry.where + ": " + entry.prefix + " holds the same shard (content " +
+                        content + ") as " + seen->second +
+                        "; a stage lists each shard once: put the weights together on one line");
+      listed[d] = entry.where;
+      stage.datasets.push_back(d);
+      stage_shares.push_back(shares[i]);
+    }
+    stage.shares = stage_shares;  // per entry for now; per dataset once all are known
+    state->stages.push_back(std::move(stage));
+  }
+  if (total != options.num_samples)
+    throw Error(kExitFailure, StrFormat("blend: the stages hold %lld samples, %lld were asked for",
+                                        (long long)total, (long long)options.num_samples));
+  if (state->shards.size() > 65535)
+    throw DataError(
+        StrFormat("blend: the stages name %zu shards together; a blend takes at most "
+                  "65535",
+                  state->shards.size()));
+
+  // The cache key: the rule, and everything the index is a function of (the datasets' contents
+  // in order, each stage's samples, anneal and weights), never a path.
+  std::string key =
+      StrFormat("crucible-staged-blend v1\nseq_len=%lld seed=%llu tokenizer=%s\n",
+                (long long)options.seq_len, (unsigned long long)options.seed, tokenizer.c_str());
+  for (const auto& shard : state->shards)
+    key += "dataset content=" + shard.manifest.content_checksum + "\n";
+  std::vector<StageMixture> mixtures;
+  for (BlendStage& stage : state->stages) {
+    key += StrFormat("stage samples=%lld anneal=%lld\n", (long long)stage.options.samples,
+                     (long long)stage.options.anneal_samples);
+    StageMixture mixture;
+    mixture.samples = stage.options.samples;
+    mixture.anneal_samples = stage.options.anneal_samples;
+    mixture.weights.assign(state->shards.size(), 0.0);
+    std::vector<double> shares(state->shards.size(), 0.0);
+    for (size_t i = 0; i < stage.entries.size(); ++i) {
+      const int d = stage.datasets[i];
+      key += StrFormat("weight=%s dataset=%d\n", FormatDouble(stage.entries[i].weight).c_str(), d);
+      mixture.weights[d] = stage.entries[i].weight;
+      shares[d] = stage.shares[i];
+    }
+    stage.shares = shares;
+    mixtures.push_back(std::move(mixture));
+  }
+  const std::string cache_dir = CacheFolder(options, options.stages.front().file_list);
+  state->key = key;
+  state->path = BlendIndexPath(cache_dir, key);
+  state->index =
+      LoadOrBuildIndex(cache_dir, key, state->shards.size(), options.num_samples, options.progress,
+                       options.samples_from,
+                       [&mixtures](int64_t n, uint16_t* dataset_index, int64_t* dataset_sample,
+                                   const std::function<void(int64_t)>& heartbeat) {
+                         (void)n;  // the stages' samples, checked above
+                         BuildStagedBlendIndex(mixtures, dataset_index, dataset_sample, heartbeat);
+                       });
   return std::unique_ptr<BlendedDataset>(new BlendedDataset(std::move(state)));
 }
 
@@ -265,6 +381,9 @@ int64_t BlendedDataset::seq_len() const {
 }
 const std::vector<BlendedShard>& BlendedDataset::shards() const {
   return state_->shards;
+}
+const std::vector<BlendStage>& BlendedDataset::stages() const {
+  return state_->stages;
 }
 const std::string& BlendedDataset::cache_key() const {
   return state_->key;

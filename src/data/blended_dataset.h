@@ -22,8 +22,21 @@
 
 namespace crucible {
 
-struct BlendOptions {
+// One stage of a staged blend (data/stages.h, staged_blend_index.h), in samples.
+struct BlendStageOptions {
+  std::string name;
   std::string file_list;
+  std::string where;  // names the stage in errors
+  int64_t samples = 0;
+  int64_t anneal_samples = 0;  // its first this many anneal from the previous stage's mixture
+};
+
+struct BlendOptions {
+  std::string file_list;  // unused when `stages` is not empty
+  // A run in stages: the datasets of every stage's list together (a shard is one dataset
+  // wherever it appears, by its content checksum), indexed by staged_blend_index.h; the stages'
+  // samples must add up to num_samples.
+  std::vector<BlendStageOptions> stages;
   int64_t seq_len = 0;
   uint64_t seed = 0;
   int64_t num_samples = 0;   // how many global samples to index
@@ -36,10 +49,19 @@ struct BlendOptions {
 };
 
 struct BlendedShard {
-  FileListEntry entry;
+  FileListEntry entry;  // in a staged blend, of the first stage that lists it
   ShardManifest manifest;
-  double share = 0;  // normalised weight
+  double share = 0;  // normalised weight (a staged blend: see BlendStage::shares)
   int64_t samples_per_epoch = 0;
+};
+
+// A stage of a staged blend as it was opened.
+struct BlendStage {
+  BlendStageOptions options;
+  int64_t first_sample = 0;            // the stage's samples are [first_sample, + options.samples)
+  std::vector<FileListEntry> entries;  // its file list's lines
+  std::vector<int> datasets;           // the dataset (of shards()) of each entry
+  std::vector<double> shares;          // per dataset of shards(): 0 where it does not list it
 };
 
 // Which dataset and which of its samples a global sample is.
@@ -52,9 +74,10 @@ struct SampleOrigin {
 
 class BlendedDataset : public TokenSource {
  public:
-  // Reads the file list and every manifest, opens the shards, checks them (sizes against the
-  // manifests, dtype, token ids against vocab_size and the tokenizer checksum), and loads or
-  // builds the cached blend index. Errors name the list line and the file; bad data exits 65.
+  // Reads the file list (with options.stages, every stage's) and every manifest, opens the
+  // shards, checks them (sizes against the manifests, dtype, token ids against vocab_size and
+  // the tokenizer checksum), and loads or builds the cached blend index (a staged blend's:
+  // staged_blend_index.h). Errors name the list line and the file; bad data exits 65.
   static std::unique_ptr<BlendedDataset> Open(const BlendOptions& options);
   ~BlendedDataset() override;
 
@@ -67,6 +90,8 @@ class BlendedDataset : public TokenSource {
   int64_t size() const;
   int64_t seq_len() const;
   const std::vector<BlendedShard>& shards() const;
+  // The stages of a staged blend; empty for one file list.
+  const std::vector<BlendStage>& stages() const;
   // The cache key text (what the index depends on) and the cache file.
   const std::string& cache_key() const;
   const std::string& cache_path() const;
@@ -75,6 +100,7 @@ class BlendedDataset : public TokenSource {
 
  private:
   explicit BlendedDataset(std::unique_ptr<State> state);
+  static std::unique_ptr<BlendedDataset> OpenStaged(const BlendOptions& options);
   std::unique_ptr<State> state_;
 };
 

@@ -13,6 +13,7 @@
 #include "common/philox.h"
 #include "common/strings.h"
 #include "data/blended_dataset.h"
+#include "data/stages.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
@@ -134,10 +135,25 @@ std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const 
   return std::make_unique<TokenFileSource>(path, dtype, vocab_size, seq_len);
 }
 
+void CheckStagedDataset(const Config& config, const std::vector<DataStage>& stages) {
+  if (stages.empty()) return;
+  const std::string& kind = config.String("training.dataset");
+  if (kind != "blend")
+    throw UsageError(
+        "[[data.stages]] reads a blend file list per stage, but training.dataset = \"" + kind +
+        "\": set training.dataset = \"blend\"");
+  if (const std::string& path = config.String("training.dataset_path"); !path.empty())
+    throw UsageError("training.dataset_path = \"" + path +
+                     "\" and [[data.stages]] both name the data; with stages each stage's list "
+                     "is the data: remove training.dataset_path");
+}
+
 std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
                                              int64_t seq_len, int64_t steps,
                                              const BatchSchedule& batches) {
   const std::string& kind = config.String("training.dataset");
+  const std::vector<DataStage> stages = ResolvedDataStages(config, batches, seq_len);
+  CheckStagedDataset(config, stages);
   if (kind == "synthetic")
     return MakeSyntheticSource(static_cast<uint64_t>(config.Int("debug.seed")), vocab_size,
                                seq_len);
@@ -147,18 +163,31 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
   if (kind == "blend") {
     BlendOptions options;
     options.file_list = config.String("training.dataset_path");
-    if (options.file_list.empty())
+    if (options.file_list.empty() && stages.empty())
       throw UsageError("training.dataset_path: empty; name the blendcorpus file list to read");
+    for (const DataStage& stage : stages) {
+      BlendStageOptions o;
+      o.name = stage.name;
+      o.file_list = stage.list;
+      o.where = stage.where;
+      const int64_t before = batches.SamplesBefore(stage.first_step);
+      o.samples = batches.SamplesBefore(stage.last_step() + 1) - before;
+      o.anneal_samples = batches.SamplesBefore(stage.first_step + stage.anneal_steps) - before;
+      options.stages.push_back(o);
+    }
     options.seq_len = seq_len;
     options.seed = static_cast<uint64_t>(config.Int("debug.seed"));
     // Every sample the run reads (the memory check has bounded it to a 64-bit count).
     options.num_samples = batches.SamplesBefore(steps + 1);
     options.samples_from =
-        batches.constant() ? StrFormat("training.steps x global batch (%lld x %lld = %lld samples)",
-                                       (long long)steps, (long long)batches.GlobalBatch(1),
-                                       (long long)options.num_samples)
-                           : StrFormat("training.steps %lld of training.batch_ramp (%lld samples)",
-                                       (long long)steps, (long long)options.num_samples);
+        !stages.empty() ? StrFormat("the %zu stages of data.stages (%lld steps, %lld samples)",
+                                    stages.size(), (long long)steps, (long long)options.num_samples)
+        : batches.constant()
+            ? StrFormat("training.steps x global batch (%lld x %lld = %lld samples)",
+                        (long long)steps, (long long)batches.GlobalBatch(1),
+                        (long long)options.num_samples)
+            : StrFormat("training.steps %lld of training.batch_ramp (%lld samples)",
+                        (long long)steps, (long long)options.num_samples);
     options.cache_dir = config.String("training.data_cache_dir");
     options.vocab_size = vocab_size;
     const std::string& tokenizer_path = config.String("model.tokenizer_path");

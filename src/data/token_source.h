@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "data/batch_schedule.h"
@@ -39,8 +40,14 @@ std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const 
 // of seq_len + 1 tokens. dataset = "blend" reads a blendcorpus file list of prepared shards and
 // indexes batches.SamplesBefore(steps + 1) samples, every sample the run reads (see
 // blended_dataset.h and docs/data.md).
+// With [[data.stages]] (data/stages.h) the blend is the stages' (each stage's list for its
+// steps, BlendOptions::stages): training.dataset must be "blend" and dataset_path empty, and
+// `steps` is the stages' total.
 std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab_size,
                                              int64_t seq_len, int64_t steps,
                                              const BatchSchedule& batches);
+struct DataStage;
+// UsageError unless a config with `stages` reads them as a blend (above); nothing without stages.
+void CheckStagedDataset(const Config& config, const std::vector<DataStage>& stages);
 
 }  // namespace crucible

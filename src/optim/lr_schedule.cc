@@ -44,6 +44,21 @@ LrScheduleConfig BuildLrScheduleConfig(const Config& config) {
   return s;
 }
 
+void CheckWsdWarmup(const LrScheduleConfig& s, const std::string& where) {
+  if (s.decay_type == "wsd" && s.total_steps > 0 && s.warmup_steps > WsdDecayStart(s))
+    throw UsageError(StrFormat(
+        "%swarmup_steps = %lld reaches into the wsd decay, which starts after step %lld of its "
+        "%lld steps (lr_scheduler.decay_ratio = %g): lower warmup_steps or decay_ratio",
+        where.c_str(), (long long)s.warmup_steps, (long long)WsdDecayStart(s),
+        (long long)s.total_steps, s.decay_ratio));
+}
+
+double SegmentedLearningRate(const std::vector<LrSegment>& segments, int64_t step) {
+  size_t k = 0;
+  while (k + 1 < segments.size() && segments[k + 1].first_step <= step) ++k;
+  return LearningRate(segments[k].schedule, step - segments[k].first_step + 1);
+}
+
 double LearningRate(const LrScheduleConfig& s, int64_t step) {
   if (step <= s.warmup_steps) return s.lr * static_cast<double>(step) / s.warmup_steps;
   const double floor = s.lr * s.min_lr_factor;

@@ -44,6 +44,18 @@ struct StepReport {
   std::vector<std::pair<std::string, double>> optimizer_metrics;
   // A mixture of experts' load per routed layer (train/expert_load.h); empty without one.
   std::vector<ExpertLoadSummary> expert_loads;
+  // The training stage of the step ([[data.stages]], from 1) and its name; 0 and "" without.
+  int stage = 0;
+  std::string stage_name;
+};
+
+// A boundary of a run in stages ([[data.stages]]): before the first stage, between stage k and
+// k + 1, after the last.
+struct StageBoundary {
+  int finished = 0;  // the stage (from 1) that just ended; 0 before the first
+  int next = 0;      // the stage about to begin; 0 after the last
+  int64_t step = 0;  // the last step run: the finished stage's last, 0 before the first
+  std::string finished_name, next_name;  // "" where the index is 0
 };
 
 class TrainerHook {
@@ -52,6 +64,13 @@ class TrainerHook {
   // After each step, on every rank (a hook that communicates does it on every rank alike).
   // An exit code stops the run with it, once the hook has done what stopping needs.
   virtual std::optional<int> AfterStep(const StepReport&) { return std::nullopt; }
+  // At each stage boundary of a run in stages, on every rank alike: before the first step of
+  // a fresh run, and after the step hooks of each stage's last step (so a checkpoint of that
+  // step, when one is due, is written first). A run resumed from the checkpoint of a boundary's
+  // step passes that boundary again, before its first step: a hook that records something per
+  // boundary keeps the record idempotent. The place for evaluations between stages and a gate
+  // that stops a stage; an exit code stops the run as AfterStep's does.
+  virtual std::optional<int> AtStageBoundary(const StageBoundary&) { return std::nullopt; }
   // Once, when the loop ends: after the last step, or after a hook stopped it (`stopped`).
   virtual void End(bool /*stopped*/) {}
 };

@@ -13,6 +13,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "data/stages.h"
 #include "train/lr_find_plot.h"
 #include "train/trainer.h"
 
@@ -221,6 +222,12 @@ int RunLrFind(Config config, const LrFindOptions& given) {
   // The sweep is the schedule; nothing is kept but the scratch run's config and metrics.
   config.Set("job.dump_folder", JoinPath(options.out_dir, "run"));
   config.Set("training.steps", options.steps);
+  // A run in stages sweeps on its first stage's blend (a one-stage run is the plain blend of its
+  // list, sample for sample).
+  if (const std::vector<DataStage> stages = ReadDataStages(config); !stages.empty()) {
+    config.Set("training.dataset_path", stages.front().list);
+    config.Set("data.stages", std::vector<std::string>{});
+  }
   config.Set("checkpoint.enable", false);
   config.Set("validation.enable", false);
   config.Set("lr_scheduler.warmup_steps", int64_t{0});

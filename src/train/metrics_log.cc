@@ -97,6 +97,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
       load = StrFormat(" load_cv=%.3f", cv);
     }
     if (!std::isnan(r.aux_loss)) load = StrFormat(" aux_loss=%.6f", r.aux_loss) + load;
+    if (r.stage > 0) load += StrFormat(" stage=%d stage_name=%s", r.stage, r.stage_name.c_str());
     PrintLine(StrFormat(
         "step=%lld loss=%.6f lr=%.6e grad_norm=%.6f global_batch=%lld skipped=%lld tok/s=%.1f "
         "mfu=%.2f%s",
@@ -119,6 +120,10 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"rss_peak_bytes", PeakResidentBytes()}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
     if (!std::isnan(r.aux_loss)) record["aux_loss"] = r.aux_loss;
+    if (r.stage > 0) {
+      record["stage"] = r.stage;
+      record["stage_name"] = r.stage_name;
+    }
     if (!std::isnan(r.expert_exchange_seconds))
       record["expert_exchange_s"] = r.expert_exchange_seconds;
     if (!r.expert_loads.empty()) {

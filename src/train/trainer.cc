@@ -24,6 +24,7 @@
 #include "train/metrics_log.h"
 #include "train/rank_agreement.h"
 #include "train/sampled_targets.h"
+#include "train/stages.h"
 #include "train/step_hooks.h"
 
 namespace crucible {
@@ -133,9 +134,11 @@ void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* p
 Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source)
     : config_(std::move(config)), source_(std::move(source)) {
   ResolveConfig(resume_mode);
-  // The schedule's, scaled by the batch ramp's LR rule.
+  // The schedule's (with stages, their policies' segments), scaled by the batch ramp's LR rule.
   learning_rate_ = [this](int64_t step) {
-    return LearningRate(schedule_, step) * training_.LrFactor(step);
+    const double scheduled = lr_segments_.empty() ? LearningRate(schedule_, step)
+                                                  : SegmentedLearningRate(lr_segments_, step);
+    return scheduled * training_.LrFactor(step);
   };
   AllocateState();
   LoadOrInitWeights(resume_mode);
@@ -166,7 +169,6 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   EnableKernelProfile(config_.Bool("metrics.profile"));
   model_spec_ = BuildModelSpec(config_);
   optimizer_config_ = BuildOptimizerConfig(config_);
-  schedule_ = BuildLrScheduleConfig(config_);
   // Tensor parallelism over consecutive ranks (one node), data parallelism over the rest.
   const int64_t tp = config_.Int("parallelism.tensor_parallel_degree");
   const int64_t chunks = config_.Int("parallelism.tensor_parallel_chunks");
@@ -213,6 +215,9 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, data_size_);
+  // After the stages set training.steps.
+  schedule_ = BuildLrScheduleConfig(config_);
+  if (!training_.stages.empty()) lr_segments_ = StageLrSegments(schedule_, training_.stages);
   dump_gradients_step_ = config_.Int("debug.dump_gradients_step");
   if (dump_gradients_step_ > 0 && world_ != 1)
     throw UsageError(
@@ -471,12 +476,13 @@ void Trainer::Announce() {
   PrintLine(StrFormat(
       "phase=start run_dir=%s params=%zu %s seq_len=%lld global_batch=%lld micro_batch=%lld "
       "accumulation=%lld ranks=%d zero_stage=%d %s threads=%d activations=%s peak_gflops=%.4g "
-      "peak_source=%s data=%s%s",
+      "peak_source=%s data=%s%s%s",
       run_dir_.c_str(), table().total(), model_spec_->Summary().c_str(), (long long)s.seq_len,
       (long long)training_.global_batch, (long long)s.micro_batch, (long long)s.accumulation,
       world_, data_parallel_->zero_stage(), backend_->Summary().c_str(), omp_get_max_threads(),
       HumanBytes(static_cast<double>(model_->activation_bytes())).c_str(), peak.gflops,
-      peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str()));
+      peak.source.c_str(), source_->Describe().c_str(), DescribeRamp(training_).c_str(),
+      DescribeStages(training_.stages).c_str()));
   if (parallelism_.tp_chunks > 1)
     PrintLine(
         StrFormat("phase=tensor_parallel degree=%d chunks=%d data_parallel=%d "
@@ -656,18 +662,60 @@ bool Trainer::AnyRank(bool value, const char* what) {
 
 int Trainer::Run() {
   const Timer train_timer;
-  for (int64_t step = resume_.progress.step + 1; step <= training_.steps; ++step) {
+  auto stop = [this](int exit_code) {
+    for (const std::unique_ptr<TrainerHook>& h : hooks_) h->End(true);
+    mesh_->Finalize();
+    return exit_code;
+  };
+  const int64_t first_step = resume_.progress.step + 1;
+  // A run in stages passes the boundary it starts on (the start, or a resumed stage end), or
+  // says which stage it resumes in.
+  if (std::optional<int> exit_code = AtStageBoundary(first_step - 1)) return stop(*exit_code);
+  if (const int k = StageOfStep(training_.stages, first_step);
+      leader() && k >= 0 && training_.stages[k].first_step < first_step)
+    AnnounceStage(training_.stages[k], first_step);
+  for (int64_t step = first_step; step <= training_.steps; ++step) {
     const StepReport report = Step(step);
-    for (const std::unique_ptr<TrainerHook>& hook : hooks_) {
-      if (std::optional<int> exit_code = hook->AfterStep(report)) {
-        for (const std::unique_ptr<TrainerHook>& h : hooks_) h->End(true);
-        mesh_->Finalize();
-        return *exit_code;
-      }
-    }
+    for (const std::unique_ptr<TrainerHook>& hook : hooks_)
+      if (std::optional<int> exit_code = hook->AfterStep(report)) return stop(*exit_code);
+    if (std::optional<int> exit_code = AtStageBoundary(step)) return stop(*exit_code);
   }
   for (const std::unique_ptr<TrainerHook>& hook : hooks_) hook->End(false);
   return Finish(train_timer);
+}
+
+// The stage boundary at `step` (0: before the first stage; a stage's last step), if there is
+// one: every hook's AtStageBoundary, then the next stage's phase=stage line. The stage
+// boundary hook of the trainer: what runs between stages belongs in a hook's AtStageBoundary.
+std::optional<int> Trainer::AtStageBoundary(int64_t step) {
+  const std::vector<DataStage>& stages = training_.stages;
+  if (stages.empty() || step > training_.steps) return std::nullopt;
+  StageBoundary boundary;
+  boundary.step = step;
+  if (step > 0) {
+    const int finished = StageOfStep(stages, step);
+    if (finished < 0 || stages[finished].last_step() != step) return std::nullopt;
+    boundary.finished = finished + 1;
+    boundary.finished_name = stages[finished].name;
+  }
+  if (boundary.finished < static_cast<int>(stages.size())) {
+    boundary.next = boundary.finished + 1;
+    boundary.next_name = stages[boundary.finished].name;
+  }
+  for (const std::unique_ptr<TrainerHook>& hook : hooks_)
+    if (std::optional<int> exit_code = hook->AtStageBoundary(boundary)) return exit_code;
+  if (leader() && boundary.next > 0) AnnounceStage(stages[boundary.next - 1], step + 1);
+  return std::nullopt;
+}
+
+void Trainer::AnnounceStage(const DataStage& stage, int64_t from_step) {
+  PrintLine(StrFormat(
+      "phase=stage stage=%d name=%s first_step=%lld last_step=%lld lr_policy=%s "
+      "anneal_steps=%lld list=%s%s",
+      stage.index, stage.name.c_str(), (long long)stage.first_step, (long long)stage.last_step(),
+      LrPolicyName(stage.lr_policy), (long long)stage.anneal_steps, stage.list.c_str(),
+      from_step > stage.first_step ? StrFormat(" resumed_at=%lld", (long long)from_step).c_str()
+                                   : ""));
 }
 
 StepReport Trainer::Step(int64_t step) {
@@ -710,6 +758,10 @@ StepReport Trainer::Step(int64_t step) {
   }
   faults_->AfterUpdate(step, weights_.data(), table().total(), sharded_);
   r.global_batch = training_.batches.GlobalBatch(step);
+  if (const int k = StageOfStep(training_.stages, step); k >= 0) {
+    r.stage = k + 1;
+    r.stage_name = training_.stages[k].name;
+  }
   r.consumed_samples = loader_->consumed_samples();
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;

@@ -15,6 +15,11 @@
 //                    the step's gradients, into the optimizer's UpdateHessian
 //   hooks            metrics, validation, checkpoints and stop signals (train/hooks.h)
 //
+// A run in stages ([[data.stages]], train/stages.h) reads each stage's blend for its steps and
+// follows its LR policy; at each stage boundary (the start, and after a stage's last step and its
+// hooks) the trainer calls every hook's AtStageBoundary (Trainer::AtStageBoundary): the hook for
+// what runs between stages.
+//
 // It prints the progress-line contract (phase=start, phase=memory, step=..., done ...), writes
 // the run directory (config.toml, metrics.jsonl, model.safetensors) and checkpoints
 // (train/checkpointing.h). Test-only faults come from one FaultInjector (train/fault_injector.h).
@@ -145,6 +150,11 @@ class Trainer {
   // checkpoint, or the newest before it when `trouble_step` (0: unknown) is the first step after
   // it, whose state the trouble then began from.
   std::string LastCheckpoint(int64_t trouble_step = 0) const;
+  // ---- stages ----
+  // The hooks' AtStageBoundary when `step` ends a stage (0: the start of the first); the exit
+  // code of a hook that stops the run.
+  std::optional<int> AtStageBoundary(int64_t step);
+  void AnnounceStage(const DataStage& stage, int64_t from_step);  // the phase=stage line
   // ---- the end ----
   int Finish(const Timer& train_timer);
 
@@ -154,6 +164,7 @@ class Trainer {
   std::shared_ptr<const ModelSpec> model_spec_;
   OptimizerConfig optimizer_config_;
   LrScheduleConfig schedule_;
+  std::vector<LrSegment> lr_segments_;  // with [[data.stages]]: their policies' (train/stages.h)
   LearningRateFunction learning_rate_;  // of each step: the schedule x the ramp rule, unless set
   std::unique_ptr<ProcessMesh> mesh_;
   int world_ = 1, rank_ = 0;       // the job

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "data/token_source.h"
 #include "launch/environment.h"
 #include "launch/rank_environment.h"
 
@@ -181,6 +182,26 @@ TrainingConfig BuildTrainingConfig(Config& config, int world) {
   config.Set("training.global_batch_size", t.global_batch);
   t.shape.accumulation = t.global_batch / (t.shape.micro_batch * world);
   t.batches = BuildBatchRamp(config, t);
+  t.stages = ResolvedDataStages(config, t.batches, t.shape.seq_len);
+  if (!t.stages.empty()) {
+    CheckStagedDataset(config, t.stages);
+    const int64_t total = TotalStageSteps(t.stages);
+    if (config.IsSet("training.steps") && t.steps != total) {
+      std::string lengths;
+      for (const DataStage& stage : t.stages)
+        lengths += StrFormat("%s%s %lld", lengths.empty() ? "" : " + ", stage.name.c_str(),
+                             (long long)stage.steps);
+      throw UsageError(StrFormat(
+          "%straining.steps = %lld but the stages of [[data.stages]] add up to %lld steps (%s): "
+          "remove training.steps (the stages set it) or make them agree",
+          config.Origin("training.steps").empty()
+              ? ""
+              : (config.Origin("training.steps") + ": ").c_str(),
+          (long long)t.steps, (long long)total, lengths.c_str()));
+    }
+    t.steps = total;
+    config.Set("training.steps", total);
+  }
   t.ramp_lr = BuildRampLr(config, !t.batches.constant());
   t.guards = BuildGuards(config);
   t.shape.zero_stage = static_cast<int>(config.Int("parallelism.zero_stage"));

@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "compute/backend.h"
 #include "data/batch_schedule.h"
+#include "data/stages.h"
 #include "distributed/exact_sum.h"
 
 namespace crucible {
@@ -46,6 +47,9 @@ struct TrainingConfig {
   int64_t global_batch = 0;  // samples per step 1 over every rank (resolved, never 0)
   // Every step's global batch: global_batch throughout, or the stages of training.batch_ramp.
   BatchSchedule batches;
+  // [[data.stages]], resolved onto the steps (data/stages.h); empty: a run of one piece. With
+  // stages, steps is their total.
+  std::vector<DataStage> stages;
   RampLrRule ramp_lr = RampLrRule::kConstant;
   GuardConfig guards;
   double max_norm = 0;   // the clip of the global gradient norm; 0: off
@@ -79,7 +83,9 @@ struct TrainingConfig {
 // writes the resolved global batch back into it (the run directory records it). UsageError
 // (exit 2) naming the key when the global batch is not a multiple of local_batch_size x ranks,
 // when a batch_ramp stage is malformed, out of order, not such a multiple or never reached, and
-// when guard keys contradict each other.
+// when guard keys contradict each other. With [[data.stages]]: the stages are read and placed
+// (ResolveDataStages), training.steps, when given, must equal their total (else exit 2), and the
+// total is written back as training.steps.
 TrainingConfig BuildTrainingConfig(Config& config, int world);
 // [training] device, mixed_precision_param/_reduce, [debug] bf16_path, gemm_library and the local
 // rank, as

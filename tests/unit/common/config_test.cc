@@ -52,6 +52,7 @@ TEST(Config, EveryDefaultHasTheTypeOfItsKey) {
         matches = std::holds_alternative<std::string>(value);
         break;
       case ConfigType::kStringList:
+      case ConfigType::kTableList:
         matches = std::holds_alternative<std::vector<std::string>>(value);
         break;
       case ConfigType::kIntOrString:

@@ -1,0 +1,67 @@
+// A run in stages: `[[data.stages]]` tables in the config, in order, each with its own blend file
+// list (what [training] dataset = "blend" reads), a length in steps or tokens, an LR policy and
+// an optional anneal from the previous stage's mixture. This file reads and checks the tables
+// and places them on the run's steps; the blend itself is blended_dataset.h's (BlendOptions::
+// stages), the learning rate the trainer's (train/stages.h), the rules docs/training.md#stages.
+//
+//   [[data.stages]]
+//   name = "math"            # [A-Za-z0-9_.-]+, unique; default "stage<k>"
+//   list = "math-blend.txt"  # a blend file list (relative to the working folder)
+//   steps = 200              # or tokens = 3276800: a whole number of steps, exactly
+//   lr_policy = "gentle"     # continue (default), rewarm or gentle
+//   warmup_steps = 20        # rewarm/gentle: default [lr_scheduler] warmup_steps
+//   peak_fraction = 0.3      # gentle only, in (0, 1]
+//   anneal_steps = 50        # not in the first stage; at most the stage's steps
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "data/batch_schedule.h"
+
+namespace crucible {
+
+enum class LrPolicy { kContinue, kRewarm, kGentle };
+const char* LrPolicyName(LrPolicy policy);
+
+struct DataStage {
+  int index = 0;       // from 1, in order
+  std::string name;    // unique
+  std::string list;    // the blend file list
+  std::string where;   // for errors: `run.toml:12: [[data.stages]] #2 ("math")`
+  int64_t steps = 0;   // resolved (from `tokens` when the length is given so)
+  int64_t tokens = 0;  // as given; 0 when the length is given in steps
+  LrPolicy lr_policy = LrPolicy::kContinue;
+  int64_t warmup_steps = -1;  // rewarm and gentle; -1: [lr_scheduler] warmup_steps
+  double peak_fraction = 1;   // gentle's share of optimizer.lr; 1 for the others
+  int64_t anneal_steps = 0;
+  int64_t first_step = 0;  // resolved: the stage runs steps [first_step, last_step()]
+  int64_t last_step() const { return first_step + steps - 1; }
+};
+
+// Reads and checks data.stages (no stages: empty): every key known, of its type and range;
+// `list` given and a readable file; steps or tokens, not both; lr_policy known; warmup_steps
+// only with rewarm or gentle, peak_fraction with gentle only (and there required); no anneal in
+// the first stage; names unique. UsageError (exit 2) in one line naming the stage, where it was
+// given, the key and what to do. Lengths in tokens are not converted yet (steps = 0).
+std::vector<DataStage> ReadDataStages(const Config& config);
+
+// Places the stages on the run's steps: tokens become steps through the global batches of
+// `batches` and seq_len (refused unless they make a whole number of steps exactly, naming the
+// two nearest token counts that do), then first_step, and anneal_steps is checked against the
+// stage's steps. UsageError in one line.
+void ResolveDataStages(std::vector<DataStage>& stages, const BatchSchedule& batches,
+                       int64_t seq_len);
+
+// ReadDataStages then ResolveDataStages.
+std::vector<DataStage> ResolvedDataStages(const Config& config, const BatchSchedule& batches,
+                                          int64_t seq_len);
+
+// The steps of every stage together.
+int64_t TotalStageSteps(const std::vector<DataStage>& stages);
+// The position in `stages` (resolved) of the stage that runs `step`; -1 outside every stage.
+int StageOfStep(const std::vector<DataStage>& stages, int64_t step);
+
+}  // namespace crucible
