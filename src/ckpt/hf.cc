@@ -64,7 +64,7 @@ const HfMapping& RequireHf(const ModelSpec& model, const std::string& what) {
 
 void ExportHfModel(const std::string& out, const ModelSpec& model, const ParameterTable& table,
                    const float* weights, int64_t max_position_embeddings,
-                   const std::string& tokenizer_path) {
+                   const std::string& tokenizer_path, const std::string& chat_template) {
   const HfMapping& hf = RequireHf(model, "export hf");
   if (IsDirectory(out)) {
     std::error_code error;
@@ -102,6 +102,7 @@ void ExportHfModel(const std::string& out, const ModelSpec& model, const Paramet
                                                  {"model_max_length", max_position_embeddings}};
       if (!bos_token.is_null()) tokenizer_config["bos_token"] = bos_token;
       if (!eos_token.is_null()) tokenizer_config["eos_token"] = eos_token;
+      if (!chat_template.empty()) tokenizer_config["chat_template"] = chat_template;
       AtomicWriteFile(JoinPath(temporary, "tokenizer_config.json"),
                       tokenizer_config.dump(2) + "\n");
     }

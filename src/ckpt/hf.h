@@ -18,10 +18,11 @@ namespace crucible {
 
 // Writes the folder `out` (which must not exist, or be empty) atomically: the files are written
 // in a temporary sibling folder that is renamed to `out` when complete. UsageError when the
-// model has no Hugging Face form.
+// model has no Hugging Face form. `chat_template` (Jinja text), when not empty, is written as
+// tokenizer_config.json's chat_template (it needs a tokenizer).
 void ExportHfModel(const std::string& out, const ModelSpec& model, const ParameterTable& table,
                    const float* weights, int64_t max_position_embeddings,
-                   const std::string& tokenizer_path);
+                   const std::string& tokenizer_path, const std::string& chat_template = "");
 
 // The model described by `dir`/config.json (its model_type picks the family:
 // ModelSpecFromHfConfig), and its max_position_embeddings in *max_position_embeddings (0 when

@@ -1,6 +1,8 @@
 // crucible export hf RUN_OR_CKPT OUT: a Hugging Face LlamaForCausalLM folder, and crucible
 // export gguf RUN_OR_CKPT OUT.gguf: one GGUF file for llama.cpp, from a run directory (its newest
 // checkpoint that verifies, else its final model.safetensors) or from one checkpoint folder.
+// export hf --chat-template NAME (by default, the named template the run's tokenizer_config.json
+// carries) writes crucible's Jinja for it into tokenizer_config.json (sft/chat_template_jinja.h).
 #include <memory>
 
 #include "ckpt/checkpoint.h"
@@ -14,13 +16,16 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "model/model.h"
+#include "sft/chat_template.h"
+#include "sft/chat_template_jinja.h"
+#include "tokenizer/tokenizer.h"
 
 namespace crucible {
 namespace {
 
 struct ExportOptions {
   std::string source, out;
-  std::string dtype = "f32", name;
+  std::string dtype = "f32", name, chat_template;
 };
 
 // The weights file and the config that describes it.
@@ -69,6 +74,48 @@ LoadedModel LoadSource(const std::string& path) {
   return m;
 }
 
+// The Jinja text export hf writes as chat_template ("" for none): crucible's for `name`, or, when
+// no name is given, for the named template the run's tokenizer_config.json (beside its
+// tokenizer.json) carries. The tokenizer must hold the template's markers as single tokens, and
+// the Jinja must detect as the template it stands for.
+std::string ExportChatTemplate(const LoadedModel& m, std::string name) {
+  const std::string config_path =
+      m.tokenizer.empty()
+          ? ""
+          : JoinPath(ParentDirectory(m.tokenizer).empty() ? "." : ParentDirectory(m.tokenizer),
+                     "tokenizer_config.json");
+  TokenizerChatConfig recorded;
+  if (!config_path.empty() && FileExists(config_path))
+    recorded = ReadTokenizerChatConfig(config_path);
+  if (name.empty()) {
+    if (!recorded.has_chat_template) return "";
+    ChatTemplateMatch match =
+        MatchChatTemplate(recorded.chat_template, recorded.special_tokens, config_path);
+    if (match.name.empty()) {
+      LogWarn("export hf: " + match.refusal + "; the export carries no chat_template");
+      return "";
+    }
+    name = match.name;
+  }
+  if (m.tokenizer.empty())
+    throw UsageError("--chat-template " + name + ": " + m.source.config_path +
+                     " has no [model] tokenizer_path, so the export has no tokenizer_config.json "
+                     "to carry a chat template");
+  const Tokenizer tokenizer = Tokenizer::Load(m.tokenizer);
+  RequireChatMarkers(tokenizer, name, "the tokenizer " + m.tokenizer);
+  nlohmann::ordered_json special = nlohmann::ordered_json::object();
+  if (tokenizer.bos_id() >= 0)
+    special["bos_token"] = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.bos_id()));
+  if (tokenizer.eos_id() >= 0)
+    special["eos_token"] = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.eos_id()));
+  const std::string& jinja = ChatTemplateJinja(name);
+  const ChatTemplateMatch check =
+      MatchChatTemplate(jinja, special, "crucible's " + name + " Jinja");
+  if (check.name != name)
+    throw Error(kExitFailure, "export hf: " + check.refusal + " (a crucible bug)");
+  return jinja;
+}
+
 // The last component of a path, without trailing slashes: general.name's default.
 std::string BaseName(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -85,6 +132,10 @@ CommandRun SetupExport(CLI::App& app) {
       "generation_config.json, tokenizer.json when [model] tokenizer_path is set)");
   hf->add_option("RUN_OR_CKPT", o->source, "run directory or checkpoint folder")->required();
   hf->add_option("OUT", o->out, "output folder (must not exist, or be empty)")->required();
+  hf->add_option("--chat-template", o->chat_template,
+                 "write this named chat template (" + ChatTemplateNameList() +
+                     ") into tokenizer_config.json as crucible's Jinja (default: the named "
+                     "template the run's tokenizer_config.json carries, if any)");
   CLI::App* gguf = app.add_subcommand(
       "gguf",
       "write one GGUF v3 file that llama.cpp runs as is: architecture \"llama\" (Llama) or "
@@ -112,12 +163,18 @@ CommandRun SetupExport(CLI::App& app) {
       return kExitOk;
     }
     if (!hf->parsed()) return kExitUsage;
+    if (!o->chat_template.empty()) CheckChatTemplateName(o->chat_template);
     const LoadedModel m = LoadSource(o->source);
+    const std::string chat_template = ExportChatTemplate(m, o->chat_template);
     ExportHfModel(o->out, *m.model, m.table, m.weights.data(), m.config.Int("training.seq_len"),
-                  m.tokenizer);
-    PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s)", m.source.weights_path.c_str(),
+                  m.tokenizer, chat_template);
+    std::string chat_name = o->chat_template;
+    for (const std::string& name : ChatTemplateNames())
+      if (!chat_template.empty() && ChatTemplateJinja(name) == chat_template) chat_name = name;
+    PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s%s)", m.source.weights_path.c_str(),
                         o->out.c_str(), m.model->hf()->architecture().c_str(), m.table.total(),
-                        m.tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json"));
+                        m.tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json",
+                        chat_template.empty() ? "" : (", chat_template=" + chat_name).c_str()));
     return kExitOk;
   };
 }

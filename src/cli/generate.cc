@@ -1,6 +1,8 @@
 // crucible generate MODEL --prompt TEXT...: text from a run, a checkpoint or a Hugging Face
 // folder, through the engine (infer/engine.h) with a KV cache. stdout carries the output alone
-// (the text, streamed for one prompt, or --json); the phase= lines go to stderr.
+// (the text, streamed for one prompt, or --json); the phase= lines go to stderr. With --chat each
+// prompt is a conversation rendered by a named chat template (sft/chat_template.h): the one given,
+// or the one the model's tokenizer_config.json carries, detected by its rendering.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -9,12 +11,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "common/config.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "eval/eval.h"
 #include "infer/engine.h"
+#include "sft/chat_template.h"
+#include "sft/chat_template_jinja.h"
 
 namespace crucible {
 namespace {
@@ -26,18 +31,27 @@ void FlushStdout() {
 }
 
 struct GenerateCliOptions {
-  std::string model, tokenizer, prompts_file, dtype = "f32";
+  std::string model, tokenizer, prompts_file, dtype = "f32", chat_template;
   std::vector<std::string> prompts;
   SamplingParams params;
   int64_t batch_size = 8, max_length = 0;
   bool json = false, chat = false, ignore_eos = false;
 };
 
-// The prompts of a .jsonl file: one {"prompt": "..."} object per line, blank lines skipped.
-std::vector<std::string> ReadPrompts(const std::string& path) {
+// One prompt: plain text, or (a --prompts line's {"messages": [...]}) a conversation.
+struct PromptInput {
+  std::string prompt;
+  std::vector<ChatMessage> messages;
+  bool has_messages = false;
+  std::string where;  // "--prompt 0", "FILE:LINE"
+};
+
+// The prompts of a .jsonl file: one {"prompt": "..."} or {"messages": [{"role", "content"}...]}
+// object per line, blank lines skipped.
+std::vector<PromptInput> ReadPrompts(const std::string& path) {
   if (!FileExists(path)) throw UsageError("--prompts " + path + ": no such file");
   const std::string text = ReadFile(path);
-  std::vector<std::string> prompts;
+  std::vector<PromptInput> prompts;
   size_t begin = 0;
   for (int64_t line = 1; begin <= text.size(); ++line) {
     size_t end = text.find('\n', begin);
@@ -53,31 +67,94 @@ std::vector<std::string> ReadPrompts(const std::string& path) {
     } catch (const nlohmann::json::exception& e) {
       throw DataError(where + ": not a JSON object (" + e.what() + ")");
     }
-    if (!value.is_object() || !value.contains("prompt") || !value["prompt"].is_string())
-      throw DataError(where + ": expected {\"prompt\": \"...\"}");
-    prompts.push_back(value["prompt"].get<std::string>());
+    PromptInput input;
+    input.where = where;
+    if (value.is_object() && value.contains("messages")) {
+      input.messages = ChatMessagesFromJson(value["messages"], where);
+      input.has_messages = true;
+      if (input.messages.empty()) throw DataError(where + ": \"messages\" is empty");
+    } else if (value.is_object() && value.contains("prompt") && value["prompt"].is_string()) {
+      input.prompt = value["prompt"].get<std::string>();
+    } else {
+      throw DataError(where + ": expected {\"prompt\": \"...\"} or {\"messages\": [...]}");
+    }
+    prompts.push_back(std::move(input));
   }
   return prompts;
 }
 
-// --chat: only the hook. The chat template support comes with the SFT issue.
-void RefuseChat(const std::string& model) {
-  bool has_template = FileExists(JoinPath(model, "chat_template.jinja"));
-  const std::string config = JoinPath(model, "tokenizer_config.json");
-  if (FileExists(config)) {
-    try {
-      has_template =
-          has_template || nlohmann::json::parse(ReadFile(config)).contains("chat_template");
-    } catch (const nlohmann::json::exception&) {
-    }
+// The chat template --chat renders with, and the special tokens it is given.
+struct ChatSetup {
+  std::string name;
+  ChatTokens tokens;
+  bool tokens_from_config = false;  // else they come from the tokenizer
+};
+
+// The tokenizer_config.json that says a model's chat template: a Hugging Face folder's own; for a
+// run directory or checkpoint, the one beside its tokenizer (--tokenizer, else [model]
+// tokenizer_path). "" when there is no tokenizer to look beside.
+std::string TokenizerConfigPath(const std::string& model, const std::string& tokenizer) {
+  const bool is_checkpoint =
+      FileExists(JoinPath(model, "MANIFEST")) || FileExists(JoinPath(model, "COMPLETE"));
+  const std::string toml = JoinPath(model, "config.toml");
+  if (!is_checkpoint && !FileExists(toml) && FileExists(JoinPath(model, "config.json")))
+    return JoinPath(model, "tokenizer_config.json");
+  std::string path = tokenizer;
+  if (path.empty() && FileExists(toml))
+    path = Config::Parse(ReadConfigFile(toml), toml).String("model.tokenizer_path");
+  if (path.empty()) return "";
+  const std::string parent = ParentDirectory(path);
+  return JoinPath(parent.empty() ? "." : parent, "tokenizer_config.json");
+}
+
+// Resolves --chat before the weights load: the named template (--chat-template), or the one the
+// model's tokenizer_config.json carries (refused in one line when there is none, or when it is not
+// one of the named templates).
+ChatSetup ResolveChat(const std::string& model, const std::string& tokenizer,
+                      const std::string& name) {
+  ChatSetup chat;
+  if (!name.empty()) CheckChatTemplateName(name);
+  const std::string config_path =
+      IsDirectory(model) ? TokenizerConfigPath(model, tokenizer) : std::string();
+  TokenizerChatConfig config;
+  if (!config_path.empty() && FileExists(config_path)) {
+    config = ReadTokenizerChatConfig(config_path);
+    chat.tokens_from_config = true;
+    if (config.special_tokens.contains("bos_token"))
+      chat.tokens.bos_token = config.special_tokens["bos_token"].get<std::string>();
+    if (config.special_tokens.contains("eos_token"))
+      chat.tokens.eos_token = config.special_tokens["eos_token"].get<std::string>();
   }
-  if (!has_template)
-    throw UsageError("--chat: " + model +
-                     " has no chat template (tokenizer_config.json chat_template or "
-                     "chat_template.jinja); give plain prompts without --chat");
-  throw UsageError("--chat: " + model +
-                   " has a chat template, but applying chat templates is not supported yet; give "
-                   "the formatted prompt without --chat");
+  if (!name.empty()) {
+    chat.name = name;
+    return chat;
+  }
+  if (!config.has_chat_template)
+    throw UsageError("--chat: " + model + " has no chat template (" +
+                     (config_path.empty() ? std::string("no tokenizer to look beside")
+                                          : "none in " + config_path) +
+                     "); pass --chat-template NAME (one of " + ChatTemplateNameList() +
+                     "), or give plain prompts without --chat");
+  ChatTemplateMatch match =
+      MatchChatTemplate(config.chat_template, config.special_tokens, config_path);
+  if (match.name.empty()) throw UsageError("--chat: " + match.refusal);
+  chat.name = match.name;
+  return chat;
+}
+
+// Every marker the template writes must be one token of the model's tokenizer, as it was in
+// training; the end-of-turn marker's id, which ends generation as EOS does.
+int64_t CheckChatMarkers(const Tokenizer& tokenizer, ChatSetup* chat, const std::string& model) {
+  if (!chat->tokens_from_config && tokenizer.bos_id() >= 0)
+    chat->tokens.bos_token = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.bos_id()));
+  if (!chat->tokens_from_config && tokenizer.eos_id() >= 0)
+    chat->tokens.eos_token = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.eos_id()));
+  try {
+    RequireChatMarkers(tokenizer, chat->name, "the tokenizer of " + model);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--chat: ") + e.what());
+  }
+  return tokenizer.TokenToId(ChatTemplateEndOfTurn(chat->name));
 }
 
 // The text a streamed sequence can print now: what is new since `printed` bytes. While it runs,
@@ -109,7 +186,9 @@ CommandRun SetupGenerate(CLI::App& app) {
                  "(crucible export hf)")
       ->required();
   app.add_option("-p,--prompt", o->prompts, "a prompt (repeatable)")->take_all();
-  app.add_option("--prompts", o->prompts_file, "a .jsonl file of {\"prompt\": ...} lines");
+  app.add_option("--prompts", o->prompts_file,
+                 "a .jsonl file of {\"prompt\": ...} lines (with --chat, also {\"messages\": "
+                 "[{\"role\", \"content\"}...]} lines)");
   app.add_option("--max-new-tokens", p.max_new_tokens, "tokens to generate at most per prompt")
       ->capture_default_str();
   app.add_option("--temperature", p.temperature, "0: greedy (the default); else sample")
@@ -143,7 +222,13 @@ CommandRun SetupGenerate(CLI::App& app) {
   app.add_flag("--json", o->json,
                "print one JSON document: per prompt its token ids, text, log-probabilities and "
                "finish reason");
-  app.add_flag("--chat", o->chat, "apply the model's chat template (not supported yet)");
+  app.add_flag("--chat", o->chat,
+               "each --prompt is one user message (a --prompts line may give \"messages\"), "
+               "rendered with the generation prompt by the model's chat template "
+               "(tokenizer_config.json, detected by rendering) or --chat-template; generation "
+               "also stops at the template's end-of-turn token");
+  app.add_option("--chat-template", o->chat_template,
+                 "with --chat: the named template to render with (" + ChatTemplateNameList() + ")");
   return [o]() {
     SamplingParams& params = o->params;
     params.stop_at_eos = !o->ignore_eos;
@@ -151,18 +236,37 @@ CommandRun SetupGenerate(CLI::App& app) {
     WeightType weight_type;
     if (!ParseWeightType(o->dtype, &weight_type))
       throw UsageError("--dtype '" + o->dtype + "': expected f32, f16 or bf16");
-    if (o->chat) RefuseChat(o->model);
-    std::vector<std::string> prompts = o->prompts;
+    if (!o->chat_template.empty() && !o->chat) throw UsageError("--chat-template needs --chat");
+    std::vector<PromptInput> inputs;
+    for (size_t i = 0; i < o->prompts.size(); ++i)
+      inputs.push_back({o->prompts[i], {}, false, "--prompt " + std::to_string(i)});
     if (!o->prompts_file.empty()) {
-      const std::vector<std::string> more = ReadPrompts(o->prompts_file);
-      prompts.insert(prompts.end(), more.begin(), more.end());
+      std::vector<PromptInput> more = ReadPrompts(o->prompts_file);
+      for (PromptInput& input : more) inputs.push_back(std::move(input));
     }
-    if (prompts.empty())
+    if (inputs.empty())
       throw UsageError("crucible generate: no prompt; give --prompt TEXT or --prompts FILE.jsonl");
-    for (size_t i = 0; i < prompts.size(); ++i)
-      if (prompts[i].empty()) throw UsageError("prompt " + std::to_string(i) + " is empty");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].has_messages && !o->chat)
+        throw UsageError(inputs[i].where + ": \"messages\" needs --chat");
+      if (!inputs[i].has_messages && inputs[i].prompt.empty())
+        throw UsageError("prompt " + std::to_string(i) + " is empty");
+    }
+    ChatSetup chat;
+    if (o->chat) chat = ResolveChat(o->model, o->tokenizer, o->chat_template);
 
     EvalModel model = LoadEvalModel(o->model, o->tokenizer, o->max_length);
+    int64_t end_of_turn = -1;
+    if (o->chat) end_of_turn = CheckChatMarkers(model.tokenizer, &chat, o->model);
+    std::vector<std::string> prompts;  // the text each prompt encodes (rendered, with --chat)
+    for (PromptInput& input : inputs) {
+      if (!o->chat) {
+        prompts.push_back(input.prompt);
+        continue;
+      }
+      if (!input.has_messages) input.messages = {ChatMessage{"user", input.prompt}};
+      prompts.push_back(RenderChat(chat.name, input.messages, true, chat.tokens, input.where).text);
+    }
     std::vector<GenerationRequest> requests;
     for (size_t i = 0; i < prompts.size(); ++i) {
       GenerationRequest request;
@@ -190,9 +294,11 @@ CommandRun SetupGenerate(CLI::App& app) {
                  "phase=kv_cache bytes=%zu slots=%lld max_len=%lld scratch_bytes=%zu "
                  "weight_bytes=%zu dtype=%s\n",
                  inference->kv_cache_bytes(), (long long)slots, (long long)model.max_length,
-                 inference->scratch_bytes(), inference->weight_bytes(), WeightTypeName(weight_type));
+                 inference->scratch_bytes(), inference->weight_bytes(),
+                 WeightTypeName(weight_type));
     const int64_t eos = model.tokenizer.eos_id();
     Engine engine(*inference, &model.tokenizer, eos);
+    if (end_of_turn >= 0 && end_of_turn != eos) engine.AddEosId(end_of_turn);
     std::vector<int64_t> ids;
     for (GenerationRequest& request : requests) ids.push_back(engine.Add(std::move(request)));
     const bool stream = prompts.size() == 1 && !o->json;
@@ -222,8 +328,15 @@ CommandRun SetupGenerate(CLI::App& app) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const Sequence& s = engine.sequence(ids[i]);
       if (o->json) {
+        nlohmann::ordered_json messages = nullptr;
+        if (o->chat) {
+          messages = nlohmann::ordered_json::array();
+          for (const ChatMessage& m : inputs[i].messages)
+            messages.push_back({{"role", m.role}, {"content", m.content}});
+        }
         results.push_back({{"index", i},
                            {"prompt", prompts[i]},
+                           {"messages", messages},
                            {"prompt_tokens", s.request.prompt},
                            {"tokens", s.tokens},
                            {"text", s.text},
@@ -236,8 +349,14 @@ CommandRun SetupGenerate(CLI::App& app) {
     }
     if (o->json) {
       nlohmann::ordered_json out = {
-          {"model", model.weights_path}, {"kind", model.kind},  {"max_length", model.max_length},
-          {"batch_size", slots},         {"seed", params.seed}, {"dtype", o->dtype},
+          {"model", model.weights_path},
+          {"kind", model.kind},
+          {"max_length", model.max_length},
+          {"batch_size", slots},
+          {"seed", params.seed},
+          {"dtype", o->dtype},
+          {"chat_template", o->chat ? nlohmann::ordered_json(chat.name) : nullptr},
+          {"end_of_turn_id", end_of_turn >= 0 ? nlohmann::ordered_json(end_of_turn) : nullptr},
           {"results", results}};
       std::printf("%s\n",
                   out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

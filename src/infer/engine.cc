@@ -104,7 +104,9 @@ void Engine::Accept(Sequence& s, const float* logits) {
     s.text = tokenizer_->Decode(ids, true);
   }
   const SamplingParams& p = s.request.params;
-  if (p.stop_at_eos && eos_id_ >= 0 && choice.token == eos_id_)
+  if (p.stop_at_eos &&
+      ((eos_id_ >= 0 && choice.token == eos_id_) ||
+       std::find(more_eos_ids_.begin(), more_eos_ids_.end(), choice.token) != more_eos_ids_.end()))
     return Finish(s, FinishReason::kEos);
   size_t cut = std::string::npos;
   for (const std::string& stop : p.stop) cut = std::min(cut, s.text.find(stop));

@@ -50,6 +50,8 @@ class Engine {
   // `tokenizer` decodes the text (stop strings need it; nullptr: no text, no stop strings).
   // `eos_id` < 0: no EOS.
   Engine(InferenceModel& model, const Tokenizer* tokenizer, int64_t eos_id);
+  // One more token that ends a sequence as EOS does (a chat template's end-of-turn marker).
+  void AddEosId(int64_t id) { more_eos_ids_.push_back(id); }
 
   // Queues a sequence; its id. UsageError for an empty prompt or one longer than the model's
   // max_len (naming both lengths), or bad params (CheckSamplingParams).
@@ -71,6 +73,7 @@ class Engine {
   InferenceModel& model_;
   const Tokenizer* tokenizer_;
   int64_t eos_id_;
+  std::vector<int64_t> more_eos_ids_;
   int64_t next_id_ = 0;
   std::vector<Sequence> sequences_;  // every sequence not freed, in id order
   std::vector<int64_t> slot_owner_;  // per slot: the running sequence's id, or -1

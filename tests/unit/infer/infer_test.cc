@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -293,6 +294,32 @@ TEST_F(Inference, EngineEndsASequenceWhenItsCacheIsFull) {
   while (engine.Busy()) engine.Step();
   EXPECT_EQ(engine.sequence(id).finish, FinishReason::kContextFull);
   EXPECT_EQ(engine.sequence(id).tokens.size(), 4u);  // 5 + 3 fill the 8 positions, then 1 more
+}
+
+TEST_F(Inference, EngineEndsASequenceAtAnAddedEosId) {
+  SamplingParams p;
+  p.max_new_tokens = 10;
+  const std::vector<int32_t> prompt = Tokens(9, 6);
+  auto run = [&](int64_t more_eos, bool stop_at_eos) {
+    auto inference = spec_->StartInference(*access_, 1, 32, DefaultCpuBackend());
+    Engine engine(*inference, nullptr, -1);
+    if (more_eos >= 0) engine.AddEosId(more_eos);  // a chat template's end-of-turn token
+    SamplingParams q = p;
+    q.stop_at_eos = stop_at_eos;
+    const int64_t id = engine.Add({prompt, q, 0});
+    while (engine.Busy()) engine.Step();
+    return engine.sequence(id);
+  };
+  const Sequence plain = run(-1, true);
+  ASSERT_EQ(plain.tokens.size(), 10u);
+  const int32_t marker = plain.tokens[3];
+  const size_t first = static_cast<size_t>(
+      std::find(plain.tokens.begin(), plain.tokens.end(), marker) - plain.tokens.begin());
+  const Sequence ended = run(marker, true);
+  EXPECT_EQ(ended.finish, FinishReason::kEos);
+  EXPECT_EQ(ended.tokens,
+            std::vector<int32_t>(plain.tokens.begin(), plain.tokens.begin() + first + 1));
+  EXPECT_EQ(run(marker, false).tokens, plain.tokens);  // --ignore-eos ignores it too
 }
 
 }  // namespace
