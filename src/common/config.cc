@@ -32,7 +32,7 @@ const char* ConfigTypeName(ConfigType type) {
     case ConfigType::kBoolOrString:
       return "true, false or a string";
     case ConfigType::kTableList:
-      return "an array of tables of strings and numbers";
+      return "an array of tables of strings, numbers and arrays of strings";
   }
   return "?";
 }
@@ -78,7 +78,7 @@ std::string ShortestDouble(double value) {
 
 // A table of scalars as a canonical inline TOML table: `{ key = value, ... }`, keys sorted (toml++
 // keeps them so), strings quoted as FormatConfigValue quotes them. False when a value is not a
-// string, integer, float or boolean.
+// string, integer, float, boolean or array of strings.
 bool CanonicalInlineTable(const toml::table& table, std::string* out) {
   std::string text = "{";
   for (const auto& [key, node] : table) {
@@ -91,7 +91,15 @@ bool CanonicalInlineTable(const toml::table& table, std::string* out) {
       value = ShortestDouble(*v);
     else if (auto v = node.value_exact<bool>())
       value = *v ? "true" : "false";
-    else
+    else if (const toml::array* array = node.as_array()) {  // an array of strings
+      value = "[";
+      for (const auto& element : *array) {
+        auto item = element.value_exact<std::string>();
+        if (!item) return false;
+        value += (value.size() > 1 ? ", " : "") + FormatConfigValue(*item);
+      }
+      value += "]";
+    } else
       return false;
     std::string name(key.str());
     if (name.empty() ||

@@ -305,6 +305,25 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"validation.gate_action", T::kString, V(std::string("warn")),
        "what the eval gate does: warn, or stop (exit 2)"},
 
+      // [stage_eval] (a run in stages: an evaluation at every boundary, docs/training.md#stages)
+      {"stage_eval.tasks", T::kStringList, V(std::vector<std::string>{}),
+       "multiple-choice task files evaluated at every stage boundary (docs/eval.md shapes)"},
+      {"stage_eval.text", T::kStringList, V(std::vector<std::string>{}),
+       "held-out text files evaluated at every stage boundary (loss, bits per byte), with each "
+       "stage's eval_text"},
+      {"stage_eval.items", T::kInt, V(int64_t{0}),
+       "items per task and documents per text file at each boundary; 0 means all", false,
+       AtLeast(0)},
+      {"stage_eval.gate_tasks", T::kStringList, V(std::vector<std::string>{}),
+       "stage gate: tasks (by name, file name without .jsonl) whose accuracy a stage may not "
+       "lose; empty: no gate"},
+      {"stage_eval.gate_metric", T::kString, V(std::string("acc")),
+       "what the stage gate compares: acc or acc_norm"},
+      {"stage_eval.gate_margin", T::kFloat, V(0.05),
+       "stage gate: stop (exit 3) when a gated task's accuracy after a stage is below its value "
+       "before the stage minus this (absolute; negative demands a gain)",
+       false, Closed(-1, 1)},
+
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
        "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1); 3: "

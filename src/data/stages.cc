@@ -15,9 +15,9 @@
 namespace crucible {
 namespace {
 
-const std::vector<std::string> kStageKeys = {"name",          "list",        "steps",
-                                             "tokens",        "lr_policy",   "warmup_steps",
-                                             "peak_fraction", "anneal_steps"};
+const std::vector<std::string> kStageKeys = {"name",          "list",         "steps",
+                                             "tokens",        "lr_policy",    "warmup_steps",
+                                             "peak_fraction", "anneal_steps", "eval_text"};
 
 bool IsStageName(const std::string& name) {
   return !name.empty() &&
@@ -66,6 +66,22 @@ class StageTable {
     if (auto v = table_[key].value_exact<double>()) return *v;
     if (auto v = table_[key].value_exact<int64_t>()) return static_cast<double>(*v);
     throw Fail(std::string(key) + ": expected a number");
+  }
+  // A string or a list of strings (empty list: none).
+  std::vector<std::string> Strings(const char* key) const {
+    std::vector<std::string> out;
+    if (!Has(key)) return out;
+    if (auto v = table_[key].value_exact<std::string>()) return {*v};
+    const toml::array* array = table_[key].as_array();
+    if (array)
+      for (const toml::node& item : *array) {
+        auto v = item.value_exact<std::string>();
+        if (!v) break;
+        out.push_back(*v);
+      }
+    if (!array || out.size() != array->size())
+      throw Fail(std::string(key) + ": expected a file name or a list of file names");
+    return out;
   }
   const std::string& where() const { return where_; }
   void Rename(const std::string& name) { where_ += " (\"" + name + "\")"; }
@@ -164,6 +180,14 @@ std::vector<DataStage> ReadDataStages(const Config& config) {
       throw t.Fail(
           "anneal_steps in the first stage: there is no earlier stage's mixture to "
           "anneal from; remove it");
+    s.eval_text = t.Strings("eval_text");
+    for (const std::string& path : s.eval_text)
+      if (path.empty() || !StatFailure(path).empty() || IsDirectory(path))
+        throw t.Fail("eval_text = \"" + path + "\": " +
+                     (path.empty()        ? std::string("an empty file name")
+                      : IsDirectory(path) ? std::string("is a directory")
+                                          : "cannot read it: " + StatFailure(path)) +
+                     "; name a held-out text file (.jsonl of {\"text\"} or plain text)");
     stages.push_back(std::move(s));
   }
   return stages;

@@ -12,6 +12,8 @@
 //   warmup_steps = 20        # rewarm/gentle: default [lr_scheduler] warmup_steps
 //   peak_fraction = 0.3      # gentle only, in (0, 1]
 //   anneal_steps = 50        # not in the first stage; at most the stage's steps
+//   eval_text = "math-heldout.txt"  # or a list: held-out text of the stage's corpus, evaluated
+//                                   # at every stage boundary (train/stage_eval.h)
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct DataStage {
   int64_t warmup_steps = -1;  // rewarm and gentle; -1: [lr_scheduler] warmup_steps
   double peak_fraction = 1;   // gentle's share of optimizer.lr; 1 for the others
   int64_t anneal_steps = 0;
+  std::vector<std::string> eval_text;  // held-out text files of the stage's corpus
   int64_t first_step = 0;  // resolved: the stage runs steps [first_step, last_step()]
   int64_t last_step() const { return first_step + steps - 1; }
 };

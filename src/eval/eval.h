@@ -76,6 +76,8 @@ struct ChoiceTask {
 // UsageError if the file is missing; DataError naming file:line for malformed JSON, an unknown or
 // mixed shape, fewer than 2 choices, or a label out of range.
 ChoiceTask LoadChoiceTask(const std::string& path);
+// A task's or text's name: its file name without .jsonl, .json or .txt.
+std::string EvalFileName(const std::string& path);
 
 struct EvalOptions {
   int64_t batch_size = 16;  // sequences per forward pass

@@ -12,13 +12,6 @@
 namespace crucible {
 namespace {
 
-std::string StemOf(const std::string& path) {
-  std::string name = path.substr(path.find_last_of('/') + 1);
-  for (const char* suffix : {".jsonl", ".json", ".txt"})
-    if (EndsWith(name, suffix)) return name.substr(0, name.size() - std::string(suffix).size());
-  return name;
-}
-
 std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
   std::string out;
   size_t pos = 0;
@@ -130,11 +123,18 @@ ChoiceItem ParseItem(const nlohmann::json& doc, const std::string& shape, const 
 
 }  // namespace
 
+std::string EvalFileName(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  for (const char* suffix : {".jsonl", ".json", ".txt"})
+    if (EndsWith(name, suffix)) return name.substr(0, name.size() - std::string(suffix).size());
+  return name;
+}
+
 ChoiceTask LoadChoiceTask(const std::string& path) {
   if (!FileExists(path)) throw UsageError(path + ": no such task file");
   ChoiceTask task;
   task.path = path;
-  task.name = StemOf(path);
+  task.name = EvalFileName(path);
   const std::string text = ReadFile(path);
   LineSplitter lines(text);
   for (std::string_view line; lines.Next(&line);) {
@@ -167,7 +167,7 @@ TextDocuments LoadTextDocuments(const std::string& path) {
   if (!FileExists(path)) throw UsageError(path + ": no such text file");
   TextDocuments text;
   text.path = path;
-  text.name = StemOf(path);
+  text.name = EvalFileName(path);
   std::string contents = ReadFile(path);
   if (!EndsWith(path, ".jsonl")) {
     text.documents.push_back(std::move(contents));

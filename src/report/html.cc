@@ -255,6 +255,32 @@ std::string EvalTable(const std::vector<RunData>& runs) {
          html + "</table>\n";
 }
 
+// eval/stages.jsonl: one row per run and stage boundary.
+std::string StageEvalTable(const std::vector<RunData>& runs) {
+  std::string html;
+  for (const RunData& run : runs)
+    for (const StageEvalRecord& r : run.stage_evals) {
+      std::string text, tasks;
+      for (const auto& [name, bpb] : r.bits_per_byte)
+        text += StrFormat("%s%s %.4f", text.empty() ? "" : "; ", name.c_str(), bpb);
+      for (const EvalScore& s : r.tasks)
+        tasks += StrFormat("%s%s %.4f ± %.4f", tasks.empty() ? "" : "; ", s.task.c_str(), s.acc,
+                           s.acc_stderr);
+      html += StrFormat(
+          "<tr><td>%s</td><td>%d</td><td>%lld</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
+          "<td>%s</td></tr>\n",
+          XmlEscape(run.name).c_str(), r.boundary, static_cast<long long>(r.step),
+          XmlEscape(r.stage.empty() ? "(start)" : r.stage).c_str(),
+          XmlEscape(r.next_stage.empty() ? "(end)" : r.next_stage).c_str(),
+          XmlEscape(tasks).c_str(), XmlEscape(text).c_str(), XmlEscape(r.gate).c_str());
+    }
+  if (html.empty()) return "";
+  return "<table id=\"stage-eval-table\"><tr><th>run</th><th>boundary</th><th>step</th>"
+         "<th>stage ended</th><th>next stage</th><th>task acc ± stderr</th>"
+         "<th>text bits per byte</th><th>gate</th></tr>\n" +
+         html + "</table>\n";
+}
+
 std::string AttemptsTable(const std::vector<RunData>& runs) {
   std::string html;
   for (const RunData& run : runs)
@@ -483,6 +509,8 @@ std::string RenderReport(const std::vector<RunData>& runs, const std::string& ti
   html += "<div class=\"grid\" id=\"charts\"></div>\n";
   const std::string eval_table = EvalTable(runs), attempts_table = AttemptsTable(runs);
   if (!eval_table.empty()) html += "<h2>Eval scores</h2>\n" + eval_table;
+  if (const std::string stage_table = StageEvalTable(runs); !stage_table.empty())
+    html += "<h2>Stage boundaries (eval/stages.jsonl)</h2>\n" + stage_table;
   if (!attempts_table.empty()) html += "<h2>Launch attempts</h2>\n" + attempts_table;
   html += "<script type=\"application/json\" id=\"report-data\">" +
           ScriptSafe(ChartSpecs(runs).dump(-1, ' ', false, Json::error_handler_t::replace)) +

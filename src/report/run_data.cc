@@ -126,6 +126,35 @@ void ReadValidation(const std::string& path, RunData* run) {
   if (!last.scores.empty()) run->evals.push_back(last);
 }
 
+void ReadStageEvals(const std::string& path, RunData* run) {
+  ForEachJsonLine(path, [&](const Json& r, size_t line) {
+    const std::string where = Where(path, line);
+    StageEvalRecord record;
+    record.boundary = static_cast<int>(Number(r, "boundary", where));
+    auto name = [&](const char* key) {
+      auto it = r.find(key);
+      return it != r.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    record.stage = name("stage");
+    record.next_stage = name("next_stage");
+    record.step = Step(r, where);
+    if (auto text = r.find("text"); text != r.end() && text->is_object())
+      for (const auto& [file, value] : text->items())
+        record.bits_per_byte.emplace_back(file, Number(value, "bits_per_byte", where));
+    if (auto tasks = r.find("tasks"); tasks != r.end() && tasks->is_object())
+      for (const auto& [task, value] : tasks->items())
+        record.tasks.push_back(Score(task, value, where));
+    if (auto gate = r.find("gate"); gate != r.end() && gate->is_object()) {
+      if (gate->value("stopped", false))
+        record.gate = "stopped: " + gate->value("task", std::string()) + " after " +
+                      gate->value("stage", std::string());
+      else if (gate->value("checked", false))
+        record.gate = "passed";
+    }
+    run->stage_evals.push_back(std::move(record));
+  });
+}
+
 // `crucible eval --json` files: an object with a "tasks" object. Other JSON files are not ours.
 void ReadEvalResults(const std::string& eval_dir, RunData* run) {
   std::vector<std::string> files;
@@ -368,6 +397,8 @@ RunData LoadRun(const std::string& dir) {
     if (FileExists(JoinPath(eval_dir, "validation.jsonl")))
       ReadValidation(JoinPath(eval_dir, "validation.jsonl"), &run);
     ReadEvalResults(eval_dir, &run);
+    if (FileExists(JoinPath(eval_dir, "stages.jsonl")))
+      ReadStageEvals(JoinPath(eval_dir, "stages.jsonl"), &run);
     // The validation set sorts last; eval --json files are the final word, so they come first.
     std::stable_partition(run.evals.begin(), run.evals.end(),
                           [](const EvalSet& s) { return StartsWith(s.source, "eval/"); });

@@ -4,6 +4,7 @@
 //                              (train/metrics_log.h)
 //   eval/validation.jsonl      held-out loss and task accuracy (± standard error) per step
 //                              (train/validation.h)
+//   eval/stages.jsonl          the evaluations at stage boundaries (train/stage_eval.h)
 //   eval/*.json                `crucible eval --json` results (cli/eval.cc): accuracy per task
 //   checkpoints.jsonl          one record per save with the training loop's stall
 //                              (train/checkpointing.cc); without it, the phase=checkpoint lines of
@@ -47,6 +48,16 @@ struct EvalSet {
   std::vector<EvalScore> scores;
 };
 
+// One line of eval/stages.jsonl (train/stage_eval.h): the evaluation at a stage boundary.
+struct StageEvalRecord {
+  int boundary = 0;
+  std::string stage, next_stage;  // "" before the first / after the last
+  int64_t step = 0;
+  std::vector<std::pair<std::string, double>> bits_per_byte;  // text name, bits per byte
+  std::vector<EvalScore> tasks;
+  std::string gate;  // "", "passed", or "stopped: <task> after <stage>"
+};
+
 // One record of launch/attempts.jsonl (kind "attempt"), placed on the run's time line.
 struct LaunchAttempt {
   int attempt = 0;
@@ -74,6 +85,7 @@ struct RunData {
   Series held_out_loss;                               // eval/validation.jsonl
   std::map<std::string, Series> validation_accuracy;  // task -> acc ± stderr per step
   std::vector<EvalSet> evals;                         // eval/*.json, then the last validation
+  std::vector<StageEvalRecord> stage_evals;           // eval/stages.jsonl
 
   Series checkpoint_stall;        // stall_s per saved step
   std::string checkpoint_source;  // "checkpoints.jsonl", "launch/attempt-<k>.log" or ""

@@ -24,6 +24,7 @@
 #include "train/metrics_log.h"
 #include "train/rank_agreement.h"
 #include "train/sampled_targets.h"
+#include "train/stage_eval.h"
 #include "train/stages.h"
 #include "train/step_hooks.h"
 
@@ -152,6 +153,7 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
   hooks_.push_back(std::move(metrics));
   hooks_.push_back(MakeValidationHook(*this, model_spec_, tensorboard));
   hooks_.push_back(MakeCheckpointHook(*this));
+  hooks_.push_back(MakeStageEvalHook(*this, model_spec_));
   // The ranks of a tensor-parallel group read the same samples: those of their data-parallel
   // rank (with expert parallelism, their place among the data-parallel x expert-parallel ranks).
   loader_ =
@@ -692,6 +694,7 @@ std::optional<int> Trainer::AtStageBoundary(int64_t step) {
   if (stages.empty() || step > training_.steps) return std::nullopt;
   StageBoundary boundary;
   boundary.step = step;
+  boundary.tokens_seen = tokens_seen_;
   if (step > 0) {
     const int finished = StageOfStep(stages, step);
     if (finished < 0 || stages[finished].last_step() != step) return std::nullopt;

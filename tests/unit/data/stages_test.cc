@@ -91,9 +91,12 @@ TEST_F(StagesTest, TheResolvedConfigWritesTheTablesBackAndReadsThemAlike) {
   EXPECT_EQ(stages[0].where.rfind("--set data.stages=", 0), 0u) << stages[0].where;
 }
 
-TEST_F(StagesTest, AStageTableMayHoldOnlyStringsAndNumbers) {
+// (Arrays of strings are allowed: eval_text takes a list of files.)
+TEST_F(StagesTest, AStageTableMayHoldOnlyStringsNumbersAndArraysOfStrings) {
+  EXPECT_NO_THROW(
+      Config::Parse("[[data.stages]]\neval_text = [\"a\", \"b\"]\nsteps = 1\n", "run.toml"));
   try {
-    Config::Parse("[[data.stages]]\nlist = [\"a\"]\nsteps = 1\n", "run.toml");
+    Config::Parse("[[data.stages]]\nlist = [1]\nsteps = 1\n", "run.toml");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), kExitUsage);
