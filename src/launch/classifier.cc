@@ -77,7 +77,7 @@ Classification ClassifyAttempt(const AttemptFacts& facts) {
   }
   if (code == kExitDiverged) {
     c.verdict = Verdict::kDiverged;
-    c.evidence = "exit 3 (the run diverged): " + Evidence(log);
+    c.evidence = "exit 3 (the run diverged, or a stage gate stopped it): " + Evidence(log);
     return c;
   }
   if (!reached_step && !facts.previous_reached_step) {
