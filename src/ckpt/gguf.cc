@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "ckpt/gguf_layout.h"
-#include "kernels/cpu/half.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "kernels/cpu/half.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
@@ -172,9 +172,13 @@ std::string GgufPreTokenizer(const std::string& pre_tokenizer_json) {
 
 // The project's one conversion each (kernels/cpu/half.h: F16C's for fp16, RoundToBfloat16's for
 // bf16), which `crucible generate --dtype` rounds with too.
-uint16_t FloatToFp16Bits(float value) { return kernels::Fp16Bits(value); }
+uint16_t FloatToFp16Bits(float value) {
+  return kernels::Fp16Bits(value);
+}
 
-uint16_t FloatToBf16Bits(float value) { return kernels::Bf16Bits(value); }
+uint16_t FloatToBf16Bits(float value) {
+  return kernels::Bf16Bits(value);
+}
 
 void QuantizeQ8_0(const float* x, size_t n, uint8_t* out) {
   for (size_t block = 0; block < n / kQ8Block; ++block, x += kQ8Block, out += kQ8BlockBytes) {

@@ -208,8 +208,8 @@ void ComputeBackend::MatmulRowsMany(const RowProduct* products, int count, const
     const size_t weight_bytes =
         static_cast<size_t>(product.OC * C) * WeightTypeBytes(product.weight.type);
     const void* weight = s.In(static_cast<const char*>(product.weight.data), weight_bytes);
-    staged.push_back({s.Out(product.out, N * product.OC), RowWeights(weight, product.weight.type),
-                      product.OC});
+    staged.push_back(
+        {s.Out(product.out, N * product.OC), RowWeights(weight, product.weight.type), product.OC});
   }
   kernels::matmul_rows(staged.data(), count, s.In(inp, N * C), N, C);
   s.Finish();

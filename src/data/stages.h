@@ -40,7 +40,7 @@ struct DataStage {
   double peak_fraction = 1;   // gentle's share of optimizer.lr; 1 for the others
   int64_t anneal_steps = 0;
   std::vector<std::string> eval_text;  // held-out text files of the stage's corpus
-  int64_t first_step = 0;  // resolved: the stage runs steps [first_step, last_step()]
+  int64_t first_step = 0;              // resolved: the stage runs steps [first_step, last_step()]
   int64_t last_step() const { return first_step + steps - 1; }
 };
 

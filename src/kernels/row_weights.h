@@ -13,16 +13,22 @@ enum class WeightType { kF32, kF16, kBF16 };
 
 // "f32", "f16", "bf16" and back; ParseWeightType returns false for another name.
 inline bool ParseWeightType(const std::string& name, WeightType* type) {
-  if (name == "f32") *type = WeightType::kF32;
-  else if (name == "f16") *type = WeightType::kF16;
-  else if (name == "bf16") *type = WeightType::kBF16;
-  else return false;
+  if (name == "f32")
+    *type = WeightType::kF32;
+  else if (name == "f16")
+    *type = WeightType::kF16;
+  else if (name == "bf16")
+    *type = WeightType::kBF16;
+  else
+    return false;
   return true;
 }
 inline const char* WeightTypeName(WeightType type) {
   return type == WeightType::kF32 ? "f32" : type == WeightType::kF16 ? "f16" : "bf16";
 }
-inline size_t WeightTypeBytes(WeightType type) { return type == WeightType::kF32 ? 4 : 2; }
+inline size_t WeightTypeBytes(WeightType type) {
+  return type == WeightType::kF32 ? 4 : 2;
+}
 
 struct RowWeights {
   const void* data = nullptr;  // (OC, C) row-major, elements of `type`

@@ -77,7 +77,7 @@ class DeepSeekV3Inference final : public InferenceSlots {
   ParameterTable table_;
   DeepSeekV3TensorOffsets offsets_;
   InferenceWeights weights_;
-  Floats cache_;                       // slots x layers x (keys, values)
+  Floats cache_;  // slots x layers x (keys, values)
   // Scratch for R = max(max_len, slots) rows (RK = R x num_experts_per_tok expert rows).
   Floats x_, x_mid_, ln_, rstd_, qa_, qa_n_, q_, kv_c_, kv_n_, kpe_, kvb_, att_, lse_;
   Floats gate_, up_, hidden_, router_, expert_in_, expert_gate_, expert_up_, expert_hidden_;

@@ -37,8 +37,8 @@ InferenceWeights::InferenceWeights(const ParameterTable& table, ParameterAccess&
       if (!matrix || p.shape.size() != 2 || (keep && keep(p))) continue;
       const size_t begin = p.offset - unit.begin, end = begin + p.numel;
       for (size_t i = begin; i < end; ++i) {
-        const uint16_t bits = type == WeightType::kF16 ? kernels::Fp16Bits(host[i])
-                                                       : kernels::Bf16Bits(host[i]);
+        const uint16_t bits =
+            type == WeightType::kF16 ? kernels::Fp16Bits(host[i]) : kernels::Bf16Bits(host[i]);
         half[i] = bits;
         host[i] = type == WeightType::kF16 ? kernels::FromFp16(bits) : kernels::FromBf16(bits);
       }

@@ -56,7 +56,7 @@ class LlamaInference final : public InferenceSlots {
   ParameterTable table_;
   LlamaTensorOffsets offsets_;
   InferenceWeights weights_;
-  Floats cache_;                       // slots x layers x {k, v} x max_len x KV x D
+  Floats cache_;  // slots x layers x {k, v} x max_len x KV x D
   // Scratch for R = max(max_len, slots) rows.
   Floats x_, x_mid_, ln_, rstd_, q_, k_, v_, att_, lse_, gate_, up_, hidden_, logits_;
   Floats rope_cos_, rope_sin_;  // (max_len, D/2)

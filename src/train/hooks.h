@@ -52,9 +52,9 @@ struct StepReport {
 // A boundary of a run in stages ([[data.stages]]): before the first stage, between stage k and
 // k + 1, after the last.
 struct StageBoundary {
-  int finished = 0;  // the stage (from 1) that just ended; 0 before the first
-  int next = 0;      // the stage about to begin; 0 after the last
-  int64_t step = 0;  // the last step run: the finished stage's last, 0 before the first
+  int finished = 0;         // the stage (from 1) that just ended; 0 before the first
+  int next = 0;             // the stage about to begin; 0 after the last
+  int64_t step = 0;         // the last step run: the finished stage's last, 0 before the first
   int64_t tokens_seen = 0;  // tokens trained on by the end of `step`
   std::string finished_name, next_name;  // "" where the index is 0
 };

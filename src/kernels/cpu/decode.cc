@@ -72,8 +72,8 @@ inline void lane_dots(const float* x, int64_t C, const void* w, int64_t n, float
 
 // Output columns [begin, end) of out (N, OC) from weight rows [begin, end) of `weight`.
 template <WeightType kType>
-void rows_range(float* out, const float* inp, const void* weight, int64_t N, int64_t C,
-                int64_t OC, int64_t begin, int64_t end) {
+void rows_range(float* out, const float* inp, const void* weight, int64_t N, int64_t C, int64_t OC,
+                int64_t begin, int64_t end) {
   const size_t row_bytes = static_cast<size_t>(C) * WeightTypeBytes(kType);
   for (int64_t j = begin; j < end; ++j) {
     const void* w = static_cast<const char*>(weight) + static_cast<size_t>(j) * row_bytes;
@@ -118,8 +118,8 @@ void matmul_rows(float* out, const float* inp, RowWeights weight, int64_t N, int
 void matmul_rows(const RowProduct* products, int count, const float* inp, int64_t N, int64_t C) {
   int64_t total = 0;
   for (int p = 0; p < count; ++p) total += products[p].OC;
-  // One parallel region for all the products: thread t takes the t-th contiguous share of their
-  // rows taken one after the other (each output element is still one row's lane dot).
+    // One parallel region for all the products: thread t takes the t-th contiguous share of their
+    // rows taken one after the other (each output element is still one row's lane dot).
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();

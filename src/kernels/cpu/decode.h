@@ -19,15 +19,14 @@ namespace crucible::kernels {
 // weight row widened to float32 first when it is 16-bit (exactly: then the product is
 // lane_dot(inp[i], float32(weight[j]))). Weight rows are read once for all N rows (the bandwidth
 // a decode step is bound by), in parallel over them.
-void matmul_rows(float* out, const float* inp, RowWeights weight, int64_t N, int64_t C,
-                 int64_t OC);
+void matmul_rows(float* out, const float* inp, RowWeights weight, int64_t N, int64_t C, int64_t OC);
 
 // Several products of the same input in one parallel region (a layer's q, k and v; gate and up):
 // each as matmul_rows computes it, bit for bit; the threads split the products' rows taken one
 // after the other, so there is one fork and one join instead of one per product.
 struct RowProduct {
-  float* out;          // (N, OC)
-  RowWeights weight;   // (OC, C)
+  float* out;         // (N, OC)
+  RowWeights weight;  // (OC, C)
   int64_t OC;
 };
 void matmul_rows(const RowProduct* products, int count, const float* inp, int64_t N, int64_t C);

@@ -15,7 +15,9 @@ namespace crucible::kernels {
 inline uint16_t Fp16Bits(float value) {
   return static_cast<uint16_t>(_cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-inline float FromFp16(uint16_t bits) { return _cvtsh_ss(bits); }
+inline float FromFp16(uint16_t bits) {
+  return _cvtsh_ss(bits);
+}
 
 // bf16 of `value`: nearest even (RoundToBfloat16), NaN stays NaN (quiet).
 inline uint16_t Bf16Bits(float value) {

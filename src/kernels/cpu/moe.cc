@@ -18,8 +18,7 @@ void copy_columns(float* dst, int64_t ldd, const float* src, int64_t lds, int64_
   }
 }
 
-void gather_rows(float* out, const float* x, const int32_t* rows, int64_t N, int64_t K,
-                 int64_t C) {
+void gather_rows(float* out, const float* x, const int32_t* rows, int64_t N, int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int64_t k = 0; k < K; ++k)

@@ -27,13 +27,23 @@ std::shared_ptr<const ModelSpec> Spec(const std::vector<std::string>& overrides)
 const std::vector<std::string> kLlama = {"model.vocab_size=64", "model.dim=32",
                                          "model.n_heads=4",     "model.n_kv_heads=2",
                                          "model.n_layers=2",    "model.ffn_hidden_dim=48"};
-const std::vector<std::string> kDeepSeek = {
-    "model.name=deepseek_v3",      "model.flavor=debug",        "model.vocab_size=64",
-    "model.dim=32",                "model.n_layers=3",          "model.n_heads=4",
-    "model.ffn_hidden_dim=48",     "model.n_routed_experts=8",  "model.num_experts_per_tok=2",
-    "model.moe_intermediate_size=16", "model.first_k_dense_replace=1",
-    "model.q_lora_rank=24",        "model.kv_lora_rank=16",     "model.qk_nope_head_dim=8",
-    "model.qk_rope_head_dim=4",    "model.v_head_dim=6",        "model.n_shared_experts=1"};
+const std::vector<std::string> kDeepSeek = {"model.name=deepseek_v3",
+                                            "model.flavor=debug",
+                                            "model.vocab_size=64",
+                                            "model.dim=32",
+                                            "model.n_layers=3",
+                                            "model.n_heads=4",
+                                            "model.ffn_hidden_dim=48",
+                                            "model.n_routed_experts=8",
+                                            "model.num_experts_per_tok=2",
+                                            "model.moe_intermediate_size=16",
+                                            "model.first_k_dense_replace=1",
+                                            "model.q_lora_rank=24",
+                                            "model.kv_lora_rank=16",
+                                            "model.qk_nope_head_dim=8",
+                                            "model.qk_rope_head_dim=4",
+                                            "model.v_head_dim=6",
+                                            "model.n_shared_experts=1"};
 
 // Prefill of 5 tokens into slot 1, then 6 decode steps of slots {1, 0} (slot 0 prefilled with 3):
 // every logit, in order.

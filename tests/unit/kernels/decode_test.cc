@@ -47,7 +47,6 @@ TEST(MatmulRows, EveryElementIsTheLaneDotOfItsRowForAnyBatchAndWidth) {
   }
 }
 
-
 // 16-bit weights: every element is the lane dot of its row with the weight row widened to float32
 // (exactly), for any batch and any width (the 16-wide blocks and the tail).
 TEST(MatmulRows, SixteenBitWeightsAreTheLaneDotOfTheWidenedRow) {
@@ -109,15 +108,15 @@ TEST(HalfPrecision, RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_EQ(Fp16Bits(1.0f), 0x3C00);
   EXPECT_EQ(Fp16Bits(-2.0f), 0xC000);
   EXPECT_EQ(Fp16Bits(65504.0f), 0x7BFF);
-  EXPECT_EQ(Fp16Bits(65520.0f), 0x7C00);                 // the tie above the largest: infinity
-  EXPECT_EQ(Fp16Bits(1.0f + 0x1p-11f), 0x3C00);           // a tie: to even
-  EXPECT_EQ(Fp16Bits(1.0f + 3 * 0x1p-11f), 0x3C02);       // a tie: to even, upwards
-  EXPECT_EQ(Fp16Bits(0x1p-24f), 0x0001);                  // the smallest subnormal
-  EXPECT_EQ(Fp16Bits(0x1p-25f), 0x0000);                  // half of it: a tie, to zero
+  EXPECT_EQ(Fp16Bits(65520.0f), 0x7C00);             // the tie above the largest: infinity
+  EXPECT_EQ(Fp16Bits(1.0f + 0x1p-11f), 0x3C00);      // a tie: to even
+  EXPECT_EQ(Fp16Bits(1.0f + 3 * 0x1p-11f), 0x3C02);  // a tie: to even, upwards
+  EXPECT_EQ(Fp16Bits(0x1p-24f), 0x0001);             // the smallest subnormal
+  EXPECT_EQ(Fp16Bits(0x1p-25f), 0x0000);             // half of it: a tie, to zero
   EXPECT_NE(FromFp16(Fp16Bits(std::nanf(""))), FromFp16(Fp16Bits(std::nanf(""))));
   EXPECT_EQ(FromFp16(0x3555), 0.333251953125f);
   EXPECT_EQ(Bf16Bits(1.0f), 0x3F80);
-  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f), 0x3F80);            // a tie: to even
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f), 0x3F80);  // a tie: to even
   EXPECT_EQ(Bf16Bits(1.0f + 3 * 0x1p-8f), 0x3F82);
   EXPECT_EQ(FromBf16(0xC0A0), -5.0f);
   EXPECT_NE(FromBf16(Bf16Bits(std::nanf(""))), FromBf16(Bf16Bits(std::nanf(""))));
