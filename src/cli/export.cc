@@ -75,15 +75,17 @@ LoadedModel LoadSource(const std::string& path) {
 }
 
 // The Jinja text export hf writes as chat_template ("" for none): crucible's for `name`, or, when
-// no name is given, for the named template the run's tokenizer_config.json (beside its
-// tokenizer.json) carries. The tokenizer must hold the template's markers as single tokens, and
-// the Jinja must detect as the template it stands for.
+// no name is given, for the run's [sft] chat_template, else for the named template the run's
+// tokenizer_config.json (beside its tokenizer.json) carries. The tokenizer must hold the template's
+// markers as single tokens, and the Jinja must detect as the template it stands for.
 std::string ExportChatTemplate(const LoadedModel& m, std::string name) {
   const std::string config_path =
       m.tokenizer.empty()
           ? ""
           : JoinPath(ParentDirectory(m.tokenizer).empty() ? "." : ParentDirectory(m.tokenizer),
                      "tokenizer_config.json");
+  // An SFT run's own template ([sft] chat_template) comes first: what it was trained with.
+  if (name.empty()) name = m.config.String("sft.chat_template");
   TokenizerChatConfig recorded;
   if (!config_path.empty() && FileExists(config_path))
     recorded = ReadTokenizerChatConfig(config_path);

@@ -107,9 +107,9 @@ std::string TokenizerConfigPath(const std::string& model, const std::string& tok
   return JoinPath(parent.empty() ? "." : parent, "tokenizer_config.json");
 }
 
-// Resolves --chat before the weights load: the named template (--chat-template), or the one the
-// model's tokenizer_config.json carries (refused in one line when there is none, or when it is not
-// one of the named templates).
+// Resolves --chat before the weights load: the named template (--chat-template), a run's [sft]
+// chat_template, or the one the model's tokenizer_config.json carries (refused in one line when
+// there is none, or when it is not one of the named templates).
 ChatSetup ResolveChat(const std::string& model, const std::string& tokenizer,
                       const std::string& name) {
   ChatSetup chat;
@@ -129,6 +129,16 @@ ChatSetup ResolveChat(const std::string& model, const std::string& tokenizer,
     chat.name = name;
     return chat;
   }
+  // A run (or its checkpoint) fine-tuned with [sft] chat_template: the template it was trained
+  // with, before its tokenizer_config.json.
+  if (const std::string toml = JoinPath(model, "config.toml");
+      IsDirectory(model) && FileExists(toml))
+    if (std::string trained = Config::Parse(ReadConfigFile(toml), toml).String("sft.chat_template");
+        !trained.empty()) {
+      CheckChatTemplateName(trained);
+      chat.name = trained;
+      return chat;
+    }
   if (!config.has_chat_template)
     throw UsageError("--chat: " + model + " has no chat template (" +
                      (config_path.empty() ? std::string("no tokenizer to look beside")

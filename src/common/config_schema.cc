@@ -167,8 +167,9 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "update; small updates are lost, see the frozen-parameter detector)",
        true},
       {"training.dataset", T::kString, V(std::string("synthetic")),
-       "input: synthetic (seeded random tokens), tokens (a flat file of token ids) or blend (a "
-       "blendcorpus file list of prepared shards, see docs/data.md)",
+       "input: synthetic (seeded random tokens), tokens (a flat file of token ids), blend (a "
+       "blendcorpus file list of prepared shards, see docs/data.md) or sft (a .jsonl file of "
+       "conversations, see docs/post-training.md)",
        true},
       {"training.dataset_path", T::kString, V(std::string("")), "file the dataset reads", true},
       {"training.data_cache_dir", T::kString, V(std::string("")),
@@ -323,6 +324,16 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "stage gate: stop (exit 3) when a gated task's accuracy after a stage is below its value "
        "before the stage minus this (absolute; negative demands a gain)",
        false, Closed(-1, 1)},
+
+      // [sft] (training.dataset = "sft": conversations, docs/post-training.md)
+      {"sft.chat_template", T::kString, V(std::string("")),
+       "chat template the conversations are rendered with: llama3, chatml or deepseek-v3 (also "
+       "the default of export hf --chat-template and generate --chat)",
+       true},
+      {"sft.overlong", T::kString, V(std::string("truncate")),
+       "a conversation longer than seq_len + 1 tokens: truncate (keep its first seq_len + 1) or "
+       "skip (counted and reported either way)",
+       true},
 
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),

@@ -14,6 +14,7 @@
 #include "common/strings.h"
 #include "data/blended_dataset.h"
 #include "data/stages.h"
+#include "sft/sft_source.h"
 #include "tokenizer/tokenizer.h"
 
 namespace crucible {
@@ -197,8 +198,9 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
     }
     return BlendedDataset::Open(options);
   }
+  if (kind == "sft") return MakeSftSource(config, vocab_size, seq_len);
   throw UsageError("training.dataset: unknown dataset '" + kind +
-                   "' (choose synthetic, tokens or blend)");
+                   "' (choose synthetic, tokens, blend or sft)");
 }
 
 }  // namespace crucible

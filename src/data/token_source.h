@@ -40,6 +40,7 @@ std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const 
 // of seq_len + 1 tokens. dataset = "blend" reads a blendcorpus file list of prepared shards and
 // indexes batches.SamplesBefore(steps + 1) samples, every sample the run reads (see
 // blended_dataset.h and docs/data.md).
+// dataset = "sft" reads a .jsonl file of conversations, one per sample (sft/sft_source.h).
 // With [[data.stages]] (data/stages.h) the blend is the stages' (each stage's list for its
 // steps, BlendOptions::stages): training.dataset must be "blend" and dataset_path empty, and
 // `steps` is the stages' total.

@@ -1,0 +1,239 @@
+#include "sft/sft_source.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string_view>
+#include <utility>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "common/philox.h"
+#include "common/strings.h"
+#include "launch/environment.h"
+#include "launch/rank_environment.h"
+#include "sft/chat_template_jinja.h"
+
+namespace crucible {
+
+SftTokens TokenizeConversation(const Tokenizer& tokenizer, const std::string& name,
+                               const std::vector<ChatMessage>& messages, const ChatTokens& tokens,
+                               const std::string& where) {
+  const ChatRendering r = RenderChat(name, messages, false, tokens, where);
+  SftTokens out;
+  auto encode = [&](size_t begin, size_t end, bool trained) {
+    if (end <= begin) return;
+    for (uint32_t id : tokenizer.Encode(std::string_view(r.text).substr(begin, end - begin))) {
+      out.ids.push_back(static_cast<int32_t>(id));
+      out.trained.push_back(trained ? 1 : 0);
+    }
+  };
+  size_t at = 0;
+  for (const auto& [begin, end] : r.assistant_spans) {
+    encode(at, begin, false);
+    encode(begin, end, true);
+    at = end;
+  }
+  encode(at, r.text.size(), false);
+  return out;
+}
+
+void LayoutSftSample(const SftTokens& conversation, int32_t pad, int64_t seq_len, int32_t* tokens,
+                     float* weights) {
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(conversation.ids.size()), seq_len + 1);
+  for (int64_t t = 0; t <= seq_len; ++t) tokens[t] = t < n ? conversation.ids[t] : pad;
+  for (int64_t t = 0; t < seq_len; ++t)
+    weights[t] = t + 1 < n && conversation.trained[t + 1] ? 1.0f : 0.0f;
+}
+
+std::vector<SftConversation> ReadSftConversations(const std::string& path) {
+  if (path.empty())
+    throw UsageError("training.dataset_path: empty; name the conversations .jsonl file to read");
+  if (!FileExists(path))
+    throw UsageError(path + ": conversations file not found (training.dataset_path)");
+  const std::string text = ReadFile(path);
+  std::vector<SftConversation> out;
+  size_t start = 0;
+  for (int64_t line_no = 1; start < text.size(); ++line_no) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = Trim(std::string_view(text).substr(start, end - start));
+    start = end + 1;
+    if (line.empty()) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    nlohmann::json value;
+    try {
+      value = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw DataError(where +
+                      ": not valid JSON (each line is one {\"messages\": [...]} or "
+                      "{\"prompt\": ..., \"completion\": ...} object)");
+    }
+    if (!value.is_object())
+      throw DataError(where +
+                      ": not a JSON object (expected {\"messages\": [...]} or "
+                      "{\"prompt\": ..., \"completion\": ...})");
+    SftConversation c;
+    c.where = where;
+    if (value.contains("messages")) {
+      c.messages = ChatMessagesFromJson(value["messages"], where);
+    } else if (value.contains("prompt") || value.contains("completion")) {
+      auto prompt = value.find("prompt"), completion = value.find("completion");
+      if (prompt == value.end() || !prompt->is_string() || completion == value.end() ||
+          !completion->is_string())
+        throw DataError(where + ": \"prompt\" and \"completion\" must both be strings");
+      c.messages = {{"user", prompt->get<std::string>()},
+                    {"assistant", completion->get<std::string>()}};
+    } else {
+      throw DataError(where + ": has neither \"messages\" nor \"prompt\"/\"completion\"");
+    }
+    bool assistant = false;
+    for (size_t i = 0; i < c.messages.size(); ++i) {
+      const std::string& role = c.messages[i].role;
+      if (role != "system" && role != "user" && role != "assistant")
+        throw DataError(
+            StrFormat("%s: message %zu: unknown role '%s' (expected system, user or "
+                      "assistant)",
+                      where.c_str(), i, role.c_str()));
+      assistant = assistant || role == "assistant";
+    }
+    if (!assistant)
+      throw DataError(where +
+                      ": the conversation has no assistant message, so nothing in it "
+                      "would be trained: add the reply or remove the line");
+    out.push_back(std::move(c));
+  }
+  if (out.empty())
+    throw DataError(path +
+                    ": no conversations (the file is empty or blank; training.dataset_path)");
+  return out;
+}
+
+namespace {
+
+class SftSource : public TokenSource {
+ public:
+  SftSource(const SftOptions& o) : seq_len_(o.seq_len), path_(o.path), name_(o.chat_template) {
+    if (o.overlong != "truncate" && o.overlong != "skip")
+      throw UsageError("sft.overlong: expected truncate or skip, got '" + o.overlong + "'");
+    if (o.chat_template.empty())
+      throw UsageError(
+          "training.dataset = \"sft\" needs sft.chat_template: the template the "
+          "conversations are rendered with (one of " +
+          ChatTemplateNameList() + ")");
+    CheckChatTemplateName(o.chat_template);
+    if (o.tokenizer_path.empty())
+      throw UsageError(
+          "training.dataset = \"sft\" needs model.tokenizer_path: the tokenizer "
+          "(holding the chat template's markers) that encodes the conversations");
+    const Tokenizer tokenizer = Tokenizer::Load(o.tokenizer_path);
+    RequireChatMarkers(tokenizer, o.chat_template, "the tokenizer " + o.tokenizer_path);
+    pad_ = static_cast<int32_t>(tokenizer.TokenToId(ChatTemplateEndOfTurn(o.chat_template)));
+    ChatTokens chat;
+    if (tokenizer.bos_id() >= 0)
+      chat.bos_token = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.bos_id()));
+    if (tokenizer.eos_id() >= 0)
+      chat.eos_token = tokenizer.IdToToken(static_cast<uint32_t>(tokenizer.eos_id()));
+
+    const std::vector<SftConversation> read = ReadSftConversations(o.path);
+    for (const SftConversation& c : read) {
+      SftTokens t = TokenizeConversation(tokenizer, o.chat_template, c.messages, chat, c.where);
+      for (int32_t id : t.ids)
+        if (id < 0 || id >= o.vocab_size)
+          throw DataError(
+              StrFormat("%s: token %d is outside the model's vocabulary [0, %lld) "
+                        "(check model.vocab_size against the tokenizer)",
+                        c.where.c_str(), id, (long long)o.vocab_size));
+      const bool overlong = static_cast<int64_t>(t.ids.size()) > seq_len_ + 1;
+      if (overlong) {
+        if (o.overlong == "skip") {
+          ++skipped_;
+          continue;
+        }
+        t.ids.resize(seq_len_ + 1);
+        t.trained.resize(seq_len_ + 1);
+        // Target 0 predicts id 1: id 0 is never a target.
+        if (std::find(t.trained.begin() + 1, t.trained.end(), 1) == t.trained.end()) {
+          ++skipped_;  // nothing of the reply is left within seq_len + 1 tokens
+          continue;
+        }
+        ++truncated_;
+      }
+      for (size_t i = 1; i < t.trained.size(); ++i) assistant_tokens_ += t.trained[i];
+      conversations_.push_back(std::move(t));
+    }
+    if (conversations_.empty())
+      throw DataError(
+          StrFormat("%s: all %zu conversations are longer than seq_len + 1 = %lld "
+                    "tokens and were skipped (sft.overlong = %s): raise "
+                    "training.seq_len or shorten them",
+                    o.path.c_str(), read.size(), (long long)(seq_len_ + 1), o.overlong.c_str()));
+    // One seeded shuffle, the same every epoch.
+    order_.resize(conversations_.size());
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    Philox rng(o.seed ^ 0x5f7c0de5ULL, 0);
+    for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i)
+      std::swap(order_[i], order_[rng.NextBelow(static_cast<uint64_t>(i + 1))]);
+    if (o.report) {
+      PrintLine(StrFormat(
+          "phase=sft conversations=%zu truncated=%lld skipped=%lld assistant_tokens=%lld "
+          "template=%s overlong=%s path=%s",
+          conversations_.size(), (long long)truncated_, (long long)skipped_,
+          (long long)assistant_tokens_, name_.c_str(), o.overlong.c_str(), o.path.c_str()));
+      if (truncated_ + skipped_ > 0)
+        LogWarn(
+            StrFormat("%s: %lld conversations are longer than seq_len + 1 = %lld tokens: "
+                      "%lld truncated, %lld skipped (sft.overlong = %s)",
+                      o.path.c_str(), (long long)(truncated_ + skipped_), (long long)(seq_len_ + 1),
+                      (long long)truncated_, (long long)skipped_, o.overlong.c_str()));
+    }
+  }
+
+  void Sample(int64_t index, int32_t* tokens) const override {
+    std::vector<float> unused(seq_len_);
+    LayoutSftSample(At(index), pad_, seq_len_, tokens, unused.data());
+  }
+  bool weighted() const override { return true; }
+  void SampleWeights(int64_t index, float* weights) const override {
+    std::vector<int32_t> unused(seq_len_ + 1);
+    LayoutSftSample(At(index), pad_, seq_len_, unused.data(), weights);
+  }
+  std::string Describe() const override {
+    return StrFormat("sft(%s, %zu conversations, template %s)", path_.c_str(),
+                     conversations_.size(), name_.c_str());
+  }
+
+ private:
+  const SftTokens& At(int64_t index) const {
+    return conversations_[order_[index % static_cast<int64_t>(order_.size())]];
+  }
+  int64_t seq_len_;
+  std::string path_, name_;
+  int32_t pad_ = 0;
+  std::vector<SftTokens> conversations_;
+  std::vector<int64_t> order_;
+  int64_t truncated_ = 0, skipped_ = 0, assistant_tokens_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenSource> MakeSftSource(const SftOptions& options) {
+  return std::make_unique<SftSource>(options);
+}
+
+std::unique_ptr<TokenSource> MakeSftSource(const Config& config, int64_t vocab_size,
+                                           int64_t seq_len) {
+  SftOptions o;
+  o.path = config.String("training.dataset_path");
+  o.chat_template = config.String("sft.chat_template");
+  o.overlong = config.String("sft.overlong");
+  o.tokenizer_path = config.String("model.tokenizer_path");
+  o.seq_len = seq_len;
+  o.vocab_size = vocab_size;
+  o.seed = static_cast<uint64_t>(config.Int("debug.seed"));
+  o.report = RankIdentityFromEnvironment(CurrentEnvironment(), "").rank == 0;
+  return MakeSftSource(o);
+}
+
+}  // namespace crucible

@@ -1,0 +1,72 @@
+// The supervised fine-tuning data source ([training] dataset = "sft"): one conversation per
+// sample, unpacked. Each conversation of a jsonl file ({"messages": [{"role", "content"}...]} or
+// {"prompt", "completion"}, the latter one user and one assistant message) is rendered by a named
+// chat template (sft/chat_template.h) and tokenized; a target is trained (loss weight 1) when the
+// token it predicts lies in an assistant span, else it weighs 0, as do the padding targets.
+//
+// Rules (docs/post-training.md "Supervised fine-tuning"):
+// - Tokens never straddle a span boundary: the rendered text is cut at every assistant span's
+//   ends and each piece is encoded on its own, as generation sees it (the prompt up to the
+//   generation prompt is encoded whole, the reply is new tokens). For the named templates every
+//   cut falls at a special marker or after a newline, where the pre-tokenizer cuts anyway.
+// - Sample i is conversation order[i mod N]: `order` is one Fisher-Yates shuffle of the N kept
+//   conversations seeded by [debug] seed, the same every epoch. A pure function of i.
+// - A conversation of more than seq_len + 1 tokens is cut to its first seq_len + 1 ("truncate",
+//   kept only if a trained target remains) or dropped ("skip"); both are counted and reported.
+// - Padding (after the conversation, to seq_len + 1 tokens) is the template's end-of-turn id.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "data/token_source.h"
+#include "sft/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace crucible {
+
+// A conversation as tokens: ids, and per id whether it is an assistant token (trained).
+struct SftTokens {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+};
+
+// Renders `messages` with template `name` (no generation prompt) and encodes it piecewise at the
+// assistant spans' ends (above).
+SftTokens TokenizeConversation(const Tokenizer& tokenizer, const std::string& name,
+                               const std::vector<ChatMessage>& messages, const ChatTokens& tokens,
+                               const std::string& where);
+
+// Lays a conversation out as one sample: tokens (seq_len + 1: its first seq_len + 1 ids, then
+// `pad`) and weights (seq_len: 1 where target t, i.e. id t + 1, is trained, else 0).
+void LayoutSftSample(const SftTokens& conversation, int32_t pad, int64_t seq_len, int32_t* tokens,
+                     float* weights);
+
+// One conversation of a jsonl file, before rendering: "<file>:<line>" and its messages.
+struct SftConversation {
+  std::string where;
+  std::vector<ChatMessage> messages;
+};
+// Reads every non-blank line. DataError (exit 65) naming file:line for a malformed line (not JSON,
+// not an object, neither "messages" nor "prompt"/"completion" strings), a conversation with no
+// assistant message, or an unknown role; for a file with no conversation. UsageError when the
+// file does not exist.
+std::vector<SftConversation> ReadSftConversations(const std::string& path);
+
+struct SftOptions {
+  std::string path, chat_template, overlong = "truncate", tokenizer_path;
+  int64_t seq_len = 0, vocab_size = 0;
+  uint64_t seed = 0;
+  bool report = true;  // print the phase=sft line
+};
+std::unique_ptr<TokenSource> MakeSftSource(const SftOptions& options);
+// From [training] dataset_path, [sft] chat_template / overlong, [model] tokenizer_path and
+// [debug] seed; UsageError naming the key when one is missing or unknown. The phase=sft line is
+// printed on rank 0 only.
+std::unique_ptr<TokenSource> MakeSftSource(const Config& config, int64_t vocab_size,
+                                           int64_t seq_len);
+
+}  // namespace crucible
