@@ -334,6 +334,10 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "a conversation longer than seq_len + 1 tokens: truncate (keep its first seq_len + 1) or "
        "skip (counted and reported either way)",
        true},
+      {"sft.packing", T::kBool, V(false),
+       "pack several conversations into each sample (first fit, in the shuffled order); "
+       "attention stays inside each conversation and positions restart at its start",
+       true},
 
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),

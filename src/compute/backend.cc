@@ -20,6 +20,13 @@ int64_t OneHeadWidth(HeadDims D) {
   return D.qk;
 }
 
+void RefusePackedDocuments(const int32_t* positions, const std::string& backend) {
+  if (positions)
+    throw UsageError("training.device = \"" + backend +
+                     "\" has no attention kernel for packed conversations yet: set "
+                     "sft.packing = false, or train on training.device = \"cpu\"");
+}
+
 namespace {
 
 Registry<BackendFactory>& Backends() {

@@ -67,6 +67,9 @@ struct BackendOptions {
 
 // D.qk, for an attention kernel with one head width; an internal error when D.v differs.
 int64_t OneHeadWidth(HeadDims D);
+// For an attention kernel without packed documents: UsageError naming the backend when
+// `positions` is not nullptr (sft.packing).
+void RefusePackedDocuments(const int32_t* positions, const std::string& backend);
 
 class ComputeBackend {
  public:
@@ -125,14 +128,17 @@ class ComputeBackend {
                             int64_t T, int64_t heads, int64_t D) = 0;
   // kernels::attention_forward/_backward's shapes: D.qk the query and key heads' width, D.v the
   // value and output heads' (one width converts to both). A backend without a kernel for
-  // D.v != D.qk throws an internal error (its model refuses the backend first).
+  // D.v != D.qk throws an internal error (its model refuses the backend first). `positions`
+  // (B,T) host memory, or nullptr: packed documents, each attending only to itself
+  // (kernels::attention_forward); a backend without them refuses non-null positions with
+  // RefusePackedDocuments.
   virtual void AttentionForward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                HeadDims D) = 0;
+                                HeadDims D, const int32_t* positions) = 0;
   virtual void AttentionBackward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q, const float* k,
                                  const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                 HeadDims D) = 0;
+                                 HeadDims D, const int32_t* positions) = 0;
   virtual void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                              int64_t F) = 0;
   virtual void SwigluBackward(float* dgate, float* dup, const float* dout, const float* gate,

@@ -142,13 +142,16 @@ class CpuBackend final : public HostMemoryBackend {
     k::rope_backward(dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
-    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_);
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                        const int32_t* positions) override {
+    k::attention_forward(out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_, positions);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
-    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_);
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                         const int32_t* positions) override {
+    k::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, bf16(), gemm_,
+                          positions);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {

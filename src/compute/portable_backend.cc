@@ -90,20 +90,32 @@ class PortableBackend final : public HostMemoryBackend {
                     int64_t heads, int64_t D) override {
     Rotate(dx, cos_table, sin_table, B, T, heads, D, -1.0f);
   }
+  // Packed documents: query t attends keys from its document's start t - positions[t]; key j
+  // receives gradient from queries up to its document's end.
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims,
+                        const int32_t* positions) override {
     const int64_t D = OneHeadWidth(dims);
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * H * T; ++row) {
       const int64_t b = row / (H * T), h = row / T % H, t = row % T;
-      p::AttentionForwardRow(out, lse, q, k, v, b, h, t, T, H, KV, D);
+      const int64_t first = positions ? t - positions[b * T + t] : 0;
+      p::AttentionForwardRow(out, lse, q, k, v, b, h, t, T, H, KV, D, first);
     }
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims dims,
+                         const int32_t* positions) override {
     const int64_t D = OneHeadWidth(dims);
     std::vector<float> delta(static_cast<size_t>(B * H * T));
+    // Where each row's document ends (exclusive).
+    std::vector<int64_t> end(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = T - 1; t >= 0; --t)
+        end[b * T + t] = !positions                                    ? T
+                         : t + 1 == T || positions[b * T + t + 1] == 0 ? t + 1
+                                                                       : end[b * T + t + 1];
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * H * T; ++row) {
       const int64_t b = row / (H * T), h = row / T % H, t = row % T;
@@ -112,12 +124,15 @@ class PortableBackend final : public HostMemoryBackend {
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * H * T; ++row) {
       const int64_t b = row / (H * T), h = row / T % H, t = row % T;
-      p::AttentionBackwardQueryRow(dq, dout, lse, delta.data(), q, k, v, b, h, t, T, H, KV, D);
+      const int64_t first = positions ? t - positions[b * T + t] : 0;
+      p::AttentionBackwardQueryRow(dq, dout, lse, delta.data(), q, k, v, b, h, t, T, H, KV, D,
+                                   first);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < B * KV * T; ++row) {
       const int64_t b = row / (KV * T), g = row / T % KV, j = row % T;
-      p::AttentionBackwardKeyRow(dk, dv, dout, lse, delta.data(), q, k, v, b, g, j, T, H, KV, D);
+      p::AttentionBackwardKeyRow(dk, dv, dout, lse, delta.data(), q, k, v, b, g, j, T, H, KV, D,
+                                 end[b * T + j]);
     }
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,

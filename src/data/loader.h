@@ -33,12 +33,18 @@ struct Batch {
   int64_t first_sample = 0, samples = 0, seq_len = 0;
   std::vector<int32_t> inputs, targets;
   std::vector<float> loss_weights;
+  // Packed documents (TokenSource::packed): each input's position in its document; else empty
+  // (the model then gets nullptr).
+  std::vector<int32_t> positions;
 
   // Rows [row, row + n) as the model reads them (a micro-batch starting at `row`).
   const int32_t* inputs_at(int64_t row) const { return inputs.data() + row * seq_len; }
   const int32_t* targets_at(int64_t row) const { return targets.data() + row * seq_len; }
   const float* loss_weights_at(int64_t row) const {
     return loss_weights.empty() ? nullptr : loss_weights.data() + row * seq_len;
+  }
+  const int32_t* positions_at(int64_t row) const {
+    return positions.empty() ? nullptr : positions.data() + row * seq_len;
   }
 };
 

@@ -131,6 +131,10 @@ void TokenSource::SampleWeights(int64_t, float*) const {
   throw std::logic_error(Describe() + " has no loss weights");
 }
 
+void TokenSource::SamplePositions(int64_t, int32_t*) const {
+  throw std::logic_error(Describe() + " does not pack documents");
+}
+
 std::unique_ptr<TokenSource> MakeTokenFileSource(const std::string& path, const std::string& dtype,
                                                  int64_t vocab_size, int64_t seq_len) {
   return std::make_unique<TokenFileSource>(path, dtype, vocab_size, seq_len);

@@ -25,6 +25,17 @@ class TokenSource {
   // The seq_len loss weights of sample `index`'s targets (any finite value; 0 drops a target
   // from the loss). Called only when weighted().
   virtual void SampleWeights(int64_t index, float* weights) const;
+  // Whether a sample may hold several documents packed one after another (SFT packing): then
+  // SamplePositions gives each input token's position in its document (0 where one starts), and
+  // the model keeps attention inside each document (model/model.h ForwardOptions::positions).
+  virtual bool packed() const { return false; }
+  // The seq_len positions of sample `index`'s inputs. Called only when packed().
+  virtual void SamplePositions(int64_t index, int32_t* positions) const;
+  // How many of sample `index`'s seq_len inputs are padding (no document's token); 0 for a
+  // source that never pads.
+  virtual int64_t SamplePadding(int64_t /*index*/) const { return 0; }
+  // Whether SamplePadding can be non-zero (the trainer then reports the padding share).
+  virtual bool pads() const { return false; }
   virtual std::string Describe() const = 0;
 };
 

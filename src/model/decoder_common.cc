@@ -2,8 +2,53 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/strings.h"
+#include "kernels/cpu/kernels.h"
 
 namespace crucible {
+
+RopePositions::RopePositions(ComputeBackend& backend, int64_t B, int64_t T, int64_t D, double theta)
+    : backend_(backend), B_(B), T_(T), half_(D / 2) {
+  host_cos_.resize(static_cast<size_t>(T * half_));
+  host_sin_.resize(host_cos_.size());
+  kernels::rope_tables(host_cos_.data(), host_sin_.data(), T, D, theta);
+  cos_ = DeviceArray<float>(backend, host_cos_.size());
+  sin_ = DeviceArray<float>(backend, host_sin_.size());
+  cos_.CopyFrom(host_cos_.data(), host_cos_.size());
+  sin_.CopyFrom(host_sin_.data(), host_sin_.size());
+}
+
+void RopePositions::Set(const int32_t* positions) {
+  positions_ = positions;
+  if (!positions) return;
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t t = 0; t < T_; ++t) {
+      const int32_t p = positions[b * T_ + t];
+      const bool ok = t == 0 ? p == 0 : p == 0 || p == positions[b * T_ + t - 1] + 1;
+      if (!ok)
+        throw Error(kExitFailure,
+                    StrFormat("internal: packed positions: row %lld, token %lld is at position "
+                              "%d (each row starts at 0; a position is 0 or one more than the "
+                              "last)",
+                              (long long)b, (long long)t, p));
+    }
+  const size_t n = static_cast<size_t>(B_ * T_ * half_);
+  if (!rows_cos_.data()) {
+    rows_cos_ = DeviceArray<float>(backend_, n);
+    rows_sin_ = DeviceArray<float>(backend_, n);
+  }
+  host_rows_.resize(n);
+  for (const auto& [table, rows] :
+       {std::pair{&host_cos_, &rows_cos_}, std::pair{&host_sin_, &rows_sin_}}) {
+    for (int64_t i = 0; i < B_ * T_; ++i)
+      std::memcpy(host_rows_.data() + i * half_, table->data() + positions[i] * half_,
+                  static_cast<size_t>(half_) * sizeof(float));
+    rows->CopyFrom(host_rows_.data(), n);
+  }
+}
 
 const float* UnitMemory::Weights(ParameterAccess& access, int unit) {
   const float* host = access.AcquireWeights(unit);
@@ -38,8 +83,7 @@ double FusedHeadRowsPlanned(double N, double V) {
 }
 
 int64_t FusedHeadRows(int64_t N, int64_t V) {
-  return static_cast<int64_t>(
-      FusedHeadRowsPlanned(static_cast<double>(N), static_cast<double>(V)));
+  return static_cast<int64_t>(FusedHeadRowsPlanned(static_cast<double>(N), static_cast<double>(V)));
 }
 
 void FusedHeadChunks(ComputeBackend& be, const float* x, const float* head, int64_t N, int64_t C,
@@ -59,8 +103,8 @@ void FusedHeadChunks(ComputeBackend& be, const float* x, const float* head, int6
 }
 
 void ScoredHeadChunks(ComputeBackend& be, const float* x, const float* head, int64_t N, int64_t C,
-                      int64_t V, const int32_t* targets, const int32_t* host_targets,
-                      float* chunk, float* losses, float* lse, int32_t* predictions,
+                      int64_t V, const int32_t* targets, const int32_t* host_targets, float* chunk,
+                      float* losses, float* lse, int32_t* predictions,
                       std::vector<float>* host_chunk) {
   const int64_t rows = FusedHeadRows(N, V);
   if (!be.host_memory()) host_chunk->resize(rows * V);

@@ -19,7 +19,9 @@ namespace crucible {
 class UnitMemory {
  public:
   UnitMemory(const ParameterTable& table, ComputeBackend& backend)
-      : table_(table), backend_(backend), weights_(table.units().size()),
+      : table_(table),
+        backend_(backend),
+        weights_(table.units().size()),
         gradients_(table.units().size()) {}
   const float* Weights(ParameterAccess& access, int unit);
   float* Gradients(ParameterAccess& access, int unit);
@@ -29,6 +31,33 @@ class UnitMemory {
   const ParameterTable& table_;
   ComputeBackend& backend_;
   std::vector<DeviceArray<float>> weights_, gradients_;
+};
+
+// RoPE's position tables for a batch of B rows of T tokens whose rows may hold packed documents
+// (ForwardOptions::positions): the (T, D/2) tables of positions 0..T-1 on the device, and for a
+// packed batch each token's table row gathered into (B*T, D/2), so the RoPE kernels, called with
+// batch() = 1 and seq() = B*T, rotate every token by its position in its own document (the same
+// table values, so the same bits, as the document at the start of a row of its own).
+class RopePositions {
+ public:
+  RopePositions(ComputeBackend& backend, int64_t B, int64_t T, int64_t D, double theta);
+  // Before each Forward: nullptr (positions 0..T-1 in every row) or (B,T) host positions, which
+  // must start every row at 0 and either restart at 0 or grow by one (an internal error names
+  // the first that does not). The pointer is kept for the Backward: it must stay valid until then.
+  void Set(const int32_t* positions);
+  const int32_t* positions() const { return positions_; }  // host; nullptr when not packed
+  const float* cos() const { return positions_ ? rows_cos_.data() : cos_.data(); }
+  const float* sin() const { return positions_ ? rows_sin_.data() : sin_.data(); }
+  int64_t batch() const { return positions_ ? 1 : B_; }
+  int64_t seq() const { return positions_ ? B_ * T_ : T_; }
+  size_t floats() const { return cos_.size() + sin_.size() + rows_cos_.size() + rows_sin_.size(); }
+
+ private:
+  ComputeBackend& backend_;
+  int64_t B_, T_, half_;
+  std::vector<float> host_cos_, host_sin_, host_rows_;
+  DeviceArray<float> cos_, sin_, rows_cos_, rows_sin_;  // rows_*: at the first packed batch
+  const int32_t* positions_ = nullptr;
 };
 
 // The token rows of one chunk of the fused head for N rows of a vocabulary of V: a pure function

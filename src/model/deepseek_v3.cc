@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "common/error.h"
 #include "common/strings.h"
@@ -42,7 +43,7 @@ struct DeepSeekV3Model::Buffers {
   std::vector<Layer> layers;
   Floats x_final, lnf, lnf_rstd;
   Floats logits, head_chunk, losses, lse;
-  Floats rope_cos, rope_sin;  // (T, Dr/2)
+  std::unique_ptr<RopePositions> rope;  // (T, Dr/2) tables; packed rows (decoder_common.h)
   DeviceArray<int32_t> tokens, targets;
   Floats loss_weights;  // off the host only
   // Backward scratch.
@@ -256,12 +257,7 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
   b.head_chunk = floats(FusedHeadRows(N, V) * V);
   b.losses = floats(N);
   b.lse = floats(N);
-  std::vector<float> cos_table(T_ * Dr / 2), sin_table(T_ * Dr / 2);
-  kernels::rope_tables(cos_table.data(), sin_table.data(), T_, Dr, c.rope_theta);
-  b.rope_cos = floats(T_ * Dr / 2);
-  b.rope_sin = floats(T_ * Dr / 2);
-  b.rope_cos.CopyFrom(cos_table.data(), cos_table.size());
-  b.rope_sin.CopyFrom(sin_table.data(), sin_table.size());
+  b.rope = std::make_unique<RopePositions>(be, B_, T_, Dr, c.rope_theta);
   b.tokens = DeviceArray<int32_t>(be, N);
   b.targets = DeviceArray<int32_t>(be, N);
   b.host_targets.resize(N);
@@ -329,11 +325,11 @@ size_t DeepSeekV3Model::activation_bytes() const {
               L.expert_up.size() + L.expert_hidden.size() + L.expert_out.size() + L.rows.size() +
               L.weights.size() + L.expert_received.size();
   floats += b.x_final.size() + b.lnf.size() + b.lnf_rstd.size() + b.logits.size() +
-            b.head_chunk.size() + b.losses.size() + b.lse.size() + b.rope_cos.size() +
-            b.rope_sin.size() + b.tokens.size() + b.targets.size() + b.loss_weights.size() +
-            b.dx.size() + b.dln.size() + b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() +
-            b.dkvb.size() + b.dkv_n.size() + b.dkv_c.size() + b.dkpe.size() + b.dqa_n.size() +
-            b.dqa.size() + b.dgate.size() + b.dup.size() + b.dhidden.size() + b.expert_in.size() +
+            b.head_chunk.size() + b.losses.size() + b.lse.size() + b.rope->floats() +
+            b.tokens.size() + b.targets.size() + b.loss_weights.size() + b.dx.size() +
+            b.dln.size() + b.dq.size() + b.dk.size() + b.dv.size() + b.datt.size() + b.dkvb.size() +
+            b.dkv_n.size() + b.dkv_c.size() + b.dkpe.size() + b.dqa_n.size() + b.dqa.size() +
+            b.dgate.size() + b.dup.size() + b.dhidden.size() + b.expert_in.size() +
             b.dexpert_gate.size() + b.dexpert_up.size() + b.dexpert_hidden.size() +
             b.dexpert_out.size() + b.dexpert_in.size() + b.drouter.size() + b.dweights.size() +
             b.expert_result.size() + b.dexpert_received.size() + b.dexpert_result.size() +
@@ -385,15 +381,17 @@ void DeepSeekV3Model::AttentionForward(int64_t l, const float* w) {
   be.MatmulForward(L.kpe.data(), ln1, w + o.kv_a + Rkv * C, N, C, Dr);
   be.RmsnormForward(L.kv_n.data(), L.kv_rstd.data(), L.kv_c.data(), w + o.kv_a_norm, N, Rkv, eps);
   be.MatmulForward(L.kvb.data(), L.kv_n.data(), w + o.kv_b, N, Rkv, H * (Dn + Dv));
-  be.RopeForwardStrided(L.q.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq, Dn);
-  be.RopeForward(L.kpe.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, 1, Dr);
+  const RopePositions& rope = *b.rope;
+  be.RopeForwardStrided(L.q.data(), rope.cos(), rope.sin(), rope.batch(), rope.seq(), H, Dr, Dq,
+                        Dn);
+  be.RopeForward(L.kpe.data(), rope.cos(), rope.sin(), rope.batch(), rope.seq(), 1, Dr);
   // key = [k_nope | k_pe] per head; the values at their own width (HeadDims).
   be.CopyColumns(L.k.data(), Dq, L.kvb.data(), Dn + Dv, N * H, Dn, false);
   for (int64_t h = 0; h < H; ++h)
     be.CopyColumns(L.k.data() + h * Dq + Dn, H * Dq, L.kpe.data(), Dr, N, Dr, false);
   be.CopyColumns(L.v.data(), Dv, L.kvb.data() + Dn, Dn + Dv, N * H, Dv, false);
   be.AttentionForward(L.att.data(), L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H,
-                      H, HeadDims(Dq, Dv));
+                      H, HeadDims(Dq, Dv), rope.positions());
   be.MatmulForward(L.x_mid.data(), L.att.data(), w + o.o, N, H * Dv, C);
   be.Add(L.x_mid.data(), L.x_in.data(), N * C);
 }
@@ -583,6 +581,7 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
   const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
   b.tokens.CopyFrom(tokens, N);
+  b.rope->Set(options.positions);
   aux_ = 0;
   loss_weights_ = loss_weights;
   if (loss_weights && !be.host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
@@ -771,14 +770,16 @@ void DeepSeekV3Model::AttentionBackward(int64_t l, const float* w, float* g) {
                     false);
   be.AttentionBackward(b.dq.data(), b.dk.data(), b.dv.data(), b.datt.data(), L.att.data(),
                        L.att_lse.data(), L.q.data(), L.k.data(), L.v.data(), B_, T_, H, H,
-                       HeadDims(Dq, Dv));
-  be.RopeBackwardStrided(b.dq.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, H, Dr, Dq, Dn);
+                       HeadDims(Dq, Dv), b.rope->positions());
+  const RopePositions& rope = *b.rope;
+  be.RopeBackwardStrided(b.dq.data(), rope.cos(), rope.sin(), rope.batch(), rope.seq(), H, Dr, Dq,
+                         Dn);
   // [k_nope | v] per head back to kv_b's output; k_pe's gradient summed over the heads in order.
   be.CopyColumns(b.dkvb.data(), Dn + Dv, b.dk.data(), Dq, N * H, Dn, false);
   be.CopyColumns(b.dkvb.data() + Dn, Dn + Dv, b.dv.data(), Dv, N * H, Dv, false);
   for (int64_t h = 0; h < H; ++h)
     be.CopyColumns(b.dkpe.data(), Dr, b.dk.data() + h * Dq + Dn, H * Dq, N, Dr, h > 0);
-  be.RopeBackward(b.dkpe.data(), b.rope_cos.data(), b.rope_sin.data(), B_, T_, 1, Dr);
+  be.RopeBackward(b.dkpe.data(), rope.cos(), rope.sin(), rope.batch(), rope.seq(), 1, Dr);
   be.MatmulBackward(b.dkv_n.data(), g + o.kv_b, b.dkvb.data(), L.kv_n.data(), w + o.kv_b, N, Rkv,
                     H * (Dn + Dv), false, false);
   be.Fill(b.dkv_c.data(), N * Rkv, 0.0f);

@@ -311,7 +311,7 @@ void DeepSeekV3Inference::Prefill(int64_t slot, const int32_t* tokens, int64_t c
     float* values = Values(slot, l);
     StoreKeysValues(0, count, keys, values);
     be.AttentionForward(att_.data(), lse_.data(), q_.data(), keys, values, 1, count, H, H,
-                        HeadDims(Dq, Dv));
+                        HeadDims(Dq, Dv), nullptr);
   });
   SetLength(s, count);
   Head(count - 1, 1, logits);

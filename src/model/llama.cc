@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/error.h"
@@ -35,7 +36,7 @@ struct LlamaModel::Buffers {
   Floats logits;                         // (N,V), reused for dlogits; at the first kLogits Forward
   Floats head_chunk;                     // (FusedHeadRows, V): the fused head's logits, dlogits
   Floats losses, lse;                    // (N)
-  Floats rope_cos, rope_sin;             // (T,D/2)
+  std::unique_ptr<RopePositions> rope;   // (T,D/2) tables; packed rows (model/decoder_common.h)
   DeviceArray<int32_t> tokens, targets;  // (N)
   Floats loss_weights;                   // (N), a device copy (off the host only)
   // Backward scratch: dx (n,C), dln (n,C) under sequence parallelism, else (N,C).
@@ -117,12 +118,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
   b.head_chunk = floats(FusedHeadRows(N, config.vocab_size) * V);
   b.losses = floats(N);
   b.lse = floats(N);
-  std::vector<float> cos_table(T_ * D / 2), sin_table(T_ * D / 2);
-  k::rope_tables(cos_table.data(), sin_table.data(), T_, D, config.rope_theta);
-  b.rope_cos = floats(T_ * D / 2);
-  b.rope_sin = floats(T_ * D / 2);
-  b.rope_cos.CopyFrom(cos_table.data(), cos_table.size());
-  b.rope_sin.CopyFrom(sin_table.data(), sin_table.size());
+  b.rope = std::make_unique<RopePositions>(be, B_, T_, D, config.rope_theta);
   b.tokens = DeviceArray<int32_t>(be, N);
   b.targets = DeviceArray<int32_t>(be, N);
   b.host_targets.resize(N);
@@ -326,6 +322,7 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   const int tail = table_.tail_unit();
   const float eps = static_cast<float>(c.norm_eps);
   b.tokens.CopyFrom(tokens, N);
+  b.rope->Set(options.positions);
   loss_weights_ = loss_weights;
   if (loss_weights && !be.host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
   if (options.head == ForwardOptions::Head::kLogits && parallelism_.tp_chunks > 1)
@@ -385,10 +382,11 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
       be.MatmulForward(q, ln1, w + o.q + k * qw * C, N, C, qw);
       be.MatmulForward(kk, ln1, w + o.k + k * kw * C, N, C, kw);
       be.MatmulForward(v, ln1, w + o.v + k * kw * C, N, C, kw);
-      be.RopeForward(q, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
-      be.RopeForward(kk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
+      const RopePositions& rope = *b.rope;
+      be.RopeForward(q, rope.cos(), rope.sin(), rope.batch(), rope.seq(), Hc, D);
+      be.RopeForward(kk, rope.cos(), rope.sin(), rope.batch(), rope.seq(), KVc, D);
       be.AttentionForward(Lb.att.data() + k * N * qw, Lb.att_lse.data() + k * B_ * Hc * T_, q, kk,
-                          v, B_, T_, Hc, KVc, D);
+                          v, B_, T_, Hc, KVc, D, rope.positions());
     }
     // Under sequence parallelism the sum is reduce-scattered to each rank's rows (the gathered
     // norm rows are read no more).
@@ -745,9 +743,11 @@ void LlamaModel::Backward(ParameterAccess& access, float loss_scale) {
                                w + o.o + k * qw, Hl * D, N, qw, C, false, false);
       be.AttentionBackward(dq, dk, dv, datt, Lb.att.data() + k * N * qw,
                            Lb.att_lse.data() + k * B_ * Hc * T_, Lb.q.data() + k * N * qw,
-                           Lb.k.data() + k * N * kw, Lb.v.data() + k * N * kw, B_, T_, Hc, KVc, D);
-      be.RopeBackward(dq, b.rope_cos.data(), b.rope_sin.data(), B_, T_, Hc, D);
-      be.RopeBackward(dk, b.rope_cos.data(), b.rope_sin.data(), B_, T_, KVc, D);
+                           Lb.k.data() + k * N * kw, Lb.v.data() + k * N * kw, B_, T_, Hc, KVc, D,
+                           b.rope->positions());
+      const RopePositions& rope = *b.rope;
+      be.RopeBackward(dq, rope.cos(), rope.sin(), rope.batch(), rope.seq(), Hc, D);
+      be.RopeBackward(dk, rope.cos(), rope.sin(), rope.batch(), rope.seq(), KVc, D);
     }
     const float* ln1 = AllRows(Lb.ln1.data(), b.full.data(), "attention norm rows");
     partials = Partials(sp_ ? b.dx_full.data() : b.dln.data());

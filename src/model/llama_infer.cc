@@ -144,7 +144,7 @@ void LlamaInference::Prefill(int64_t slot, const int32_t* tokens, int64_t count,
     be.CopyColumns(Cache(slot, l, 0), KV * D, k_.data(), KV * D, count, KV * D, false);
     be.CopyColumns(Cache(slot, l, 1), KV * D, v_.data(), KV * D, count, KV * D, false);
     be.AttentionForward(att_.data(), lse_.data(), q_.data(), k_.data(), v_.data(), 1, count, H, KV,
-                        D);
+                        D, nullptr);
   });
   SetLength(s, count);
   Head(count - 1, 1, logits);

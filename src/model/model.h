@@ -61,10 +61,15 @@ struct ForwardOptions {
   enum class Head { kLogits, kFused, kScored };
   Head head = Head::kLogits;
   float loss_scale = 0;  // kFused: what the following Backward will be given
+  // Packed documents (SFT packing, data/token_source.h): (B,T) host positions of each input
+  // token in its document, 0 where a document starts; attention stays inside each document and
+  // RoPE counts from its start. nullptr: each row is one document (positions 0..T-1). Read
+  // again by Backward, so it must stay valid and unchanged until then.
+  const int32_t* positions = nullptr;
 
   static ForwardOptions Logits() { return {}; }
-  static ForwardOptions Fused(float loss_scale) { return {Head::kFused, loss_scale}; }
-  static ForwardOptions Scored() { return {Head::kScored, 0}; }
+  static ForwardOptions Fused(float loss_scale) { return {Head::kFused, loss_scale, nullptr}; }
+  static ForwardOptions Scored() { return {Head::kScored, 0, nullptr}; }
 };
 
 // A mixture of experts' routing in one Forward: how many token slots each expert of a routed

@@ -39,12 +39,33 @@ SftTokens TokenizeConversation(const Tokenizer& tokenizer, const std::string& na
   return out;
 }
 
+void LayoutSftPack(const std::vector<const SftTokens*>& conversations, int32_t pad, int64_t seq_len,
+                   int32_t* tokens, float* weights, int32_t* positions) {
+  int64_t at = 0;
+  for (const SftTokens* conversation : conversations) {
+    const int64_t n = static_cast<int64_t>(conversation->ids.size());
+    for (int64_t i = 0; i < n && at + i <= seq_len; ++i) {
+      tokens[at + i] = conversation->ids[i];
+      if (at + i < seq_len) {
+        positions[at + i] = static_cast<int32_t>(i);
+        weights[at + i] = i + 1 < n && conversation->trained[i + 1] ? 1.0f : 0.0f;
+      }
+    }
+    at += n;
+  }
+  for (int64_t t = at; t <= seq_len; ++t) {
+    tokens[t] = pad;
+    if (t < seq_len) {
+      positions[t] = static_cast<int32_t>(t - at);
+      weights[t] = 0.0f;
+    }
+  }
+}
+
 void LayoutSftSample(const SftTokens& conversation, int32_t pad, int64_t seq_len, int32_t* tokens,
                      float* weights) {
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(conversation.ids.size()), seq_len + 1);
-  for (int64_t t = 0; t <= seq_len; ++t) tokens[t] = t < n ? conversation.ids[t] : pad;
-  for (int64_t t = 0; t < seq_len; ++t)
-    weights[t] = t + 1 < n && conversation.trained[t + 1] ? 1.0f : 0.0f;
+  std::vector<int32_t> positions(static_cast<size_t>(seq_len));
+  LayoutSftPack({&conversation}, pad, seq_len, tokens, weights, positions.data());
 }
 
 std::vector<SftConversation> ReadSftConversations(const std::string& path) {
@@ -114,7 +135,8 @@ namespace {
 
 class SftSource : public TokenSource {
  public:
-  SftSource(const SftOptions& o) : seq_len_(o.seq_len), path_(o.path), name_(o.chat_template) {
+  SftSource(const SftOptions& o)
+      : seq_len_(o.seq_len), path_(o.path), name_(o.chat_template), packing_(o.packing) {
     if (o.overlong != "truncate" && o.overlong != "skip")
       throw UsageError("sft.overlong: expected truncate or skip, got '" + o.overlong + "'");
     if (o.chat_template.empty())
@@ -170,17 +192,23 @@ class SftSource : public TokenSource {
                     "training.seq_len or shorten them",
                     o.path.c_str(), read.size(), (long long)(seq_len_ + 1), o.overlong.c_str()));
     // One seeded shuffle, the same every epoch.
-    order_.resize(conversations_.size());
-    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::vector<int64_t> order(conversations_.size());
+    std::iota(order.begin(), order.end(), int64_t{0});
     Philox rng(o.seed ^ 0x5f7c0de5ULL, 0);
-    for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i)
-      std::swap(order_[i], order_[rng.NextBelow(static_cast<uint64_t>(i + 1))]);
+    for (int64_t i = static_cast<int64_t>(order.size()) - 1; i > 0; --i)
+      std::swap(order[i], order[rng.NextBelow(static_cast<uint64_t>(i + 1))]);
+    samples_ = packing_ ? PackConversations(order) : OnePerSample(order);
+    int64_t padding = 0;
+    for (size_t i = 0; i < samples_.size(); ++i) padding += SamplePadding(static_cast<int64_t>(i));
+    padding_share_ = static_cast<double>(padding) /
+                     static_cast<double>(static_cast<int64_t>(samples_.size()) * seq_len_);
     if (o.report) {
-      PrintLine(StrFormat(
-          "phase=sft conversations=%zu truncated=%lld skipped=%lld assistant_tokens=%lld "
-          "template=%s overlong=%s path=%s",
-          conversations_.size(), (long long)truncated_, (long long)skipped_,
-          (long long)assistant_tokens_, name_.c_str(), o.overlong.c_str(), o.path.c_str()));
+      PrintLine(
+          StrFormat("phase=sft conversations=%zu truncated=%lld skipped=%lld assistant_tokens=%lld "
+                    "template=%s overlong=%s packing=%s samples=%zu padding=%.4f path=%s",
+                    conversations_.size(), (long long)truncated_, (long long)skipped_,
+                    (long long)assistant_tokens_, name_.c_str(), o.overlong.c_str(),
+                    packing_ ? "on" : "off", samples_.size(), padding_share_, o.path.c_str()));
       if (truncated_ + skipped_ > 0)
         LogWarn(
             StrFormat("%s: %lld conversations are longer than seq_len + 1 = %lld tokens: "
@@ -191,28 +219,80 @@ class SftSource : public TokenSource {
   }
 
   void Sample(int64_t index, int32_t* tokens) const override {
-    std::vector<float> unused(seq_len_);
-    LayoutSftSample(At(index), pad_, seq_len_, tokens, unused.data());
+    std::vector<float> weights(seq_len_);
+    std::vector<int32_t> positions(seq_len_);
+    Layout(index, tokens, weights.data(), positions.data());
   }
   bool weighted() const override { return true; }
   void SampleWeights(int64_t index, float* weights) const override {
-    std::vector<int32_t> unused(seq_len_ + 1);
-    LayoutSftSample(At(index), pad_, seq_len_, unused.data(), weights);
+    std::vector<int32_t> tokens(seq_len_ + 1), positions(seq_len_);
+    Layout(index, tokens.data(), weights, positions.data());
+  }
+  bool packed() const override { return packing_; }
+  void SamplePositions(int64_t index, int32_t* positions) const override {
+    std::vector<int32_t> tokens(seq_len_ + 1);
+    std::vector<float> weights(seq_len_);
+    Layout(index, tokens.data(), weights.data(), positions);
+  }
+  bool pads() const override { return true; }
+  int64_t SamplePadding(int64_t index) const override {
+    int64_t content = 0;
+    for (int64_t c : At(index)) content += static_cast<int64_t>(conversations_[c].ids.size());
+    return seq_len_ - std::min(content, seq_len_);
   }
   std::string Describe() const override {
-    return StrFormat("sft(%s, %zu conversations, template %s)", path_.c_str(),
-                     conversations_.size(), name_.c_str());
+    return StrFormat("sft(%s, %zu conversations in %zu samples, template %s, packing %s)",
+                     path_.c_str(), conversations_.size(), samples_.size(), name_.c_str(),
+                     packing_ ? "on" : "off");
   }
 
  private:
-  const SftTokens& At(int64_t index) const {
-    return conversations_[order_[index % static_cast<int64_t>(order_.size())]];
+  // The conversations of sample `index` (the samples repeat, the same every epoch).
+  const std::vector<int64_t>& At(int64_t index) const {
+    return samples_[index % static_cast<int64_t>(samples_.size())];
   }
+  std::vector<std::vector<int64_t>> OnePerSample(const std::vector<int64_t>& order) const {
+    std::vector<std::vector<int64_t>> samples;
+    for (int64_t c : order) samples.push_back({c});
+    return samples;
+  }
+  // First fit over the shuffled order: each conversation goes into the first of the open samples
+  // (in the order they were opened) with room for all its tokens (seq_len + 1 a sample), else
+  // opens a new one; of more than kOpen open samples the oldest is closed. A pure function of
+  // the order and the lengths.
+  std::vector<std::vector<int64_t>> PackConversations(const std::vector<int64_t>& order) const {
+    constexpr size_t kOpen = 64;
+    std::vector<std::vector<int64_t>> samples;
+    std::vector<int64_t> room;  // per sample, tokens left
+    std::vector<size_t> open;   // samples still taking conversations, oldest first
+    for (int64_t c : order) {
+      const int64_t n = static_cast<int64_t>(conversations_[c].ids.size());
+      auto fit = std::find_if(open.begin(), open.end(), [&](size_t s) { return room[s] >= n; });
+      if (fit == open.end()) {
+        if (open.size() == kOpen) open.erase(open.begin());
+        samples.emplace_back();
+        room.push_back(seq_len_ + 1);
+        open.push_back(samples.size() - 1);
+        fit = open.end() - 1;
+      }
+      samples[*fit].push_back(c);
+      room[*fit] -= n;
+    }
+    return samples;
+  }
+  void Layout(int64_t index, int32_t* tokens, float* weights, int32_t* positions) const {
+    std::vector<const SftTokens*> pack;
+    for (int64_t c : At(index)) pack.push_back(&conversations_[c]);
+    LayoutSftPack(pack, pad_, seq_len_, tokens, weights, positions);
+  }
+
   int64_t seq_len_;
   std::string path_, name_;
+  bool packing_;
   int32_t pad_ = 0;
   std::vector<SftTokens> conversations_;
-  std::vector<int64_t> order_;
+  std::vector<std::vector<int64_t>> samples_;
+  double padding_share_ = 0;
   int64_t truncated_ = 0, skipped_ = 0, assistant_tokens_ = 0;
 };
 
@@ -228,6 +308,7 @@ std::unique_ptr<TokenSource> MakeSftSource(const Config& config, int64_t vocab_s
   o.path = config.String("training.dataset_path");
   o.chat_template = config.String("sft.chat_template");
   o.overlong = config.String("sft.overlong");
+  o.packing = config.Bool("sft.packing");
   o.tokenizer_path = config.String("model.tokenizer_path");
   o.seq_len = seq_len;
   o.vocab_size = vocab_size;

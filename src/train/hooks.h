@@ -31,7 +31,12 @@ struct StepReport {
   int64_t global_batch = 0;      // samples of this step over every rank (a batch ramp grows it)
   int64_t consumed_samples = 0;  // global samples read by the end of this step
   int64_t tokens_seen = 0;
-  double tokens_per_second = 0;
+  double tokens_per_second = 0;  // inputs of the global batch, padding included
+  // A source that pads (SFT, TokenSource::pads): the global batch's padded inputs and its other
+  // share of all its inputs, and its other inputs per second; -1 and NaN otherwise.
+  int64_t padding_tokens = -1;
+  double padding_share = std::nan("");
+  double content_tokens_per_second = std::nan("");
   double mfu = 0;  // percent; rank 0 only, NaN when not known
   double step_seconds = 0;
   double reduce_wait_seconds = 0;  // waited for the gradient reductions the backward did not hide

@@ -98,6 +98,9 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
     }
     if (!std::isnan(r.aux_loss)) load = StrFormat(" aux_loss=%.6f", r.aux_loss) + load;
     if (r.stage > 0) load += StrFormat(" stage=%d stage_name=%s", r.stage, r.stage_name.c_str());
+    if (r.padding_tokens >= 0)
+      load += StrFormat(" padding=%.4f content_tok/s=%.1f", r.padding_share,
+                        r.content_tokens_per_second);
     PrintLine(StrFormat(
         "step=%lld loss=%.6f lr=%.6e grad_norm=%.6f global_batch=%lld skipped=%lld tok/s=%.1f "
         "mfu=%.2f%s",
@@ -126,6 +129,11 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
     }
     if (!std::isnan(r.expert_exchange_seconds))
       record["expert_exchange_s"] = r.expert_exchange_seconds;
+    if (r.padding_tokens >= 0) {
+      record["padding_tokens"] = r.padding_tokens;
+      record["padding_share"] = r.padding_share;
+      record["content_tok_per_s"] = r.content_tokens_per_second;
+    }
     if (!r.expert_loads.empty()) {
       nlohmann::json layers = nlohmann::json::array();
       for (const ExpertLoadSummary& s : r.expert_loads)

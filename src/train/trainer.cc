@@ -779,6 +779,16 @@ StepReport Trainer::Step(int64_t step) {
   if (parallelism_.ep_degree > 1) r.expert_exchange_seconds = ep_traffic_.seconds - exchanged;
   r.tokens_per_second = static_cast<double>(training_.tokens_per_step(step)) / r.step_seconds;
   r.mfu = leader() ? mfu_meter_->Percent(r.tokens_per_second, step) : 0.0;  // rank 0 logs it
+  if (source_->pads()) {
+    // The step's global batch, whichever rank read it: a pure function of the sample indices.
+    const int64_t first = training_.batches.SamplesBefore(step);
+    r.padding_tokens = 0;
+    for (int64_t i = first; i < first + r.global_batch; ++i)
+      r.padding_tokens += source_->SamplePadding(i);
+    const double inputs = static_cast<double>(training_.tokens_per_step(step));
+    r.padding_share = static_cast<double>(r.padding_tokens) / inputs;
+    r.content_tokens_per_second = (inputs - static_cast<double>(r.padding_tokens)) / r.step_seconds;
+  }
   return r;
 }
 
@@ -816,8 +826,9 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
                              sampled_targets ? -1 : faults_->NanElement(step, m));
     // The fused head (its backward during Forward) unless the targets are resampled from the
     // whole logits.
-    const ForwardOptions options =
+    ForwardOptions options =
         sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
+    options.positions = batch.positions_at(m * rows);
     const LossSum sum =
         model_->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
                         batch.loss_weights_at(m * rows), options);

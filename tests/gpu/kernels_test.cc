@@ -237,17 +237,19 @@ void CheckAttention(ComputeBackend& gpu, ComputeBackend& cpu, bool bf16, int64_t
   auto dout = Random(B * T * H * D, 24);
   ASSERT_EQ(cpu.compute() == ComputePrecision::kBfloat16, bf16) << tag;
   std::vector<float> out(B * T * H * D), lse(B * H * T), dq(q.size()), dk(k.size()), dv(v.size());
-  cpu.AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+  cpu.AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D,
+                       nullptr);
   cpu.AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                        q.data(), k.data(), v.data(), B, T, H, KV, D);
+                        q.data(), k.data(), v.data(), B, T, H, KV, D, nullptr);
   auto run = [&] {
     auto g_q = Upload(gpu, q), g_k = Upload(gpu, k), g_v = Upload(gpu, v), g_do = Upload(gpu, dout);
     DeviceArray<float> g_out(gpu, out.size()), g_lse(gpu, lse.size()), g_dq(gpu, q.size()),
         g_dk(gpu, k.size()), g_dv(gpu, v.size());
     gpu.AttentionForward(g_out.data(), g_lse.data(), g_q.data(), g_k.data(), g_v.data(), B, T, H,
-                         KV, D);
+                         KV, D, nullptr);
     gpu.AttentionBackward(g_dq.data(), g_dk.data(), g_dv.data(), g_do.data(), g_out.data(),
-                          g_lse.data(), g_q.data(), g_k.data(), g_v.data(), B, T, H, KV, D);
+                          g_lse.data(), g_q.data(), g_k.data(), g_v.data(), B, T, H, KV, D,
+                          nullptr);
     return std::vector<std::vector<float>>{Download(g_out), Download(g_lse), Download(g_dq),
                                            Download(g_dk), Download(g_dv)};
   };

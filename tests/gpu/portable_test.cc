@@ -139,9 +139,9 @@ TEST_F(GpuPortable, AttentionHasTheCpuBits) {
                    Random(B * H * T, 29), Random(q_size, 30), Random(q_size, 31),
                    Random(kv_size, 32), Random(kv_size, 33)},
                   {}, [=](ComputeBackend& be, const std::vector<float*>& a, const int32_t*) {
-                    be.AttentionForward(a[3], a[4], a[0], a[1], a[2], B, T, H, KV, D);
+                    be.AttentionForward(a[3], a[4], a[0], a[1], a[2], B, T, H, KV, D, nullptr);
                     be.AttentionBackward(a[6], a[7], a[8], a[5], a[3], a[4], a[0], a[1], a[2], B, T,
-                                         H, KV, D);
+                                         H, KV, D, nullptr);
                   });
   }
 }

@@ -138,3 +138,61 @@ def test_bad_input_is_one_line(pretrained, tmp_path):
     assert "phase=sft conversations=5 truncated=1 skipped=0" in proc.stdout and "1 truncated" in proc.stderr
     proc = sft(pretrained, tmp_path / "f", long, "--set", "sft.overlong=skip", steps=1)
     assert "phase=sft conversations=4 truncated=0 skipped=1" in proc.stdout
+
+
+def sft_samples(proc):
+    return int(re.search(r"phase=sft .* packing=\w+ samples=(\d+) padding=([0-9.]+)", proc.stdout).group(1))
+
+
+def padding(proc):
+    return float(re.search(r"phase=sft .* padding=([0-9.]+)", proc.stdout).group(1))
+
+
+def step_one(run):
+    return json.loads(open(run / "metrics.jsonl").readline())
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_packed_and_unpacked_give_the_same_loss_per_token(pretrained, tmp_path, family):
+    """Step 1 of a packed run and of an unpacked one over the same conversations (every one in the
+    global batch, once): the same loss per assistant token and gradient norm to float tolerance
+    (attention stays inside a conversation and its positions restart), with less padding."""
+    folder, tokenizer, hf = pretrained
+    data = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS + [
+        {"prompt": "the lazy dog", "completion": "jumps over the quick fox."},
+        {"messages": [{"role": "system", "content": "hello"}, {"role": "user", "content": "a test?"},
+                      {"role": "assistant", "content": "a small test."}]}])
+    base = [*MODEL, *SFT, "--set", f"model.tokenizer_path={tokenizer}", "--set", f"training.dataset_path={data}",
+            "--set", "training.local_batch_size=1", "--set", "training.seq_len=160"]
+    base += (["--set", f"checkpoint.initial_load_hf={hf}"] if family == "llama"
+             else ["--set", "model.name=deepseek_v3", "--set", "model.vocab_size=320"])
+    probe = run_crucible("train", *base, "--set", "sft.packing=true", "--set", "training.steps=0",
+                         "--set", f"job.dump_folder={tmp_path / 'probe'}", env=ENV)
+    packs = sft_samples(probe)
+    assert packs < 6, probe.stdout  # the six conversations share samples
+    runs = {}
+    for name, extra in [("unpacked", ["--set", "training.global_batch_size=6"]),
+                        ("packed", ["--set", "sft.packing=true", "--set", f"training.global_batch_size={packs}"])]:
+        proc = run_crucible("train", *base, *extra, "--set", "training.steps=1",
+                            "--set", f"job.dump_folder={tmp_path / name}", env=ENV)
+        runs[name] = (proc, step_one(tmp_path / name))
+    (u_proc, u), (p_proc, p) = runs["unpacked"], runs["packed"]
+    assert p["loss"] == pytest.approx(u["loss"], rel=2e-6), (p, u)
+    assert p["grad_norm"] == pytest.approx(u["grad_norm"], rel=1e-4), (p, u)
+    assert padding(p_proc) < padding(u_proc)
+    # The step line and metrics.jsonl count the padding of the step's global batch.
+    assert p["padding_tokens"] < u["padding_tokens"] and 0 <= p["padding_share"] < u["padding_share"] < 1
+    assert re.search(r"step=1 .* padding=[0-9.]+ content_tok/s=", p_proc.stdout)
+
+
+def test_packed_one_and_two_ranks_give_the_same_weights(pretrained, tmp_path):
+    folder, tokenizer, hf = pretrained
+    data = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS * 3)
+    items = [s for s in (MODEL + SFT)[1::2]] + [
+        "training.steps=2", "sft.packing=true", f"model.tokenizer_path={tokenizer}",
+        f"checkpoint.initial_load_hf={hf}", f"training.dataset_path={data}"]
+    one = mpirun_train([str(crucible_binary()), "train"], 1, tmp_path / "one", items)
+    two = mpirun_train([str(crucible_binary()), "train"], 2, tmp_path / "two", items)
+    assert "packing=on" in one.stdout
+    assert digest(one) == digest(two)
+    assert losses(tmp_path / "one") == losses(tmp_path / "two")

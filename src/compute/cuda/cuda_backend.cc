@@ -177,13 +177,17 @@ class CudaBackend : public ComputeBackend, protected Workspace {
     cuda::RopeBackward(stream_, dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                        const int32_t* positions) override {
+    RefusePackedDocuments(positions, name());
     Timed timed(*this, kernels::AttentionForwardCost(B, T, H, KV, D));
     cuda::AttentionForward(stream_, bf16(), out, lse, q, k, v, B, T, H, KV, OneHeadWidth(D));
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                         const int32_t* positions) override {
+    RefusePackedDocuments(positions, name());
     Timed timed(*this, kernels::AttentionBackwardCost(B, T, H, KV, D));
     cuda::AttentionBackward(stream_, *this, bf16(), dq, dk, dv, dout, out, lse, q, k, v, B, T, H,
                             KV, OneHeadWidth(D));
@@ -316,12 +320,16 @@ class PortableCudaBackend final : public CudaBackend {
     PortableRope(stream(), dx, cos_table, sin_table, B, T, heads, D, -1.0f);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                        const int32_t* positions) override {
+    RefusePackedDocuments(positions, name());
     PortableAttentionForward(stream(), out, lse, q, k, v, B, T, H, KV, OneHeadWidth(D));
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                         const int32_t* positions) override {
+    RefusePackedDocuments(positions, name());
     PortableAttentionBackward(stream(), *this, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV,
                               OneHeadWidth(D));
   }

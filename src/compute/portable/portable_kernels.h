@@ -110,8 +110,10 @@ CRUCIBLE_HD inline void RopeRotatePair(float* x, const float* cos_table, const f
 }
 
 // ---- causal grouped-query attention: q (B,T,H,D), k,v (B,T,KV,D) -> out (B,T,H,D), lse ----
-// Query row (b, h, t) attends keys j <= t of kv head h / (H/KV). Scores s_j = (q_t . k_j) / sqrt(D)
-// are computed in key order twice (max, then sum and output): no score row is stored.
+// Query row (b, h, t) attends keys first <= j <= t of kv head h / (H/KV) (first: where its
+// document starts; 0 without packed documents; kernels/cpu/kernels.h attention_forward). Scores s_j
+// = (q_t . k_j) / sqrt(D) are computed in key order twice (max, then sum and output): no score row
+// is stored.
 CRUCIBLE_HD inline float AttentionScore(const float* q, const float* k, int64_t b, int64_t t,
                                         int64_t j, int64_t h, int64_t g, int64_t T, int64_t H,
                                         int64_t KV, int64_t D, float scale) {
@@ -125,18 +127,19 @@ CRUCIBLE_HD inline float AttentionScale(int64_t D) {
 
 CRUCIBLE_HD inline void AttentionForwardRow(float* out, float* lse, const float* q, const float* k,
                                             const float* v, int64_t b, int64_t h, int64_t t,
-                                            int64_t T, int64_t H, int64_t KV, int64_t D) {
+                                            int64_t T, int64_t H, int64_t KV, int64_t D,
+                                            int64_t first = 0) {
   const int64_t g = h / (H / KV);
   const float scale = AttentionScale(D);
-  float max = AttentionScore(q, k, b, t, 0, h, g, T, H, KV, D, scale);
-  for (int64_t j = 1; j <= t; ++j) {
+  float max = AttentionScore(q, k, b, t, first, h, g, T, H, KV, D, scale);
+  for (int64_t j = first + 1; j <= t; ++j) {
     const float s = AttentionScore(q, k, b, t, j, h, g, T, H, KV, D, scale);
     max = s > max ? s : max;
   }
   float* o = out + ((b * T + t) * H + h) * D;
   for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
   float sum = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = first; j <= t; ++j) {
     const float p = ExpF(Sub(AttentionScore(q, k, b, t, j, h, g, T, H, KV, D, scale), max));
     sum = Add(sum, p);
     const float* vj = v + ((b * T + j) * KV + g) * D;
@@ -167,17 +170,17 @@ CRUCIBLE_HD inline void AttentionBackwardPair(float* p, float* ds, const float* 
   *ds = Mul(Mul(*p, Sub(dp, delta[stat])), scale);
 }
 
-// Row (b, h, t) of dq (overwritten): sum over keys j <= t of ds_j k_j, in key order.
+// Row (b, h, t) of dq (overwritten): sum over keys first <= j <= t of ds_j k_j, in key order.
 CRUCIBLE_HD inline void AttentionBackwardQueryRow(float* dq, const float* dout, const float* lse,
                                                   const float* delta, const float* q,
                                                   const float* k, const float* v, int64_t b,
                                                   int64_t h, int64_t t, int64_t T, int64_t H,
-                                                  int64_t KV, int64_t D) {
+                                                  int64_t KV, int64_t D, int64_t first = 0) {
   const int64_t g = h / (H / KV);
   const float scale = AttentionScale(D);
   float* dqt = dq + ((b * T + t) * H + h) * D;
   for (int64_t d = 0; d < D; ++d) dqt[d] = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = first; j <= t; ++j) {
     float p, ds;
     AttentionBackwardPair(&p, &ds, dout, lse, delta, q, k, v, b, h, g, t, j, T, H, KV, D, scale);
     const float* kj = k + ((b * T + j) * KV + g) * D;
@@ -186,19 +189,22 @@ CRUCIBLE_HD inline void AttentionBackwardQueryRow(float* dq, const float* dout, 
 }
 
 // Row (b, g, j) of dk and dv (overwritten): over the group's query heads in order, then queries
-// t >= j in order, dv += p dout_t and dk += ds q_t.
+// j <= t < end in order (end: where j's document ends; T without packed documents),
+// dv += p dout_t and dk += ds q_t.
 CRUCIBLE_HD inline void AttentionBackwardKeyRow(float* dk, float* dv, const float* dout,
                                                 const float* lse, const float* delta,
                                                 const float* q, const float* k, const float* v,
                                                 int64_t b, int64_t g, int64_t j, int64_t T,
-                                                int64_t H, int64_t KV, int64_t D) {
+                                                int64_t H, int64_t KV, int64_t D,
+                                                int64_t end = -1) {
+  if (end < 0) end = T;
   const int64_t group = H / KV;
   const float scale = AttentionScale(D);
   float* dkj = dk + ((b * T + j) * KV + g) * D;
   float* dvj = dv + ((b * T + j) * KV + g) * D;
   for (int64_t d = 0; d < D; ++d) dkj[d] = dvj[d] = 0.0f;
   for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t t = j; t < T; ++t) {
+    for (int64_t t = j; t < end; ++t) {
       float p, ds;
       AttentionBackwardPair(&p, &ds, dout, lse, delta, q, k, v, b, h, g, t, j, T, H, KV, D, scale);
       const int64_t row = ((b * T + t) * H + h) * D;

@@ -204,17 +204,16 @@ void ScoreGradient(float* P, float* dS, int64_t rows, int64_t cols, int64_t r0, 
 class MicroForward {
  public:
   MicroForward(int64_t T, int64_t D, int64_t Dv, bool round)
-      : T_(T),
-        D_(D),
+      : D_(D),
         Dv_(Dv),
         ldt_(TransposedStride(T)),
         round_(round),
         key_t_(D * ldt_),
         v_head_(T * Dv),
         q_tile_(kTile * D) {}
-  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
-    PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
-    TileOperand(V, ldv, T_, Dv_, round_, v_head_.data());
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv, int64_t n) {
+    PackHeadTransposed(K, ldk, n, D_, round_, key_t_.data(), ldt_);
+    TileOperand(V, ldv, n, Dv_, round_, v_head_.data());
   }
   void Query(const float* Q, int64_t ldq, int64_t rows) {
     TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
@@ -229,7 +228,7 @@ class MicroForward {
   }
 
  private:
-  int64_t T_, D_, Dv_, ldt_;
+  int64_t D_, Dv_, ldt_;
   bool round_;
   std::vector<float> key_t_, v_head_, q_tile_;  // K^T (D x ldt), V (T x Dv), the query tile
 };
@@ -237,8 +236,7 @@ class MicroForward {
 class MicroBackward {
  public:
   MicroBackward(int64_t T, int64_t D, int64_t Dv, bool round)
-      : T_(T),
-        D_(D),
+      : D_(D),
         Dv_(Dv),
         ldt_(TransposedStride(T)),
         round_(round),
@@ -247,10 +245,10 @@ class MicroBackward {
         k_head_(T * D),
         q_tile_(kTile * D),
         do_tile_(kTile * Dv) {}
-  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
-    PackHeadTransposed(K, ldk, T_, D_, round_, key_t_.data(), ldt_);
-    PackHeadTransposed(V, ldv, T_, Dv_, round_, value_t_.data(), ldt_);
-    TileOperand(K, ldk, T_, D_, round_, k_head_.data());
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv, int64_t n) {
+    PackHeadTransposed(K, ldk, n, D_, round_, key_t_.data(), ldt_);
+    PackHeadTransposed(V, ldv, n, Dv_, round_, value_t_.data(), ldt_);
+    TileOperand(K, ldk, n, D_, round_, k_head_.data());
   }
   void Query(const float* Q, int64_t ldq, const float* dO, int64_t ldo, int64_t rows) {
     TileOperand(Q, ldq, rows, D_, round_, q_tile_.data());
@@ -278,7 +276,7 @@ class MicroBackward {
   }
 
  private:
-  int64_t T_, D_, Dv_, ldt_;
+  int64_t D_, Dv_, ldt_;
   bool round_;
   // K^T (D x ldt), V^T (Dv x ldt), K (T x D), the query tile's Q and dO
   std::vector<float> key_t_, value_t_, k_head_, q_tile_, do_tile_;
@@ -307,7 +305,7 @@ class AmxForward {
  public:
   // Value heads as wide as the query heads only (attention_forward falls back otherwise).
   AmxForward(int64_t T, int64_t D, int64_t /*Dv: D*/, bool /*round: always*/)
-      : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+      : D_(D), d_pairs_((D + 1) / 2) {
     key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     value_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
     query_.Size(RoundUp32(kTile), RoundUp16(d_pairs_));
@@ -317,9 +315,9 @@ class AmxForward {
   ~AmxForward() { amx_tiles_end(); }
   AmxForward(const AmxForward&) = delete;
   AmxForward& operator=(const AmxForward&) = delete;
-  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
-    pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
-    pack_pairs_columns(V, ldv, T_, D_, value_.words, value_.ld);
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv, int64_t n) {
+    pack_pairs_rows_transposed(K, ldk, n, D_, key_t_.words, key_t_.ld);
+    pack_pairs_columns(V, ldv, n, D_, value_.words, value_.ld);
   }
   void Query(const float* Q, int64_t ldq, int64_t rows) {
     pack_pairs_rows(Q, ldq, rows, D_, query_.words, query_.ld);
@@ -337,14 +335,14 @@ class AmxForward {
   }
 
  private:
-  int64_t T_, D_, d_pairs_;
+  int64_t D_, d_pairs_;
   Pairs key_t_, value_, query_, prob_;  // B of K^T, B of V, A of Q, A of P
 };
 
 class AmxBackward {
  public:
   AmxBackward(int64_t T, int64_t D, int64_t /*Dv: D*/, bool /*round: always*/)
-      : T_(T), D_(D), d_pairs_((D + 1) / 2) {
+      : D_(D), d_pairs_((D + 1) / 2) {
     key_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     value_t_.Size(RoundUp16(d_pairs_), RoundUp32(T));
     key_.Size(RoundUp16((T + 1) / 2), RoundUp32(D));
@@ -356,10 +354,10 @@ class AmxBackward {
   ~AmxBackward() { amx_tiles_end(); }
   AmxBackward(const AmxBackward&) = delete;
   AmxBackward& operator=(const AmxBackward&) = delete;
-  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv) {
-    pack_pairs_rows_transposed(K, ldk, T_, D_, key_t_.words, key_t_.ld);
-    pack_pairs_rows_transposed(V, ldv, T_, D_, value_t_.words, value_t_.ld);
-    pack_pairs_columns(K, ldk, T_, D_, key_.words, key_.ld);
+  void Head(const float* K, int64_t ldk, const float* V, int64_t ldv, int64_t n) {
+    pack_pairs_rows_transposed(K, ldk, n, D_, key_t_.words, key_t_.ld);
+    pack_pairs_rows_transposed(V, ldv, n, D_, value_t_.words, value_t_.ld);
+    pack_pairs_columns(K, ldk, n, D_, key_.words, key_.ld);
   }
   void Query(const float* Q, int64_t ldq, const float* dO, int64_t ldo, int64_t rows) {
     pack_pairs_rows(Q, ldq, rows, D_, q_a_.words, q_a_.ld);
@@ -390,14 +388,24 @@ class AmxBackward {
   }
 
  private:
-  int64_t T_, D_, d_pairs_;
+  int64_t D_, d_pairs_;
   // B of K^T, V^T and K; A and B of the query tile's Q and dO; A of dS, P^T and dS^T
   Pairs key_t_, value_t_, key_, q_a_, do_a_, q_b_, do_b_, ds_a_, p_t_, ds_t_;
 };
 
+// The end of the document that starts at row `begin` of a sequence of T rows: the next row whose
+// position is 0, or T. Without positions the sequence is one document.
+int64_t DocumentEnd(const int32_t* positions, int64_t begin, int64_t T) {
+  if (!positions) return T;
+  int64_t end = begin + 1;
+  while (end < T && positions[end] != 0) ++end;
+  return end;
+}
+
 template <class Tiles>
 void Forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-             int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, bool round) {
+             int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, const int32_t* positions,
+             bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D, ldo = H * Dv, ldv = KV * Dv;
@@ -409,24 +417,29 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
-      const float* Q = q + b * T * ldq + h * D;
-      float* O = out + b * T * ldo + h * Dv;
-      float* L = lse + bh * T;
-      tiles.Head(k + b * T * ldk + g * D, ldk, v + b * T * ldv + g * Dv, ldv);
-      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
-        const int64_t rows = std::min(kTile, T - r0);
-        tiles.Query(Q + r0 * ldq, ldq, rows);
-        for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
-          const int64_t cols = std::min(kTile, T - c0);
-          tiles.Scores(S.data(), r0, c0, rows, cols, scale);
-          OnlineSoftmax(S.data(), rows, cols, r0, c0, round, run_max.data(), run_sum.data(),
-                        acc.data(), Dv);
-          tiles.AddValues(S.data(), acc.data(), r0, c0, rows, cols);
-        }
-        for (int64_t i = 0; i < rows; ++i) {
-          const float inv = 1.0f / run_sum[i];
-          for (int64_t d = 0; d < Dv; ++d) O[(r0 + i) * ldo + d] = acc[i * Dv + d] * inv;
-          L[r0 + i] = run_max[i] + std::log(run_sum[i]);
+      const int32_t* row_positions = positions ? positions + b * T : nullptr;
+      // Each document [s, s + n) of the row as a sequence of its own: its tiles start at s.
+      for (int64_t s = 0, n = 0; s < T; s += n) {
+        n = DocumentEnd(row_positions, s, T) - s;
+        const float* Q = q + (b * T + s) * ldq + h * D;
+        float* O = out + (b * T + s) * ldo + h * Dv;
+        float* L = lse + bh * T + s;
+        tiles.Head(k + (b * T + s) * ldk + g * D, ldk, v + (b * T + s) * ldv + g * Dv, ldv, n);
+        for (int64_t r0 = 0; r0 < n; r0 += kTile) {
+          const int64_t rows = std::min(kTile, n - r0);
+          tiles.Query(Q + r0 * ldq, ldq, rows);
+          for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
+            const int64_t cols = std::min(kTile, n - c0);
+            tiles.Scores(S.data(), r0, c0, rows, cols, scale);
+            OnlineSoftmax(S.data(), rows, cols, r0, c0, round, run_max.data(), run_sum.data(),
+                          acc.data(), Dv);
+            tiles.AddValues(S.data(), acc.data(), r0, c0, rows, cols);
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            const float inv = 1.0f / run_sum[i];
+            for (int64_t d = 0; d < Dv; ++d) O[(r0 + i) * ldo + d] = acc[i * Dv + d] * inv;
+            L[r0 + i] = run_max[i] + std::log(run_sum[i]);
+          }
         }
       }
     }
@@ -436,7 +449,8 @@ void Forward(float* out, float* lse, const float* q, const float* k, const float
 template <class Tiles>
 void Backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
               const float* lse, const float* q, const float* k, const float* v, int64_t B,
-              int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, bool round) {
+              int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv, const int32_t* positions,
+              bool round) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / KV;
   const int64_t ldq = H * D, ldk = KV * D, ldo = H * Dv, ldv = KV * Dv;
@@ -449,31 +463,37 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* o
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < B * KV; ++bg) {
       const int64_t b = bg / KV, g = bg % KV;
-      float* dK = dk + b * T * ldk + g * D;
-      float* dV = dv + b * T * ldv + g * Dv;
+      const int32_t* row_positions = positions ? positions + b * T : nullptr;
       for (int64_t t = 0; t < T; ++t) {
-        std::memset(dK + t * ldk, 0, D * sizeof(float));
-        std::memset(dV + t * ldv, 0, Dv * sizeof(float));
+        std::memset(dk + (b * T + t) * ldk + g * D, 0, D * sizeof(float));
+        std::memset(dv + (b * T + t) * ldv + g * Dv, 0, Dv * sizeof(float));
       }
-      tiles.Head(k + b * T * ldk + g * D, ldk, v + b * T * ldv + g * Dv, ldv);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = q + b * T * ldq + h * D;
-        const float* dO = dout + b * T * ldo + h * Dv;
-        const float* O = out + b * T * ldo + h * Dv;
-        const float* L = lse + (b * H + h) * T;
-        float* dQ = dq + b * T * ldq + h * D;
-        for (int64_t r0 = 0; r0 < T; r0 += kTile) {
-          const int64_t rows = std::min(kTile, T - r0);
-          for (int64_t i = 0; i < rows; ++i)
-            delta[i] = lane_dot(dO + (r0 + i) * ldo, O + (r0 + i) * ldo, Dv);
-          tiles.Query(Q + r0 * ldq, ldq, dO + r0 * ldo, ldo, rows);
-          for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
-            const int64_t cols = std::min(kTile, T - c0);
-            tiles.Scores(P.data(), dS.data(), r0, c0, rows, cols, scale);
-            ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, round, L + r0, delta.data(),
-                          scale);
-            tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldv, ldv, dK + c0 * ldk, ldk,
-                             dQ + r0 * ldq, ldq, r0, c0, rows, cols);
+      // Document by document (forward's), head by head inside one: a key row's terms come from
+      // its own document's queries, in head order, then query tile, then key tile.
+      for (int64_t s = 0, n = 0; s < T; s += n) {
+        n = DocumentEnd(row_positions, s, T) - s;
+        float* dK = dk + (b * T + s) * ldk + g * D;
+        float* dV = dv + (b * T + s) * ldv + g * Dv;
+        tiles.Head(k + (b * T + s) * ldk + g * D, ldk, v + (b * T + s) * ldv + g * Dv, ldv, n);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const float* Q = q + (b * T + s) * ldq + h * D;
+          const float* dO = dout + (b * T + s) * ldo + h * Dv;
+          const float* O = out + (b * T + s) * ldo + h * Dv;
+          const float* L = lse + (b * H + h) * T + s;
+          float* dQ = dq + (b * T + s) * ldq + h * D;
+          for (int64_t r0 = 0; r0 < n; r0 += kTile) {
+            const int64_t rows = std::min(kTile, n - r0);
+            for (int64_t i = 0; i < rows; ++i)
+              delta[i] = lane_dot(dO + (r0 + i) * ldo, O + (r0 + i) * ldo, Dv);
+            tiles.Query(Q + r0 * ldq, ldq, dO + r0 * ldo, ldo, rows);
+            for (int64_t c0 = 0; c0 < r0 + rows; c0 += kTile) {
+              const int64_t cols = std::min(kTile, n - c0);
+              tiles.Scores(P.data(), dS.data(), r0, c0, rows, cols, scale);
+              ScoreGradient(P.data(), dS.data(), rows, cols, r0, c0, round, L + r0, delta.data(),
+                            scale);
+              tiles.Accumulate(P.data(), dS.data(), dV + c0 * ldv, ldv, dK + c0 * ldk, ldk,
+                               dQ + r0 * ldq, ldq, r0, c0, rows, cols);
+            }
           }
         }
       }
@@ -484,25 +504,26 @@ void Backward(float* dq, float* dk, float* dv, const float* dout, const float* o
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands,
-                       Bf16Gemm products) {
+                       Bf16Gemm products, const int32_t* positions) {
   ScopedKernelTimer profile_timer(AttentionForwardCost(B, T, H, KV, D));
   // The AMX tiles have one head width: value heads of another width take the micro-kernels (the
   // same roundings).
   if (bf16_operands && products == Bf16Gemm::kAmx && D.v == D.qk)
-    Forward<AmxForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, true);
+    Forward<AmxForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, positions, true);
   else
-    Forward<MicroForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, bf16_operands);
+    Forward<MicroForward>(out, lse, q, k, v, B, T, H, KV, D.qk, D.v, positions, bf16_operands);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands,
-                        Bf16Gemm products) {
+                        Bf16Gemm products, const int32_t* positions) {
   ScopedKernelTimer profile_timer(AttentionBackwardCost(B, T, H, KV, D));
   if (bf16_operands && products == Bf16Gemm::kAmx && D.v == D.qk)
-    Backward<AmxBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v, true);
+    Backward<AmxBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v, positions,
+                          true);
   else
-    Backward<MicroBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v,
+    Backward<MicroBackward>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D.qk, D.v, positions,
                             bf16_operands);
 }
 

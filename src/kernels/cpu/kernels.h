@@ -144,15 +144,22 @@ void scatter_add_rows(float* dx, const float* drows, const int32_t* rows, int64_
 // products = Bf16Gemm::kAmx (with bf16_operands, where cpu_has_amx_bf16()): the tiles' products
 // on AMX (gemm_bf16.h's amx_tile_product) instead of the fp32 micro-kernels on rounded copies:
 // the same roundings, its own sums.
+// positions (B,T), host memory, or nullptr: packed documents (SFT packing). Row t of sequence b
+// is at position positions[b*T + t] of its document, and a document starts where the position
+// is 0 (so positions run 0, 1, 2, ... inside each): a query attends only the keys of its own
+// document, from its start to itself. Each document is computed as a sequence of its own (its
+// tiles start at its first row), so its rows get the bits they get alone at the start of a
+// sequence, whatever shares the row. nullptr: each row is one document.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
-                       bool bf16_operands = false, Bf16Gemm products = Bf16Gemm::kOff);
+                       bool bf16_operands = false, Bf16Gemm products = Bf16Gemm::kOff,
+                       const int32_t* positions = nullptr);
 // dout (B,T,H,D.v), and out, lse of the forward pass -> dq (B,T,H,D.qk), dk (B,T,KV,D.qk), dv
 // (B,T,KV,D.v), all overwritten. The probabilities are recomputed tile by tile from q, k and lse.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KV, HeadDims D, bool bf16_operands = false,
-                        Bf16Gemm products = Bf16Gemm::kOff);
+                        Bf16Gemm products = Bf16Gemm::kOff, const int32_t* positions = nullptr);
 
 // ---- SwiGLU ----
 // gate, up (N,F) -> out (N,F) = silu(gate) * up

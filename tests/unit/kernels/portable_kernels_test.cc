@@ -113,9 +113,9 @@ TEST(PortableKernels, AttentionMatchesTheFlashKernelAndIsThreadIndependent) {
     std::vector<float> out(N * H * D), lse(B * H * T), dq(N * H * D), dk(N * KV * D),
         dv(N * KV * D);
     Portable().AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV,
-                                D);
+                                D, nullptr);
     Portable().AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
-                                 lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+                                 lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D, nullptr);
     ExpectClose(out, want, 1e-5f, "attention out");
     ExpectClose(lse, want_lse, 1e-5f, "attention lse");
     ExpectClose(dq, want_dq, 1e-4f, "attention dq");

@@ -116,6 +116,82 @@ TEST_F(SftSourceTest, LayoutShiftsPadsWithEndOfTurnAndWeighsTargets) {
   EXPECT_EQ(short_weights, (std::vector<float>{0, 1}));
 }
 
+TEST_F(SftSourceTest, PackLayoutRestartsPositionsAndMasksTheBoundaries) {
+  SftTokens a, b;
+  a.ids = {5, 6, 7};
+  a.trained = {0, 1, 1};
+  b.ids = {8, 9, 10, 11};
+  b.trained = {1, 0, 1, 1};  // b's first token is trained, yet a's last token must not predict it
+  std::vector<int32_t> tokens(10), positions(9);
+  std::vector<float> weights(9);
+  LayoutSftPack({&a, &b}, 99, 9, tokens.data(), weights.data(), positions.data());
+  EXPECT_EQ(tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11, 99, 99, 99}));
+  EXPECT_EQ(weights, (std::vector<float>{1, 1, 0, 0, 1, 1, 0, 0, 0}));
+  // The padding is a document of its own: it attends neither conversation.
+  EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0, 1}));
+  // Exactly full: no padding, the last token only a target.
+  std::vector<int32_t> full_tokens(7), full_positions(6);
+  std::vector<float> full_weights(6);
+  LayoutSftPack({&a, &b}, 99, 6, full_tokens.data(), full_weights.data(), full_positions.data());
+  EXPECT_EQ(full_tokens, (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(full_weights, (std::vector<float>{1, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(full_positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
+}
+
+TEST_F(SftSourceTest, PackingHoldsEveryConversationOncePerEpochInFewerSamples) {
+  std::string text;
+  for (int i = 0; i < 12; ++i)
+    text += "{\"prompt\": \"hello " + std::string(i, 'a') + "\", \"completion\": \"fox\"}\n";
+  const std::string path = Write("c.jsonl", text);
+  SftOptions o = Options(path, 64);
+  auto plain = MakeSftSource(o);
+  o.packing = true;
+  auto packed = MakeSftSource(o);
+  auto again = MakeSftSource(o);
+  ASSERT_TRUE(packed->packed());
+  ASSERT_FALSE(plain->packed());
+  // Every conversation of the unpacked epoch, as token lists.
+  std::multiset<std::vector<int32_t>> conversations;
+  int64_t plain_padding = 0;
+  for (int64_t i = 0; i < 12; ++i) {
+    std::vector<int32_t> t(65);
+    plain->Sample(i, t.data());
+    const int64_t pad = plain->SamplePadding(i);
+    plain_padding += pad;
+    ASSERT_GT(pad, 0);  // short conversations: each is its inputs before the padding
+    conversations.insert(std::vector<int32_t>(t.begin(), t.begin() + 64 - pad));
+  }
+  // Cut each packed sample at its positions' restarts and compare the pieces.
+  std::multiset<std::vector<int32_t>> pieces;
+  int64_t samples = 0, packed_padding = 0;
+  for (int64_t i = 0; pieces.size() < conversations.size(); ++i, ++samples) {
+    ASSERT_LT(i, 12) << "packing must not need more samples than conversations";
+    std::vector<int32_t> t(65), p(64), t2(65), p2(64);
+    packed->Sample(i, t.data());
+    packed->SamplePositions(i, p.data());
+    again->Sample(i, t2.data());
+    again->SamplePositions(i, p2.data());
+    EXPECT_EQ(t, t2);
+    EXPECT_EQ(p, p2);
+    const int64_t pad = packed->SamplePadding(i);
+    packed_padding += pad;
+    for (int64_t start = 0; start < 64 - pad;) {
+      int64_t end = start + 1;
+      while (end < 64 - pad && p[end] != 0) ++end;
+      pieces.insert(std::vector<int32_t>(t.begin() + start, t.begin() + end));
+      start = end;
+    }
+  }
+  EXPECT_EQ(pieces, conversations);
+  EXPECT_LT(samples, 12);
+  EXPECT_LT(packed_padding, plain_padding);
+  // The packs repeat every epoch.
+  std::vector<int32_t> first(65), wrap(65);
+  packed->Sample(0, first.data());
+  packed->Sample(samples, wrap.data());
+  EXPECT_EQ(first, wrap);
+}
+
 TEST_F(SftSourceTest, SamplesArePureAndEveryConversationAppearsOncePerEpoch) {
   std::string text;
   for (int i = 0; i < 5; ++i)

@@ -101,19 +101,21 @@ class StagedBackend final : public ComputeBackend {
     cpu_->RopeBackward(dx, cos_table, sin_table, B, T, heads, D);
   }
   void AttentionForward(float* out, float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                        int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                        const int32_t* positions) override {
     Check(out, 4 * B * T * H * D.v), Check(lse, 4 * B * H * T), Check(q, 4 * B * T * H * D.qk);
     Check(k, 4 * B * T * KV * D.qk), Check(v, 4 * B * T * KV * D.v);
-    cpu_->AttentionForward(out, lse, q, k, v, B, T, H, KV, D);
+    cpu_->AttentionForward(out, lse, q, k, v, B, T, H, KV, D, positions);
   }
   void AttentionBackward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                          const float* lse, const float* q, const float* k, const float* v,
-                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D) override {
+                         int64_t B, int64_t T, int64_t H, int64_t KV, HeadDims D,
+                         const int32_t* positions) override {
     Check(dq, 4 * B * T * H * D.qk), Check(dk, 4 * B * T * KV * D.qk);
     Check(dv, 4 * B * T * KV * D.v), Check(dout, 4 * B * T * H * D.v);
     Check(out, 4 * B * T * H * D.v), Check(lse, 4 * B * H * T), Check(q, 4 * B * T * H * D.qk);
     Check(k, 4 * B * T * KV * D.qk), Check(v, 4 * B * T * KV * D.v);
-    cpu_->AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D);
+    cpu_->AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, D, positions);
   }
   void SwigluForward(float* out, const float* gate, const float* up, int64_t N,
                      int64_t F) override {
