@@ -302,11 +302,47 @@ std::unique_ptr<TokenSource> MakeSftSource(const SftOptions& options) {
   return std::make_unique<SftSource>(options);
 }
 
+std::string ResolveSftChatTemplate(const Config& config, std::string* source) {
+  const std::string named = config.String("sft.chat_template");
+  if (!named.empty()) {
+    CheckChatTemplateName(named);
+    return named;
+  }
+  std::vector<std::string> looked;
+  const std::string hf = config.String("checkpoint.initial_load_hf");
+  if (!hf.empty()) looked.push_back(JoinPath(hf, "tokenizer_config.json"));
+  if (const std::string tokenizer = config.String("model.tokenizer_path"); !tokenizer.empty()) {
+    const std::string parent = ParentDirectory(tokenizer);
+    looked.push_back(JoinPath(parent.empty() ? "." : parent, "tokenizer_config.json"));
+  }
+  for (const std::string& path : looked) {
+    if (!FileExists(path)) continue;
+    const TokenizerChatConfig chat = ReadTokenizerChatConfig(path);
+    if (!chat.has_chat_template) continue;
+    const ChatTemplateMatch match =
+        MatchChatTemplate(chat.chat_template, chat.special_tokens, path);
+    if (match.name.empty())
+      throw UsageError("sft.chat_template is not set and " + match.refusal +
+                       " (set sft.chat_template to train with one of them)");
+    if (source) *source = path;
+    return match.name;
+  }
+  std::string where;
+  for (const std::string& path : looked) where += (where.empty() ? "" : ", ") + path;
+  throw UsageError(
+      "training.dataset = \"sft\" needs sft.chat_template: the template the conversations are "
+      "rendered with (one of " +
+      ChatTemplateNameList() + "), or a tokenizer_config.json that carries one (looked in: " +
+      (where.empty() ? std::string("none: no checkpoint.initial_load_hf or model.tokenizer_path")
+                     : where) +
+      ")");
+}
+
 std::unique_ptr<TokenSource> MakeSftSource(const Config& config, int64_t vocab_size,
                                            int64_t seq_len) {
   SftOptions o;
   o.path = config.String("training.dataset_path");
-  o.chat_template = config.String("sft.chat_template");
+  o.chat_template = ResolveSftChatTemplate(config);
   o.overlong = config.String("sft.overlong");
   o.packing = config.Bool("sft.packing");
   o.tokenizer_path = config.String("model.tokenizer_path");

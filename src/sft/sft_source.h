@@ -77,6 +77,13 @@ struct SftOptions {
   bool report = true;  // print the phase=sft line
 };
 std::unique_ptr<TokenSource> MakeSftSource(const SftOptions& options);
+// [sft] chat_template as a run uses it: the configured name; when empty, the named template that
+// a tokenizer_config.json carries, detected by its rendering (sft/chat_template.h
+// MatchChatTemplate): checkpoint.initial_load_hf's, else the one beside model.tokenizer_path.
+// UsageError in one line when there is none (naming where it looked) or it is not one of the
+// named templates (the detection's refusal). `source` says where a detected one came from.
+std::string ResolveSftChatTemplate(const Config& config, std::string* source = nullptr);
+
 // From [training] dataset_path, [sft] chat_template / overlong, [model] tokenizer_path and
 // [debug] seed; UsageError naming the key when one is missing or unknown. The phase=sft line is
 // printed on rank 0 only.

@@ -20,6 +20,7 @@
 #include "distributed/layout_free_norm.h"
 #include "launch/hostlist.h"
 #include "optim/clipping.h"
+#include "sft/sft_source.h"
 #include "train/memory_plan.h"
 #include "train/metrics_log.h"
 #include "train/rank_agreement.h"
@@ -196,6 +197,15 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   }
   world_ = comm().size();
   rank_ = comm().rank();
+  // SFT's template, detected from a tokenizer_config.json when not named, is written into the
+  // run's config: export and generate --chat read it there.
+  if (config_.String("training.dataset") == "sft" && config_.String("sft.chat_template").empty()) {
+    std::string source;
+    config_.Set("sft.chat_template", ResolveSftChatTemplate(config_, &source));
+    if (rank_ == 0)
+      PrintLine("phase=sft_template detected=" + config_.String("sft.chat_template") +
+                " from=" + source);
+  }
   if (comm().distributed()) SetLogRank(rank_);
   dp_size_ = mesh_->data_parallel().size();
   dp_rank_ = mesh_->data_parallel().rank();

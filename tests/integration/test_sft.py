@@ -196,3 +196,32 @@ def test_packed_one_and_two_ranks_give_the_same_weights(pretrained, tmp_path):
     assert "packing=on" in one.stdout
     assert digest(one) == digest(two)
     assert losses(tmp_path / "one") == losses(tmp_path / "two")
+
+
+def test_template_is_detected_from_the_tokenizer_config(pretrained, tmp_path):
+    """Without sft.chat_template the run takes the named template that initial_load_hf's
+    tokenizer_config.json carries (judged by rendering), records it in its config, and refuses a
+    template that is none of them, or no template at all, in one line (exit 2)."""
+    folder, tokenizer, hf = pretrained
+    data = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS)
+    chat_hf = tmp_path / "chat-hf"
+    run_crucible("export", "hf", folder / "pre", chat_hf, "--chat-template", "chatml")
+    run = tmp_path / "run"
+    proc = run_crucible("train", *MODEL, *SFT, "--set", 'sft.chat_template=""', "--set", "training.steps=1",
+                        "--set", f"model.tokenizer_path={tokenizer}", "--set", f"checkpoint.initial_load_hf={chat_hf}",
+                        "--set", f"training.dataset_path={data}", "--set", f"job.dump_folder={run}", env=ENV)
+    assert f"phase=sft_template detected=chatml from={chat_hf}/tokenizer_config.json" in proc.stdout
+    assert "chat_template = 'chatml'" in (run / "config.toml").read_text()
+    # A template that renders as none of the named ones.
+    config = json.loads((chat_hf / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    (chat_hf / "tokenizer_config.json").write_text(json.dumps(config))
+    proc = run_crucible("train", *MODEL, *SFT, "--set", 'sft.chat_template=""', "--set", "training.steps=1",
+                        "--set", f"model.tokenizer_path={tokenizer}", "--set", f"checkpoint.initial_load_hf={chat_hf}",
+                        "--set", f"training.dataset_path={data}", "--set", f"job.dump_folder={tmp_path / 'b'}",
+                        env=ENV, check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "sft.chat_template is not set and" in proc.stderr and "tokenizer_config.json" in proc.stderr
+    # No template anywhere.
+    proc = sft(pretrained, tmp_path / "c", data, "--set", 'sft.chat_template=""', check=False)
+    assert proc.returncode == 2 and "needs sft.chat_template" in proc.stderr and "looked in" in proc.stderr
