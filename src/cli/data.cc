@@ -192,10 +192,11 @@ void PrintStageMixtures(const BlendedDataset& blend, const std::vector<DataStage
     const StageMixtureReport& r = reports[k];
     const DataStage& stage = stages[k];
     std::printf(
-        "\nStage %d \"%s\": steps %lld-%lld, samples %lld-%lld (%lld), list %s, lr_policy %s\n",
+        "\nStage %d \"%s\": steps %lld-%lld, samples %lld-%lld (%lld), %s %s, lr_policy %s\n",
         r.stage, r.name.c_str(), (long long)stage.first_step, (long long)stage.last_step(),
         (long long)r.first_sample, (long long)(r.first_sample + r.samples - 1),
-        (long long)r.samples, stage.list.c_str(), LrPolicyName(stage.lr_policy));
+        (long long)r.samples, stage.blends.empty() ? "list" : "blends", stage.list.c_str(),
+        LrPolicyName(stage.lr_policy));
     if (r.anneal_samples > 0)
       std::printf(
           "  anneal: its first %lld samples (%lld steps) move from stage %d's weights to these, "

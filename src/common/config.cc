@@ -32,7 +32,7 @@ const char* ConfigTypeName(ConfigType type) {
     case ConfigType::kBoolOrString:
       return "true, false or a string";
     case ConfigType::kTableList:
-      return "an array of tables of strings, numbers and arrays of strings";
+      return "an array of tables of strings, numbers, arrays of strings and arrays of such tables";
   }
   return "?";
 }
@@ -78,7 +78,7 @@ std::string ShortestDouble(double value) {
 
 // A table of scalars as a canonical inline TOML table: `{ key = value, ... }`, keys sorted (toml++
 // keeps them so), strings quoted as FormatConfigValue quotes them. False when a value is not a
-// string, integer, float, boolean or array of strings.
+// string, integer, float, boolean, array of strings or array of such tables (a stage's `blends`).
 bool CanonicalInlineTable(const toml::table& table, std::string* out) {
   std::string text = "{";
   for (const auto& [key, node] : table) {
@@ -91,12 +91,16 @@ bool CanonicalInlineTable(const toml::table& table, std::string* out) {
       value = ShortestDouble(*v);
     else if (auto v = node.value_exact<bool>())
       value = *v ? "true" : "false";
-    else if (const toml::array* array = node.as_array()) {  // an array of strings
+    else if (const toml::array* array = node.as_array()) {  // of strings, or of tables
       value = "[";
       for (const auto& element : *array) {
-        auto item = element.value_exact<std::string>();
-        if (!item) return false;
-        value += (value.size() > 1 ? ", " : "") + FormatConfigValue(*item);
+        std::string item;
+        if (auto text = element.value_exact<std::string>())
+          item = FormatConfigValue(*text);
+        else if (const toml::table* inner = element.as_table();
+                 !inner || !CanonicalInlineTable(*inner, &item))
+          return false;
+        value += (value.size() > 1 ? ", " : "") + item;
       }
       value += "]";
     } else

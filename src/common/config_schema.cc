@@ -179,7 +179,8 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
 
       // [data]
       {"data.stages", T::kTableList, V(std::vector<std::string>{}),
-       "training stages in order, each a [[data.stages]] table: list (a blend file list), steps "
+       "training stages in order, each a [[data.stages]] table: list (a blend file list) or "
+       "blends (a blend of them, [{ list, weight }, ...]), steps "
        "or tokens, lr_policy (continue, rewarm, gentle), warmup_steps, peak_fraction (gentle), "
        "anneal_steps, name; needs training.dataset = \"blend\" (docs/training.md#stages)",
        true},

@@ -1,6 +1,7 @@
 #include "data/blended_dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <list>
 #include <map>
 #include <mutex>
@@ -191,6 +192,35 @@ std::string CacheFolder(const BlendOptions& options, const std::string& list) {
                                    : options.cache_dir;
 }
 
+// A stage's file list lines, each with the index of the list it came from (0 for `file_list`): a
+// blend of blends' lines reweighted to weight of its list x (weight / its list's sum). Errors as
+// ReadFileList's, after the stage's name.
+std::vector<std::pair<FileListEntry, size_t>> StageLines(const BlendStageOptions& stage) {
+  std::vector<std::pair<FileListEntry, size_t>> lines;
+  try {
+    if (stage.blends.empty()) {
+      for (FileListEntry& entry : ReadFileList(stage.file_list))
+        lines.emplace_back(std::move(entry), 0);
+      return lines;
+    }
+    for (size_t k = 0; k < stage.blends.size(); ++k) {
+      std::vector<FileListEntry> entries = ReadFileList(stage.blends[k].list);
+      double sum = 0;
+      for (const FileListEntry& entry : entries) sum += entry.weight;
+      if (!std::isfinite(sum))
+        throw DataError(stage.blends[k].list + ": the weights add up to " + FormatValue(sum) +
+                        "; write them smaller");
+      for (FileListEntry& entry : entries) {
+        entry.weight = stage.blends[k].weight * (entry.weight / sum);
+        lines.emplace_back(std::move(entry), k);
+      }
+    }
+  } catch (const Error& e) {
+    throw Error(e.exit_code(), stage.where + ": " + e.what());
+  }
+  return lines;
+}
+
 }  // namespace
 
 std::unique_ptr<BlendedDataset> BlendedDataset::Open(const BlendOptions& options) {
@@ -240,16 +270,9 @@ std::unique_ptr<BlendedDataset> BlendedDataset::OpenStaged(const BlendOptions& o
     stage.options = stage_options;
     stage.first_sample = total;
     total += stage_options.samples;
-    try {
-      stage.entries = ReadFileList(stage_options.file_list);
-    } catch (const Error& e) {
-      throw Error(e.exit_code(), stage_options.where + ": " + e.what());
-    }
-    const std::vector<double> shares = EntryShares(stage.entries);
-    std::map<int, std::string> listed;  // this stage's datasets, by the line that lists them
-    std::vector<double> stage_shares;
-    for (size_t i = 0; i < stage.entries.size(); ++i) {
-      const FileListEntry& entry = stage.entries[i];
+    std::map<int, size_t> entry_of;                         // this stage's datasets: their entries
+    std::map<std::pair<int, size_t>, std::string> line_of;  // (dataset, list): its line there
+    for (auto& [entry, list] : StageLines(stage_options)) {
       auto [shard, reader] = OpenShard(entry, options, &tokenizer, &tokenizer_source);
       const std::string content = shard.manifest.content_checksum;
       auto [it, added] =
@@ -259,15 +282,20 @@ std::unique_ptr<BlendedDataset> BlendedDataset::OpenStaged(const BlendOptions& o
         state->readers.push_back(std::move(reader));
       }
       const int d = it->second;
-      if (auto seen = listed.find(d); seen != listed.end())
+      if (auto [seen, first_in_list] = line_of.emplace(std::pair(d, list), entry.where);
+          !first_in_list)
         throw DataError(entry.where + ": " + entry.prefix + " holds the same shard (content " +
                         content + ") as " + seen->second +
                         "; a stage lists each shard once: put the weights together on one line");
-      listed[d] = entry.where;
+      if (auto seen = entry_of.find(d); seen != entry_of.end()) {
+        stage.entries[seen->second].weight += entry.weight;  // two lists of a blend of blends
+        continue;
+      }
+      entry_of[d] = stage.entries.size();
+      stage.entries.push_back(std::move(entry));
       stage.datasets.push_back(d);
-      stage_shares.push_back(shares[i]);
     }
-    stage.shares = stage_shares;  // per entry for now; per dataset once all are known
+    stage.shares = EntryShares(stage.entries);  // per entry now; per dataset once all are known
     state->stages.push_back(std::move(stage));
   }
   if (total != options.num_samples)
@@ -304,7 +332,9 @@ std::unique_ptr<BlendedDataset> BlendedDataset::OpenStaged(const BlendOptions& o
     stage.shares = shares;
     mixtures.push_back(std::move(mixture));
   }
-  const std::string cache_dir = CacheFolder(options, options.stages.front().file_list);
+  const BlendStageOptions& first = options.stages.front();
+  const std::string cache_dir =
+      CacheFolder(options, first.blends.empty() ? first.file_list : first.blends.front().list);
   state->key = key;
   state->path = BlendIndexPath(cache_dir, key);
   state->index =

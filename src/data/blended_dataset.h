@@ -22,13 +22,24 @@
 
 namespace crucible {
 
+// One file list of a blend of blends and its weight (a stage's `blends`, data/stages.h).
+struct WeightedFileList {
+  std::string list;
+  double weight = 0;  // positive, finite; relative to the other lists' (normalised to sum to one)
+};
+
 // One stage of a staged blend (data/stages.h, staged_blend_index.h), in samples.
 struct BlendStageOptions {
   std::string name;
-  std::string file_list;
-  std::string where;  // names the stage in errors
+  std::string file_list;  // the stage's list; only a description when `blends` is not empty
+  std::string where;      // names the stage in errors
   int64_t samples = 0;
   int64_t anneal_samples = 0;  // its first this many anneal from the previous stage's mixture
+  // A blend of blends: the union of the lists' lines, each weighted
+  //   weight of its list x (its weight / the sum of its list's weights);
+  // a shard that several lists name is one dataset with their weights added (a list that names
+  // it twice is refused, as one `file_list` is). Empty: file_list is the stage's data.
+  std::vector<WeightedFileList> blends;
 };
 
 struct BlendOptions {
@@ -58,10 +69,12 @@ struct BlendedShard {
 // A stage of a staged blend as it was opened.
 struct BlendStage {
   BlendStageOptions options;
-  int64_t first_sample = 0;            // the stage's samples are [first_sample, + options.samples)
-  std::vector<FileListEntry> entries;  // its file list's lines
-  std::vector<int> datasets;           // the dataset (of shards()) of each entry
-  std::vector<double> shares;          // per dataset of shards(): 0 where it does not list it
+  int64_t first_sample = 0;  // the stage's samples are [first_sample, + options.samples)
+  // Its file list's lines; of a blend of blends, one per dataset (a shard several lists name:
+  // the first line naming it, with the weights added), each line's weight the combined one.
+  std::vector<FileListEntry> entries;
+  std::vector<int> datasets;   // the dataset (of shards()) of each entry
+  std::vector<double> shares;  // per dataset of shards(): 0 where it does not list it
 };
 
 // Which dataset and which of its samples a global sample is.

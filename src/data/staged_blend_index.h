@@ -36,8 +36,9 @@ namespace crucible {
 struct StageMixture {
   int64_t samples = 0;         // the stage's samples
   int64_t anneal_samples = 0;  // its first this many anneal from the previous stage's shares
-  // Per dataset of the union: the weight as its file list gives it, 0 where the stage does not
-  // list the dataset (at least one positive).
+  // Per dataset of the union: the weight as its file list gives it (a blend of blends: the
+  // combined weight, BlendStageOptions::blends), 0 where the stage does not list the dataset (at
+  // least one positive).
   std::vector<double> weights;
 };
 

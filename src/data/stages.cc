@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -15,9 +17,45 @@
 namespace crucible {
 namespace {
 
-const std::vector<std::string> kStageKeys = {"name",          "list",         "steps",
-                                             "tokens",        "lr_policy",    "warmup_steps",
-                                             "peak_fraction", "anneal_steps", "eval_text"};
+const std::vector<std::string> kStageKeys = {
+    "name",      "list",         "blends",        "steps",        "tokens",
+    "lr_policy", "warmup_steps", "peak_fraction", "anneal_steps", "eval_text"};
+const std::vector<std::string> kBlendKeys = {"list", "weight"};
+const char* kBlendsShape = "blends = [{ list = \"web.txt\", weight = 0.7 }, ...]";
+
+// The closest of `known` to `name`, as " (did you mean 'x'?)", or "".
+std::string DidYouMean(const std::string& name, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_distance = std::string::npos;
+  for (const std::string& candidate : known)
+    if (const size_t d = EditDistance(name, candidate); d < best_distance)
+      best_distance = d, best = candidate;
+  return best_distance <= 2 ? " (did you mean '" + best + "'?)" : "";
+}
+
+std::string Join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+// The shortest text that reads back as `value` (0.7, 3, 1e-05): a weight as it was given.
+std::string ShortestNumber(double value) {
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, result.ptr);
+}
+
+// Why the file list at `path` (the value of `key`) cannot be read, or "".
+std::string UnreadableList(const std::string& key, const std::string& path) {
+  if (const std::string missing = StatFailure(path); !missing.empty())
+    return key + " = \"" + path + "\": cannot read the file list: " + missing;
+  if (IsDirectory(path))
+    return key + " = \"" + path + "\" is a directory; name the blend file list in it";
+  if (::access(path.c_str(), R_OK) != 0)
+    return key + " = \"" + path + "\": cannot read the file list: " + std::strerror(errno);
+  return "";
+}
 
 bool IsStageName(const std::string& name) {
   return !name.empty() &&
@@ -35,14 +73,8 @@ class StageTable {
     for (const auto& [key, node] : table_) {
       const std::string name(key.str());
       if (std::find(kStageKeys.begin(), kStageKeys.end(), name) != kStageKeys.end()) continue;
-      std::string best;
-      size_t best_distance = std::string::npos;
-      for (const std::string& known : kStageKeys)
-        if (const size_t d = EditDistance(name, known); d < best_distance)
-          best_distance = d, best = known;
-      throw Fail("unknown key '" + name + "'" +
-                 (best_distance <= 2 ? " (did you mean '" + best + "'?)" : "") +
-                 "; a stage takes " + Join(kStageKeys, ", "));
+      throw Fail("unknown key '" + name + "'" + DidYouMean(name, kStageKeys) + "; a stage takes " +
+                 Join(kStageKeys, ", "));
     }
   }
   Error Fail(const std::string& why) const { return UsageError(where_ + ": " + why); }
@@ -83,15 +115,56 @@ class StageTable {
       throw Fail(std::string(key) + ": expected a file name or a list of file names");
     return out;
   }
+  // `blends`: at least one { list, weight } table, each list a readable file, each weight a
+  // positive finite number. Errors name the entry ("blends #2").
+  std::vector<WeightedFileList> Blends() const {
+    const toml::array* array = table_["blends"].as_array();
+    if (!array)
+      throw Fail(std::string("blends: expected an array of tables (") + kBlendsShape + ")");
+    if (array->empty())
+      throw Fail(std::string("blends = []: name at least one file list (") + kBlendsShape + ")");
+    std::vector<WeightedFileList> out;
+    for (size_t k = 0; k < array->size(); ++k) {
+      const std::string entry = StrFormat("blends #%zu", k + 1);
+      const toml::table* table = array->get(k)->as_table();
+      if (!table)
+        throw Fail(entry + ": expected a table { list = \"blend.txt\", weight = W } (" +
+                   kBlendsShape + ")");
+      for (const auto& [key, node] : *table) {
+        const std::string name(key.str());
+        if (std::find(kBlendKeys.begin(), kBlendKeys.end(), name) == kBlendKeys.end())
+          throw Fail(entry + ": unknown key '" + name + "'" + DidYouMean(name, kBlendKeys) +
+                     "; an entry of blends takes list and weight");
+      }
+      WeightedFileList part;
+      const auto list = (*table)["list"].value_exact<std::string>();
+      if (!table->contains("list") || (list && list->empty()))
+        throw Fail(entry +
+                   ": no list: name a blend file list, { list = \"blend.txt\", weight = W }");
+      if (!list) throw Fail(entry + ": list: expected a file name");
+      part.list = *list;
+      const std::string named = StrFormat("%s (\"%s\")", entry.c_str(), part.list.c_str());
+      if (!table->contains("weight"))
+        throw Fail(named + ": no weight: give the list's share of the stage, weight = W > 0");
+      if (auto v = (*table)["weight"].value_exact<double>())
+        part.weight = *v;
+      else if (auto v = (*table)["weight"].value_exact<int64_t>())
+        part.weight = static_cast<double>(*v);
+      else
+        throw Fail(named + ": weight: expected a number");
+      if (!std::isfinite(part.weight) || part.weight <= 0)
+        throw Fail(named + ": weight = " + FormatValue(part.weight) +
+                   " is out of range: expected a positive finite number");
+      if (const std::string why = UnreadableList(entry + ": list", part.list); !why.empty())
+        throw Fail(why);
+      out.push_back(std::move(part));
+    }
+    return out;
+  }
   const std::string& where() const { return where_; }
   void Rename(const std::string& name) { where_ += " (\"" + name + "\")"; }
 
  private:
-  static std::string Join(const std::vector<std::string>& items, const char* separator) {
-    std::string out;
-    for (const std::string& item : items) out += (out.empty() ? "" : separator) + item;
-    return out;
-  }
   toml::table table_;
   std::string where_;
 };
@@ -130,17 +203,24 @@ std::vector<DataStage> ReadDataStages(const Config& config) {
       throw t.Fail("name \"" + s.name +
                    "\" is taken by an earlier stage; give each a name of its own");
     s.where = t.where();
-    s.list = t.String("list", "");
-    if (!t.Has("list") || s.list.empty())
+    if (t.Has("list") && t.Has("blends"))
       throw t.Fail(
-          "no list: name the stage's blend file list (list = \"blend.txt\", `weight prefix "
-          "[corpus]` per line, as training.dataset_path of a blend)");
-    if (const std::string missing = StatFailure(s.list); !missing.empty())
-      throw t.Fail("list = \"" + s.list + "\": cannot read the file list: " + missing);
-    if (IsDirectory(s.list))
-      throw t.Fail("list = \"" + s.list + "\" is a directory; name the blend file list in it");
-    if (::access(s.list.c_str(), R_OK) != 0)
-      throw t.Fail("list = \"" + s.list + "\": cannot read the file list: " + std::strerror(errno));
+          "both list and blends are given; give the stage's data one way: list = \"blend.txt\" "
+          "or " +
+          std::string(kBlendsShape));
+    if (t.Has("blends")) {
+      s.blends = t.Blends();
+      for (const WeightedFileList& part : s.blends)
+        s.list += (s.list.empty() ? "" : "+") + ShortestNumber(part.weight) + "*" + part.list;
+    } else {
+      s.list = t.String("list", "");
+      if (!t.Has("list") || s.list.empty())
+        throw t.Fail(
+            "no list: name the stage's blend file list (list = \"blend.txt\", `weight prefix "
+            "[corpus]` per line, as training.dataset_path of a blend) or a blend of them (" +
+            std::string(kBlendsShape) + ")");
+      if (const std::string why = UnreadableList("list", s.list); !why.empty()) throw t.Fail(why);
+    }
     if (t.Has("steps") && t.Has("tokens"))
       throw t.Fail("both steps and tokens are given; give the stage's length one way");
     if (!t.Has("steps") && !t.Has("tokens"))

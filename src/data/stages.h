@@ -6,7 +6,8 @@
 //
 //   [[data.stages]]
 //   name = "math"            # [A-Za-z0-9_.-]+, unique; default "stage<k>"
-//   list = "math-blend.txt"  # a blend file list (relative to the working folder)
+//   list = "math-blend.txt"  # a blend file list (relative to the working folder), or a blend of
+//                            # them: blends = [{ list = "web.txt", weight = 0.7 }, ...]
 //   steps = 200              # or tokens = 3276800: a whole number of steps, exactly
 //   lr_policy = "gentle"     # continue (default), rewarm or gentle
 //   warmup_steps = 20        # rewarm/gentle: default [lr_scheduler] warmup_steps
@@ -22,6 +23,7 @@
 
 #include "common/config.h"
 #include "data/batch_schedule.h"
+#include "data/blended_dataset.h"
 
 namespace crucible {
 
@@ -29,12 +31,15 @@ enum class LrPolicy { kContinue, kRewarm, kGentle };
 const char* LrPolicyName(LrPolicy policy);
 
 struct DataStage {
-  int index = 0;       // from 1, in order
-  std::string name;    // unique
-  std::string list;    // the blend file list
-  std::string where;   // for errors: `run.toml:12: [[data.stages]] #2 ("math")`
-  int64_t steps = 0;   // resolved (from `tokens` when the length is given so)
-  int64_t tokens = 0;  // as given; 0 when the length is given in steps
+  int index = 0;     // from 1, in order
+  std::string name;  // unique
+  // The blend file list; for a blend of blends, its one-word description as phase=stage lines
+  // and `data inspect --config` show it: "0.7*web.txt+0.3*math.txt" (weights as given).
+  std::string list;
+  std::vector<WeightedFileList> blends;  // a blend of blends (`blends`); empty with `list`
+  std::string where;                     // for errors: `run.toml:12: [[data.stages]] #2 ("math")`
+  int64_t steps = 0;                     // resolved (from `tokens` when the length is given so)
+  int64_t tokens = 0;                    // as given; 0 when the length is given in steps
   LrPolicy lr_policy = LrPolicy::kContinue;
   int64_t warmup_steps = -1;  // rewarm and gentle; -1: [lr_scheduler] warmup_steps
   double peak_fraction = 1;   // gentle's share of optimizer.lr; 1 for the others
@@ -45,10 +50,12 @@ struct DataStage {
 };
 
 // Reads and checks data.stages (no stages: empty): every key known, of its type and range;
-// `list` given and a readable file; steps or tokens, not both; lr_policy known; warmup_steps
-// only with rewarm or gentle, peak_fraction with gentle only (and there required); no anneal in
-// the first stage; names unique. UsageError (exit 2) in one line naming the stage, where it was
-// given, the key and what to do. Lengths in tokens are not converted yet (steps = 0).
+// exactly one of `list` (a readable file) and `blends` (at least one { list, weight } table,
+// each list a readable file, each weight a positive finite number); steps or tokens, not both;
+// lr_policy known; warmup_steps only with rewarm or gentle, peak_fraction with gentle only (and
+// there required); no anneal in the first stage; names unique. UsageError (exit 2) in one line
+// naming the stage, where it was given, the key and what to do. Lengths in tokens are not
+// converted yet (steps = 0).
 std::vector<DataStage> ReadDataStages(const Config& config);
 
 // Places the stages on the run's steps: tokens become steps through the global batches of

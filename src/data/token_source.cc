@@ -174,6 +174,7 @@ std::unique_ptr<TokenSource> MakeTokenSource(const Config& config, int64_t vocab
       BlendStageOptions o;
       o.name = stage.name;
       o.file_list = stage.list;
+      o.blends = stage.blends;
       o.where = stage.where;
       const int64_t before = batches.SamplesBefore(stage.first_step);
       o.samples = batches.SamplesBefore(stage.last_step() + 1) - before;

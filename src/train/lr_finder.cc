@@ -223,10 +223,21 @@ int RunLrFind(Config config, const LrFindOptions& given) {
   config.Set("job.dump_folder", JoinPath(options.out_dir, "run"));
   config.Set("training.steps", options.steps);
   // A run in stages sweeps on its first stage's blend (a one-stage run is the plain blend of its
-  // list, sample for sample).
+  // list, sample for sample); a blend of blends stays one stage of the sweep's steps.
   if (const std::vector<DataStage> stages = ReadDataStages(config); !stages.empty()) {
-    config.Set("training.dataset_path", stages.front().list);
-    config.Set("data.stages", std::vector<std::string>{});
+    std::vector<std::string> first_stage;
+    if (stages.front().blends.empty()) {
+      config.Set("training.dataset_path", stages.front().list);
+    } else {
+      std::string blends;
+      for (const WeightedFileList& part : stages.front().blends)
+        blends += (blends.empty() ? "" : ", ") + StrFormat("{ list = %s, weight = %s }",
+                                                           FormatConfigValue(part.list).c_str(),
+                                                           FormatDouble(part.weight).c_str());
+      first_stage.push_back(
+          StrFormat("{ blends = [%s], steps = %lld }", blends.c_str(), (long long)options.steps));
+    }
+    config.Set("data.stages", first_stage);
   }
   config.Set("checkpoint.enable", false);
   config.Set("validation.enable", false);

@@ -2,9 +2,10 @@
 binary: a two-stage run with an anneal, killed in the middle of each stage and resumed, equals the
 uninterrupted run bit for bit, and two ranks train it to the same bits; changed stages refuse to
 resume; `crucible data inspect --config` shows each stage's mixture within one sample of its
-weights at every prefix; each LR policy's values at the boundary as the docs state them; a run
-starting from another run's weights, a checkpoint's or a Hugging Face folder's; one stage equals
-the plain blend of its list; bad stages are refused in one line (exit 2)."""
+weights at every prefix, a blend of blends' too (its lists' lines reweighted by their shares);
+each LR policy's values at the boundary as the docs state them; a run starting from another run's
+weights, a checkpoint's or a Hugging Face folder's; one stage equals the plain blend of its list;
+lr-find on a blend of blends; bad stages are refused in one line (exit 2)."""
 import json
 import math
 import os
@@ -64,10 +65,19 @@ keep_latest_k = 0
 {extra}
 """
     for stage in stages:
-        text += "\n[[data.stages]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in stage.items())
+        text += "\n[[data.stages]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in stage.items())
     path = tmp / f"{run}.toml"
     path.write_text(text)
     return path
+
+
+def toml_value(value):
+    """A stage value as TOML: JSON's scalars and strings, inline tables for dicts (blends)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def two_stages(tmp, policy="gentle"):
@@ -133,14 +143,7 @@ def test_a_two_stage_run_resumed_in_the_middle_of_each_stage_equals_the_straight
     assert 'Stage 1 "pre": steps 1-6, samples 0-23 (24)' in report
     assert 'Stage 2 "cpt": steps 7-12, samples 24-47 (24)' in report
     assert "anneal: its first 12 samples (3 steps)" in report
-    rows = {}
-    stage = None
-    for line in report.splitlines():
-        if line.startswith("Stage "):
-            stage = int(line.split()[1])
-        fields = line.split()
-        if stage and len(fields) == 8 and fields[1].isdigit():
-            rows[(stage, fields[0])] = [float(x) for x in fields[2:]]
+    rows = inspect_rows(report)
     assert set(rows) == {(1, "web"), (1, "books"), (2, "books"), (2, "dict"), (2, "web")}
     for (stage, corpus_name), (weight, realised, samples, error, anneal, anneal_error) in rows.items():
         assert error <= 1.0 and anneal_error <= 1.0, (stage, corpus_name, rows)
@@ -213,6 +216,73 @@ def test_stages_start_from_a_run_a_checkpoint_or_a_hugging_face_folder(corpora, 
     assert first_losses["hf"] == first_losses["run"]  # the same weights, the same bits
 
 
+def inspect_rows(report):
+    """data inspect --config's dataset rows: {(stage, corpus): [weight, realised, samples, error,
+    anneal samples, anneal error]}."""
+    rows, stage = {}, None
+    for line in report.splitlines():
+        if line.startswith("Stage "):
+            stage = int(line.split()[1])
+        fields = line.split()
+        if stage and len(fields) == 8 and fields[1].isdigit():
+            rows[(stage, fields[0])] = [float(x) for x in fields[2:]]
+    return rows
+
+
+def test_a_blend_of_blends_stage_trains_on_the_union_of_its_lists_reweighted(corpora, tokenizer_json):  # noqa: F811
+    tmp = corpora
+    # pre.txt: web 0.6, books 0.4; cpt.txt: books 0.3, dict 0.7. At 0.25 and 0.75: web 0.15,
+    # books 0.1 + 0.225 (a shard both lists name is one dataset, its weights added), dict 0.525.
+    blends = [{"list": str(tmp / "pre.txt"), "weight": 0.25}, {"list": str(tmp / "cpt.txt"), "weight": 0.75}]
+    stages = [{"name": "pre", "list": str(tmp / "pre.txt"), "steps": 2},
+              {"name": "mix", "blends": blends, "steps": 25, "anneal_steps": 2}]
+    path = config(tmp, tokenizer_json, "mix", stages, "enable = false")
+    description = f"0.25*{tmp / 'pre.txt'}+0.75*{tmp / 'cpt.txt'}"
+    report = run_crucible("data", "inspect", "--config", path).stdout
+    assert f'Stage 2 "mix": steps 3-27, samples 8-107 (100), blends {description}, lr_policy' in report, report
+    rows = inspect_rows(report)
+    expected = {"web": 0.15, "books": 0.325, "dict": 0.525}
+    assert {c for (s, c) in rows if s == 2} == set(expected)
+    steady = 100 - 2 * 4
+    for corpus_name, weight in expected.items():
+        shown, realised, samples, error, anneal, anneal_error = rows[(2, corpus_name)]
+        assert shown == pytest.approx(weight, abs=1e-4)
+        assert abs(samples - steady * weight) <= 1 and error <= 1 and anneal_error <= 1, rows
+        assert realised == pytest.approx(samples / steady, abs=1e-4)
+    assert sum(rows[(2, c)][2] + rows[(2, c)][4] for c in expected) == 100
+
+    # The run reads that mixture; its phase=stage line names the blend of blends.
+    proc = train("--config", path)
+    assert (f"phase=stage stage=2 name=mix first_step=3 last_step=27 lr_policy=continue "
+            f"anneal_steps=2 list={description}") in proc.stdout, proc.stdout
+    assert "step=27 " in proc.stdout
+
+
+def test_lr_find_sweeps_on_a_first_stage_that_is_a_blend_of_blends(corpora, tokenizer_json):  # noqa: F811
+    tmp = corpora
+    blends = [{"list": str(tmp / "pre.txt"), "weight": 1}, {"list": str(tmp / "cpt.txt"), "weight": 2}]
+    stages = [{"name": "mix", "blends": blends, "steps": 30, "lr_policy": "gentle", "peak_fraction": 0.5},
+              {"name": "cpt", "list": str(tmp / "cpt.txt"), "steps": 4}]
+    out = tmp / "sweep"
+    proc = run_crucible("lr-find", "--config", config(tmp, tokenizer_json, "lrf", stages), "--steps", "12",
+                        "--out", out, env={"OMP_NUM_THREADS": "1"})
+    assert (f"phase=stage stage=1 name=stage1 first_step=1 last_step=12 lr_policy=continue "
+            f"anneal_steps=0 list=1*{tmp / 'pre.txt'}+2*{tmp / 'cpt.txt'}") in proc.stdout, proc.stdout
+    assert "phase=lr_find status=done steps_run=12 " in proc.stdout
+
+
+def test_a_blend_list_with_bad_content_is_bad_data_naming_the_stage(corpora, tokenizer_json):  # noqa: F811
+    tmp = corpora
+    (tmp / "bad.txt").write_text("1 shards/web\n-2 shards/dict\n")
+    blends = [{"list": str(tmp / "pre.txt"), "weight": 1}, {"list": str(tmp / "bad.txt"), "weight": 1}]
+    path = config(tmp, tokenizer_json, "badlist", [{"name": "mix", "blends": blends, "steps": 2}])
+    proc = train("--config", path, check=False)
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if "error" in l]
+    assert len(errors) == 1 and f'[[data.stages]] #1 ("mix"): {tmp / "bad.txt"}:2: weight -2' in errors[0], \
+        proc.stderr
+
+
 @pytest.mark.parametrize("stage,expected", [
     ({"steps": 3}, '#2 ("stage2"): no list: name the stage\'s blend file list'),
     ({"list": "LIST", "steps": 3, "tokens": 384}, '#2 ("stage2"): both steps and tokens are given'),
@@ -220,11 +290,27 @@ def test_stages_start_from_a_run_a_checkpoint_or_a_hugging_face_folder(corpora, 
     ({"list": "LIST", "steps": 3, "anneal_steps": 4}, "anneal_steps = 4 is longer than the stage (3 steps)"),
     ({"list": "MISSING", "steps": 3}, "cannot read the file list: no such file"),
     ({"list": "LIST", "tokens": 100}, "tokens = 100 is not a whole number of samples"),
+    ({"list": "LIST", "blends": [{"list": "LIST", "weight": 1}], "steps": 3},
+     '#2 ("stage2"): both list and blends are given'),
+    ({"blends": [], "steps": 3}, '#2 ("stage2"): blends = []: name at least one file list'),
+    ({"blends": [{"list": "LIST", "weight": 1}, {"list": "LIST", "weight": 0}], "steps": 3},
+     '#2 ("stage2"): blends #2 ("LIST"): weight = 0 is out of range: expected a positive finite number'),
+    ({"blends": [{"list": "LIST", "weight": -1.5}], "steps": 3}, "weight = -1.5 is out of range"),
+    ({"blends": [{"list": "MISSING", "weight": 1}], "steps": 3},
+     'blends #1: list = "MISSING": cannot read the file list: no such file'),
+    ({"blends": [{"weight": 1}], "steps": 3}, '#2 ("stage2"): blends #1: no list: name a blend file list'),
 ])
 def test_bad_stages_exit_2_in_one_line(corpora, tokenizer_json, stage, expected):  # noqa: F811
     tmp = corpora
-    stage = {k: (str(tmp / "cpt.txt") if v == "LIST" else str(tmp / "nope.txt") if v == "MISSING" else v)
-             for k, v in stage.items()}
+    names = {"LIST": str(tmp / "cpt.txt"), "MISSING": str(tmp / "nope.txt")}
+
+    def named(value):
+        if isinstance(value, dict):
+            return {k: named(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [named(v) for v in value]
+        return names.get(value, value) if isinstance(value, str) else value
+    stage, expected = named(stage), expected.replace("LIST", names["LIST"]).replace("MISSING", names["MISSING"])
     path = config(tmp, tokenizer_json, "bad", [{"list": str(tmp / "pre.txt"), "steps": 3}, stage])
     proc = train("--config", path, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr

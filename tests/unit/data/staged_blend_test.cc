@@ -239,6 +239,53 @@ TEST_F(StagedBlendTest, AStageListingOneShardTwiceIsBadDataNamingTheLines) {
   }
 }
 
+TEST_F(StagedBlendTest, ABlendOfBlendsWeighsEachListsLinesByItsShareAndAddsASharedShard) {
+  // one.txt: a 5/8, b 3/8; two.txt: c 1/4, a 3/4. At 0.6 and 0.4: a 0.375 + 0.3, b 0.225, c 0.1.
+  BlendStageOptions stage{"mix", "", "s1", 1000, 0};
+  stage.blends = {{dir_ / "one.txt", 0.6}, {dir_ / "two.txt", 0.4}};
+  auto blend = BlendedDataset::Open(Options({stage}));
+  ASSERT_EQ(blend->shards().size(), 3u);
+  const BlendStage& opened = blend->stages()[0];
+  EXPECT_EQ(opened.datasets, (std::vector<int>{0, 1, 2}));  // a once, where one.txt names it
+  EXPECT_EQ(opened.entries[0].where, dir_ / "one.txt:1");
+  const std::vector<double> expected = {0.675, 0.225, 0.1};
+  for (int d = 0; d < 3; ++d) EXPECT_NEAR(opened.shares[d], expected[d], 1e-12) << d;
+  const StageMixtureReport report = RealisedStageMixtures(*blend)[0];
+  for (const StageDatasetMixture& d : report.datasets) {
+    EXPECT_LT(d.max_error, 1.0 + 1e-9) << d.corpus;
+    EXPECT_NEAR(static_cast<double>(d.taken), 1000 * expected[d.dataset], 1.0) << d.corpus;
+  }
+  // The blend weights are relative: 3 and 2 are 0.6 and 0.4.
+  stage.blends = {{dir_ / "one.txt", 3}, {dir_ / "two.txt", 2}};
+  auto scaled = BlendedDataset::Open(Options({stage}));
+  for (int d = 0; d < 3; ++d) EXPECT_NEAR(scaled->stages()[0].shares[d], expected[d], 1e-12) << d;
+  // One list alone in a blend of blends is that list's blend.
+  stage.blends = {{dir_ / "one.txt", 0.25}};
+  auto alone = BlendedDataset::Open(Options({stage}));
+  auto plain = BlendedDataset::Open(Options({{"plain", dir_ / "one.txt", "s1", 1000, 0}}));
+  for (int64_t i = 0; i < 1000; ++i)
+    ASSERT_EQ(alone->Origin(i).dataset, plain->Origin(i).dataset) << i;
+}
+
+TEST_F(StagedBlendTest, ABlendListWithBadContentFailsAsABadListDoesNamingTheStage) {
+  AtomicWriteFile(dir_ / "bad.txt", "1 a\n-2 c\n");
+  AtomicWriteFile(dir_ / "twice.txt", "1 a\n2 c\n1 a.bin\n");
+  for (const std::string list : {"bad.txt", "twice.txt"}) {
+    BlendStageOptions stage{"mix", "", "run.toml:3: [[data.stages]] #1 (\"mix\")", 10, 0};
+    stage.blends = {{dir_ / "one.txt", 1}, {dir_ / list, 1}};
+    try {
+      BlendedDataset::Open(Options({stage}));
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitBadData) << e.what();
+      EXPECT_NE(std::string(e.what()).find(dir_ / list + ":"), std::string::npos) << e.what();
+      if (list == "bad.txt")
+        EXPECT_EQ(std::string(e.what()).rfind("run.toml:3: [[data.stages]] #1 (\"mix\"): ", 0), 0u)
+            << e.what();
+    }
+  }
+}
+
 TEST_F(StagedBlendTest, TheCacheKeyNamesTheStagesNotThePaths) {
   auto first = BlendedDataset::Open(Options(
       {{"first", dir_ / "one.txt", "s1", 100, 0}, {"second", dir_ / "two.txt", "s2", 100, 10}}));

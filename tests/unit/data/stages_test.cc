@@ -91,10 +91,13 @@ TEST_F(StagesTest, TheResolvedConfigWritesTheTablesBackAndReadsThemAlike) {
   EXPECT_EQ(stages[0].where.rfind("--set data.stages=", 0), 0u) << stages[0].where;
 }
 
-// (Arrays of strings are allowed: eval_text takes a list of files.)
-TEST_F(StagesTest, AStageTableMayHoldOnlyStringsNumbersAndArraysOfStrings) {
+// (Arrays of strings are allowed: eval_text takes a list of files; arrays of such tables too:
+// blends.)
+TEST_F(StagesTest, AStageTableMayHoldOnlyStringsNumbersAndArraysOfStringsOrTables) {
   EXPECT_NO_THROW(
       Config::Parse("[[data.stages]]\neval_text = [\"a\", \"b\"]\nsteps = 1\n", "run.toml"));
+  EXPECT_NO_THROW(Config::Parse(
+      "[[data.stages]]\nblends = [{ list = \"a\", weight = 1 }]\nsteps = 1\n", "run.toml"));
   try {
     Config::Parse("[[data.stages]]\nlist = [1]\nsteps = 1\n", "run.toml");
     FAIL() << "no error";
@@ -156,6 +159,76 @@ TEST_F(StagesTest, AListThatCannotBeReadIsNamed) {
   const Config folder =
       Config::Parse("[[data.stages]]\nlist = \"" + dir_.path() + "\"\nsteps = 3\n", "run.toml");
   EXPECT_NE(Refusal(folder).find("is a directory"), std::string::npos) << Refusal(folder);
+}
+
+TEST_F(StagesTest, ABlendOfBlendsIsReadWithItsWeightsAndRoundTripsThroughTheResolvedConfig) {
+  // Inline, and as [[data.stages.blends]] tables: the same stage.
+  const std::string inline_blends =
+      "[[data.stages]]\nname = \"mix\"\nsteps = 4\nblends = [{ list = \"" + (dir_ / "one.txt") +
+      "\", weight = 0.7 }, { list = \"" + (dir_ / "two.txt") + "\", weight = 3 }]\n";
+  const std::string table_blends =
+      "[[data.stages]]\nname = \"mix\"\nsteps = 4\n"
+      "[[data.stages.blends]]\nlist = \"" +
+      (dir_ / "one.txt") + "\"\nweight = 0.7\n[[data.stages.blends]]\nlist = \"" +
+      (dir_ / "two.txt") + "\"\nweight = 3\n";
+  for (const std::string& text : {inline_blends, table_blends}) {
+    const Config config = Config::Parse(text, "run.toml");
+    const std::vector<DataStage> stages = ReadDataStages(config);
+    ASSERT_EQ(stages.size(), 1u);
+    ASSERT_EQ(stages[0].blends.size(), 2u);
+    EXPECT_EQ(stages[0].blends[0].list, dir_ / "one.txt");
+    EXPECT_EQ(stages[0].blends[0].weight, 0.7);
+    EXPECT_EQ(stages[0].blends[1].weight, 3);
+    EXPECT_EQ(stages[0].list, "0.7*" + (dir_ / "one.txt") + "+3*" + (dir_ / "two.txt"));
+    const Config again = Config::Parse(config.ToToml(), "config.toml");
+    EXPECT_TRUE(again.Diff(config).empty());
+    EXPECT_EQ(ReadDataStages(again)[0].list, stages[0].list);
+  }
+}
+
+TEST_F(StagesTest, BadBlendsAreRefusedInOneLineNamingTheStageAndTheEntry) {
+  const std::string one = "\"" + (dir_ / "one.txt") + "\"";
+  struct Case {
+    std::string second, expected;
+  };
+  const std::vector<Case> cases = {
+      {"steps = 5\nblends = [{ list = " + one + ", weight = 1 }]\nlist = " + one + "\n",
+       "#2 (\"stage2\"): both list and blends are given; give the stage's data one way"},
+      {"steps = 5\nblends = []\n", "#2 (\"stage2\"): blends = []: name at least one file list"},
+      {"steps = 5\nblends = " + one + "\n", "blends: expected an array of tables"},
+      {"steps = 5\nblends = [" + one + "]\n", "blends #1: expected a table { list = "},
+      {"steps = 5\nblends = [{ weight = 1 }]\n",
+       "#2 (\"stage2\"): blends #1: no list: name a blend file list"},
+      {"steps = 5\nblends = [{ list = \"\", weight = 1 }]\n", "blends #1: no list"},
+      {"steps = 5\nblends = [{ list = " + one + " }]\n", "\"): no weight: give the list's share"},
+      {"steps = 5\nblends = [{ list = " + one + ", weight = 1 }, { list = " + one +
+           ", weight = 0 }]\n",
+       "blends #2 (" + one + "): weight = 0 is out of range: expected a positive finite number"},
+      {"steps = 5\nblends = [{ list = " + one + ", weight = -0.5 }]\n",
+       "weight = -0.5 is out of range"},
+      {"steps = 5\nblends = [{ list = " + one + ", weight = inf }]\n",
+       "weight = inf is out of range"},
+      {"steps = 5\nblends = [{ list = " + one + ", weight = \"1\" }]\n",
+       "weight: expected a number"},
+      {"steps = 5\nblends = [{ list = " + one + ", wieght = 1 }]\n",
+       "blends #1: unknown key 'wieght' (did you mean 'weight'?)"},
+      {"steps = 5\nblends = [{ list = \"" + (dir_ / "missing.txt") + "\", weight = 1 }]\n",
+       "blends #1: list = \"" + (dir_ / "missing.txt") +
+           "\": cannot read the file list: no such file"},
+      {"steps = 5\nblends = [{ list = \"" + dir_.path() + "\", weight = 1 }]\n", "is a directory"},
+      {"steps = 5\nblend = []\n", "unknown key 'blend' (did you mean 'blends'?)"},
+  };
+  for (const Case& c : cases) {
+    // The second stage without its `list` line: the case gives the data.
+    const Config config = Config::Parse(
+        "[training]\ndataset = \"blend\"\n\n[[data.stages]]\nname = \"pre\"\nlist = \"" +
+            (dir_ / "one.txt") + "\"\nsteps = 10\n\n[[data.stages]]\n" + c.second,
+        "run.toml");
+    const std::string message = Refusal(config);
+    EXPECT_NE(message.find(c.expected), std::string::npos) << "stage:\n"
+                                                           << c.second << "message: " << message;
+    EXPECT_NE(message.find("run.toml:9: [[data.stages]] #2"), std::string::npos) << message;
+  }
 }
 
 TEST_F(StagesTest, TheFirstStageHasNothingToAnnealFrom) {
