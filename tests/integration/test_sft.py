@@ -225,3 +225,25 @@ def test_template_is_detected_from_the_tokenizer_config(pretrained, tmp_path):
     # No template anywhere.
     proc = sft(pretrained, tmp_path / "c", data, "--set", 'sft.chat_template=""', check=False)
     assert proc.returncode == 2 and "needs sft.chat_template" in proc.stderr and "looked in" in proc.stderr
+
+
+@pytest.mark.parametrize("layout", [
+    ["parallelism.tensor_parallel_degree=2", "parallelism.tensor_parallel_chunks=2"],
+    ["parallelism.tensor_parallel_degree=2", "parallelism.tensor_parallel_chunks=2", "parallelism.sequence_parallel=true"],
+    ["model.name=deepseek_v3", "parallelism.expert_parallel_degree=2"],
+], ids=["tp2", "tp2-sp", "deepseek-ep2"])
+def test_packed_sft_gives_one_ranks_bits_under_tensor_and_expert_parallelism(pretrained, tmp_path, layout):
+    """Packed SFT on 2 ranks split by tensor (with and without sequence parallelism) or expert
+    parallelism ends with the weights of one rank, bit for bit (one rank runs the same 2 chunks of
+    each tensor-parallel product, as every tensor-parallel degree does: docs/parallelism.md)."""
+    folder, tokenizer, hf = pretrained
+    data = write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS * 3)
+    deepseek = "model.name=deepseek_v3" in layout
+    items = [s for s in (MODEL + SFT)[1::2]] + [
+        "training.steps=2", "sft.packing=true", "training.seq_len=128", f"model.tokenizer_path={tokenizer}",
+        f"training.dataset_path={data}"] + ([] if deepseek else [f"checkpoint.initial_load_hf={hf}"])
+    one = mpirun_train([str(crucible_binary()), "train"], 1, tmp_path / "one",
+                       items + [x for x in layout if x.startswith("model.") or "chunks" in x])
+    two = mpirun_train([str(crucible_binary()), "train"], 2, tmp_path / "two", items + layout)
+    assert digest(one) == digest(two)
+    assert losses(tmp_path / "one") == losses(tmp_path / "two")
