@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the "current" test environment: today's releases of the tools Crucible interoperates
 # with (scripts/requirements-current.txt: torch on the CPU, transformers 5, tokenizers, lm-eval,
-# accelerate, megatron-core), so that the interop and reference tests run against them as well
+# accelerate, megatron-core, trl), so that the interop and reference tests run against them as well
 # as against the pinned set of the project venv (.venv: Debian's torch 1.13, and the private
 # folders of setup-hf-interop.sh and setup-lm-eval.sh). Prints the environment's python as the
 # last line of stdout; the tests run it in subprocesses.
@@ -42,13 +42,13 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -m pip check --disable-pip-version-check >&2
   (cd "$repo/tests/integration" && "$venv/bin/python" -c "
 import accelerate, lm_eval, lm_eval.evaluator, lm_eval.models.huggingface, numpy, safetensors
-import lion_pytorch, tokenizers, torch, transformers
+import lion_pytorch, tokenizers, torch, transformers, trl, trl.trainer.grpo_trainer
 import megatron_compat
 megatron_compat.indexed_dataset(), megatron_compat.blending_helper()
 from importlib.metadata import version
 print('setup-current:', ', '.join(f'{p} {version(p)}' for p in
       ['torch', 'transformers', 'tokenizers', 'lm_eval', 'accelerate', 'megatron-core', 'numpy',
-       'lion-pytorch']))
+       'lion-pytorch', 'trl']))
 " >&2)
   touch "$stamp"
 fi
