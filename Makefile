@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps demo-deps demo-build venv current-env llama-env test unit-test py-test test-gpu gpu-pack demo bench clean format asan
+.PHONY: all build build-mpich deps demo-deps demo-build venv current-env llama-env test unit-test py-test test-gpu gpu-pack demo demo-post bench clean format asan
 
 all: build
 
@@ -80,6 +80,11 @@ demo-build: demo-deps
 
 demo: demo-build
 	@scripts/demo.sh
+
+# `make demo-post`: from pre-training to a chat model (CPT rewarm vs gentle, SFT, generate --chat),
+# with what `make demo` installs and builds (docs/post-training.md "Worked path").
+demo-post: demo-build
+	@scripts/demo-post.sh
 
 bench: build venv current-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) bench/train_vs_torch.py
