@@ -12,18 +12,10 @@ namespace crucible {
 
 namespace exact_wire {
 namespace {
-using U128 = unsigned __int128;
-
-int LowestSetBit(U128 x) {  // x != 0
-  const uint64_t low = static_cast<uint64_t>(x);
-  return low != 0 ? __builtin_ctzll(low) : 64 + __builtin_ctzll(static_cast<uint64_t>(x >> 64));
-}
-
-int BitLength(U128 x) {  // 0 for 0
-  const uint64_t high = static_cast<uint64_t>(x >> 64), low = static_cast<uint64_t>(x);
-  if (high != 0) return 128 - __builtin_clzll(high);
-  return low != 0 ? 64 - __builtin_clzll(low) : 0;
-}
+// The sums as 64-bit words, little-endian: element i is words [2i] (low) and [2i + 1] (high).
+// Loops over the words (not over __int128, whose shifts and compares GCC does not vectorise)
+// vectorise, at a few bytes a cycle.
+typedef uint64_t __attribute__((__may_alias__)) Word;
 
 int CeilLog2(int n) {
   int bits = 0;
@@ -35,6 +27,32 @@ int CeilLog2(int n) {
 inline int ShiftOf(const uint8_t* agreed, size_t block) {
   return agreed[2 * block + 1] == 0 ? 0 : 127 - agreed[2 * block];
 }
+
+// Describe's two bytes of one block of n sums. The lowest set bit of any nonzero sum is that of
+// the OR of the sums (x and -x have the same lowest set bit), the largest bit length that of
+// the OR of the magnitudes; the magnitude of a negative x is ~x + 1, the carry into the high
+// word when the low word of ~x + 1 wraps to 0.
+void DescribeBlock(const __int128* sums, size_t n, uint8_t* out) {
+  const Word* words = reinterpret_cast<const Word*>(sums);
+  uint64_t any_low = 0, any_high = 0, magnitude_low = 0, magnitude_high = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t low = words[2 * i], high = words[2 * i + 1];
+    any_low |= low;
+    any_high |= high;
+    const uint64_t sign = static_cast<uint64_t>(static_cast<int64_t>(high) >> 63);  // 0 or ~0
+    const uint64_t magnitude = (low ^ sign) - sign;
+    magnitude_low |= magnitude;
+    magnitude_high |= (high ^ sign) + (sign & static_cast<uint64_t>(magnitude == 0));
+  }
+  const int length = magnitude_high != 0  ? 128 - __builtin_clzll(magnitude_high)
+                     : magnitude_low != 0 ? 64 - __builtin_clzll(magnitude_low)
+                                          : 0;
+  const int lowest = any_low != 0    ? __builtin_ctzll(any_low)
+                     : any_high != 0 ? 64 + __builtin_ctzll(any_high)
+                                     : 127;
+  out[0] = static_cast<uint8_t>(length == 0 ? 0 : 127 - lowest);
+  out[1] = static_cast<uint8_t>(length);
+}
 }  // namespace
 
 void Describe(const __int128* sums, size_t count, uint8_t* out) {
@@ -42,15 +60,7 @@ void Describe(const __int128* sums, size_t count, uint8_t* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const size_t begin = b * ExactGrid::kBlock, end = std::min(count, begin + ExactGrid::kBlock);
-    int lowest = 127, length = 0;
-    for (size_t i = begin; i < end; ++i) {
-      if (sums[i] == 0) continue;
-      const U128 magnitude = sums[i] < 0 ? -static_cast<U128>(sums[i]) : static_cast<U128>(sums[i]);
-      lowest = std::min(lowest, LowestSetBit(magnitude));
-      length = std::max(length, BitLength(magnitude));
-    }
-    out[2 * b] = static_cast<uint8_t>(length == 0 ? 0 : 127 - lowest);
-    out[2 * b + 1] = static_cast<uint8_t>(length);
+    DescribeBlock(sums + begin, end - begin, out + 2 * b);
   }
 }
 
@@ -94,6 +104,81 @@ void WithWidth(int width, const char* what, const F& f) {
                                     ": no wire of " + std::to_string(width) + " bytes");
   }
 }
+
+// out[i] (kWidth bytes) = the low bytes of sums[i] >> shift, for the n sums of one block: the low
+// word of the shifted sum, low >> shift | high << (64 - shift) below 64 (written as two shifts,
+// so that a shift of 0 is defined), high >> (shift - 64) (arithmetic) from 64. In chunks through
+// a small buffer, so that the shifts vectorise; the stores of 6 bytes are 8-byte stores whose
+// last two bytes the next element's store overwrites, except the block's last (the block's
+// bytes are all its own: blocks on other threads never see a stray byte).
+template <int kWidth>
+void PackBlock(const __int128* sums, size_t n, int shift, unsigned char* out) {
+  constexpr size_t kChunk = 64;
+  uint64_t values[kChunk];
+  for (size_t c = 0; c < n; c += kChunk) {
+    const size_t m = std::min(kChunk, n - c);
+    const Word* words = reinterpret_cast<const Word*>(sums + c);
+    if (shift < 64) {
+      const int left = 63 - shift;
+      for (size_t i = 0; i < m; ++i)
+        values[i] = (words[2 * i] >> shift) | ((words[2 * i + 1] << 1) << left);
+    } else {
+      const int right = shift - 64;
+      for (size_t i = 0; i < m; ++i)
+        values[i] = static_cast<uint64_t>(static_cast<int64_t>(words[2 * i + 1]) >> right);
+    }
+    unsigned char* o = out + c * kWidth;
+    if constexpr (kWidth == 8) {
+      std::memcpy(o, values, m * sizeof(uint64_t));
+    } else if constexpr (kWidth == 4) {
+      for (size_t i = 0; i < m; ++i) {
+        const uint32_t value = static_cast<uint32_t>(values[i]);
+        std::memcpy(o + i * kWidth, &value, kWidth);
+      }
+    } else {
+      const size_t whole = c + m == n ? m - 1 : m;  // the block's last gets kWidth bytes
+      for (size_t i = 0; i < whole; ++i) std::memcpy(o + i * kWidth, values + i, 8);
+      if (whole < m) std::memcpy(o + whole * kWidth, values + whole, kWidth);
+    }
+  }
+}
+
+// The kWidth-byte integer at `at`, sign-extended; `whole`: 8 bytes may be read there.
+template <int kWidth>
+inline int64_t LoadWire(const unsigned char* at, bool whole) {
+  constexpr int kUnused = 64 - 8 * kWidth;
+  uint64_t bits = 0;
+  if (whole)
+    std::memcpy(&bits, at, sizeof bits);
+  else
+    std::memcpy(&bits, at, kWidth);
+  return static_cast<int64_t>(bits << kUnused) >> kUnused;
+}
+
+// out[i] = in[i] (sign-extended) << shift for the n sums of one block: below 64 the words are
+// value << shift and value >> (64 - shift) (arithmetic, two shifts so that 0 is defined), from
+// 64 they are 0 and value << (shift - 64). Every element but the last reads 8 bytes.
+template <int kWidth>
+void UnpackBlock(const unsigned char* in, size_t n, int shift, __int128* out) {
+  if (n == 0) return;
+  Word* words = reinterpret_cast<Word*>(out);
+  const size_t whole = kWidth == 8 ? n : n - 1;
+  if (shift < 64) {
+    const int right = 63 - shift;
+    const auto store = [&](size_t i, int64_t value) {
+      words[2 * i] = static_cast<uint64_t>(value) << shift;
+      words[2 * i + 1] = static_cast<uint64_t>((value >> 1) >> right);
+    };
+    for (size_t i = 0; i < whole; ++i) store(i, LoadWire<kWidth>(in + i * kWidth, true));
+    if (whole < n) store(whole, LoadWire<kWidth>(in + whole * kWidth, false));
+    return;
+  }
+  const int left = shift - 64;
+  for (size_t i = 0; i < n; ++i) {
+    words[2 * i] = 0;
+    words[2 * i + 1] = static_cast<uint64_t>(LoadWire<kWidth>(in + i * kWidth, i < whole)) << left;
+  }
+}
 }  // namespace
 
 void Pack(const __int128* sums, size_t count, size_t first, const uint8_t* agreed, int width,
@@ -101,10 +186,7 @@ void Pack(const __int128* sums, size_t count, size_t first, const uint8_t* agree
   WithWidth(width, "Pack", [&](auto w) {
     constexpr int kWidth = decltype(w)::value;
     ForEachBlock(count, first, agreed, [&](size_t begin, size_t end, int shift) {
-      for (size_t i = begin; i < end; ++i) {
-        const int64_t value = static_cast<int64_t>(sums[i] >> shift);
-        std::memcpy(out + i * kWidth, &value, kWidth);  // little-endian: the low kWidth bytes
-      }
+      PackBlock<kWidth>(sums + begin, end - begin, shift, out + begin * kWidth);
     });
   });
 }
@@ -113,14 +195,8 @@ void Unpack(const unsigned char* in, size_t count, size_t first, const uint8_t* 
             __int128* out) {
   WithWidth(width, "Unpack", [&](auto w) {
     constexpr int kWidth = decltype(w)::value;
-    constexpr int kUnused = 64 - 8 * kWidth;
     ForEachBlock(count, first, agreed, [&](size_t begin, size_t end, int shift) {
-      for (size_t i = begin; i < end; ++i) {
-        uint64_t bits = 0;
-        std::memcpy(&bits, in + i * kWidth, kWidth);
-        const int64_t value = static_cast<int64_t>(bits << kUnused) >> kUnused;  // sign-extended
-        out[i] = static_cast<__int128>(static_cast<U128>(static_cast<__int128>(value)) << shift);
-      }
+      UnpackBlock<kWidth>(in + begin * kWidth, end - begin, shift, out + begin);
     });
   });
 }
@@ -169,17 +245,18 @@ void ExactGroupSum::StartData(Operation& op) {
     op.out = nullptr;  // nothing to unpack
     return;
   }
-  ScopedKernelTimer profile_timer("exact_pack");
   const int width = wire_bytes();
-  op.send = TakeBuffer(op.total * width);
-  exact_wire::Pack(op.source, op.total, 0, op.agreed.data(), width, op.send.data());
-  if (!scatter) {
-    op.handle = group_.StartAllReduceNarrow(op.send.data(), op.total, width, what);
-    return;
+  {
+    ScopedKernelTimer profile_timer("exact_pack");
+    op.send = TakeBuffer(op.total * width);
+    exact_wire::Pack(op.source, op.total, 0, op.agreed.data(), width, op.send.data());
+    if (scatter) op.receive = TakeBuffer(std::max<size_t>(1, op.count) * width);
   }
-  op.receive = TakeBuffer(std::max<size_t>(1, op.count) * width);
-  op.handle =
-      group_.StartReduceScatterNarrow(op.send.data(), op.receive.data(), op.counts, width, what);
+  // Starting a nonblocking collective may already move data: MPI's own time, apart.
+  ScopedKernelTimer profile_timer("exact_data_start");
+  op.handle = scatter ? group_.StartReduceScatterNarrow(op.send.data(), op.receive.data(),
+                                                        op.counts, width, what)
+                      : group_.StartAllReduceNarrow(op.send.data(), op.total, width, what);
 }
 
 void ExactGroupSum::AdvanceUpTo(Handle last) {
@@ -256,6 +333,7 @@ void ExactGroupSum::WaitFor(Handle handle) {
     const int width = wire_bytes();
     // An all-reduce sums in place in `send`; a reduce-scatter into `receive`.
     const unsigned char* in = op.counts.empty() ? op.send.data() : op.receive.data();
+    ScopedKernelTimer profile_timer("exact_unpack");
     exact_wire::Unpack(in, op.count, op.first, op.agreed.data(), width, op.out);
   }
   for (std::vector<unsigned char>* buffer : {&op.send, &op.receive})

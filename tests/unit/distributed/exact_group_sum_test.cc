@@ -283,6 +283,97 @@ TEST(ExactGroupSum, PackingIsLosslessForNegativeSumsAndLargeShifts) {
   }
 }
 
+// The wire's block arithmetic by its definition, one __int128 at a time: what the vectorised
+// Describe, Pack and Unpack (on 64-bit words) must give bit for bit.
+namespace reference {
+int Shift(const std::vector<uint8_t>& agreed, size_t block) {
+  return agreed[2 * block + 1] == 0 ? 0 : 127 - agreed[2 * block];
+}
+std::vector<uint8_t> Describe(const std::vector<__int128>& sums) {
+  std::vector<uint8_t> out(2 * ((sums.size() + ExactGrid::kBlock - 1) / ExactGrid::kBlock), 0);
+  for (size_t b = 0; 2 * b < out.size(); ++b) {
+    int lowest = 127, length = 0;
+    for (size_t i = b * ExactGrid::kBlock; i < std::min(sums.size(), (b + 1) * ExactGrid::kBlock);
+         ++i) {
+      if (sums[i] == 0) continue;
+      using U128 = unsigned __int128;
+      U128 magnitude = sums[i] < 0 ? -static_cast<U128>(sums[i]) : static_cast<U128>(sums[i]);
+      int low = 0, bits = 0;
+      while (((magnitude >> low) & 1) == 0) ++low;
+      while (bits < 128 && (magnitude >> bits) != 0) ++bits;
+      lowest = std::min(lowest, low);
+      length = std::max(length, bits);
+    }
+    out[2 * b] = static_cast<uint8_t>(length == 0 ? 0 : 127 - lowest);
+    out[2 * b + 1] = static_cast<uint8_t>(length);
+  }
+  return out;
+}
+}  // namespace reference
+
+TEST(ExactGroupSum, TheVectorisedWireMatchesItsDefinitionBitForBit) {
+  // Random blocks of every kind the wire sees: zeros, negative sums, shifts below, at and above
+  // 64 (the two words of a sum), the most negative 128-bit integer, short last blocks, and
+  // unpacking that starts inside a block; Pack is checked with any shift (its output is the low
+  // bytes of sum >> shift whether or not it fits).
+  std::mt19937_64 rng(35);
+  for (int trial = 0; trial < 600; ++trial) {
+    const size_t n = 1 + rng() % (3 * ExactGrid::kBlock + 7);
+    const int mode = trial % 5;
+    std::vector<__int128> sums(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (rng() % 7 == 0) continue;
+      if (mode == 0) {
+        sums[i] = static_cast<__int128>((static_cast<unsigned __int128>(rng()) << 64) | rng());
+        continue;
+      }
+      const int bits = 1 + static_cast<int>(rng() % 47);
+      const int shift = mode == 1   ? static_cast<int>(rng() % 3)
+                        : mode == 2 ? 60 + static_cast<int>(rng() % 8)
+                        : mode == 3 ? 64 + static_cast<int>(rng() % (64 - bits))
+                                    : static_cast<int>(rng() % (128 - bits));
+      int64_t value = static_cast<int64_t>(rng() >> (64 - bits));
+      if (rng() & 1) value = -value;
+      sums[i] = static_cast<__int128>(static_cast<unsigned __int128>(static_cast<__int128>(value))
+                                      << shift);
+    }
+    if (mode == 4) sums[0] = std::numeric_limits<__int128>::min();
+    const std::vector<uint8_t> described = reference::Describe(sums);
+    std::vector<uint8_t> agreed(described.size());
+    exact_wire::Describe(sums.data(), n, agreed.data());
+    ASSERT_EQ(agreed, described) << "trial " << trial;
+    if (mode == 0)  // any shift, any blocks of zeros
+      for (size_t b = 0; 2 * b < agreed.size(); ++b) {
+        agreed[2 * b] = static_cast<uint8_t>(rng() % 128);
+        agreed[2 * b + 1] = rng() % 4 == 0 ? 0 : static_cast<uint8_t>(1 + rng() % 128);
+      }
+    for (int width : {4, 6, 8}) {
+      std::vector<unsigned char> packed(n * width + 8, 0xab), expected(n * width + 8, 0xab);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t value =
+            static_cast<int64_t>(sums[i] >> reference::Shift(agreed, i / ExactGrid::kBlock));
+        std::memcpy(expected.data() + i * width, &value, width);
+      }
+      exact_wire::Pack(sums.data(), n, 0, agreed.data(), width, packed.data());
+      ASSERT_EQ(packed, expected) << "trial " << trial << " width " << width;
+      const size_t first = rng() % n, count = rng() % (n - first + 1);
+      std::vector<__int128> back(count + 1, 7), want(count + 1, 7);
+      for (size_t i = 0; i < count; ++i) {
+        int64_t value = 0;
+        std::memcpy(&value, packed.data() + (first + i) * width, width);
+        value = static_cast<int64_t>(static_cast<uint64_t>(value) << (64 - 8 * width)) >>
+                (64 - 8 * width);
+        want[i] =
+            static_cast<__int128>(static_cast<unsigned __int128>(static_cast<__int128>(value))
+                                  << reference::Shift(agreed, (first + i) / ExactGrid::kBlock));
+      }
+      exact_wire::Unpack(packed.data() + first * width, count, first, agreed.data(), width,
+                         back.data());
+      ASSERT_TRUE(back == want) << "trial " << trial << " width " << width;
+    }
+  }
+}
+
 TEST(ExactGroupSum, OnOneRankTheFloatSumIsTheGridRoundedValue) {
   auto group = Communicator::OneRank();
   std::vector<float> values = RandomGradient(3 * ExactGrid::kBlock, 7, 0.1f);
