@@ -340,6 +340,52 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
        "attention stays inside each conversation and positions restart at its start",
        true},
 
+      // [grpo] (crucible grpo: on-policy RL with verifiable rewards, docs/post-training.md)
+      {"grpo.task", T::kString, V(std::string("sum_digits")),
+       "reward: sum_digits or addition (built-in, checked against the answer), or command "
+       "(grpo.reward_command)",
+       true},
+      {"grpo.prompts", T::kString, V(std::string("")),
+       ".jsonl of {\"prompt\": ..., optional \"answer\" and other fields}; empty: built-in "
+       "tasks generate their prompts from debug.seed",
+       true},
+      {"grpo.reward_command", T::kString, V(std::string("")),
+       "grpo.task = command: a shell command, completions as jsonl on stdin, one reward per line "
+       "on stdout",
+       true},
+      {"grpo.reward_timeout_seconds", T::kFloat, V(60.0),
+       "the reward command's time limit per step (0: none)", false, AtLeast(0)},
+      {"grpo.group_size", T::kInt, V(int64_t{4}), "completions sampled per prompt (G)", true,
+       Closed(1, 2147483647.0)},
+      {"grpo.prompts_per_step", T::kInt, V(int64_t{2}),
+       "prompts per rollout batch (global; x group_size = training.global_batch_size)", true,
+       Closed(1, 2147483647.0)},
+      {"grpo.max_new_tokens", T::kInt, V(int64_t{32}), "completion tokens at most", true,
+       Closed(1, 2147483647.0)},
+      {"grpo.temperature", T::kFloat, V(1.0), "sampling temperature (> 0)", true, Above(0)},
+      {"grpo.top_p", T::kFloat, V(1.0), "sampling top-p (1: off)", true, Closed(0, 1)},
+      {"grpo.top_k", T::kInt, V(int64_t{0}), "sampling top-k (0: off)", true, AtLeast(0)},
+      {"grpo.iterations", T::kInt, V(int64_t{1}),
+       "optimizer steps per rollout batch (TRL's num_iterations); training.steps counts "
+       "optimizer steps",
+       true, Closed(1, 2147483647.0)},
+      {"grpo.loss_type", T::kString, V(std::string("dapo")),
+       "TRL's loss_type: grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo or vespo", true},
+      {"grpo.scale_rewards", T::kString, V(std::string("group")),
+       "advantage scaling (TRL's scale_rewards): group, batch or none", true},
+      {"grpo.beta", T::kFloat, V(0.0),
+       "KL coefficient to the frozen initial weights (0: no reference model)", true, AtLeast(0)},
+      {"grpo.epsilon", T::kFloat, V(0.2), "lower clip range (TRL's epsilon)", true, AtLeast(0)},
+      {"grpo.epsilon_high", T::kFloat, V(-1.0),
+       "upper clip range (TRL's epsilon_high; negative: grpo.epsilon)", true, AtLeast(-1)},
+      {"grpo.chat_template", T::kString, V(std::string("")),
+       "render each prompt as one user turn of this chat template (llama3, chatml or "
+       "deepseek-v3) with the generation prompt; its end-of-turn marker ends a completion; "
+       "empty: plain text",
+       true},
+      {"grpo.importance_sampling_level", T::kString, V(std::string("token")),
+       "token, or sequence (GSPO)", true},
+
       // [parallelism]
       {"parallelism.zero_stage", T::kInt, V(int64_t{1}),
        "0: replicate optimizer state; 1: shard it over the data-parallel ranks (ZeRO-1); 3: "

@@ -47,6 +47,9 @@ struct StepReport {
   // The optimizer's metrics of the step (Optimizer::metrics, reduced over every rank), by name;
   // empty when it declares none or the update was skipped.
   std::vector<std::pair<std::string, double>> optimizer_metrics;
+  // The step's batch source's metrics (Trainer::SetStepBatches, StepBatches::Metrics), by name;
+  // empty for the DataLoader.
+  std::vector<std::pair<std::string, double>> source_metrics;
   // A mixture of experts' load per routed layer (train/expert_load.h); empty without one.
   std::vector<ExpertLoadSummary> expert_loads;
   // The training stage of the step ([[data.stages]], from 1) and its name; 0 and "" without.

@@ -98,6 +98,8 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
     }
     if (!std::isnan(r.aux_loss)) load = StrFormat(" aux_loss=%.6f", r.aux_loss) + load;
     if (r.stage > 0) load += StrFormat(" stage=%d stage_name=%s", r.stage, r.stage_name.c_str());
+    for (const auto& [name, value] : r.source_metrics)
+      load += StrFormat(" %s=%.6g", name.c_str(), value);
     if (r.padding_tokens >= 0)
       load += StrFormat(" padding=%.4f content_tok/s=%.1f", r.padding_share,
                         r.content_tokens_per_second);
@@ -122,6 +124,7 @@ std::optional<int> MetricsLog::AfterStep(const StepReport& r) {
                              {"reduce_wait_s", r.reduce_wait_seconds},
                              {"rss_peak_bytes", PeakResidentBytes()}};
     for (const auto& [name, value] : r.optimizer_metrics) record[name] = FiniteOrNull(value);
+    for (const auto& [name, value] : r.source_metrics) record[name] = FiniteOrNull(value);
     if (!std::isnan(r.aux_loss)) record["aux_loss"] = r.aux_loss;
     if (r.stage > 0) {
       record["stage"] = r.stage;

@@ -665,6 +665,52 @@ void Trainer::ReleaseFullCopies() {
   FreeBuffer(whole_);
 }
 
+const float* Trainer::WeightsOnEveryRank() {
+  if (table().partial())
+    throw UsageError(
+        "parallelism.tensor_parallel_degree / expert_parallel_degree > 1: the whole weights are "
+        "not gathered on every rank yet (set both to 1)");
+  if (!sharded_) return weights_.data();  // every rank holds every parameter
+  gathered_.resize(data_parallel_->padded_size());
+  data_parallel_->comm().AllGatherFloat(weights_.data(), gathered_.data(),
+                                        data_parallel_->shard_size(), "parameter all-gather");
+  return gathered_.data();
+}
+
+void Trainer::KeepReferenceWeights() {
+  reference_weights_ = weights_;
+  auto ignore = [](int, size_t, size_t, const float*) {};
+  if (sharded_)
+    reference_access_ = std::make_unique<ShardedAccess>(table(), *data_parallel_,
+                                                        reference_weights_.data(), true, ignore);
+  else  // Forward only: the accumulator and gradients are never touched by a scored forward.
+    reference_access_ = std::make_unique<ReplicatedAccess>(table(), *data_parallel_, *accumulator_,
+                                                           reference_weights_.data(), grads_.data(),
+                                                           /*overlap=*/false, ignore);
+}
+
+void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
+  if (reference && !reference_access_)
+    throw Error(kExitFailure, "internal: ScoreTargets(reference) before KeepReferenceWeights");
+  TrainingAccess& access = reference ? *reference_access_ : *access_;
+  const int64_t rows = training_.shape.micro_batch, positions = rows * batch.seq_len;
+  if (batch.samples % rows != 0)
+    throw Error(kExitFailure, "internal: ScoreTargets of a batch that is not whole micro-batches");
+  const int64_t micro_batches = batch.samples / rows;
+  if (sharded_) access.BeginStep();  // the gathered units of an earlier step are stale
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    access.BeginMicroBatch(m + 1 == micro_batches, -1);
+    ForwardOptions options = ForwardOptions::Scored();
+    options.positions = batch.positions_at(m * rows);
+    model_->Forward(access, batch.inputs_at(m * rows), batch.targets_at(m * rows), nullptr,
+                    options);
+    const float* losses = model_->losses();
+    const int32_t* targets = batch.targets_at(m * rows);
+    for (int64_t i = 0; i < positions; ++i)
+      logp[m * positions + i] = targets[i] < 0 ? 0.0f : -losses[i];
+  }
+}
+
 bool Trainer::AnyRank(bool value, const char* what) {
   comm().AllReduceOr(&value, what);
   return value;
@@ -743,7 +789,7 @@ StepReport Trainer::Step(int64_t step) {
       (step - 1) % training_.consistency_check_steps == 0)
     data_parallel_->CheckConsistency(weights_.data(), table().total(), step - 1);
   faults_->BeforeStep(step, *access_);
-  const Batch& batch = NextBatch();
+  const Batch& batch = step_batches_ ? step_batches_->Next(step) : NextBatch();
   expert_loads_->BeginStep();
   const bool finite = ForwardBackward(batch, step);
   StepReport r;
@@ -755,7 +801,7 @@ StepReport Trainer::Step(int64_t step) {
   r.loss = faults_->LoggedLoss(data_parallel_->OrderedSum(micro_losses_) / normalizer_, step);
   if (model_spec_->has_aux_loss())
     r.aux_loss = data_parallel_->OrderedSum(micro_aux_) / normalizer_;
-  if (leader() && fresh_model_ && step == 1)
+  if (leader() && fresh_model_ && step == 1 && !step_batches_)
     detectors_->CheckFirstLoss(r.loss, model_spec_->vocab_size());
   r.lr = learning_rate_(step);
   r.grad_norm = GradNorm(finite);
@@ -776,6 +822,7 @@ StepReport Trainer::Step(int64_t step) {
     r.stage_name = training_.stages[k].name;
   }
   r.consumed_samples = loader_->consumed_samples();
+  if (step_batches_) r.source_metrics = step_batches_->Metrics(step);
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;
   last_step_ran_ = true;
@@ -818,7 +865,8 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
       micro_weights_[m] += weights ? weights[i] : 1.0;
     }
   }
-  normalizer_ = data_parallel_->OrderedSum(micro_weights_);
+  normalizer_ =
+      step_batches_ ? step_batches_->Normalizer(step) : data_parallel_->OrderedSum(micro_weights_);
   if (!(normalizer_ > 0))
     throw DataError(
         StrFormat("step %lld: the global batch has no valid target tokens (the loss "

@@ -59,6 +59,25 @@
 
 namespace crucible {
 
+// Another source of each step's batch than the DataLoader (RL: rollouts made at the current
+// weights, rl/grpo_trainer.h). Set on a Trainer before Run(); pre-training never sets one.
+// Every call is collective: made on every rank in the same order, inside Trainer::Step, after
+// the step's consistency check and before its forward pass, so it may itself call the
+// Trainer's collective methods (WeightsOnEveryRank, ScoreTargets).
+class StepBatches {
+ public:
+  virtual ~StepBatches() = default;
+  // This rank's slice of step `step`'s global batch: training.global_batch_size / the
+  // data-parallel ranks rows of training.seq_len positions, with loss_weights (any finite value;
+  // 0 where a target does not count). Valid until the next call.
+  virtual const Batch& Next(int64_t step) = 0;
+  // The step's loss normaliser N: the gradient is Σ w·dCE/dθ / N over the global batch (the
+  // DataLoader's: Σ w). An objective whose weights already carry its aggregation says 1.
+  virtual double Normalizer(int64_t step) = 0;
+  // Metrics of the step, by name, for metrics.jsonl and the progress line (after the update).
+  virtual std::vector<std::pair<std::string, double>> Metrics(int64_t /*step*/) { return {}; }
+};
+
 class Trainer {
  public:
   // Sets the run up: everything up to the first step. `resume_mode`: "auto" (the newest
@@ -85,6 +104,24 @@ class Trainer {
   void SetLearningRate(LearningRateFunction learning_rate) {
     learning_rate_ = std::move(learning_rate);
   }
+
+  // Each step's batch from `batches` instead of the DataLoader (above; not owned, outlives Run).
+  void SetStepBatches(StepBatches* batches) { step_batches_ = batches; }
+
+  // ---- for a StepBatches (collective, every rank in the same order) ----
+  // The whole model's weights on every rank, in whole_table()'s layout (this rank's buffer
+  // under ZeRO 0/1, all-gathered under ZeRO-3, kept until ReleaseFullCopies()). UsageError
+  // under tensor or expert parallelism (their parts are not gathered on every rank yet).
+  const float* WeightsOnEveryRank();
+  // Keeps a copy of this rank's weights as they are now: what ScoreTargets(reference = true)
+  // reads (GRPO's frozen reference model).
+  void KeepReferenceWeights();
+  // The log-probability of each target of `batch` (this rank's rows, training.local_batch_size
+  // at a time) under the current weights, or under the kept reference weights: forward only,
+  // through the training model and its ParameterAccess (so any ZeRO stage), written to
+  // logp[row * seq_len + t]; 0 where the target is ignored (< 0). `batch.samples` must be a
+  // multiple of the micro-batch.
+  void ScoreTargets(const Batch& batch, float* logp, bool reference = false);
 
   // ---- for the hooks ----
   const Config& config() const { return config_; }
@@ -229,6 +266,10 @@ class Trainer {
   bool last_step_ran_ = false;         // a step ran in this process, so last_loss_ is its loss
   int64_t non_finite_loss_since_ = 0;  // the first step of the last losses that are not finite
   std::vector<std::unique_ptr<TrainerHook>> hooks_;
+  StepBatches* step_batches_ = nullptr;  // not owned; nullptr: the DataLoader
+  // KeepReferenceWeights(): this rank's weights then, and the access that reads them.
+  std::vector<float> reference_weights_;
+  std::unique_ptr<TrainingAccess> reference_access_;
 };
 
 // Runs `crucible train` to completion: Trainer(config, resume_mode).Run().

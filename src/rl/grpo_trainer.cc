@@ -1,0 +1,538 @@
+#include "rl/grpo_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/timer.h"
+#include "data/token_source.h"
+#include "infer/engine.h"
+#include "rl/grpo_loss.h"
+#include "rl/rewards.h"
+#include "sft/chat_template.h"
+#include "sft/chat_template_jinja.h"
+#include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
+
+namespace crucible {
+namespace {
+
+struct GrpoSettings {
+  bool command = false;  // grpo.task = command
+  RewardTask task = RewardTask::kSumDigits;
+  std::string prompts_path, reward_command, chat_template;
+  double reward_timeout_seconds = 60;
+  int64_t group_size = 4, prompts_per_step = 2, max_new_tokens = 32, iterations = 1;
+  SamplingParams sampling;  // without the per-step seed
+  RewardScaling scaling = RewardScaling::kGroup;
+  GrpoLossConfig loss;
+};
+
+GrpoSettings ReadSettings(const Config& config) {
+  GrpoSettings s;
+  const std::string task = config.String("grpo.task");
+  s.command = task == "command";
+  if (!s.command) {
+    try {
+      s.task = ParseRewardTask(task, "grpo.task");
+    } catch (const Error&) {
+      throw UsageError("grpo.task = \"" + task +
+                       "\": expected sum_digits, addition or command (grpo.reward_command)");
+    }
+  }
+  s.prompts_path = config.String("grpo.prompts");
+  s.reward_command = config.String("grpo.reward_command");
+  if (s.command && s.reward_command.empty())
+    throw UsageError("grpo.task = \"command\" needs grpo.reward_command (a shell command)");
+  if (s.command && s.prompts_path.empty())
+    throw UsageError("grpo.task = \"command\" needs grpo.prompts (a .jsonl of {\"prompt\": ...})");
+  if (!s.command && !s.reward_command.empty())
+    throw UsageError("grpo.reward_command is set but grpo.task = \"" + task +
+                     "\" (set grpo.task = \"command\" to use it)");
+  s.chat_template = config.String("grpo.chat_template");
+  if (!s.chat_template.empty()) {
+    try {
+      CheckChatTemplateName(s.chat_template);
+    } catch (const Error& e) {
+      throw UsageError(std::string("grpo.chat_template: ") + e.what());
+    }
+  }
+  s.reward_timeout_seconds = config.Float("grpo.reward_timeout_seconds");
+  s.group_size = config.Int("grpo.group_size");
+  s.prompts_per_step = config.Int("grpo.prompts_per_step");
+  s.max_new_tokens = config.Int("grpo.max_new_tokens");
+  s.iterations = config.Int("grpo.iterations");
+  s.sampling.temperature = config.Float("grpo.temperature");
+  s.sampling.top_p = config.Float("grpo.top_p");
+  if (!(s.sampling.top_p > 0)) throw UsageError("grpo.top_p = 0: expected a number in (0, 1]");
+  s.sampling.top_k = config.Int("grpo.top_k");
+  s.sampling.max_new_tokens = s.max_new_tokens;
+  s.sampling.stop_at_eos = true;
+  s.scaling = ParseRewardScaling(config.String("grpo.scale_rewards"), "grpo.scale_rewards");
+  s.loss.loss_type = ParseGrpoLossType(config.String("grpo.loss_type"), "grpo.loss_type");
+  s.loss.importance_sampling_level = ParseImportanceSamplingLevel(
+      config.String("grpo.importance_sampling_level"), "grpo.importance_sampling_level");
+  s.loss.beta = config.Float("grpo.beta");
+  s.loss.epsilon_low = config.Float("grpo.epsilon");
+  const double high = config.Float("grpo.epsilon_high");
+  s.loss.epsilon_high = high < 0 ? s.loss.epsilon_low : high;
+  s.loss.max_completion_length = static_cast<double>(s.max_new_tokens);
+  return s;
+}
+
+// One prompt of the dataset.
+struct PromptItem {
+  std::string prompt, answer;  // answer: "" for the reward command
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+std::vector<PromptItem> ReadPrompts(const std::string& path, bool need_answer) {
+  std::vector<PromptItem> items;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const std::string where = StrFormat("%s:%lld: ", path.c_str(), (long long)number);
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() ||
+        j["prompt"].get<std::string>().empty())
+      throw DataError(where + "expected a JSON object with a non-empty string \"prompt\"");
+    PromptItem item;
+    item.prompt = j["prompt"].get<std::string>();
+    if (j.contains("answer")) {
+      const nlohmann::json& a = j["answer"];
+      if (a.is_number_integer())
+        item.answer = a.dump();
+      else if (a.is_string())
+        item.answer = a.get<std::string>();
+      else
+        throw DataError(where + "\"answer\" is neither an integer nor a string");
+    }
+    if (need_answer && item.answer.empty())
+      throw DataError(where +
+                      "a built-in task (grpo.task) needs an \"answer\" (the expected integer)");
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it.key() != "prompt") item.extra[it.key()] = it.value();
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) throw DataError(path + ": grpo.prompts holds no prompt");
+  return items;
+}
+
+// The trainer's DataLoader reads nothing of it: every step's batch comes from the rollouts.
+class RolloutPlaceholder : public TokenSource {
+ public:
+  explicit RolloutPlaceholder(int64_t seq_len) : seq_len_(seq_len) {}
+  void Sample(int64_t, int32_t* tokens) const override { std::fill_n(tokens, seq_len_ + 1, 0); }
+  std::string Describe() const override { return "grpo_rollouts"; }
+
+ private:
+  int64_t seq_len_;
+};
+
+// Adds b into a (SUM, with MIN and MAX for the two extremes).
+void AddSums(GrpoLossSums& a, const GrpoLossSums& b) {
+  a.loss += b.loss;
+  a.tokens += b.tokens;
+  a.kl += b.kl;
+  a.ratio += b.ratio;
+  a.clip_counted += b.clip_counted;
+  a.clip_low += b.clip_low;
+  a.clip_high += b.clip_high;
+  a.clip_region += b.clip_region;
+  a.cispo_clip += b.cispo_clip;
+  a.clip_low_min = std::min(a.clip_low_min, b.clip_low_min);
+  a.clip_high_max = std::max(a.clip_high_max, b.clip_high_max);
+}
+constexpr size_t kSumFields = 11;
+void PackSums(const GrpoLossSums& s, double* out) {
+  const double values[kSumFields] = {s.loss,         s.tokens,       s.kl,           s.ratio,
+                                     s.clip_counted, s.clip_low,     s.clip_high,    s.clip_region,
+                                     s.cispo_clip,   s.clip_low_min, s.clip_high_max};
+  std::copy(values, values + kSumFields, out);
+}
+GrpoLossSums UnpackSums(const double* v) {
+  GrpoLossSums s;
+  s.loss = v[0], s.tokens = v[1], s.kl = v[2], s.ratio = v[3], s.clip_counted = v[4];
+  s.clip_low = v[5], s.clip_high = v[6], s.clip_region = v[7], s.cispo_clip = v[8];
+  s.clip_low_min = v[9], s.clip_high_max = v[10];
+  return s;
+}
+
+class GrpoBatches : public StepBatches {
+ public:
+  GrpoBatches(Trainer& trainer, GrpoSettings settings)
+      : trainer_(trainer), s_(std::move(settings)) {
+    const Config& config = trainer.config();
+    seed_ = static_cast<uint64_t>(config.Int("debug.seed"));
+    seq_len_ = trainer.training().shape.seq_len;
+    micro_batch_ = trainer.training().shape.micro_batch;
+    const std::string tokenizer_path = config.String("model.tokenizer_path");
+    if (tokenizer_path.empty())
+      throw UsageError(
+          "crucible grpo needs model.tokenizer_path (the tokenizer.json that encodes "
+          "prompts and decodes completions)");
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::Load(tokenizer_path));
+    if (!s_.prompts_path.empty()) prompts_ = ReadPrompts(s_.prompts_path, !s_.command);
+    if (!s_.chat_template.empty()) {
+      RequireChatMarkers(*tokenizer_, s_.chat_template,
+                         "model.tokenizer_path = " + tokenizer_path + " (grpo.chat_template)");
+      if (tokenizer_->bos_id() >= 0)
+        chat_tokens_.bos_token = tokenizer_->IdToToken(static_cast<uint32_t>(tokenizer_->bos_id()));
+      if (tokenizer_->eos_id() >= 0)
+        chat_tokens_.eos_token = tokenizer_->IdToToken(static_cast<uint32_t>(tokenizer_->eos_id()));
+      end_of_turn_ = tokenizer_->TokenToId(ChatTemplateEndOfTurn(s_.chat_template));
+    }
+    Communicator& comm = trainer.comm();
+    ranks_ = comm.size();
+    rank_ = comm.rank();
+    total_ = s_.prompts_per_step * s_.group_size;
+    if (total_ % ranks_ != 0)
+      throw UsageError(StrFormat(
+          "grpo.prompts_per_step x grpo.group_size = %lld completions per step do not split "
+          "over %d ranks",
+          (long long)total_, ranks_));
+    local_ = total_ / ranks_;
+    first_ = rank_ * local_;
+    Config copy = config;
+    spec_ = BuildModelSpec(copy);
+    if (s_.loss.beta > 0) trainer.KeepReferenceWeights();
+  }
+
+  const Batch& Next(int64_t step) override {
+    const int64_t rollout_step = (step - 1) / s_.iterations + 1;
+    const bool first_iteration = (step - 1) % s_.iterations == 0;
+    generation_seconds_ = reward_seconds_ = 0;
+    Timer score_timer;
+    if (first_iteration) {
+      Rollout(rollout_step);
+      score_timer.Reset();
+      old_logp_.assign(local_ * seq_len_, 0.0f);
+      trainer_.ScoreTargets(batch_, old_logp_.data());
+      if (s_.loss.beta > 0) {
+        ref_logp_.assign(local_ * seq_len_, 0.0f);
+        trainer_.ScoreTargets(batch_, ref_logp_.data(), /*reference=*/true);
+      }
+      logp_ = old_logp_;
+    } else {
+      trainer_.ScoreTargets(batch_, logp_.data());
+    }
+    score_seconds_ = score_timer.Seconds();
+    ComputeWeights();
+    train_timer_.Reset();
+    return batch_;
+  }
+
+  double Normalizer(int64_t) override { return 1.0; }  // the weights carry the aggregation
+
+  std::vector<std::pair<std::string, double>> Metrics(int64_t step) override {
+    const GrpoMetrics m = GrpoMetricsFromSums(sums_);
+    std::vector<std::pair<std::string, double>> out = {
+        {"rollout_step", static_cast<double>((step - 1) / s_.iterations + 1)},
+        {"reward_mean", reward_mean_},
+        {"reward_std", reward_std_}};
+    if (!s_.command) out.emplace_back("accuracy", accuracy_);
+    if (!s_.command) out.emplace_back("format_rate", format_rate_);
+    out.insert(out.end(), {{"completion_length", completion_length_},
+                           {"truncated_rate", truncated_rate_},
+                           {"grpo_loss", sums_.loss},
+                           {"kl", m.kl},
+                           {"mean_ratio", m.mean_ratio},
+                           {"clip_ratio_low_mean", m.clip_low_mean},
+                           {"clip_ratio_high_mean", m.clip_high_mean},
+                           {"clip_ratio_region_mean", m.clip_region_mean},
+                           {"generation_s", generation_seconds_},
+                           {"reward_s", reward_seconds_},
+                           {"score_s", score_seconds_},
+                           {"train_s", train_timer_.Seconds()}});
+    return out;
+  }
+
+ private:
+  // The prompt (and answer) of the step's prompt j.
+  PromptItem PromptOf(int64_t rollout_step, int64_t j) const {
+    const int64_t index = (rollout_step - 1) * s_.prompts_per_step + j;
+    if (!prompts_.empty()) return prompts_[static_cast<size_t>(index) % prompts_.size()];
+    const TaskProblem problem = MakeProblem(s_.task, seed_, static_cast<uint64_t>(index));
+    PromptItem item;
+    item.prompt = problem.prompt;
+    item.answer = problem.answer;
+    return item;
+  }
+
+  // Samples this rank's completions, rewards every completion of the step, fills batch_ and the
+  // advantages and totals.
+  void Rollout(int64_t rollout_step) {
+    const int64_t G = s_.group_size;
+    std::vector<PromptItem> items;
+    std::vector<std::vector<int32_t>> prompt_tokens;
+    for (int64_t j = 0; j < s_.prompts_per_step; ++j) {
+      items.push_back(PromptOf(rollout_step, j));
+      std::vector<int32_t> tokens;
+      const std::string text = s_.chat_template.empty()
+                                   ? items.back().prompt
+                                   : RenderChat(s_.chat_template, {{"user", items.back().prompt}},
+                                                /*add_generation_prompt=*/true, chat_tokens_)
+                                         .text;
+      for (uint32_t t : tokenizer_->Encode(text)) tokens.push_back(static_cast<int32_t>(t));
+      if (tokens.empty())
+        throw DataError(
+            StrFormat("grpo: the prompt of rollout step %lld, prompt %lld, encodes "
+                      "to no tokens",
+                      (long long)rollout_step, (long long)j));
+      if (static_cast<int64_t>(tokens.size()) + s_.max_new_tokens > seq_len_)
+        throw UsageError(StrFormat(
+            "grpo: a prompt of %zu tokens + grpo.max_new_tokens = %lld do not fit "
+            "training.seq_len = %lld (rollout step %lld, prompt \"%s\"): raise seq_len or lower "
+            "max_new_tokens",
+            tokens.size(), (long long)s_.max_new_tokens, (long long)seq_len_,
+            (long long)rollout_step, items.back().prompt.substr(0, 60).c_str()));
+      prompt_tokens.push_back(std::move(tokens));
+    }
+    // Generation: this rank's completions, from the current weights.
+    Timer generation_timer;
+    const float* weights = trainer_.WeightsOnEveryRank();
+    const ParameterTable& table = trainer_.whole_table();
+    FlatParameterAccess access(table, weights, nullptr);
+    std::unique_ptr<InferenceModel> inference =
+        spec_->StartInference(access, local_, seq_len_, DefaultCpuBackend());
+    trainer_.ReleaseFullCopies();
+    Engine engine(*inference, tokenizer_.get(), tokenizer_->eos_id());
+    if (end_of_turn_ >= 0 && end_of_turn_ != tokenizer_->eos_id()) engine.AddEosId(end_of_turn_);
+    SamplingParams params = s_.sampling;
+    const uint64_t step_key = static_cast<uint64_t>(rollout_step);
+    params.seed = Hash64(&step_key, sizeof(step_key), seed_);
+    std::vector<int64_t> ids;
+    for (int64_t c = first_; c < first_ + local_; ++c) {
+      GenerationRequest request;
+      request.prompt = prompt_tokens[c / G];
+      request.params = params;
+      request.index = static_cast<uint64_t>(c);
+      ids.push_back(engine.Add(std::move(request)));
+    }
+    while (engine.Busy()) engine.Step();
+    generation_seconds_ = generation_timer.Seconds();
+
+    // This rank's rows, and the texts every rank needs for the rewards.
+    batch_ = Batch();
+    batch_.first_sample = first_;
+    batch_.samples = local_;
+    batch_.seq_len = seq_len_;
+    batch_.inputs.assign(local_ * seq_len_, 0);
+    batch_.targets.assign(local_ * seq_len_, -1);
+    batch_.loss_weights.assign(local_ * seq_len_, 0.0f);
+    mask_.assign(local_ * seq_len_, 0.0f);
+    nlohmann::json mine = nlohmann::json::array();
+    for (int64_t i = 0; i < local_; ++i) {
+      const Sequence& seq = engine.sequence(ids[i]);
+      const std::vector<int32_t>& prompt = prompt_tokens[(first_ + i) / G];
+      std::vector<int32_t> row = prompt;
+      row.insert(row.end(), seq.tokens.begin(), seq.tokens.end());
+      const int64_t n = static_cast<int64_t>(row.size());
+      const int64_t p = static_cast<int64_t>(prompt.size());
+      for (int64_t t = 0; t + 1 < n; ++t) {
+        batch_.inputs[i * seq_len_ + t] = row[t];
+        if (t + 1 >= p) {  // the target is a completion token
+          batch_.targets[i * seq_len_ + t] = row[t + 1];
+          mask_[i * seq_len_ + t] = 1.0f;
+        }
+      }
+      mine.push_back({{"text", seq.text},
+                      {"length", static_cast<int64_t>(seq.tokens.size())},
+                      {"truncated", seq.finish == FinishReason::kLength ||
+                                        seq.finish == FinishReason::kContextFull}});
+      engine.Free(ids[i]);
+    }
+    // Every completion of the step, in completion order, on every rank.
+    std::vector<std::string> texts(total_);
+    std::vector<double> lengths(total_), truncated(total_);
+    // (Communicator::AllGatherString is for short strings: each rank broadcasts its own.)
+    const std::string own = mine.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::vector<std::string> gathered(ranks_);
+    for (int r = 0; r < ranks_; ++r) {
+      if (r == rank_) gathered[r] = own;
+      trainer_.comm().BroadcastString(&gathered[r], r, "grpo completions broadcast");
+    }
+    for (int r = 0; r < ranks_; ++r) {
+      const nlohmann::json part = nlohmann::json::parse(gathered[r]);
+      for (int64_t i = 0; i < local_; ++i) {
+        const int64_t c = r * local_ + i;
+        texts[c] = part[i]["text"].get<std::string>();
+        lengths[c] = part[i]["length"].get<double>();
+        truncated[c] = part[i]["truncated"].get<bool>() ? 1.0 : 0.0;
+      }
+    }
+    // Rewards.
+    Timer reward_timer;
+    std::vector<double> rewards(total_), format_ok(total_), correct(total_);
+    if (!s_.command) {
+      for (int64_t c = 0; c < total_; ++c) {
+        const AnswerCheck check = CheckAnswer(texts[c], items[c / G].answer);
+        rewards[c] = check.reward;
+        format_ok[c] = check.format_ok;
+        correct[c] = check.correct;
+      }
+    } else {
+      // Rank 0 runs the command over the whole step; a failure stops every rank with its line.
+      std::string message;
+      if (rank_ == 0) {
+        std::vector<RewardCommandItem> command_items(total_);
+        for (int64_t c = 0; c < total_; ++c) {
+          command_items[c].prompt = items[c / G].prompt;
+          command_items[c].completion = texts[c];
+          command_items[c].extra = items[c / G].extra;
+        }
+        nlohmann::json reply;
+        try {
+          const std::vector<double> values =
+              RunRewardCommand(s_.reward_command, command_items, s_.reward_timeout_seconds);
+          reply = {{"rewards", values}};
+        } catch (const Error& e) {
+          reply = {
+              {"error", StrFormat("grpo rollout step %lld: %s", (long long)rollout_step, e.what())},
+              {"code", e.exit_code()}};
+        }
+        message = reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      }
+      trainer_.comm().BroadcastString(&message, 0, "grpo rewards broadcast");
+      const nlohmann::json reply = nlohmann::json::parse(message);
+      if (reply.contains("error"))
+        throw Error(reply["code"].get<int>(),
+                    rank_ == 0 ? reply["error"].get<std::string>()
+                               : "rank " + std::to_string(rank_) +
+                                     ": stopped: the reward command failed on rank 0 (rank 0 "
+                                     "says why)");
+      rewards = reply["rewards"].get<std::vector<double>>();
+    }
+    reward_seconds_ = reward_timer.Seconds();
+    // The step's advantages and totals, and its reward metrics: sums in completion order.
+    const std::vector<double> advantages = ComputeAdvantages(rewards, G, s_.scaling);
+    advantages_.assign(advantages.begin() + first_, advantages.begin() + first_ + local_);
+    totals_ = GrpoBatchTotals();
+    totals_.sequences = static_cast<double>(total_);
+    totals_.micro_batches = static_cast<double>(total_ / micro_batch_);
+    double reward_sum = 0, correct_sum = 0, format_sum = 0, truncated_sum = 0;
+    for (int64_t c = 0; c < total_; ++c) {
+      totals_.tokens += lengths[c];
+      reward_sum += rewards[c];
+      correct_sum += correct[c];
+      format_sum += format_ok[c];
+      truncated_sum += truncated[c];
+    }
+    const double n = static_cast<double>(total_);
+    reward_mean_ = reward_sum / n;
+    double squares = 0;
+    for (int64_t c = 0; c < total_; ++c)
+      squares += (rewards[c] - reward_mean_) * (rewards[c] - reward_mean_);
+    reward_std_ = total_ > 1 ? std::sqrt(squares / (n - 1)) : 0.0;
+    accuracy_ = correct_sum / n;
+    format_rate_ = format_sum / n;
+    truncated_rate_ = truncated_sum / n;
+    completion_length_ = totals_.tokens / n;
+  }
+
+  // GrpoLoss per micro-batch: the loss weights -dL/dlogp, and the step's loss sums over every
+  // rank, added in global micro-batch order.
+  void ComputeWeights() {
+    const int64_t micro_batches = local_ / micro_batch_, positions = micro_batch_ * seq_len_;
+    dloss_.assign(local_ * seq_len_, 0.0f);
+    std::vector<double> packed(micro_batches * kSumFields);
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      const size_t at = static_cast<size_t>(m * positions);
+      const std::span<const float> ref =
+          s_.loss.beta > 0 ? std::span<const float>(ref_logp_).subspan(at, positions)
+                           : std::span<const float>();
+      const GrpoLossSums sums =
+          GrpoLoss(s_.loss, totals_, micro_batch_, seq_len_,
+                   std::span<const float>(logp_).subspan(at, positions),
+                   std::span<const float>(old_logp_).subspan(at, positions), ref,
+                   std::span<const float>(mask_).subspan(at, positions),
+                   std::span<const double>(advantages_).subspan(m * micro_batch_, micro_batch_),
+                   std::span<float>(dloss_).subspan(at, positions));
+      PackSums(sums, packed.data() + m * kSumFields);
+    }
+    for (size_t i = 0; i < dloss_.size(); ++i)
+      batch_.loss_weights[i] = mask_[i] != 0 ? -dloss_[i] : 0.0f;
+    std::vector<double> all(packed.size() * ranks_);
+    trainer_.comm().AllGatherDouble(packed.data(), all.data(), packed.size(),
+                                    "grpo loss sums all-gather");
+    sums_ = GrpoLossSums();
+    for (size_t k = 0; k < all.size() / kSumFields; ++k)
+      AddSums(sums_, UnpackSums(all.data() + k * kSumFields));
+  }
+
+  Trainer& trainer_;
+  GrpoSettings s_;
+  std::shared_ptr<const ModelSpec> spec_;  // the policy's inference path
+  uint64_t seed_ = 0;
+  int64_t seq_len_ = 0, micro_batch_ = 1;
+  int ranks_ = 1, rank_ = 0;
+  int64_t total_ = 0, local_ = 0, first_ = 0;  // completions per step, this rank's, its first
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<PromptItem> prompts_;
+  ChatTokens chat_tokens_;    // grpo.chat_template's bos and eos tokens
+  int64_t end_of_turn_ = -1;  // its end-of-turn marker's id
+  Batch batch_;
+  std::vector<float> mask_, old_logp_, ref_logp_, logp_, dloss_;
+  std::vector<double> advantages_;
+  GrpoBatchTotals totals_;
+  GrpoLossSums sums_;
+  double reward_mean_ = 0, reward_std_ = 0, accuracy_ = 0, format_rate_ = 0, truncated_rate_ = 0;
+  double completion_length_ = 0;
+  double generation_seconds_ = 0, reward_seconds_ = 0, score_seconds_ = 0;
+  Timer train_timer_;
+};
+
+}  // namespace
+
+int RunGrpo(Config config) {
+  config.Validate();
+  const GrpoSettings settings = ReadSettings(config);
+  if (!settings.prompts_path.empty() && !FileExists(settings.prompts_path))
+    throw UsageError("grpo.prompts = \"" + settings.prompts_path + "\": no such file");
+  const int64_t global = settings.prompts_per_step * settings.group_size;
+  if (config.IsSet("training.global_batch_size") &&
+      config.Int("training.global_batch_size") != global)
+    throw UsageError(StrFormat(
+        "training.global_batch_size = %lld: crucible grpo sets it to grpo.prompts_per_step x "
+        "grpo.group_size = %lld (leave it unset)",
+        (long long)config.Int("training.global_batch_size"), (long long)global));
+  config.Set("training.global_batch_size", global);
+  const int64_t steps = config.Int("training.steps");
+  if (steps % settings.iterations != 0)
+    throw UsageError(StrFormat(
+        "training.steps = %lld is not a multiple of grpo.iterations = %lld (training.steps "
+        "counts optimizer steps, grpo.iterations of them per rollout batch)",
+        (long long)steps, (long long)settings.iterations));
+  if (config.Float("model.aux_loss_alpha") > 0)
+    throw UsageError(
+        "model.aux_loss_alpha > 0: crucible grpo's loss normaliser is 1 (its weights carry the "
+        "aggregation), which would scale the balance loss by the batch's tokens; set it to 0 "
+        "(the balance bias, model.bias_update_speed, still works)");
+  const int64_t seq_len = config.Int("training.seq_len");
+  Trainer trainer(std::move(config), "none", std::make_unique<RolloutPlaceholder>(seq_len));
+  GrpoBatches batches(trainer, settings);
+  trainer.SetStepBatches(&batches);
+  if (trainer.leader())
+    PrintLine(StrFormat(
+        "phase=grpo task=%s group_size=%lld prompts_per_step=%lld completions_per_rank=%lld "
+        "max_new_tokens=%lld iterations=%lld loss_type=%s beta=%g",
+        settings.command ? "command" : RewardTaskName(settings.task),
+        (long long)settings.group_size, (long long)settings.prompts_per_step,
+        (long long)(global / trainer.comm().size()), (long long)settings.max_new_tokens,
+        (long long)settings.iterations, GrpoLossTypeName(settings.loss.loss_type),
+        settings.loss.beta));
+  return trainer.Run();
+}
+
+}  // namespace crucible

@@ -1,0 +1,37 @@
+// The GRPO loop (`crucible grpo`): on-policy reinforcement learning with verifiable rewards, on
+// the Trainer (train/trainer.h) through its StepBatches seam. Optimizer step k belongs to
+// rollout step s = (k - 1) / grpo.iterations + 1; the first optimizer step of each rollout step:
+//
+//   prompts      grpo.prompts_per_step of them, a pure function of (debug.seed, s): line
+//                (s - 1) * P + j of grpo.prompts (cycling), or the built-in task's problem of that
+//                index (rl/rewards.h MakeProblem) when no file is given
+//   rollouts     G = grpo.group_size completions per prompt, completion c = j * G + g of the
+//                step's P * G, sampled by the generation engine (infer/engine.h) from the current
+//                weights with request index c and seed f(debug.seed, s): its tokens do not
+//                depend on the batching or the rank layout. Rank r of R samples the completions
+//                [r N / R, (r + 1) N / R), N = P * G, as the DataLoader slices a global batch.
+//   rewards      over the whole step, on every rank from the gathered completions (built-in
+//                tasks), or the reward command on rank 0 over all N, its rewards broadcast
+//   advantages   ComputeAdvantages over the N rewards (rl/grpo_loss.h), groups of G
+//   old logp     the rollout weights' log-probabilities (Trainer::ScoreTargets); ref logp: the
+//                initial weights' when grpo.beta > 0
+// and every optimizer step (each of the grpo.iterations): logp at the current weights (at the
+// first, the old logp itself: the ratio is exactly 1), GrpoLoss per micro-batch, and the loss
+// weights -dL/dlogp, which the Trainer's weighted cross-entropy backward turns into the GRPO
+// gradient with normaliser 1. A row is prompt + completion tokens, inputs and targets shifted
+// by one, padded to training.seq_len; only targets that are completion tokens count.
+//
+// The reductions, each in one place (GrpoBatches): the N rewards, lengths and flags are
+// gathered to every rank and summed in completion order; the loss sums are gathered per
+// micro-batch and summed in global micro-batch order. Both are independent of the rank count.
+#pragma once
+
+#include "common/config.h"
+
+namespace crucible {
+
+// Runs `crucible grpo` to completion; the process exit code. UsageError (exit 2) for a bad
+// [grpo] key, DataError (exit 65) for a bad prompts file or a failing reward command.
+int RunGrpo(Config config);
+
+}  // namespace crucible
