@@ -8,8 +8,14 @@ overlap, when the whole reduction runs after the backward pass). ZeRO-3 runs as 
 exact reduction format given (--formats, [parallelism] exact_reduction) runs the whole set.
 
     .venv/bin/python bench/dp_scaling.py [--flavor small] [--seq-len 512] [--steps 4]
-        [--formats block48,block32,fixed128]
+        [--formats block48,block32,fixed128] [--repeats 1]
+
+With --repeats R > 1 the two runs the ZeRO-1 efficiency compares (1 rank x 2 threads, 2 ranks x 1
+thread with overlap) run R times as adjacent pairs; the efficiency printed is the median of the
+pairs' ratios (each pair close in time, so a drift of the machine's speed cancels), with their
+range. Single runs on a shared 2-core VM move by +-5%.
 """
+import statistics
 import argparse
 import json
 import os
@@ -59,15 +65,20 @@ def main():
     parser.add_argument("--crucible", default=os.environ.get("CRUCIBLE", "build/crucible"))
     parser.add_argument("--formats", default="block48,block32,fixed128",
                         help="comma-separated [parallelism] exact_reduction formats")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="adjacent pairs of the 1x2 and 2x1 ZeRO-1 runs (the median ratio is printed)")
     args = parser.parse_args()
     params = int(subprocess.run([args.crucible, "model", "info", "--set", f"model.flavor={args.flavor}"],
                                 capture_output=True, text=True, check=True).stdout.split("total_params=")[1].split()[0])
     minimum = 2 * (2 - 1) / 2 * 4 * params
     for exact in args.formats.split(","):
         print(f"== exact_reduction={exact}")
-        one, _, digest_one, _ = run(args.crucible, 1, 2, args, exact=exact)
+        pairs = []
+        for _ in range(args.repeats):
+            one, _, digest_one, _ = run(args.crucible, 1, 2, args, exact=exact)
+            two, memory_two, digest_two, wait_two = run(args.crucible, 2, 1, args, exact=exact)
+            pairs.append((one, two))
         blocking, _, digest_blocking, wait_blocking = run(args.crucible, 2, 1, args, overlap=False, exact=exact)
-        two, memory_two, digest_two, wait_two = run(args.crucible, 2, 1, args, exact=exact)
         zero3, memory_zero3, digest_zero3, wait_zero3 = run(args.crucible, 2, 1, args, zero_stage=3, exact=exact)
         zero0, memory_zero0, digest_zero0, _ = run(args.crucible, 2, 1, args, zero_stage=0, exact=exact)
         print(f"1 rank x 2 threads:                 tok/s={one:.1f}")
@@ -81,8 +92,15 @@ def main():
             wide = re.search(r"wide_reductions=(\d+)", memory).group(1)
             print(f"  zero_stage={stage}: bytes per rank per step {sent} = {ratio}x the fp32 ring all-reduce "
                   f"minimum {minimum / 2**20:.1f} MiB (wide reductions: {wide})")
+        if args.repeats > 1:
+            ratios = sorted(t / o for o, t in pairs)
+            print(f"pairs (1x2 tok/s, 2x1 tok/s): " + ", ".join(f"({o:.0f}, {t:.0f})" for o, t in pairs))
+            print(f"scaling efficiency (2x1 / 1x2), zero_stage={args.zero_stage}, with overlap: median "
+                  f"{statistics.median(ratios):.3f} of {len(ratios)} adjacent pairs (range {ratios[0]:.3f}-{ratios[-1]:.3f})")
+            one = statistics.median(o for o, _ in pairs)
         print(f"scaling efficiency (2x1 / 1x2), zero_stage={args.zero_stage}: {two / one:.3f} with overlap, "
-              f"{blocking / one:.3f} without; ZeRO-3: {zero3 / one:.3f}; ZeRO-0: {zero0 / one:.3f}")
+              f"{blocking / one:.3f} without; ZeRO-3: {zero3 / one:.3f}; ZeRO-0: {zero0 / one:.3f}"
+              + (" (against the median 1x2 rate)" if args.repeats > 1 else ""))
         hidden = 1 - wait_two / wait_blocking if wait_blocking > 0 else float("nan")
         print(f"gradient reduction hidden behind the backward pass: {100 * hidden:.1f}% "
               f"(waited {wait_two:.3f} s per step with overlap vs {wait_blocking:.3f} s without)")

@@ -25,6 +25,11 @@
 
 namespace crucible {
 
+// inout[i] += in[i] for `count` 48-bit little-endian two's-complement integers (6 bytes each),
+// modulo 2^48 (the callers leave headroom, so it never wraps): the MPI_Op that sums the narrow
+// wire of block48 (exact_group_sum.h). Public for its test.
+void AddInt48(const unsigned char* in, unsigned char* inout, size_t count);
+
 struct MpiHandle;  // the MPI communicator a Communicator wraps (distributed/mpi_handle.h)
 
 // The element types the typed collectives (all-to-all) move; communicator.cc instantiates each.
