@@ -12,6 +12,7 @@ struct GrpoOptions {
   std::string config_path;
   std::vector<std::string> overrides;
   bool print_config = false;
+  std::string resume = "auto";
 };
 
 CommandRun SetupGrpo(CLI::App& app) {
@@ -20,6 +21,10 @@ CommandRun SetupGrpo(CLI::App& app) {
   app.add_option("--set", options->overrides,
                  "override a key: section.key=value (TOML value; a bare word is a string)")
       ->take_all();
+  app.add_option("--resume", options->resume,
+                 "auto (the newest checkpoint that verifies, if any), none, or a checkpoint "
+                 "folder, as crucible train")
+      ->capture_default_str();
   app.add_flag("--print-config", options->print_config,
                "print the resolved config as TOML and exit");
   app.footer(
@@ -36,7 +41,7 @@ CommandRun SetupGrpo(CLI::App& app) {
       std::fputs(config.ToToml().c_str(), stdout);
       return 0;
     }
-    return RunGrpo(config);
+    return RunGrpo(config, options->resume);
   };
 }
 

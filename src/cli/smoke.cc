@@ -1,5 +1,5 @@
 // crucible smoke [--golden FILE] [--model llama|deepseek_v3] [--ranks N] [--tp N] [--ep N]
-//                [--update]
+//                [--grpo] [--update]
 //                [--portable] [--device cpu|cuda] [--set KEY=VALUE ...]
 #include "eval/smoke.h"
 
@@ -22,6 +22,10 @@ CommandRun SetupSmoke(CLI::App& app) {
                  "a dense layer, then a MoE layer with grouped routing, a shared expert and the "
                  "moving balance bias)")
       ->check(CLI::IsMember({"llama", "deepseek_v3"}));
+  app.add_flag("--grpo", options->grpo,
+               "the GRPO smoke: crucible grpo on the smoke config with a [grpo] table, its "
+               "per-step GRPO metrics compared too, against tests/golden/smoke_grpo.json (the "
+               "same for any --ranks)");
   app.add_flag("--portable", options->portable,
                "debug.portable_exact = true: fixed-order kernels and portable math, one golden for "
                "every device (slow)");
@@ -59,7 +63,8 @@ CommandRun SetupSmoke(CLI::App& app) {
                        "device's kernels do not reproduce; add --portable (one golden for every "
                        "device) or name that device's own --golden");
     if (options->golden.empty())
-      options->golden = options->portable ? "tests/golden/smoke-portable.json"
+      options->golden = options->grpo       ? "tests/golden/smoke_grpo.json"
+                        : options->portable ? "tests/golden/smoke-portable.json"
                         : options->model != "llama"
                             ? "tests/golden/smoke-" + options->model + ".json"
                         : options->tensor_parallel > 0 ? "tests/golden/smoke-tp.json"

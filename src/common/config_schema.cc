@@ -449,6 +449,12 @@ const std::vector<ConfigKeySpec>& Config::Schema() {
       {"debug.initial_loss_tolerance", T::kFloat, V(0.5),
        "warn when a fresh model's step-1 loss is further than this from ln(vocab_size)", false,
        AtLeast(0)},
+      {"debug.grpo_average_reduction", T::kString, V(std::string("")),
+       "test only: crucible grpo averages this cross-rank sum over the ranks instead of summing "
+       "it (loss_sums: the GRPO loss sums; entropy: the entropy sum), so the GRPO smoke gate "
+       "(crucible smoke --grpo --ranks 2) must catch it; one rank cannot (its average is the "
+       "sum); empty: off",
+       false},
       {"debug.fake_loss_divisor", T::kFloat, V(1.0),
        "test only: divide the logged loss by this (emulates a loss divided by the DP size)", false,
        Above(0)},

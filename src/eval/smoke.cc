@@ -83,7 +83,36 @@ seed = 1234
   return config + "\n[parallelism]\ntensor_parallel_chunks = 4\n";
 }
 
+std::string SmokeGrpoConfig() {
+  // 8 completions a step (2 prompts, the global batch of 8), scored by their JSON line's length mod
+  // 7 (a spread of rewards in every group); 4 rollout batches of 2 optimizer steps.
+  return R"(
+[grpo]
+task = "command"
+reward_command = "awk '{ print length($0) % 7 }'"
+group_size = 4
+prompts_per_step = 2
+max_new_tokens = 12
+iterations = 2
+beta = 0.1
+loss_type = "grpo"
+)";
+}
+
 namespace {
+
+// The GRPO smoke's tokenizer text and prompts.
+constexpr const char* kGrpoText =
+    "What is the sum of the digits of 48213? Finish with a line \"Answer: <integer>\".\n"
+    "Answer: 18\n";
+constexpr const char* kGrpoPrompts =
+    "{\"prompt\": \"What is the sum of the digits of 48213?\"}\n"
+    "{\"prompt\": \"What is the sum\"}\n"
+    "{\"prompt\": \"Finish with a line\"}\n";
+// What the GRPO smoke compares of each step, in this order, after loss and grad_norm.
+constexpr const char* kGrpoMetrics[] = {
+    "reward_mean", "completion_length",     "grpo_loss", "kl", "entropy",
+    "mean_ratio",  "clip_ratio_region_mean"};
 
 std::string Bits(double value) {
   uint64_t bits;
@@ -123,7 +152,7 @@ std::string SelfPath() {
   return std::string(buffer.data(), n);
 }
 
-nlohmann::ordered_json Observe(const std::string& run_dir) {
+nlohmann::ordered_json Observe(const std::string& run_dir, bool grpo) {
   nlohmann::ordered_json result;
   result["steps"] = nlohmann::ordered_json::array();
   std::string metrics = ReadFile(JoinPath(run_dir, "metrics.jsonl"));
@@ -138,6 +167,13 @@ nlohmann::ordered_json Observe(const std::string& run_dir) {
                                {"loss_bits", Bits(loss)},
                                {"grad_norm", grad_norm},
                                {"grad_norm_bits", Bits(grad_norm)}});
+    if (!grpo) continue;
+    nlohmann::ordered_json& step = result["steps"].back();
+    for (const char* key : kGrpoMetrics) {
+      const double value = record.value(key, std::nan(""));
+      step[key] = value;
+      step[std::string(key) + "_bits"] = Bits(value);
+    }
   }
   SafetensorsReader weights(JoinPath(run_dir, "model.safetensors"));
   result["tensors"] = nlohmann::ordered_json::object();
@@ -185,11 +221,20 @@ int RunSmoke(const SmokeOptions& options) {
                                options.expert_parallel, options.ranks));
   if (options.model != "llama" && options.model != "deepseek_v3")
     throw UsageError("smoke --model '" + options.model + "': expected llama or deepseek_v3");
+  if (options.grpo && (options.model != "llama" || options.tensor_parallel > 0 ||
+                       options.expert_parallel > 0 || options.portable))
+    throw UsageError(
+        "smoke --grpo: runs the default llama config only (no --model, --tp, --ep or "
+        "--portable)");
   if (options.model != "llama" && (options.tensor_parallel > 0 || options.portable))
     throw UsageError("smoke --model " + options.model + ": the family has no " +
                      (options.portable ? "portable kernels" : "tensor parallelism") + " yet");
-  const std::string config =
-      SmokeConfig(options.portable, options.tensor_parallel > 0, options.model);
+  std::string config = SmokeConfig(options.portable, options.tensor_parallel > 0, options.model);
+  if (options.grpo) {  // 8 completions a step: 2 per rank at 4 ranks
+    const std::string batch = "global_batch_size = 4\n";
+    config.replace(config.find(batch), batch.size(), "global_batch_size = 8\n");
+    config += SmokeGrpoConfig();
+  }
   AtomicWriteFile(config_path, config);
   const std::string binary = options.binary.empty() ? SelfPath() : options.binary;
   // Pin OpenBLAS and oneDNN to one kernel family each so the golden holds on any x86-64-v3 CPU
@@ -215,9 +260,31 @@ int RunSmoke(const SmokeOptions& options) {
     }
   }
   for (const std::string& a :
-       {binary, std::string("train"), std::string("--config"), config_path, std::string("--set"),
-        "job.dump_folder=" + run_dir, std::string("--resume"), std::string("none")})
+       {binary, std::string(options.grpo ? "grpo" : "train"), std::string("--config"), config_path,
+        std::string("--set"), "job.dump_folder=" + run_dir, std::string("--resume"),
+        std::string("none")})
     argv.push_back(a);
+  if (options.grpo) {
+    // A BPE tokenizer trained on a fixed text (the trainer is deterministic), and the prompts.
+    const std::string text = JoinPath(work, "grpo_text.txt");
+    std::string repeated;
+    for (int i = 0; i < 20; ++i) repeated += kGrpoText;
+    AtomicWriteFile(text, repeated);
+    AtomicWriteFile(JoinPath(work, "prompts.jsonl"), kGrpoPrompts);
+    const std::string tokenizer = JoinPath(work, "tokenizer.json");
+    const int made = RunChild({binary, "tokenizer", "train", text, "-o", tokenizer, "--vocab-size",
+                               "300", "--min-frequency", "1"},
+                              env, JoinPath(work, "tokenizer.log"));
+    if (made != 0)
+      throw Error(kExitFailure,
+                  StrFormat("smoke --grpo: training its tokenizer failed with exit %d; see %s",
+                            made, JoinPath(work, "tokenizer.log").c_str()));
+    for (const std::string& item :
+         {"model.tokenizer_path=" + tokenizer, "grpo.prompts=" + JoinPath(work, "prompts.jsonl")}) {
+      argv.push_back("--set");
+      argv.push_back(item);
+    }
+  }
   if (options.device != "cpu") {
     argv.push_back("--set");
     argv.push_back("training.device=" + options.device);
@@ -262,12 +329,14 @@ int RunSmoke(const SmokeOptions& options) {
     throw Error(kExitFailure, StrFormat("smoke: the training run failed with exit %d (%s); see %s",
                                         status, last_line.c_str(), log_path.c_str()));
   }
-  nlohmann::ordered_json observed = Observe(run_dir);
+  nlohmann::ordered_json observed = Observe(run_dir, options.grpo);
   int result = 0;
   if (options.update) {
     nlohmann::ordered_json golden;
     golden["about"] =
-        options.portable
+        options.grpo ? "crucible smoke --grpo golden file: regenerate only with `crucible smoke "
+                       "--grpo --update`"
+        : options.portable
             ? "crucible smoke --portable golden file (one for every device): regenerate only with "
               "`crucible smoke --portable --update`"
             : "crucible smoke golden file: regenerate only with `crucible smoke --update`";
@@ -295,8 +364,11 @@ int RunSmoke(const SmokeOptions& options) {
         result = 1;
         break;
       }
-      for (const char* key : {"loss", "grad_norm"}) {
-        std::string bits_key = std::string(key) + "_bits";
+      std::vector<std::string> keys = {"loss", "grad_norm"};
+      if (options.grpo) keys.insert(keys.end(), std::begin(kGrpoMetrics), std::end(kGrpoMetrics));
+      for (const std::string& name : keys) {
+        const char* key = name.c_str();
+        std::string bits_key = name + "_bits";
         if (want_steps[i][bits_key] != got_steps[i][bits_key]) {
           PrintLine(StrFormat(
               "smoke: FAIL first difference at step %lld: %s %.17g (bits %s), golden %.17g (bits "

@@ -34,6 +34,12 @@ struct SmokeOptions {
   // config: a dense layer then a MoE layer with grouped routing, a shared expert and the balance
   // bias, against tests/golden/smoke-deepseek_v3.json).
   std::string model = "llama";
+  // The GRPO smoke (docs/post-training.md, "GRPO loop"): `crucible grpo` on the default smoke
+  // config with a [grpo] table (a reward command, iterations 2, beta 0.1) and a BPE tokenizer
+  // trained first on a fixed text; its per-step GRPO metrics are compared bit for bit too,
+  // against tests/golden/smoke_grpo.json, the same for 1, 2 and 4 ranks. Catches a cross-rank
+  // reduction switched from SUM to AVG (debug.grpo_average_reduction) at 2 ranks or more.
+  bool grpo = false;
   // More --set overrides for the run (test-only switches such as debug.fake_loss_divisor).
   std::vector<std::string> sets;
 };
@@ -48,5 +54,9 @@ int RunSmoke(const SmokeOptions& options);
 // `model` "deepseek_v3" replaces the [model] table with the MoE family's.
 std::string SmokeConfig(bool portable = false, bool tensor_parallel = false,
                         const std::string& model = "llama");
+
+// The [grpo] table the GRPO smoke appends to SmokeConfig() (model.tokenizer_path and
+// grpo.prompts are set on the command line: the golden's config holds no path).
+std::string SmokeGrpoConfig();
 
 }  // namespace crucible

@@ -36,6 +36,8 @@ struct GrpoSettings {
   SamplingParams sampling;  // without the per-step seed
   RewardScaling scaling = RewardScaling::kGroup;
   GrpoLossConfig loss;
+  // debug.grpo_average_reduction (test only): a cross-rank sum averaged over the ranks instead.
+  bool average_loss_sums = false, average_entropy = false;
 };
 
 GrpoSettings ReadSettings(const Config& config) {
@@ -87,6 +89,12 @@ GrpoSettings ReadSettings(const Config& config) {
   const double high = config.Float("grpo.epsilon_high");
   s.loss.epsilon_high = high < 0 ? s.loss.epsilon_low : high;
   s.loss.max_completion_length = static_cast<double>(s.max_new_tokens);
+  const std::string average = config.String("debug.grpo_average_reduction");
+  s.average_loss_sums = average == "loss_sums";
+  s.average_entropy = average == "entropy";
+  if (!average.empty() && !s.average_loss_sums && !s.average_entropy)
+    throw UsageError("debug.grpo_average_reduction = \"" + average +
+                     "\": expected loss_sums, entropy or \"\" (a test-only switch)");
   return s;
 }
 
@@ -169,6 +177,47 @@ GrpoLossSums UnpackSums(const double* v) {
   return s;
 }
 
+// Bytes as lowercase hex, and back: how a checkpoint holds arrays bit for bit.
+std::string ToHex(const void* data, size_t bytes) {
+  static const char digits[] = "0123456789abcdef";
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::string out(2 * bytes, '0');
+  for (size_t i = 0; i < bytes; ++i)
+    out[2 * i] = digits[p[i] >> 4], out[2 * i + 1] = digits[p[i] & 15];
+  return out;
+}
+template <typename T>
+std::string ArrayToHex(const std::vector<T>& values) {
+  return ToHex(values.data(), values.size() * sizeof(T));
+}
+// `key` of a checkpoint's GRPO batch state, as `count` values of T; DataError when it is not.
+template <typename T>
+std::vector<T> ArrayFromHex(const nlohmann::json& state, const char* key, size_t count,
+                            const std::string& where) {
+  const std::string hex =
+      state.contains(key) && state[key].is_string() ? state[key].get<std::string>() : std::string();
+  if (hex.size() != 2 * count * sizeof(T))
+    throw DataError(
+        StrFormat("%s: step_batches.batch.%s is not %zu values (a damaged or foreign "
+                  "checkpoint; resume from another or start over with --resume none)",
+                  where.c_str(), key, count));
+  std::vector<T> values(count);
+  auto* out = reinterpret_cast<unsigned char*>(values.data());
+  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i < hex.size() / 2; ++i)
+    out[i] = static_cast<unsigned char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  return values;
+}
+
+// Where the run's initial weights (the reference) come from, for the checkpoint and messages.
+std::string InitialWeightsSource(const Config& config) {
+  if (!config.String("checkpoint.initial_load_hf").empty())
+    return "checkpoint.initial_load_hf = " + config.String("checkpoint.initial_load_hf");
+  if (!config.String("model.init_weights").empty())
+    return "model.init_weights = " + config.String("model.init_weights");
+  return StrFormat("the seeded init (debug.seed = %lld)", (long long)config.Int("debug.seed"));
+}
+
 class GrpoBatches : public StepBatches {
  public:
   GrpoBatches(Trainer& trainer, GrpoSettings settings)
@@ -206,7 +255,59 @@ class GrpoBatches : public StepBatches {
     first_ = rank_ * local_;
     Config copy = config;
     spec_ = BuildModelSpec(copy);
-    if (s_.loss.beta > 0) trainer.KeepReferenceWeights();
+    keep_batch_ = s_.iterations > 1 && trainer.checkpointing().enabled();
+    const ResumePoint& resume = trainer.resume_point();
+    if (!resume.resumed) {
+      // The reference is the initial weights: their source and hash go in every checkpoint.
+      const float* weights = trainer.WeightsOnEveryRank();
+      const uint64_t hash = Hash64(weights, trainer.whole_table().total() * sizeof(float));
+      trainer.ReleaseFullCopies();
+      reference_ = {{"source", InitialWeightsSource(config)}, {"xxh3", HexU64(hash)}};
+      if (s_.loss.beta > 0) trainer.KeepReferenceWeights();
+      return;
+    }
+    const std::string where = resume.path + "/state.json";
+    const nlohmann::json& state = resume.progress.step_batches;
+    if (!state.is_object() || !state.contains("reference") || !state["reference"].contains("xxh3"))
+      throw DataError(where +
+                      ": holds no GRPO state (step_batches): not a crucible grpo checkpoint; "
+                      "resume from one, or start over with --resume none");
+    reference_ = state["reference"];
+    if (s_.loss.beta > 0) {
+      const std::string hash = HexU64(trainer.KeepInitialWeightsAsReference());
+      if (hash != reference_["xxh3"].get<std::string>())
+        throw DataError(StrFormat(
+            "cannot resume from %s: the reference weights reloaded from %s hash %s, the run "
+            "started from %s (the initial weights changed; restore them, or start over with "
+            "--resume none)",
+            resume.path.c_str(), InitialWeightsSource(config).c_str(), hash.c_str(),
+            reference_["xxh3"].get<std::string>().c_str()));
+    }
+    if (state.contains("batch")) restored_ = state["batch"];
+    restored_where_ = where;
+  }
+
+  // After step k: the reference's source and hash, and, inside a rollout batch (k not a
+  // multiple of grpo.iterations), the batch itself: every completion's row, rewards and flags,
+  // and its old and reference log-probabilities, bit for bit (what the next iterations read).
+  nlohmann::json CheckpointState(int64_t step) override {
+    nlohmann::json state = {{"rollout_step", (step - 1) / s_.iterations + 1},
+                            {"reference", reference_}};
+    if (step % s_.iterations == 0) return state;
+    if (!keep_batch_)
+      throw Error(kExitFailure, "internal: a GRPO checkpoint inside a batch that was not kept");
+    std::vector<int32_t> prompt_lengths(prompt_lengths_.begin(), prompt_lengths_.end());
+    state["batch"] = {{"rollout_step", (step - 1) / s_.iterations + 1},
+                      {"rows", rows_},
+                      {"prompt_lengths", prompt_lengths},
+                      {"rewards", ArrayToHex(rewards_)},
+                      {"correct", ArrayToHex(correct_)},
+                      {"format_ok", ArrayToHex(format_ok_)},
+                      {"lengths", ArrayToHex(lengths_)},
+                      {"truncated", ArrayToHex(truncated_)},
+                      {"old_logp", ArrayToHex(all_old_logp_)}};
+    if (s_.loss.beta > 0) state["batch"]["ref_logp"] = ArrayToHex(all_ref_logp_);
+    return state;
   }
 
   const Batch& Next(int64_t step) override {
@@ -214,20 +315,37 @@ class GrpoBatches : public StepBatches {
     const bool first_iteration = (step - 1) % s_.iterations == 0;
     generation_seconds_ = reward_seconds_ = 0;
     Timer score_timer;
-    if (first_iteration) {
+    if (!first_iteration && !restored_.is_null()) {
+      RestoreBatch(rollout_step);
+      logp_.assign(local_ * seq_len_, 0.0f);
+      entropy_.assign(local_ * seq_len_, 0.0f);
+      trainer_.ScoreTargets(batch_, logp_.data(), false, entropy_.data());
+    } else if (first_iteration) {
       Rollout(rollout_step);
       score_timer.Reset();
       old_logp_.assign(local_ * seq_len_, 0.0f);
-      trainer_.ScoreTargets(batch_, old_logp_.data());
+      entropy_.assign(local_ * seq_len_, 0.0f);
+      trainer_.ScoreTargets(batch_, old_logp_.data(), false, entropy_.data());
       if (s_.loss.beta > 0) {
         ref_logp_.assign(local_ * seq_len_, 0.0f);
         trainer_.ScoreTargets(batch_, ref_logp_.data(), /*reference=*/true);
       }
       logp_ = old_logp_;
+      if (keep_batch_) {  // every rank's, for a checkpoint inside the batch
+        all_old_logp_.assign(total_ * seq_len_, 0.0f);
+        trainer_.comm().AllGatherFloat(old_logp_.data(), all_old_logp_.data(), old_logp_.size(),
+                                       "grpo old log-probabilities all-gather");
+        if (s_.loss.beta > 0) {
+          all_ref_logp_.assign(total_ * seq_len_, 0.0f);
+          trainer_.comm().AllGatherFloat(ref_logp_.data(), all_ref_logp_.data(), ref_logp_.size(),
+                                         "grpo reference log-probabilities all-gather");
+        }
+      }
     } else {
-      trainer_.ScoreTargets(batch_, logp_.data());
+      trainer_.ScoreTargets(batch_, logp_.data(), false, entropy_.data());
     }
     score_seconds_ = score_timer.Seconds();
+    ComputeEntropy();
     ComputeWeights();
     train_timer_.Reset();
     return batch_;
@@ -247,6 +365,7 @@ class GrpoBatches : public StepBatches {
                            {"truncated_rate", truncated_rate_},
                            {"grpo_loss", sums_.loss},
                            {"kl", m.kl},
+                           {"entropy", entropy_mean_},
                            {"mean_ratio", m.mean_ratio},
                            {"clip_ratio_low_mean", m.clip_low_mean},
                            {"clip_ratio_high_mean", m.clip_high_mean},
@@ -323,31 +442,17 @@ class GrpoBatches : public StepBatches {
     while (engine.Busy()) engine.Step();
     generation_seconds_ = generation_timer.Seconds();
 
-    // This rank's rows, and the texts every rank needs for the rewards.
-    batch_ = Batch();
-    batch_.first_sample = first_;
-    batch_.samples = local_;
-    batch_.seq_len = seq_len_;
-    batch_.inputs.assign(local_ * seq_len_, 0);
-    batch_.targets.assign(local_ * seq_len_, -1);
-    batch_.loss_weights.assign(local_ * seq_len_, 0.0f);
-    mask_.assign(local_ * seq_len_, 0.0f);
+    // This rank's completions, and what every rank needs of every completion (the texts for
+    // the rewards, the rows for a checkpoint inside the batch).
     nlohmann::json mine = nlohmann::json::array();
     for (int64_t i = 0; i < local_; ++i) {
       const Sequence& seq = engine.sequence(ids[i]);
       const std::vector<int32_t>& prompt = prompt_tokens[(first_ + i) / G];
       std::vector<int32_t> row = prompt;
       row.insert(row.end(), seq.tokens.begin(), seq.tokens.end());
-      const int64_t n = static_cast<int64_t>(row.size());
-      const int64_t p = static_cast<int64_t>(prompt.size());
-      for (int64_t t = 0; t + 1 < n; ++t) {
-        batch_.inputs[i * seq_len_ + t] = row[t];
-        if (t + 1 >= p) {  // the target is a completion token
-          batch_.targets[i * seq_len_ + t] = row[t + 1];
-          mask_[i * seq_len_ + t] = 1.0f;
-        }
-      }
       mine.push_back({{"text", seq.text},
+                      {"row", row},
+                      {"prompt_length", static_cast<int64_t>(prompt.size())},
                       {"length", static_cast<int64_t>(seq.tokens.size())},
                       {"truncated", seq.finish == FinishReason::kLength ||
                                         seq.finish == FinishReason::kContextFull}});
@@ -355,7 +460,10 @@ class GrpoBatches : public StepBatches {
     }
     // Every completion of the step, in completion order, on every rank.
     std::vector<std::string> texts(total_);
-    std::vector<double> lengths(total_), truncated(total_);
+    rows_.assign(total_, {});
+    prompt_lengths_.assign(total_, 0);
+    lengths_.assign(total_, 0);
+    truncated_.assign(total_, 0);
     // (Communicator::AllGatherString is for short strings: each rank broadcasts its own.)
     const std::string own = mine.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::vector<std::string> gathered(ranks_);
@@ -368,19 +476,23 @@ class GrpoBatches : public StepBatches {
       for (int64_t i = 0; i < local_; ++i) {
         const int64_t c = r * local_ + i;
         texts[c] = part[i]["text"].get<std::string>();
-        lengths[c] = part[i]["length"].get<double>();
-        truncated[c] = part[i]["truncated"].get<bool>() ? 1.0 : 0.0;
+        rows_[c] = part[i]["row"].get<std::vector<int32_t>>();
+        prompt_lengths_[c] = part[i]["prompt_length"].get<int64_t>();
+        lengths_[c] = part[i]["length"].get<double>();
+        truncated_[c] = part[i]["truncated"].get<bool>() ? 1.0 : 0.0;
       }
     }
     // Rewards.
     Timer reward_timer;
-    std::vector<double> rewards(total_), format_ok(total_), correct(total_);
+    rewards_.assign(total_, 0);
+    format_ok_.assign(total_, 0);
+    correct_.assign(total_, 0);
     if (!s_.command) {
       for (int64_t c = 0; c < total_; ++c) {
         const AnswerCheck check = CheckAnswer(texts[c], items[c / G].answer);
-        rewards[c] = check.reward;
-        format_ok[c] = check.format_ok;
-        correct[c] = check.correct;
+        rewards_[c] = check.reward;
+        format_ok_[c] = check.format_ok;
+        correct_[c] = check.correct;
       }
     } else {
       // Rank 0 runs the command over the whole step; a failure stops every rank with its line.
@@ -412,33 +524,117 @@ class GrpoBatches : public StepBatches {
                                : "rank " + std::to_string(rank_) +
                                      ": stopped: the reward command failed on rank 0 (rank 0 "
                                      "says why)");
-      rewards = reply["rewards"].get<std::vector<double>>();
+      rewards_ = reply["rewards"].get<std::vector<double>>();
     }
     reward_seconds_ = reward_timer.Seconds();
-    // The step's advantages and totals, and its reward metrics: sums in completion order.
-    const std::vector<double> advantages = ComputeAdvantages(rewards, G, s_.scaling);
+    BuildBatch();
+  }
+
+  // A checkpoint's batch (CheckpointState) back into the members Rollout and the first
+  // iteration's scoring fill, for this rank's slice of any rank count.
+  void RestoreBatch(int64_t rollout_step) {
+    const nlohmann::json& b = restored_;
+    const std::string& where = restored_where_;
+    if (b.value("rollout_step", int64_t{-1}) != rollout_step || !b.contains("rows") ||
+        !b["rows"].is_array() || b["rows"].size() != static_cast<size_t>(total_))
+      throw DataError(StrFormat(
+          "%s: step_batches.batch is not rollout step %lld's %lld completions (a damaged or "
+          "foreign checkpoint; resume from another or start over with --resume none)",
+          where.c_str(), (long long)rollout_step, (long long)total_));
+    const size_t n = static_cast<size_t>(total_);
+    rows_ = b["rows"].get<std::vector<std::vector<int32_t>>>();
+    const std::vector<int32_t> prompt_lengths = b.value("prompt_lengths", std::vector<int32_t>());
+    prompt_lengths_.assign(prompt_lengths.begin(), prompt_lengths.end());
+    if (prompt_lengths_.size() != n)
+      throw DataError(where + ": step_batches.batch.prompt_lengths is not one per completion");
+    for (size_t c = 0; c < n; ++c)
+      if (static_cast<int64_t>(rows_[c].size()) > seq_len_ || prompt_lengths_[c] < 1 ||
+          prompt_lengths_[c] > static_cast<int64_t>(rows_[c].size()))
+        throw DataError(
+            StrFormat("%s: step_batches.batch row %zu does not fit training.seq_len "
+                      "= %lld",
+                      where.c_str(), c, (long long)seq_len_));
+    rewards_ = ArrayFromHex<double>(b, "rewards", n, where);
+    correct_ = ArrayFromHex<double>(b, "correct", n, where);
+    format_ok_ = ArrayFromHex<double>(b, "format_ok", n, where);
+    lengths_ = ArrayFromHex<double>(b, "lengths", n, where);
+    truncated_ = ArrayFromHex<double>(b, "truncated", n, where);
+    const size_t positions = n * static_cast<size_t>(seq_len_);
+    all_old_logp_ = ArrayFromHex<float>(b, "old_logp", positions, where);
+    const size_t at = static_cast<size_t>(first_ * seq_len_), count = local_ * seq_len_;
+    old_logp_.assign(all_old_logp_.begin() + at, all_old_logp_.begin() + at + count);
+    if (s_.loss.beta > 0) {
+      all_ref_logp_ = ArrayFromHex<float>(b, "ref_logp", positions, where);
+      ref_logp_.assign(all_ref_logp_.begin() + at, all_ref_logp_.begin() + at + count);
+    }
+    BuildBatch();
+    restored_ = nullptr;
+    PrintLine(StrFormat("phase=grpo_resume rollout_step=%lld completions=%lld from=%s",
+                        (long long)rollout_step, (long long)total_, where.c_str()));
+  }
+
+  // This rank's rows of the step (from rows_), and the step's advantages, totals and reward
+  // metrics (from the rewards and flags of every completion: sums in completion order).
+  void BuildBatch() {
+    batch_ = Batch();
+    batch_.first_sample = first_;
+    batch_.samples = local_;
+    batch_.seq_len = seq_len_;
+    batch_.inputs.assign(local_ * seq_len_, 0);
+    batch_.targets.assign(local_ * seq_len_, -1);
+    batch_.loss_weights.assign(local_ * seq_len_, 0.0f);
+    mask_.assign(local_ * seq_len_, 0.0f);
+    for (int64_t i = 0; i < local_; ++i) {
+      const std::vector<int32_t>& row = rows_[first_ + i];
+      const int64_t n = static_cast<int64_t>(row.size());
+      const int64_t p = prompt_lengths_[first_ + i];
+      for (int64_t t = 0; t + 1 < n; ++t) {
+        batch_.inputs[i * seq_len_ + t] = row[t];
+        if (t + 1 >= p) {  // the target is a completion token
+          batch_.targets[i * seq_len_ + t] = row[t + 1];
+          mask_[i * seq_len_ + t] = 1.0f;
+        }
+      }
+    }
+    const std::vector<double> advantages = ComputeAdvantages(rewards_, s_.group_size, s_.scaling);
     advantages_.assign(advantages.begin() + first_, advantages.begin() + first_ + local_);
     totals_ = GrpoBatchTotals();
     totals_.sequences = static_cast<double>(total_);
     totals_.micro_batches = static_cast<double>(total_ / micro_batch_);
     double reward_sum = 0, correct_sum = 0, format_sum = 0, truncated_sum = 0;
     for (int64_t c = 0; c < total_; ++c) {
-      totals_.tokens += lengths[c];
-      reward_sum += rewards[c];
-      correct_sum += correct[c];
-      format_sum += format_ok[c];
-      truncated_sum += truncated[c];
+      totals_.tokens += lengths_[c];
+      reward_sum += rewards_[c];
+      correct_sum += correct_[c];
+      format_sum += format_ok_[c];
+      truncated_sum += truncated_[c];
     }
     const double n = static_cast<double>(total_);
     reward_mean_ = reward_sum / n;
     double squares = 0;
     for (int64_t c = 0; c < total_; ++c)
-      squares += (rewards[c] - reward_mean_) * (rewards[c] - reward_mean_);
+      squares += (rewards_[c] - reward_mean_) * (rewards_[c] - reward_mean_);
     reward_std_ = total_ > 1 ? std::sqrt(squares / (n - 1)) : 0.0;
     accuracy_ = correct_sum / n;
     format_rate_ = format_sum / n;
     truncated_rate_ = truncated_sum / n;
     completion_length_ = totals_.tokens / n;
+  }
+
+  // The policy's mean entropy per completion token at the step's weights (TRL's `entropy`):
+  // each completion's sum over its tokens in position order, gathered, summed in completion
+  // order, over the step's completion tokens.
+  void ComputeEntropy() {
+    std::vector<double> mine(local_, 0.0), all(total_, 0.0);
+    for (int64_t i = 0; i < local_; ++i)
+      for (int64_t t = 0; t < seq_len_; ++t)
+        if (mask_[i * seq_len_ + t] != 0) mine[i] += entropy_[i * seq_len_ + t];
+    trainer_.comm().AllGatherDouble(mine.data(), all.data(), mine.size(),
+                                    "grpo entropy all-gather");
+    double sum = 0;
+    for (double e : all) sum += e;
+    if (s_.average_entropy) sum /= ranks_;  // test only: SUM -> AVG (the smoke gate sees it)
+    entropy_mean_ = totals_.tokens > 0 ? sum / totals_.tokens : 0.0;
   }
 
   // GrpoLoss per micro-batch: the loss weights -dL/dlogp, and the step's loss sums over every
@@ -469,6 +665,11 @@ class GrpoBatches : public StepBatches {
     sums_ = GrpoLossSums();
     for (size_t k = 0; k < all.size() / kSumFields; ++k)
       AddSums(sums_, UnpackSums(all.data() + k * kSumFields));
+    if (s_.average_loss_sums) {  // test only: SUM -> AVG (the smoke gate sees it)
+      sums_.loss /= ranks_, sums_.tokens /= ranks_, sums_.kl /= ranks_, sums_.ratio /= ranks_;
+      sums_.clip_counted /= ranks_, sums_.clip_low /= ranks_, sums_.clip_high /= ranks_;
+      sums_.clip_region /= ranks_, sums_.cispo_clip /= ranks_;
+    }
   }
 
   Trainer& trainer_;
@@ -483,19 +684,30 @@ class GrpoBatches : public StepBatches {
   ChatTokens chat_tokens_;    // grpo.chat_template's bos and eos tokens
   int64_t end_of_turn_ = -1;  // its end-of-turn marker's id
   Batch batch_;
-  std::vector<float> mask_, old_logp_, ref_logp_, logp_, dloss_;
+  std::vector<float> mask_, old_logp_, ref_logp_, logp_, dloss_, entropy_;
   std::vector<double> advantages_;
+  // Every completion of the rollout batch, on every rank, in completion order: its row (prompt
+  // + completion tokens), prompt length, reward and flags; with keep_batch_ also the old and
+  // reference log-probabilities of every row (what a checkpoint inside the batch holds).
+  std::vector<std::vector<int32_t>> rows_;
+  std::vector<int64_t> prompt_lengths_;
+  std::vector<double> rewards_, correct_, format_ok_, lengths_, truncated_;
+  std::vector<float> all_old_logp_, all_ref_logp_;
+  bool keep_batch_ = false;     // grpo.iterations > 1 and checkpoints enabled
+  nlohmann::json reference_;    // {"source", "xxh3"} of the initial weights
+  nlohmann::json restored_;     // a resumed checkpoint's batch, until Next restores it
+  std::string restored_where_;  // its state.json, for messages
   GrpoBatchTotals totals_;
   GrpoLossSums sums_;
   double reward_mean_ = 0, reward_std_ = 0, accuracy_ = 0, format_rate_ = 0, truncated_rate_ = 0;
-  double completion_length_ = 0;
+  double completion_length_ = 0, entropy_mean_ = 0;
   double generation_seconds_ = 0, reward_seconds_ = 0, score_seconds_ = 0;
   Timer train_timer_;
 };
 
 }  // namespace
 
-int RunGrpo(Config config) {
+int RunGrpo(Config config, const std::string& resume_mode) {
   config.Validate();
   const GrpoSettings settings = ReadSettings(config);
   if (!settings.prompts_path.empty() && !FileExists(settings.prompts_path))
@@ -520,7 +732,7 @@ int RunGrpo(Config config) {
         "aggregation), which would scale the balance loss by the batch's tokens; set it to 0 "
         "(the balance bias, model.bias_update_speed, still works)");
   const int64_t seq_len = config.Int("training.seq_len");
-  Trainer trainer(std::move(config), "none", std::make_unique<RolloutPlaceholder>(seq_len));
+  Trainer trainer(std::move(config), resume_mode, std::make_unique<RolloutPlaceholder>(seq_len));
   GrpoBatches batches(trainer, settings);
   trainer.SetStepBatches(&batches);
   if (trainer.leader())

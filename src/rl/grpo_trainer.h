@@ -21,9 +21,21 @@
 // gradient with normaliser 1. A row is prompt + completion tokens, inputs and targets shifted
 // by one, padded to training.seq_len; only targets that are completion tokens count.
 //
+// Checkpoints (Trainer's, with StepBatches::CheckpointState in state.json's "step_batches"):
+// the rollout step, the initial weights' source and xxh3 (a resumed run with grpo.beta > 0
+// reloads the reference from that source and refuses to go on when its hash differs), and,
+// after an optimizer step inside a rollout batch (grpo.iterations > 1), the batch itself: every
+// completion's row, rewards and flags and its old and reference log-probabilities, bit for bit.
+// A resume at a batch boundary regenerates the next batch (a pure function of the seed, the
+// rollout step and the weights); one inside a batch restores it from the checkpoint, for any
+// rank count. So a resumed run gives the uninterrupted run's bits.
+//
 // The reductions, each in one place (GrpoBatches): the N rewards, lengths and flags are
 // gathered to every rank and summed in completion order; the loss sums are gathered per
-// micro-batch and summed in global micro-batch order. Both are independent of the rank count.
+// micro-batch and summed in global micro-batch order; the entropy (the policy's, from the
+// scoring pass's logits, Trainer::ScoreTargets) per completion, summed in completion order. All
+// are independent of the rank count. debug.grpo_average_reduction (test only) averages the loss
+// sums or the entropy sum over the ranks instead: what the GRPO smoke gate must catch.
 #pragma once
 
 #include "common/config.h"
@@ -32,6 +44,7 @@ namespace crucible {
 
 // Runs `crucible grpo` to completion; the process exit code. UsageError (exit 2) for a bad
 // [grpo] key, DataError (exit 65) for a bad prompts file or a failing reward command.
-int RunGrpo(Config config);
+// `resume_mode` as `crucible train`'s --resume (auto, none, or a checkpoint folder).
+int RunGrpo(Config config, const std::string& resume_mode = "auto");
 
 }  // namespace crucible

@@ -218,6 +218,7 @@ ResumePoint Checkpointing::Resume(const std::string& mode, float* weights) {
   point.progress.loss = state.value("loss", std::nan(""));
   point.progress.lr = state.value("lr", 0.0);
   point.progress.guards = state.value("guards", nlohmann::json());
+  point.progress.step_batches = state.value("step_batches", nlohmann::json());
   const int64_t expected = batches_.SamplesBefore(point.progress.step + 1);
   if (point.progress.consumed_samples != expected)
     throw DataError(StrFormat(
@@ -331,6 +332,7 @@ void Checkpointing::CopySnapshot(const TrainingProgress& progress, const float* 
       {"world_size", world_size_},
       {"crucible_version", CRUCIBLE_VERSION}};
   if (!progress.guards.is_null()) snapshot_.state["guards"] = progress.guards;
+  if (!progress.step_batches.is_null()) snapshot_.state["step_batches"] = progress.step_batches;
 }
 
 void Checkpointing::WriteSnapshot() {

@@ -28,6 +28,9 @@ struct TrainingProgress {
   double loss = 0;
   double lr = 0;
   nlohmann::json guards;  // the step guards' state (train/step_guard.h); null: none recorded
+  // What a StepBatches needs to resume (StepBatches::CheckpointState), state.json's
+  // "step_batches"; null: none recorded.
+  nlohmann::json step_batches;
 };
 
 struct ResumePoint {

@@ -121,8 +121,13 @@ class StageEvalHook : public TrainerHook {
   // The progress a checkpoint of the boundary's step records.
   std::optional<int> AfterStep(const StepReport& report) override {
     if (!enabled_ || gate_tasks_.empty()) return std::nullopt;
-    last_ = {report.step, report.consumed_samples, report.tokens_seen, report.loss,
-             report.lr,   trainer_.GuardState()};
+    last_ = {report.step,
+             report.consumed_samples,
+             report.tokens_seen,
+             report.loss,
+             report.lr,
+             trainer_.GuardState(),
+             trainer_.StepBatchesState(report.step)};
     return std::nullopt;
   }
 

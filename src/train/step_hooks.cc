@@ -60,9 +60,8 @@ class CheckpointHook : public TrainerHook {
     const int64_t step = report.step;
     checkpointing.NoteStepTime(report.step_seconds);
     checkpointing.Poll();
-    const TrainingProgress progress{
-        step,      report.consumed_samples, report.tokens_seen, report.loss,
-        report.lr, trainer_.GuardState()};
+    TrainingProgress progress{step,      report.consumed_samples, report.tokens_seen, report.loss,
+                              report.lr, trainer_.GuardState(),   nlohmann::json()};
     const int signal_number = AgreedSignal();
     // The leader decides (the "auto" interval depends on its measured save stalls).
     bool due =
@@ -89,6 +88,7 @@ class CheckpointHook : public TrainerHook {
         (signal_number != 0 && checkpointing.enabled() &&
          trainer_.AnyRank(leader && checkpointing.last_saved_step() != step, "checkpoint flag"));
     const float* weights = nullptr;
+    if (save_now && leader) progress.step_batches = trainer_.StepBatchesState(step);
     if (save_now) {
       trainer_.GatherOptimizerState();
       weights = trainer_.FullWeights();

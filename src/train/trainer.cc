@@ -678,7 +678,11 @@ const float* Trainer::WeightsOnEveryRank() {
 }
 
 void Trainer::KeepReferenceWeights() {
-  reference_weights_ = weights_;
+  KeepReference(weights_);
+}
+
+void Trainer::KeepReference(std::vector<float> weights) {
+  reference_weights_ = std::move(weights);
   auto ignore = [](int, size_t, size_t, const float*) {};
   if (sharded_)
     reference_access_ = std::make_unique<ShardedAccess>(table(), *data_parallel_,
@@ -689,7 +693,28 @@ void Trainer::KeepReferenceWeights() {
                                                            /*overlap=*/false, ignore);
 }
 
-void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
+uint64_t Trainer::KeepInitialWeightsAsReference() {
+  if (table().partial())
+    throw UsageError(
+        "parallelism.tensor_parallel_degree / expert_parallel_degree > 1: the initial weights "
+        "are not reloaded under them yet (set both to 1)");
+  std::vector<float> whole(
+      std::max({data_parallel_->padded_size(), whole_table_.total(), base_ + weights_.size()}),
+      0.0f);
+  if (!training_.initial_load_hf.empty())
+    ImportHfModel(training_.initial_load_hf, *model_spec_, whole_table_, whole.data());
+  else if (!training_.init_weights.empty())
+    LoadModelWeights(training_.init_weights, whole_table_, whole.data());
+  else
+    model_spec_->InitWeights(table(), training_.seed, 0, table().total(), whole.data());
+  if (detectors_->bf16_storage())
+    for (size_t i = 0; i < table().total(); ++i) whole[i] = RoundToBfloat16(whole[i]);
+  const uint64_t hash = Hash64(whole.data(), whole_table_.total() * sizeof(float));
+  KeepReference(std::vector<float>(whole.begin() + base_, whole.begin() + base_ + weights_.size()));
+  return hash;
+}
+
+void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference, float* entropy) {
   if (reference && !reference_access_)
     throw Error(kExitFailure, "internal: ScoreTargets(reference) before KeepReferenceWeights");
   TrainingAccess& access = reference ? *reference_access_ : *access_;
@@ -700,7 +725,7 @@ void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
   if (sharded_) access.BeginStep();  // the gathered units of an earlier step are stale
   for (int64_t m = 0; m < micro_batches; ++m) {
     access.BeginMicroBatch(m + 1 == micro_batches, -1);
-    ForwardOptions options = ForwardOptions::Scored();
+    ForwardOptions options = entropy ? ForwardOptions::Logits() : ForwardOptions::Scored();
     options.positions = batch.positions_at(m * rows);
     model_->Forward(access, batch.inputs_at(m * rows), batch.targets_at(m * rows), nullptr,
                     options);
@@ -708,6 +733,26 @@ void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
     const int32_t* targets = batch.targets_at(m * rows);
     for (int64_t i = 0; i < positions; ++i)
       logp[m * positions + i] = targets[i] < 0 ? 0.0f : -losses[i];
+    if (!entropy) continue;
+    // H = log Σ e^(z - max) - Σ e^(z - max) (z - max) / Σ e^(z - max), in double, vocab order.
+    const int64_t vocab = model_spec_->vocab_size();
+    const float* logits = model_->logits();
+    for (int64_t i = 0; i < positions; ++i) {
+      float& out = entropy[m * positions + i];
+      if (targets[i] < 0) {
+        out = 0.0f;
+        continue;
+      }
+      const float* z = logits + i * vocab;
+      const double top = *std::max_element(z, z + vocab);
+      double sum = 0, weighted = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double d = static_cast<double>(z[v]) - top, e = std::exp(d);
+        sum += e;
+        weighted += e * d;
+      }
+      out = static_cast<float>(std::log(sum) - weighted / sum);
+    }
   }
 }
 
@@ -821,7 +866,10 @@ StepReport Trainer::Step(int64_t step) {
     r.stage = k + 1;
     r.stage_name = training_.stages[k].name;
   }
-  r.consumed_samples = loader_->consumed_samples();
+  // A StepBatches makes each step's global batch itself (the DataLoader reads nothing): its
+  // cursor is the samples of steps 1..step, what a checkpoint's resume check expects.
+  r.consumed_samples =
+      step_batches_ ? training_.batches.SamplesBefore(step + 1) : loader_->consumed_samples();
   if (step_batches_) r.source_metrics = step_batches_->Metrics(step);
   tokens_seen_ += training_.tokens_per_step(step);
   last_loss_ = r.loss;

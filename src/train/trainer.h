@@ -76,6 +76,10 @@ class StepBatches {
   virtual double Normalizer(int64_t step) = 0;
   // Metrics of the step, by name, for metrics.jsonl and the progress line (after the update).
   virtual std::vector<std::pair<std::string, double>> Metrics(int64_t /*step*/) { return {}; }
+  // What a checkpoint after step `step` must hold for Next(step + 1) to resume exactly, recorded
+  // in its state.json (Trainer::resume_point().progress.step_batches on resume); null: nothing.
+  // Called on rank 0 only, after Metrics(step): not collective.
+  virtual nlohmann::json CheckpointState(int64_t /*step*/) { return nullptr; }
 };
 
 class Trainer {
@@ -116,12 +120,19 @@ class Trainer {
   // Keeps a copy of this rank's weights as they are now: what ScoreTargets(reference = true)
   // reads (GRPO's frozen reference model).
   void KeepReferenceWeights();
+  // Keeps the run's initial weights instead (model.init_weights, checkpoint.initial_load_hf or
+  // the seeded init, loaded again, rounded as the run's were): the reference of a resumed run.
+  // Returns the xxh3 of the whole model's initial weights (whole_table().total() floats).
+  uint64_t KeepInitialWeightsAsReference();
   // The log-probability of each target of `batch` (this rank's rows, training.local_batch_size
   // at a time) under the current weights, or under the kept reference weights: forward only,
   // through the training model and its ParameterAccess (so any ZeRO stage), written to
   // logp[row * seq_len + t]; 0 where the target is ignored (< 0). `batch.samples` must be a
-  // multiple of the micro-batch.
-  void ScoreTargets(const Batch& batch, float* logp, bool reference = false);
+  // multiple of the micro-batch. `entropy` (optional): each such position's entropy of the
+  // model's distribution, -Σ p log p over the vocabulary (0 where ignored); the forward then
+  // keeps the whole logits of a micro-batch (ForwardOptions::Logits, the same losses).
+  void ScoreTargets(const Batch& batch, float* logp, bool reference = false,
+                    float* entropy = nullptr);
 
   // ---- for the hooks ----
   const Config& config() const { return config_; }
@@ -148,6 +159,12 @@ class Trainer {
   Checkpointing& checkpointing() { return *checkpointing_; }
   // What a checkpoint records of the step guards.
   nlohmann::json GuardState() const { return guard_->State(); }
+  // What a checkpoint records of the StepBatches (StepBatches::CheckpointState); null: none.
+  nlohmann::json StepBatchesState(int64_t step) {
+    return step_batches_ ? step_batches_->CheckpointState(step) : nlohmann::json();
+  }
+  // The checkpoint this run resumed from (resumed = false: it started at step 0).
+  const ResumePoint& resume_point() const { return resume_; }
 
  private:
   // ---- setup ----
@@ -194,6 +211,8 @@ class Trainer {
   void AnnounceStage(const DataStage& stage, int64_t from_step);  // the phase=stage line
   // ---- the end ----
   int Finish(const Timer& train_timer);
+  // Keeps `weights` (this rank's, in weights_' layout) as the reference weights.
+  void KeepReference(std::vector<float> weights);
 
   Timer wall_;
   StopSignals stop_signals_;

@@ -3,13 +3,16 @@ small DeepSeek-V3 and logs its metrics; the same seed gives the same weights; wi
 and beta = 0 the importance ratio is exactly 1 (and it moves at the second iteration of a batch);
 the policy learns what a reward asks for; prompts can be rendered with a chat template;
 a failing reward command stops the run with its one line (exit 65); bad [grpo] keys are refused
-in one line (exit 2); 1 and 2 data-parallel ranks, ZeRO-1 and ZeRO-3, give the same bits.
+in one line (exit 2); 1, 2 and 4 data-parallel ranks, ZeRO-1 and ZeRO-3, give the same bits; a
+run killed in the middle resumes to the uninterrupted run's bits (inside a rollout batch too, and on
+another rank count), and refuses a resume whose reference weights changed.
 
 The model: the debug flavor (or a DeepSeek-V3 of the same vocabulary) from its seeded init, with
 a 300-id BPE tokenizer trained on the task's text. A random model never answers right, so the
 runs that must move the weights use a reward command that scores a completion by its length (a
 spread of rewards in every group)."""
 import json
+import math
 import re
 import sys
 
@@ -21,7 +24,7 @@ from test_generate import DEEPSEEK
 
 ENV = {"OMP_NUM_THREADS": "2"}
 TEXT = 'What is the sum of the digits of 48213? Finish with a line "Answer: <integer>".\nAnswer: 18\n'
-METRICS = ["reward_mean", "reward_std", "completion_length", "truncated_rate", "grpo_loss", "kl",
+METRICS = ["reward_mean", "reward_std", "completion_length", "truncated_rate", "grpo_loss", "kl", "entropy",
            "mean_ratio", "clip_ratio_low_mean", "clip_ratio_high_mean", "clip_ratio_region_mean",
            "generation_s", "reward_s", "score_s", "train_s"]
 E_REWARD = "import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n    print(c.count('e') / max(len(c), 1))\n"
@@ -82,6 +85,7 @@ def test_builtin_task_runs_and_logs_every_metric(setup, tmp_path):
             assert key in r and r[key] is not None, key
         assert 1 <= r["completion_length"] <= 16 and 0 <= r["accuracy"] <= r["format_rate"] <= 1
         assert r["rollout_step"] == r["step"]
+        assert 0 < r["entropy"] <= math.log(320)  # nats per completion token, at most log V
 
 
 def test_same_seed_same_weights_and_the_ratio_is_one_at_the_rollout_weights(setup, tmp_path):
@@ -163,6 +167,7 @@ def test_a_failing_reward_command_stops_the_run_in_one_line(setup, tmp_path):
     ("training.global_batch_size=16", "crucible grpo sets it to grpo.prompts_per_step x grpo.group_size = 8"),
     ("grpo.temperature=0", "grpo.temperature"),
     ("grpo.chat_template=zephyr", "grpo.chat_template: unknown chat template 'zephyr'"),
+    ("debug.grpo_average_reduction=max", 'debug.grpo_average_reduction = "max"'),
 ])
 def test_bad_grpo_keys_exit_2_in_one_line(setup, tmp_path, item, message):
     proc = grpo(setup, tmp_path / "run", item, check=False)
@@ -172,15 +177,80 @@ def test_bad_grpo_keys_exit_2_in_one_line(setup, tmp_path, item, message):
 
 
 @pytest.mark.parametrize("zero_stage", [1, 3])
-def test_one_and_two_data_parallel_ranks_give_the_same_bits(setup, tmp_path, zero_stage):
+def test_one_two_and_four_data_parallel_ranks_give_the_same_bits(setup, tmp_path, zero_stage):
+    """8 completions per step: 8, 4 and 2 per rank (one micro-batch of 2 on each of 4 ranks)."""
     items = [a for a in sets(setup, tmp_path / "unused", "grpo.iterations=2", "grpo.beta=0.1",
                              f"parallelism.zero_stage={zero_stage}")[1::2]
              if not a.startswith("job.dump_folder")]
     out = {}
-    for np in (1, 2):
+    for np in (1, 2, 4):
         run = tmp_path / f"np{np}"
         proc = mpirun_train([crucible_binary(), "grpo"], np, run, items)
-        keep = ["step", "loss", "grad_norm", "grpo_loss", "kl", "mean_ratio", "reward_mean",
+        keep = ["step", "loss", "grad_norm", "grpo_loss", "kl", "entropy", "mean_ratio", "reward_mean",
                 "clip_ratio_region_mean", "completion_length"]
         out[np] = (digest(proc), [[r[k] for k in keep] for r in records(run)])
-    assert out[1] == out[2]
+    assert out[1] == out[2] == out[4]
+
+
+RESUME_KEEP = ["step", "loss", "grad_norm", "grpo_loss", "kl", "entropy", "mean_ratio", "reward_mean", "reward_std",
+               "clip_ratio_region_mean", "completion_length", "rollout_step", "lr"]
+
+
+@pytest.mark.parametrize("iterations, kill_step", [(1, 3), (2, 2), (2, 3)])
+def test_a_killed_run_resumes_to_the_uninterrupted_bits(setup, tmp_path, iterations, kill_step):
+    """SIGKILL before step `kill_step` (checkpoints every step), then --resume auto: the same
+    weights and metrics as the run that was not stopped. With iterations = 2, kill step 2 resumes
+    inside a rollout batch (its rollouts and old and reference log-probabilities restored from the
+    checkpoint), kill step 3 at a batch boundary (the next batch regenerated)."""
+    extra = [f"grpo.iterations={iterations}", "grpo.beta=0.1", "grpo.loss_type=grpo",
+             "checkpoint.interval=1", "checkpoint.async=false"]
+    straight = grpo(setup, tmp_path / "straight", *extra)
+    run = tmp_path / "run"
+    killed = grpo(setup, run, *extra, "debug.kill_rank=0", f"debug.kill_step={kill_step}", check=False)
+    assert killed.returncode != 0 and len(records(run)) == kill_step - 1, killed.stderr
+    resumed = grpo(setup, run, *extra, "debug.kill_rank=0", f"debug.kill_step={kill_step}")
+    assert f"phase=resume from={run / 'ckpt' / f'step-{kill_step - 1}'} step={kill_step - 1} " in resumed.stdout
+    assert ("phase=grpo_resume rollout_step=1" in resumed.stdout) == ((kill_step - 1) % iterations != 0)
+    assert digest(resumed) == digest(straight)
+    assert untimed(records(run)) == untimed(records(tmp_path / "straight"))
+
+
+def test_a_resume_inside_a_batch_on_another_rank_count_gives_the_same_bits(setup, tmp_path):
+    """One rank killed before step 2 (inside the first batch of iterations = 2) resumes on two
+    ranks with the one-rank run's bits."""
+    items = [a for a in sets(setup, tmp_path / "unused", "grpo.iterations=2", "grpo.beta=0.1",
+                             "checkpoint.interval=1", "checkpoint.async=false")[1::2]
+             if not a.startswith("job.dump_folder")]
+    straight = mpirun_train([crucible_binary(), "grpo"], 1, tmp_path / "straight", items)
+    run = tmp_path / "run"
+    kill = ["debug.kill_rank=0", "debug.kill_step=2"]
+    mpirun_train([crucible_binary(), "grpo"], 1, run, items + kill, check=False)
+    assert len(records(run)) == 1
+    resumed = mpirun_train([crucible_binary(), "grpo"], 2, run, items + kill)
+    assert "phase=grpo_resume rollout_step=1" in resumed.stdout
+    assert digest(resumed) == digest(straight)
+    assert [[r[k] for k in RESUME_KEEP] for r in records(run)] == \
+        [[r[k] for k in RESUME_KEEP] for r in records(tmp_path / "straight")]
+
+
+def test_a_resume_whose_reference_weights_changed_is_refused_in_one_line(setup, tmp_path):
+    """The checkpoint records the initial weights' source and xxh3; a resume with grpo.beta > 0
+    reloads them and refuses (exit 65) when the file now holds other weights."""
+    first = grpo(setup, tmp_path / "first", "training.steps=2")
+    init = tmp_path / "init.safetensors"
+    init.write_bytes((tmp_path / "first" / "model.safetensors").read_bytes())
+    extra = ["grpo.beta=0.1", "checkpoint.interval=1", "checkpoint.async=false", f"model.init_weights={init}",
+             "debug.kill_rank=0", "debug.kill_step=3"]
+    run = tmp_path / "run"
+    grpo(setup, run, *extra, check=False)
+    state = json.loads((run / "ckpt" / "step-2" / "state.json").read_text())
+    assert state["step_batches"]["reference"]["source"] == f"model.init_weights = {init}"
+    assert state["step_batches"]["rollout_step"] == 2 and "batch" not in state["step_batches"]
+    second = grpo(setup, tmp_path / "second", "training.steps=2", "debug.seed=1")
+    assert digest(second) != digest(first)
+    init.write_bytes((tmp_path / "second" / "model.safetensors").read_bytes())
+    proc = grpo(setup, run, *extra, check=False)
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"the reference weights reloaded from model.init_weights = {init} hash" in last, last
+    assert state["step_batches"]["reference"]["xxh3"] in last
