@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "cli/run_config.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -11,44 +12,15 @@
 namespace crucible {
 namespace {
 
-struct TrainOptions {
-  std::string config_path;
-  std::vector<std::string> overrides;
-  bool print_config = false;
-  std::string resume = "auto";
-};
-
-// Loads --config (or defaults when absent) and the --set overrides.
-Config LoadConfig(const TrainOptions& options) {
-  if (options.config_path.empty()) {
-    Config config = Config::Defaults();
-    for (const auto& o : options.overrides) config.ApplyOverride(o);
-    return config;
-  }
-  return Config::Load(options.config_path, options.overrides);
-}
-
 CommandRun SetupTrain(CLI::App& app) {
-  auto options = std::make_shared<TrainOptions>();
-  app.add_option("-c,--config", options->config_path, "TOML config file (configs/*.toml)");
-  app.add_option("--set", options->overrides,
-                 "override a key: section.key=value (TOML value; a bare word is a string)")
-      ->take_all();
-  app.add_option("--resume", options->resume,
-                 "auto (default: the newest checkpoint that verifies, if the run directory has "
-                 "any), none, or a checkpoint folder");
-  app.add_flag("--print-config", options->print_config,
-               "print the resolved config as TOML and exit");
+  const auto options = AddRunConfigOptions(app, "TOML config file (configs/*.toml)");
   app.footer(
       "Config keys: crucible config keys. Exit codes: 0 done, 2 config error, 3 diverged (the "
       "loss or the weights went non-finite), 65 bad data, 74 I/O error, 143 stopped by "
       "SIGTERM/SIGUSR1 after a checkpoint.");
   return [options]() {
-    Config config = LoadConfig(*options);
-    if (options->print_config) {
-      std::fputs(config.ToToml().c_str(), stdout);
-      return 0;
-    }
+    const Config config = LoadRunConfig(*options);
+    if (PrintedConfig(*options, config)) return 0;
     return RunTraining(config, options->resume);
   };
 }
