@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: all build build-mpich deps demo-deps demo-build venv current-env llama-env test unit-test py-test test-gpu gpu-pack demo demo-post bench clean format asan
+.PHONY: all build build-mpich deps demo-deps demo-build venv current-env llama-env test unit-test py-test test-gpu gpu-pack demo demo-post demo-rl bench clean format asan
 
 all: build
 
@@ -85,6 +85,11 @@ demo: demo-build
 # with what `make demo` installs and builds (docs/post-training.md "Worked path").
 demo-post: demo-build
 	@scripts/demo-post.sh
+
+# `make demo-rl`: reinforcement learning on arithmetic (pre-training, SFT, GRPO on sum_digits,
+# held-out accuracy before and after), with what `make demo` builds (docs/post-training.md).
+demo-rl: demo-build
+	@scripts/demo-rl.sh
 
 bench: build venv current-env
 	CRUCIBLE=$(abspath $(BUILD))/crucible $(PYTHON) bench/train_vs_torch.py
