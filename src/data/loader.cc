@@ -30,13 +30,11 @@ Batch ReadBatch(const TokenSource& source, int64_t seq_len, int64_t first_sample
   if (source.packed()) batch.positions.resize(positions);
   std::vector<int32_t> sample(seq_len + 1);
   for (int64_t s = 0; s < count; ++s) {
-    source.Sample(first_sample + s, sample.data());
+    source.SampleAll(first_sample + s, sample.data(),
+                     source.weighted() ? batch.loss_weights.data() + s * seq_len : nullptr,
+                     source.packed() ? batch.positions.data() + s * seq_len : nullptr);
     std::copy(sample.begin(), sample.begin() + seq_len, batch.inputs.begin() + s * seq_len);
     std::copy(sample.begin() + 1, sample.end(), batch.targets.begin() + s * seq_len);
-    if (source.weighted())
-      source.SampleWeights(first_sample + s, batch.loss_weights.data() + s * seq_len);
-    if (source.packed())
-      source.SamplePositions(first_sample + s, batch.positions.data() + s * seq_len);
   }
   return batch;
 }

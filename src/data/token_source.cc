@@ -131,6 +131,13 @@ void TokenSource::SampleWeights(int64_t, float*) const {
   throw std::logic_error(Describe() + " has no loss weights");
 }
 
+void TokenSource::SampleAll(int64_t index, int32_t* tokens, float* weights,
+                            int32_t* positions) const {
+  Sample(index, tokens);
+  if (weighted()) SampleWeights(index, weights);
+  if (packed()) SamplePositions(index, positions);
+}
+
 void TokenSource::SamplePositions(int64_t, int32_t*) const {
   throw std::logic_error(Describe() + " does not pack documents");
 }

@@ -36,6 +36,10 @@ class TokenSource {
   virtual int64_t SamplePadding(int64_t /*index*/) const { return 0; }
   // Whether SamplePadding can be non-zero (the trainer then reports the padding share).
   virtual bool pads() const { return false; }
+  // Sample, SampleWeights (when weighted()) and SamplePositions (when packed()) of one index in
+  // one call: what a batch reads. The default makes the three calls; a source that lays a
+  // sample out once for all three (SFT) overrides it.
+  virtual void SampleAll(int64_t index, int32_t* tokens, float* weights, int32_t* positions) const;
   virtual std::string Describe() const = 0;
 };
 

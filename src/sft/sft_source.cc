@@ -235,6 +235,16 @@ class SftSource : public TokenSource {
     Layout(index, tokens.data(), weights.data(), positions);
   }
   bool pads() const override { return true; }
+  // One layout for all three (a batch read would otherwise lay each sample out three times).
+  void SampleAll(int64_t index, int32_t* tokens, float* weights,
+                 int32_t* positions) const override {
+    std::vector<int32_t> unused_positions;
+    if (!positions) {
+      unused_positions.resize(seq_len_);
+      positions = unused_positions.data();
+    }
+    Layout(index, tokens, weights, positions);
+  }
   int64_t SamplePadding(int64_t index) const override {
     int64_t content = 0;
     for (int64_t c : At(index)) content += static_cast<int64_t>(conversations_[c].ids.size());
