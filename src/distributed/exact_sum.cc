@@ -164,4 +164,13 @@ void Int128ToFloat(const __int128* in, float* out, size_t count) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(ToDouble(in[i]) * kInverseScale);
 }
 
+bool DoubleToFixed(double v, __int128* out) {
+  *out = std::fabs(v) < kLimit ? ToInt128(v * kScale) : 0;
+  return std::fabs(v) < kLimit;
+}
+
+double FixedToDouble(__int128 sum) {
+  return ToDouble(sum) * kInverseScale;
+}
+
 }  // namespace crucible

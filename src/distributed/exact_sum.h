@@ -110,4 +110,11 @@ void AddInt128(const __int128* in, __int128* sum, size_t n);
 // Converts n fixed-point sums to float (int128 -> double -> float, round to nearest each).
 void Int128ToFloat(const __int128* in, float* out, size_t n);
 
+// One double to fixed point: *out = trunc(v 2^64) (exact for |v| >= 2^-12, a double's ULP being
+// 2^-64 or more there). False, and *out = 0, for a non-finite v or |v| >= 2^62. For the few
+// scalar sums of a step (GRPO's metrics), not for arrays.
+bool DoubleToFixed(double v, __int128* out);
+// A fixed-point sum back to the nearest double.
+double FixedToDouble(__int128 sum);
+
 }  // namespace crucible

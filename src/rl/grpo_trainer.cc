@@ -16,6 +16,8 @@
 #include "common/strings.h"
 #include "common/timer.h"
 #include "data/token_source.h"
+#include "distributed/exact_group_sum.h"
+#include "distributed/exact_sum.h"
 #include "infer/engine.h"
 #include "rl/grpo_loss.h"
 #include "rl/rewards.h"
@@ -148,34 +150,26 @@ class RolloutPlaceholder : public TokenSource {
   int64_t seq_len_;
 };
 
-// Adds b into a (SUM, with MIN and MAX for the two extremes).
-void AddSums(GrpoLossSums& a, const GrpoLossSums& b) {
-  a.loss += b.loss;
-  a.tokens += b.tokens;
-  a.kl += b.kl;
-  a.ratio += b.ratio;
-  a.clip_counted += b.clip_counted;
-  a.clip_low += b.clip_low;
-  a.clip_high += b.clip_high;
-  a.clip_region += b.clip_region;
-  a.cispo_clip += b.cispo_clip;
-  a.clip_low_min = std::min(a.clip_low_min, b.clip_low_min);
-  a.clip_high_max = std::max(a.clip_high_max, b.clip_high_max);
-}
-constexpr size_t kSumFields = 11;
-void PackSums(const GrpoLossSums& s, double* out) {
-  const double values[kSumFields] = {s.loss,         s.tokens,       s.kl,           s.ratio,
-                                     s.clip_counted, s.clip_low,     s.clip_high,    s.clip_region,
-                                     s.cispo_clip,   s.clip_low_min, s.clip_high_max};
-  std::copy(values, values + kSumFields, out);
-}
-GrpoLossSums UnpackSums(const double* v) {
-  GrpoLossSums s;
-  s.loss = v[0], s.tokens = v[1], s.kl = v[2], s.ratio = v[3], s.clip_counted = v[4];
-  s.clip_low = v[5], s.clip_high = v[6], s.clip_region = v[7], s.cispo_clip = v[8];
-  s.clip_low_min = v[9], s.clip_high_max = v[10];
-  return s;
-}
+// The sums of a step that cross ranks (GrpoBatches::ReduceStep): one value each, the sum over the
+// step's completions (or, for the loss sums, its micro-batches) on every rank.
+enum StepSum : size_t {
+  kRewards,        // Σ r
+  kRewardSquares,  // Σ r²
+  kCorrect,        // completions whose answer is right (built-in tasks)
+  kFormatOk,       // completions in the answer format (built-in tasks)
+  kTruncated,      // completions that hit grpo.max_new_tokens
+  kEntropy,        // Σ over completion tokens of the policy's entropy
+  kLoss,           // GrpoLossSums fields, per micro-batch
+  kLossTokens,
+  kKl,
+  kRatio,
+  kClipCounted,
+  kClipLow,
+  kClipHigh,
+  kClipRegion,
+  kCispoClip,
+  kStepSums
+};
 
 // Bytes as lowercase hex, and back: how a checkpoint holds arrays bit for bit.
 std::string ToHex(const void* data, size_t bytes) {
@@ -221,7 +215,7 @@ std::string InitialWeightsSource(const Config& config) {
 class GrpoBatches : public StepBatches {
  public:
   GrpoBatches(Trainer& trainer, GrpoSettings settings)
-      : trainer_(trainer), s_(std::move(settings)) {
+      : trainer_(trainer), s_(std::move(settings)), step_sum_(trainer.comm(), ExactGrid()) {
     const Config& config = trainer.config();
     seed_ = static_cast<uint64_t>(config.Int("debug.seed"));
     seq_len_ = trainer.training().shape.seq_len;
@@ -347,6 +341,7 @@ class GrpoBatches : public StepBatches {
     score_seconds_ = score_timer.Seconds();
     ComputeEntropy();
     ComputeWeights();
+    ReduceStep();
     train_timer_.Reset();
     return batch_;
   }
@@ -598,77 +593,138 @@ class GrpoBatches : public StepBatches {
     }
     const std::vector<double> advantages = ComputeAdvantages(rewards_, s_.group_size, s_.scaling);
     advantages_.assign(advantages.begin() + first_, advantages.begin() + first_ + local_);
-    totals_ = GrpoBatchTotals();
-    totals_.sequences = static_cast<double>(total_);
-    totals_.micro_batches = static_cast<double>(total_ / micro_batch_);
-    double reward_sum = 0, correct_sum = 0, format_sum = 0, truncated_sum = 0;
-    for (int64_t c = 0; c < total_; ++c) {
-      totals_.tokens += lengths_[c];
-      reward_sum += rewards_[c];
-      correct_sum += correct_[c];
-      format_sum += format_ok_[c];
-      truncated_sum += truncated_[c];
-    }
-    const double n = static_cast<double>(total_);
-    reward_mean_ = reward_sum / n;
-    double squares = 0;
-    for (int64_t c = 0; c < total_; ++c)
-      squares += (rewards_[c] - reward_mean_) * (rewards_[c] - reward_mean_);
-    reward_std_ = total_ > 1 ? std::sqrt(squares / (n - 1)) : 0.0;
-    accuracy_ = correct_sum / n;
-    format_rate_ = format_sum / n;
-    truncated_rate_ = truncated_sum / n;
-    completion_length_ = totals_.tokens / n;
+    ReduceTotals();
   }
 
-  // The policy's mean entropy per completion token at the step's weights (TRL's `entropy`):
-  // each completion's sum over its tokens in position order, gathered, summed in completion
-  // order, over the step's completion tokens.
+  // This rank's entropy sum over its completion tokens, each completion's in position order (the
+  // step's mean, TRL's `entropy`, is ReduceStep's sum over the step's completion tokens).
   void ComputeEntropy() {
-    std::vector<double> mine(local_, 0.0), all(total_, 0.0);
+    entropy_sums_.assign(local_, 0.0);
     for (int64_t i = 0; i < local_; ++i)
       for (int64_t t = 0; t < seq_len_; ++t)
-        if (mask_[i * seq_len_ + t] != 0) mine[i] += entropy_[i * seq_len_ + t];
-    trainer_.comm().AllGatherDouble(mine.data(), all.data(), mine.size(),
-                                    "grpo entropy all-gather");
-    double sum = 0;
-    for (double e : all) sum += e;
-    if (s_.average_entropy) sum /= ranks_;  // test only: SUM -> AVG (the smoke gate sees it)
-    entropy_mean_ = totals_.tokens > 0 ? sum / totals_.tokens : 0.0;
+        if (mask_[i * seq_len_ + t] != 0) entropy_sums_[i] += entropy_[i * seq_len_ + t];
   }
 
-  // GrpoLoss per micro-batch: the loss weights -dL/dlogp, and the step's loss sums over every
-  // rank, added in global micro-batch order.
+  // GrpoLoss per micro-batch: the loss weights -dL/dlogp, and this rank's loss sums per
+  // micro-batch (ReduceStep reduces them).
   void ComputeWeights() {
     const int64_t micro_batches = local_ / micro_batch_, positions = micro_batch_ * seq_len_;
     dloss_.assign(local_ * seq_len_, 0.0f);
-    std::vector<double> packed(micro_batches * kSumFields);
+    loss_sums_.assign(micro_batches, GrpoLossSums());
     for (int64_t m = 0; m < micro_batches; ++m) {
       const size_t at = static_cast<size_t>(m * positions);
       const std::span<const float> ref =
           s_.loss.beta > 0 ? std::span<const float>(ref_logp_).subspan(at, positions)
                            : std::span<const float>();
-      const GrpoLossSums sums =
+      loss_sums_[m] =
           GrpoLoss(s_.loss, totals_, micro_batch_, seq_len_,
                    std::span<const float>(logp_).subspan(at, positions),
                    std::span<const float>(old_logp_).subspan(at, positions), ref,
                    std::span<const float>(mask_).subspan(at, positions),
                    std::span<const double>(advantages_).subspan(m * micro_batch_, micro_batch_),
                    std::span<float>(dloss_).subspan(at, positions));
-      PackSums(sums, packed.data() + m * kSumFields);
     }
     for (size_t i = 0; i < dloss_.size(); ++i)
       batch_.loss_weights[i] = mask_[i] != 0 ? -dloss_[i] : 0.0f;
-    std::vector<double> all(packed.size() * ranks_);
-    trainer_.comm().AllGatherDouble(packed.data(), all.data(), packed.size(),
-                                    "grpo loss sums all-gather");
+  }
+
+  // ---- Every reduction across ranks of a step, here and only here. ----
+  //
+  // The group is the data-parallel group: every rank of the run (crucible grpo refuses tensor and
+  // expert parallelism). Each sum goes through ExactGroupSum (distributed/exact_group_sum.h) on
+  // the fixed128 grid: every rank puts each of its own contributions (one completion's value, or
+  // one micro-batch's loss sums) on the grid 2^-64 (DoubleToFixed: exact for |v| >= 2^-12, the
+  // rest truncated at 2^-64), adds them as integers and the group adds the integers, so a sum is
+  // the same bits in any order and for any rank layout; it is rounded to a double once. The two
+  // extremes of the clip metrics (MIN and MAX, exact in any order) are gathered beside it.
+  //
+  //  ReduceTotals (after the rollout; the loss needs them): GrpoBatchTotals.tokens, the step's
+  //    completion tokens, over the step's completions; .sequences and .micro_batches are the
+  //    step's shape, known on every rank.
+  //  ReduceStep (after the loss weights; the metrics): StepSum above, over the step's completions
+  //    (rewards, flags, entropy) and micro-batches (loss sums).
+  //
+  // Not a reduction: the completions themselves (text, row, length) are gathered to every rank, and
+  // each group's advantages are computed from its G rewards in completion order on every rank
+  // (ComputeAdvantages), the same bits everywhere.
+  void ReduceTotals() {
+    __int128 tokens = 0, value = 0;
+    for (int64_t i = 0; i < local_; ++i) {
+      DoubleToFixed(lengths_[first_ + i], &value);  // a count: always on the grid
+      tokens += value;
+    }
+    step_sum_.AllReduce(&tokens, 1, "grpo completion tokens");
+    totals_ = GrpoBatchTotals();
+    totals_.sequences = static_cast<double>(total_);
+    totals_.micro_batches = static_cast<double>(total_ / micro_batch_);
+    totals_.tokens = FixedToDouble(tokens);
+  }
+
+  void ReduceStep() {
+    // [0, kStepSums): the sums; [kStepSums, 2 kStepSums): contributions that were not finite
+    // (or beyond 2^62), whose sum is then NaN, as an unreduced sum of them would be.
+    std::vector<__int128> sums(2 * kStepSums, 0);
+    const auto add = [&sums](size_t k, double v) {
+      __int128 fixed = 0;
+      if (DoubleToFixed(v, &fixed))
+        sums[k] += fixed;
+      else
+        sums[kStepSums + k] += 1;
+    };
+    for (int64_t i = 0; i < local_; ++i) {
+      const int64_t c = first_ + i;
+      add(kRewards, rewards_[c]);
+      add(kRewardSquares, rewards_[c] * rewards_[c]);
+      add(kCorrect, correct_[c]);
+      add(kFormatOk, format_ok_[c]);
+      add(kTruncated, truncated_[c]);
+      add(kEntropy, entropy_sums_[i]);
+    }
+    double extremes[2] = {1e300, -1e300};  // MIN of clip_low_min, MAX of clip_high_max
+    for (const GrpoLossSums& m : loss_sums_) {
+      add(kLoss, m.loss);
+      add(kLossTokens, m.tokens);
+      add(kKl, m.kl);
+      add(kRatio, m.ratio);
+      add(kClipCounted, m.clip_counted);
+      add(kClipLow, m.clip_low);
+      add(kClipHigh, m.clip_high);
+      add(kClipRegion, m.clip_region);
+      add(kCispoClip, m.cispo_clip);
+      extremes[0] = std::min(extremes[0], m.clip_low_min);
+      extremes[1] = std::max(extremes[1], m.clip_high_max);
+    }
+    step_sum_.AllReduce(sums.data(), sums.size(), "grpo step sums");
+    std::vector<double> all_extremes(2 * ranks_);
+    trainer_.comm().AllGatherDouble(extremes, all_extremes.data(), 2,
+                                    "grpo clip extremes all-gather");
+    std::vector<double> sum(kStepSums);
+    for (size_t k = 0; k < kStepSums; ++k)
+      sum[k] = sums[kStepSums + k] != 0 ? std::nan("") : FixedToDouble(sums[k]);
+    if (s_.average_entropy) sum[kEntropy] /= ranks_;  // test only: SUM -> AVG
+    if (s_.average_loss_sums)                         // test only: SUM -> AVG
+      for (size_t k = kLoss; k <= kCispoClip; ++k) sum[k] /= ranks_;
+
+    const double n = static_cast<double>(total_);
+    reward_mean_ = sum[kRewards] / n;
+    // The sample standard deviation (Bessel's correction) from the exact sums Σ r and Σ r².
+    reward_std_ = total_ > 1
+                      ? std::sqrt(std::max(
+                            0.0, (sum[kRewardSquares] - sum[kRewards] * reward_mean_) / (n - 1)))
+                      : 0.0;
+    accuracy_ = sum[kCorrect] / n;
+    format_rate_ = sum[kFormatOk] / n;
+    truncated_rate_ = sum[kTruncated] / n;
+    completion_length_ = totals_.tokens / n;
+    entropy_mean_ = totals_.tokens > 0 ? sum[kEntropy] / totals_.tokens : 0.0;
     sums_ = GrpoLossSums();
-    for (size_t k = 0; k < all.size() / kSumFields; ++k)
-      AddSums(sums_, UnpackSums(all.data() + k * kSumFields));
-    if (s_.average_loss_sums) {  // test only: SUM -> AVG (the smoke gate sees it)
-      sums_.loss /= ranks_, sums_.tokens /= ranks_, sums_.kl /= ranks_, sums_.ratio /= ranks_;
-      sums_.clip_counted /= ranks_, sums_.clip_low /= ranks_, sums_.clip_high /= ranks_;
-      sums_.clip_region /= ranks_, sums_.cispo_clip /= ranks_;
+    sums_.loss = sum[kLoss], sums_.tokens = sum[kLossTokens], sums_.kl = sum[kKl];
+    sums_.ratio = sum[kRatio], sums_.clip_counted = sum[kClipCounted];
+    sums_.clip_low = sum[kClipLow], sums_.clip_high = sum[kClipHigh];
+    sums_.clip_region = sum[kClipRegion], sums_.cispo_clip = sum[kCispoClip];
+    for (int r = 0; r < ranks_; ++r) {
+      sums_.clip_low_min = std::min(sums_.clip_low_min, all_extremes[2 * r]);
+      sums_.clip_high_max = std::max(sums_.clip_high_max, all_extremes[2 * r + 1]);
     }
   }
 
@@ -685,6 +741,9 @@ class GrpoBatches : public StepBatches {
   int64_t end_of_turn_ = -1;  // its end-of-turn marker's id
   Batch batch_;
   std::vector<float> mask_, old_logp_, ref_logp_, logp_, dloss_, entropy_;
+  std::vector<double> entropy_sums_;     // this rank's completions' entropy sums
+  std::vector<GrpoLossSums> loss_sums_;  // this rank's micro-batches' loss sums
+  ExactGroupSum step_sum_;               // every sum of ReduceTotals and ReduceStep
   std::vector<double> advantages_;
   // Every completion of the rollout batch, on every rank, in completion order: its row (prompt
   // + completion tokens), prompt length, reward and flags; with keep_batch_ also the old and

@@ -30,12 +30,13 @@
 // rollout step and the weights); one inside a batch restores it from the checkpoint, for any
 // rank count. So a resumed run gives the uninterrupted run's bits.
 //
-// The reductions, each in one place (GrpoBatches): the N rewards, lengths and flags are
-// gathered to every rank and summed in completion order; the loss sums are gathered per
-// micro-batch and summed in global micro-batch order; the entropy (the policy's, from the
-// scoring pass's logits, Trainer::ScoreTargets) per completion, summed in completion order. All
-// are independent of the rank count. debug.grpo_average_reduction (test only) averages the loss
-// sums or the entropy sum over the ranks instead: what the GRPO smoke gate must catch.
+// Every reduction across ranks is in one place, GrpoBatches::ReduceTotals and ReduceStep: exact
+// sums (ExactGroupSum, fixed128 grid) over the data-parallel group of each rank's own
+// contributions, per completion (tokens, rewards, flags, the policy's entropy from the scoring
+// pass's logits, Trainer::ScoreTargets) and per micro-batch (the GrpoLoss sums); the same bits at
+// any rank count. The completions themselves are gathered to every rank, and every rank computes
+// every group's advantages from its G rewards. debug.grpo_average_reduction (test only) averages
+// the loss sums or the entropy sum over the ranks instead: what the GRPO smoke gate must catch.
 #pragma once
 
 #include "common/config.h"

@@ -144,5 +144,39 @@ TEST(ExactSum, AnInPlaceAccumulatorHoldsNoSumsAndRoundsOnlyItsRange) {
   EXPECT_FALSE(ExactAccumulator(4).in_place());
 }
 
+TEST(ExactSum, ADoubleIsExactOnTheGridDownTo2ToMinus12AndTruncatedBelow) {
+  __int128 fixed = 0;
+  // |v| >= 2^-12: every bit of the double is on the grid 2^-64, so the round trip is exact.
+  for (double v : {1.0, -0.0625, 0.062115751419194336, std::ldexp(1.0 + 0x1.fffffffffffffp-1, -12),
+                   -123456.789, std::ldexp(1.0, 61)}) {
+    ASSERT_TRUE(DoubleToFixed(v, &fixed)) << v;
+    EXPECT_EQ(FixedToDouble(fixed), v) << v;
+  }
+  // Below: truncated toward zero at 2^-64.
+  ASSERT_TRUE(DoubleToFixed(std::ldexp(1.75, -64), &fixed));
+  EXPECT_EQ(fixed, 1);
+  ASSERT_TRUE(DoubleToFixed(-std::ldexp(1.75, -64), &fixed));
+  EXPECT_EQ(fixed, -1);
+  ASSERT_TRUE(DoubleToFixed(std::ldexp(1.0, -70), &fixed));
+  EXPECT_EQ(fixed, 0);
+  // A sum of the integers is the same in any order, and one rounding back.
+  const double values[] = {0.1, 1e-3, 12345.678, -0.3, 7e-5};
+  __int128 forward = 0, backward = 0;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(DoubleToFixed(values[i], &fixed));
+    forward += fixed;
+    ASSERT_TRUE(DoubleToFixed(values[4 - i], &fixed));
+    backward += fixed;
+  }
+  EXPECT_EQ(forward, backward);
+  // Refused, as 0: non-finite and |v| >= 2^62.
+  for (double v : {std::nan(""), std::numeric_limits<double>::infinity(), std::ldexp(1.0, 62),
+                   -std::ldexp(1.0, 63)}) {
+    fixed = 5;
+    EXPECT_FALSE(DoubleToFixed(v, &fixed)) << v;
+    EXPECT_EQ(fixed, 0);
+  }
+}
+
 }  // namespace
 }  // namespace crucible
