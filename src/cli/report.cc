@@ -77,7 +77,7 @@ CommandRun SetupReport(CLI::App& app) {
 CommandRegistrar report_registrar(
     "report",
     "write report.html of one or more runs: loss, lr, grad norm, tokens/s, MFU, eval accuracy, "
-    "checkpoint stalls, memory, launch attempts",
+    "checkpoint stalls, memory, launch attempts; GRPO reward, KL, entropy, length, step time",
     SetupReport);
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "report/html.h"
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <set>
@@ -206,6 +207,91 @@ Json TimelineChart(const std::vector<RunData>& runs) {
   return chart;
 }
 
+// The charts of `crucible grpo` runs (metrics.jsonl, docs/post-training.md): one line of
+// `series` per run that has it, labelled "<run> <label>", dashed where asked; a `right_axis` line
+// is drawn against the right-hand axis "y2", titled `y2_title`, which is there only when some
+// run has such a line.
+struct GrpoLine {
+  const char* label;
+  Series GrpoSeries::*series;
+  bool dash = false;
+  bool right_axis = false;
+};
+
+Json GrpoChart(const std::vector<RunData>& runs, const char* id, const char* title,
+               const char* y_title, const char* y2_title, const std::vector<GrpoLine>& lines,
+               const char* empty) {
+  Json chart = Chart(id, title, "line", "step", y_title);
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (const GrpoLine& line : lines) {
+      const Series& series = runs[i].grpo_metrics.*line.series;
+      if (!series.HasValues()) continue;
+      Json dataset = LineDataset(runs[i].name + " " + line.label, runs[i], i, series, line.dash);
+      if (line.right_axis) {
+        dataset["axis"] = "y2";
+        chart["y2_title"] = y2_title;
+      }
+      chart["datasets"].push_back(dataset);
+    }
+  chart["empty"] = chart["datasets"].empty() ? empty : "";
+  return chart;
+}
+
+// Where a GRPO step's time goes: its four parts stacked, per run (a stack each, the parts in
+// shades of the run's colour), so the top line is the step's sum of them.
+Json GrpoStepTimeChart(const std::vector<RunData>& runs) {
+  Json chart =
+      Chart("grpo_step_time", "GRPO step time split (stacked)", "line", "step", "seconds per step");
+  chart["stacked"] = true;
+  chart["y_min"] = 0;
+  const GrpoLine parts[] = {{"generation_s", &GrpoSeries::generation_seconds},
+                            {"reward_s", &GrpoSeries::reward_seconds},
+                            {"score_s", &GrpoSeries::score_seconds},
+                            {"train_s", &GrpoSeries::train_seconds}};
+  const char* const shades[] = {"e6", "a6", "66", "33"};  // fill opacity, as hex
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t k = 0; k < 4; ++k) {
+      const Series& series = runs[i].grpo_metrics.*parts[k].series;
+      if (!series.HasValues()) continue;
+      Json dataset = LineDataset(runs[i].name + " " + parts[k].label, runs[i], i, series);
+      dataset["stack"] = runs[i].name;
+      dataset["fill_color"] = RunColor(i) + shades[k];
+      chart["datasets"].push_back(dataset);
+    }
+  chart["empty"] = chart["datasets"].empty()
+                       ? "no data: no GRPO run's metrics.jsonl has generation_s, reward_s, "
+                         "score_s or train_s"
+                       : "";
+  return chart;
+}
+
+// The four GRPO charts, first on the page, or none when no run is a GRPO run (so a pre-training
+// report is unchanged).
+void AddGrpoCharts(const std::vector<RunData>& runs, Json* charts) {
+  if (std::none_of(runs.begin(), runs.end(), [](const RunData& run) { return run.grpo; })) return;
+  charts->push_back(GrpoChart(
+      runs, "grpo_reward", "GRPO reward", "mean reward; accuracy (dashed)", nullptr,
+      {{"reward_mean", &GrpoSeries::reward_mean}, {"accuracy", &GrpoSeries::accuracy, true}},
+      "no data: no GRPO run's metrics.jsonl has reward_mean"));
+  charts->push_back(
+      GrpoChart(runs, "grpo_kl_entropy", "GRPO KL and entropy",
+                "KL to the reference (nats per token)", "entropy (nats per token, dashed)",
+                {{"kl", &GrpoSeries::kl}, {"entropy", &GrpoSeries::entropy, true, true}},
+                "no data: no GRPO run's metrics.jsonl has kl or entropy"));
+  Json length =
+      GrpoChart(runs, "grpo_completion_length", "GRPO completion length",
+                "mean tokens per completion", "share truncated at max_new_tokens (dashed)",
+                {{"completion_length", &GrpoSeries::completion_length},
+                 {"truncated_rate", &GrpoSeries::truncated_rate, true, true}},
+                "no data: no GRPO run's metrics.jsonl has completion_length");
+  if (length.contains("y2_title")) {
+    length["y2_min"] = 0;
+    length["y2_max"] = 1;
+  }
+  charts->push_back(length);
+  charts->push_back(GrpoStepTimeChart(runs));
+}
+
 std::string ConfigSummary(const RunData& run) {
   std::string text;
   for (const auto& [key, value] : run.config)
@@ -367,26 +453,39 @@ const char kScript[] = R"(
   Chart.register(errorBars);
   const translucent = (color) => color + '99';
   const axis = (title, extra) => Object.assign({title: {display: !!title, text: title}}, extra || {});
-  // The value axis of a spec: its title, and "y_min" / "y_max" / "y_log" where given.
-  const valueAxis = (spec, extra) => {
-    const options = axis(spec.y_title, extra);
-    if (spec.y_min !== undefined) options.min = spec.y_min;
-    if (spec.y_max !== undefined) options.max = spec.y_max;
-    if (spec.y_log) options.type = 'logarithmic';
+  // A value axis of a spec, "y" (left) or "y2" (right): its title, and "<name>_min" /
+  // "<name>_max" / "<name>_log" where given.
+  const valueAxis = (spec, extra, name) => {
+    name = name || 'y';
+    const options = axis(spec[name + '_title'], extra);
+    if (spec[name + '_min'] !== undefined) options.min = spec[name + '_min'];
+    if (spec[name + '_max'] !== undefined) options.max = spec[name + '_max'];
+    if (spec[name + '_log']) options.type = 'logarithmic';
     return options;
   };
 
+  // A dataset with "axis": "y2" is drawn against the right-hand axis; with "stack", it is filled
+  // from the previous dataset of its stack (or zero) in "fill_color", the chart "stacked".
   function lineConfig(spec) {
+    const scales = {x: axis(spec.x_title, {type: 'linear'}), y: valueAxis(spec)};
+    if (spec.stacked) scales.y.stacked = true;
+    if (spec.y2_title !== undefined)
+      scales.y2 = valueAxis(spec, {position: 'right', grid: {drawOnChartArea: false}}, 'y2');
     return {
       type: 'line',
-      data: {datasets: spec.datasets.map((d) => ({
-        label: d.label, borderColor: d.color, backgroundColor: d.color,
-        borderDash: d.dash ? [6, 4] : [], borderWidth: 1.5,
-        pointRadius: d.points.length > 60 ? 0 : 2, spanGaps: false,
-        data: d.points.map((p) => ({x: p[0], y: p[1]})),
-        errors: d.errors
-      }))},
-      options: {scales: {x: axis(spec.x_title, {type: 'linear'}), y: valueAxis(spec)}}
+      data: {datasets: spec.datasets.map((d) => {
+        const dataset = {
+          label: d.label, borderColor: d.color, backgroundColor: d.color,
+          borderDash: d.dash ? [6, 4] : [], borderWidth: 1.5,
+          pointRadius: d.points.length > 60 ? 0 : 2, spanGaps: false,
+          data: d.points.map((p) => ({x: p[0], y: p[1]})),
+          errors: d.errors
+        };
+        if (d.axis) dataset.yAxisID = d.axis;
+        if (d.stack) Object.assign(dataset, {stack: d.stack, fill: 'stack', backgroundColor: d.fill_color});
+        return dataset;
+      })},
+      options: {scales: scales}
     };
   }
   function barConfig(spec) {
@@ -468,6 +567,7 @@ std::string RunColor(size_t index) {
 
 Json ChartSpecs(const std::vector<RunData>& runs) {
   Json charts = Json::array();
+  AddGrpoCharts(runs, &charts);
   charts.push_back(LossChart(runs));
   charts.push_back(SeriesChart(runs, "lr", "Learning rate", "lr", &RunData::lr,
                                "no data: no run has metrics.jsonl"));

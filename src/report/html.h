@@ -1,7 +1,8 @@
 // The page of `crucible report`: one self-contained HTML file (Chart.js and the data inline, no
 // network reference), a header with the runs and their config summaries, a grid of charts in
 // which every run has its colour, and tables for eval scores and launch attempts. A chart whose
-// data no run has shows "no data" and why, instead of a canvas.
+// data no run has shows "no data" and why, instead of a canvas; the GRPO charts (reward, KL and
+// entropy, completion length, step time split) are there only when some run is a GRPO run.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -14,8 +15,11 @@ namespace crucible {
 
 // The charts, as the page embeds them: a JSON array of
 //   {"id", "title", "type": "line" | "bar" | "timeline", "x_title", "y_title", "empty",
-//    "categories" (bar), "y_min", "y_max", "y_log" (optional), "datasets": [...]}
-// where a line dataset is {"label", "run", "color", "dash", "points": [[x, y|null], ...]}, a bar
+//    "categories" (bar), "y_min", "y_max", "y_log" (optional), "y2_title", "y2_min", "y2_max"
+//    (optional: a right-hand axis), "stacked" (optional, line), "datasets": [...]}
+// where a line dataset is {"label", "run", "color", "dash", "points": [[x, y|null], ...]}, with
+// "axis": "y2" when it is drawn against the right-hand axis, and "stack" (its run) and
+// "fill_color" in a stacked chart (each filled down to the previous dataset of its stack), a bar
 // dataset {"label", "run", "color", "values": [...], "errors": [...] (standard errors, or absent)}
 // and a timeline dataset {"label", "run", "color", "bars": [[start_s, end_s], ...], "rows": [...],
 // "details": [...]}. "empty" is "" when some dataset has data, else the reason there is none.

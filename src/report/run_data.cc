@@ -89,6 +89,19 @@ void ReadMetrics(const std::string& path, RunData* run) {
     run->mfu.Add(step, Number(r, "mfu", where));
     run->rss_peak_mib.Add(step, Number(r, "rss_peak_bytes", where) / (1024.0 * 1024.0));
     ++run->metrics_lines;
+    if (!r.contains("reward_mean")) return;  // not a GRPO step: its series stay empty
+    run->grpo = true;
+    GrpoSeries& g = run->grpo_metrics;
+    g.reward_mean.Add(step, Number(r, "reward_mean", where));
+    g.accuracy.Add(step, Number(r, "accuracy", where));
+    g.kl.Add(step, Number(r, "kl", where));
+    g.entropy.Add(step, Number(r, "entropy", where));
+    g.completion_length.Add(step, Number(r, "completion_length", where));
+    g.truncated_rate.Add(step, Number(r, "truncated_rate", where));
+    g.generation_seconds.Add(step, Number(r, "generation_s", where));
+    g.reward_seconds.Add(step, Number(r, "reward_s", where));
+    g.score_seconds.Add(step, Number(r, "score_s", where));
+    g.train_seconds.Add(step, Number(r, "train_s", where));
   });
 }
 

@@ -1,7 +1,8 @@
 // What `crucible report` reads from one run directory, as series ready to chart. Every source is
 // optional; a missing one leaves its part empty (the page then says "no data"):
 //   metrics.jsonl              loss, lr, grad_norm / grad_norm_clipped, tok_per_s, mfu per step
-//                              (train/metrics_log.h)
+//                              (train/metrics_log.h); for a `crucible grpo` run also its reward,
+//                              KL, entropy, completion length and step-time split (rl/)
 //   eval/validation.jsonl      held-out loss and task accuracy (± standard error) per step
 //                              (train/validation.h)
 //   eval/stages.jsonl          the evaluations at stage boundaries (train/stage_eval.h)
@@ -72,6 +73,18 @@ struct LaunchAttempt {
   double backoff_seconds = 0;
 };
 
+// The per-step metrics of a `crucible grpo` run (docs/post-training.md, GRPO metrics): a point
+// per metrics.jsonl record that has reward_mean (NaN where it lacks or nulls the field); empty
+// for any other run.
+struct GrpoSeries {
+  Series reward_mean, accuracy;  // accuracy: built-in tasks only
+  Series kl, entropy;            // nats per completion token
+  Series completion_length;      // mean tokens per completion
+  Series truncated_rate;         // share of completions that hit max_new_tokens
+  // The step's seconds: sampling, rewards, the scoring passes, forward + backward + update.
+  Series generation_seconds, reward_seconds, score_seconds, train_seconds;
+};
+
 struct RunData {
   std::string dir;   // as given
   std::string name;  // its folder name (made unique across the report by the caller)
@@ -81,6 +94,8 @@ struct RunData {
   int64_t metrics_lines = 0;  // records of metrics.jsonl
   Series loss, lr, grad_norm, grad_norm_clipped, tokens_per_second, mfu;
   Series rss_peak_mib;  // rank 0's peak resident memory so far (rss_peak_bytes), in MiB
+  bool grpo = false;    // some metrics.jsonl record has reward_mean: a `crucible grpo` run
+  GrpoSeries grpo_metrics;
 
   Series held_out_loss;                               // eval/validation.jsonl
   std::map<std::string, Series> validation_accuracy;  // task -> acc ± stderr per step

@@ -2,7 +2,8 @@
 trained under `crucible launch` whose first attempt fails) make one report.html, which headless
 Chromium opens without console errors; every chart has one point per record of its source, the
 runs overlay, the eval scores have error bars, and nothing is fetched from the network.
-Bad input exits with one line naming it. See docs/report.md."""
+Bad input exits with one line naming it. A GRPO run's metrics.jsonl (synthetic) adds the GRPO
+charts, first, with a right-hand axis and a stacked step time split. See docs/report.md."""
 import json
 import os
 import re
@@ -34,6 +35,19 @@ def settings(root, run_dir, steps, *extra):
 
 def lines(path):
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def chromium():
+    """A headless Chromium (selenium), or a skip when it or chromium-driver is not installed."""
+    if not (shutil.which("chromium") and Path(CHROMEDRIVER).exists()):
+        pytest.skip("chromium and chromium-driver are not installed (scripts/install-deps.sh chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in the venv (make venv)")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,2400"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +109,7 @@ def test_two_runs_make_one_page_that_chromium_renders_with_every_point(runs, tmp
     run_crucible("report", run_b)
     assert (run_b / "report.html").stat().st_size > 100_000
 
-    if not (shutil.which("chromium") and Path(CHROMEDRIVER).exists()):
-        pytest.skip("chromium and chromium-driver are not installed (scripts/install-deps.sh chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in the venv (make venv)")
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,2400"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    driver = chromium()
     try:
         driver.get(out.as_uri())
         errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
@@ -190,3 +196,69 @@ def test_missing_sources_say_no_data_and_bad_input_is_named(runs, tmp_path):
     proc = run_crucible("report", run_a, "-o", tmp_path / "r.html", env={"CRUCIBLE_CHART_JS": "/nonexistent/chart.js"},
                         check=False)
     assert proc.returncode == 1 and "libjs-chart.js" in proc.stderr and "scripts/install-deps.sh" in proc.stderr
+
+
+def test_a_grpo_run_adds_reward_kl_length_and_stacked_step_time_charts(tmp_path):
+    """Synthetic metrics.jsonl lines with the fields `crucible grpo` writes (rl/grpo_trainer.cc)."""
+    grpo = tmp_path / "grpo"
+    grpo.mkdir()
+    parts = ("generation_s", "reward_s", "score_s", "train_s")
+    records = [{"step": step, "loss": 0.5 / step, "lr": 1e-5, "grad_norm": 0.3, "tok_per_s": 50.0,
+                "rollout_step": step, "reward_mean": 0.1 * step, "reward_std": 0.3, "accuracy": 0.05 * step,
+                "format_rate": 1.0, "completion_length": 40.0 - step, "truncated_rate": 0.5 / step,
+                "grpo_loss": -0.01, "kl": 0.001 * (step - 1), "entropy": 2.0 - 0.1 * step, "mean_ratio": 1.0,
+                "generation_s": 2.0, "reward_s": 0.05, "score_s": 0.5, "train_s": 1.0 + 0.1 * step}
+               for step in range(1, 9)]
+    (grpo / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "report.html"
+    run_crucible("report", grpo, "-o", out)
+    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', out.read_text(), re.S)
+    specs = json.loads(data.group(1))
+    assert [c["id"] for c in specs[:4]] == ["grpo_reward", "grpo_kl_entropy", "grpo_completion_length",
+                                           "grpo_step_time"]
+
+    driver = chromium()
+    try:
+        driver.get(out.as_uri())
+        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+        charts = driver.execute_script("""
+            const out = {};
+            for (const canvas of document.querySelectorAll('canvas[data-chart^="grpo"]')) {
+              const chart = Chart.getChart(canvas);
+              out[canvas.dataset.chart] = {
+                axes: Object.keys(chart.scales).sort(),
+                datasets: chart.data.datasets.map((d, i) => {
+                  const meta = chart.getDatasetMeta(i), scale = chart.scales[meta.yAxisID];
+                  return {label: d.label, axis: meta.yAxisID, y: d.data.map((p) => p.y),
+                          drawn: meta.data.map((e) => scale.getValueForPixel(e.y))};
+                })};
+            }
+            return out;""")
+    finally:
+        driver.quit()
+
+    def column(key):
+        return [r[key] for r in records]
+
+    def datasets(chart):
+        return {d["label"]: d for d in charts[chart]["datasets"]}
+
+    reward = datasets("grpo_reward")
+    assert reward["grpo reward_mean"]["y"] == pytest.approx(column("reward_mean"))
+    assert reward["grpo accuracy"]["y"] == pytest.approx(column("accuracy"))
+    kl = datasets("grpo_kl_entropy")
+    assert kl["grpo kl"]["y"] == pytest.approx(column("kl")) and kl["grpo kl"]["axis"] == "y"
+    assert kl["grpo entropy"]["y"] == pytest.approx(column("entropy")) and kl["grpo entropy"]["axis"] == "y2"
+    assert charts["grpo_kl_entropy"]["axes"] == ["x", "y", "y2"]
+    length = datasets("grpo_completion_length")
+    assert length["grpo completion_length"]["y"] == pytest.approx(column("completion_length"))
+    assert length["grpo truncated_rate"]["y"] == pytest.approx(column("truncated_rate"))
+    # Stacked: each part is drawn at the sum of the parts up to it (to a pixel's worth).
+    time = datasets("grpo_step_time")
+    assert list(time) == [f"grpo {p}" for p in parts]
+    total = [0.0] * len(records)
+    for p in parts:
+        assert time[f"grpo {p}"]["y"] == pytest.approx(column(p))
+        total = [t + r[p] for t, r in zip(total, records)]
+        assert time[f"grpo {p}"]["drawn"] == pytest.approx(total, abs=0.05), p

@@ -244,6 +244,99 @@ TEST_F(ReportTest, ChartSpecsOverlayRunsAndSayWhatIsMissing) {
   }
 }
 
+// Two steps of a `crucible grpo` run's metrics.jsonl (rl/grpo_trainer.cc): the usual fields and
+// the GRPO ones; a command reward writes no accuracy (step 2 here has none).
+const char kGrpoMetrics[] =
+    R"({"step":1,"loss":0.5,"lr":1e-5,"grad_norm":0.3,"tok_per_s":50,"rollout_step":1,)"
+    R"("reward_mean":0.25,"reward_std":0.4,"accuracy":0.125,"format_rate":0.5,)"
+    R"("completion_length":31.5,"truncated_rate":0.0625,"grpo_loss":-0.01,"kl":0.0,)"
+    R"("entropy":1.75,"mean_ratio":1.0,"generation_s":2.5,"reward_s":0.01,"score_s":0.5,)"
+    R"("train_s":1.25})"
+    "\n"
+    R"({"step":2,"loss":0.4,"lr":2e-5,"grad_norm":0.2,"tok_per_s":55,"rollout_step":2,)"
+    R"("reward_mean":0.5,"reward_std":0.45,"completion_length":28.0,"truncated_rate":0.0,)"
+    R"("grpo_loss":-0.02,"kl":0.003,"entropy":1.5,"mean_ratio":1.0,"generation_s":2.0,)"
+    R"("reward_s":0.02,"score_s":0.25,"train_s":1.5})"
+    "\n";
+
+TEST_F(ReportTest, AGrpoRunGetsRewardKlLengthAndStepTimeChartsAndAPreTrainingRunNone) {
+  Write("grpo/metrics.jsonl", kGrpoMetrics);
+  Write("pre/metrics.jsonl", kMetrics);
+  const RunData grpo = LoadRun(Dir("grpo")), pre = LoadRun(Dir("pre"));
+  EXPECT_TRUE(grpo.grpo);
+  EXPECT_EQ(grpo.grpo_metrics.reward_mean.x, (std::vector<double>{1, 2}));
+  EXPECT_EQ(grpo.grpo_metrics.reward_mean.y, (std::vector<double>{0.25, 0.5}));
+  EXPECT_DOUBLE_EQ(grpo.grpo_metrics.accuracy.y[0], 0.125);
+  EXPECT_TRUE(std::isnan(grpo.grpo_metrics.accuracy.y[1]));
+  EXPECT_FALSE(pre.grpo);
+  EXPECT_EQ(pre.grpo_metrics.reward_mean.size(), 0u);
+
+  auto find = [](const nlohmann::json& specs, const std::string& id) {
+    for (const auto& spec : specs)
+      if (spec["id"] == id) return spec;
+    return nlohmann::json();
+  };
+  auto values = [](const nlohmann::json& dataset) {
+    std::vector<nlohmann::json> y;
+    for (const auto& point : dataset["points"]) y.push_back(point[1]);
+    return nlohmann::json(y);
+  };
+  // A pre-training report has no GRPO chart, and its charts are as before.
+  const nlohmann::json pre_specs = ChartSpecs({pre});
+  for (const auto& spec : pre_specs)
+    EXPECT_NE(spec["id"].get<std::string>().rfind("grpo", 0), 0u) << spec["id"];
+  EXPECT_EQ(pre_specs.size(), 11u);
+  EXPECT_EQ(pre_specs[0]["id"], "loss");
+
+  // The GRPO charts come first; the pre-training run overlaid with the GRPO run adds no line.
+  const nlohmann::json specs = ChartSpecs({grpo, pre});
+  ASSERT_EQ(specs.size(), 15u);
+  EXPECT_EQ(specs[0]["id"], "grpo_reward");
+  EXPECT_EQ(specs[4]["id"], "loss");
+
+  const auto reward = find(specs, "grpo_reward");
+  EXPECT_EQ(reward["empty"], "");
+  ASSERT_EQ(reward["datasets"].size(), 2u);
+  EXPECT_EQ(reward["datasets"][0]["label"], "grpo reward_mean");
+  EXPECT_EQ(values(reward["datasets"][0]), nlohmann::json({0.25, 0.5}));
+  EXPECT_EQ(reward["datasets"][1]["label"], "grpo accuracy");
+  EXPECT_EQ(values(reward["datasets"][1]), nlohmann::json({0.125, nullptr}));
+  EXPECT_EQ(reward["datasets"][1]["dash"], true);
+  EXPECT_FALSE(reward.contains("y2_title"));
+
+  const auto kl = find(specs, "grpo_kl_entropy");
+  ASSERT_EQ(kl["datasets"].size(), 2u);
+  EXPECT_EQ(kl["datasets"][0]["label"], "grpo kl");
+  EXPECT_EQ(values(kl["datasets"][0]), nlohmann::json({0.0, 0.003}));
+  EXPECT_FALSE(kl["datasets"][0].contains("axis"));
+  EXPECT_EQ(kl["datasets"][1]["label"], "grpo entropy");
+  EXPECT_EQ(values(kl["datasets"][1]), nlohmann::json({1.75, 1.5}));
+  EXPECT_EQ(kl["datasets"][1]["axis"], "y2");
+  EXPECT_TRUE(kl.contains("y2_title"));
+
+  const auto length = find(specs, "grpo_completion_length");
+  ASSERT_EQ(length["datasets"].size(), 2u);
+  EXPECT_EQ(values(length["datasets"][0]), nlohmann::json({31.5, 28.0}));
+  EXPECT_EQ(length["datasets"][1]["label"], "grpo truncated_rate");
+  EXPECT_EQ(values(length["datasets"][1]), nlohmann::json({0.0625, 0.0}));
+  EXPECT_EQ(length["datasets"][1]["axis"], "y2");
+  EXPECT_EQ(length["y2_max"], 1);
+
+  const auto time = find(specs, "grpo_step_time");
+  EXPECT_EQ(time["stacked"], true);
+  ASSERT_EQ(time["datasets"].size(), 4u);  // one stack: the GRPO run's four parts, in order
+  const char* const parts[] = {"generation_s", "reward_s", "score_s", "train_s"};
+  const double seconds[4][2] = {{2.5, 2.0}, {0.01, 0.02}, {0.5, 0.25}, {1.25, 1.5}};
+  for (size_t k = 0; k < 4; ++k) {
+    const auto& dataset = time["datasets"][k];
+    EXPECT_EQ(dataset["label"], std::string("grpo ") + parts[k]);
+    EXPECT_EQ(values(dataset), nlohmann::json({seconds[k][0], seconds[k][1]})) << parts[k];
+    EXPECT_EQ(dataset["stack"], "grpo");
+    EXPECT_EQ(dataset["color"], RunColor(0));
+  }
+  EXPECT_NE(time["datasets"][0]["fill_color"], time["datasets"][3]["fill_color"]);
+}
+
 TEST_F(ReportTest, ThePageInlinesTheLibraryAndEscapesRunText) {
   Write("run</script><b>/metrics.jsonl", kMetrics);
   const std::vector<RunData> runs = {LoadRun(Dir("run</script><b>"))};
