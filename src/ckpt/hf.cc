@@ -64,7 +64,8 @@ const HfMapping& RequireHf(const ModelSpec& model, const std::string& what) {
 
 void ExportHfModel(const std::string& out, const ModelSpec& model, const ParameterTable& table,
                    const float* weights, int64_t max_position_embeddings,
-                   const std::string& tokenizer_path, const std::string& chat_template) {
+                   const std::string& tokenizer_path, const std::string& chat_template,
+                   const std::string& end_of_turn) {
   const HfMapping& hf = RequireHf(model, "export hf");
   if (IsDirectory(out)) {
     std::error_code error;
@@ -82,16 +83,26 @@ void ExportHfModel(const std::string& out, const ModelSpec& model, const Paramet
   try {
     nlohmann::json bos = nullptr, eos = nullptr, bos_token = nullptr, eos_token = nullptr;
     std::string tokenizer_text;
+    nlohmann::json generation_eos = nullptr;
     if (!tokenizer_path.empty()) {
       tokenizer_text = ReadConfigFile(tokenizer_path);
       nlohmann::json tokenizer = nlohmann::json::parse(tokenizer_text, nullptr, false);
       if (tokenizer.is_discarded()) throw DataError(tokenizer_path + ": not valid JSON");
       FindBosEos(tokenizer, &bos, &eos, &bos_token, &eos_token);
+      generation_eos = eos;
+      if (!chat_template.empty() && !end_of_turn.empty() && tokenizer.contains("added_tokens"))
+        for (const auto& token : tokenizer["added_tokens"])
+          if (token.is_object() && token.value("content", "") == end_of_turn &&
+              token.contains("id") && token["id"].is_number_integer() && token["id"] != eos) {
+            generation_eos = eos.is_null() ? nlohmann::json(token["id"])
+                                           : nlohmann::json::array({eos, token["id"]});
+            break;
+          }
     }
     const nlohmann::ordered_json config = hf.ConfigJson(max_position_embeddings, bos, eos);
     AtomicWriteFile(JoinPath(temporary, "config.json"), config.dump(2) + "\n");
     nlohmann::ordered_json generation = {
-        {"_from_model_config", true}, {"bos_token_id", bos}, {"eos_token_id", eos}};
+        {"_from_model_config", true}, {"bos_token_id", bos}, {"eos_token_id", generation_eos}};
     AtomicWriteFile(JoinPath(temporary, "generation_config.json"), generation.dump(2) + "\n");
     SaveModelWeights(JoinPath(temporary, "model.safetensors"), table, model, weights,
                      [&](const ParamInfo& p) { return hf.TensorName(p); });

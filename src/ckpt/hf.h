@@ -19,10 +19,14 @@ namespace crucible {
 // Writes the folder `out` (which must not exist, or be empty) atomically: the files are written
 // in a temporary sibling folder that is renamed to `out` when complete. UsageError when the
 // model has no Hugging Face form. `chat_template` (Jinja text), when not empty, is written as
-// tokenizer_config.json's chat_template (it needs a tokenizer).
+// tokenizer_config.json's chat_template (it needs a tokenizer). `end_of_turn`, the template's
+// end-of-turn marker (ChatTemplateEndOfTurn), when it is a token of the tokenizer other than its
+// EOS, joins the EOS in generation_config.json's eos_token_id ([eos, end_of_turn], as instruct
+// models ship it), so that transformers' generate ends a chat turn where crucible's does.
 void ExportHfModel(const std::string& out, const ModelSpec& model, const ParameterTable& table,
                    const float* weights, int64_t max_position_embeddings,
-                   const std::string& tokenizer_path, const std::string& chat_template = "");
+                   const std::string& tokenizer_path, const std::string& chat_template = "",
+                   const std::string& end_of_turn = "");
 
 // The model described by `dir`/config.json (its model_type picks the family:
 // ModelSpecFromHfConfig), and its max_position_embeddings in *max_position_embeddings (0 when

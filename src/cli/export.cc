@@ -168,11 +168,12 @@ CommandRun SetupExport(CLI::App& app) {
     if (!o->chat_template.empty()) CheckChatTemplateName(o->chat_template);
     const LoadedModel m = LoadSource(o->source);
     const std::string chat_template = ExportChatTemplate(m, o->chat_template);
-    ExportHfModel(o->out, *m.model, m.table, m.weights.data(), m.config.Int("training.seq_len"),
-                  m.tokenizer, chat_template);
     std::string chat_name = o->chat_template;
     for (const std::string& name : ChatTemplateNames())
       if (!chat_template.empty() && ChatTemplateJinja(name) == chat_template) chat_name = name;
+    ExportHfModel(o->out, *m.model, m.table, m.weights.data(), m.config.Int("training.seq_len"),
+                  m.tokenizer, chat_template,
+                  chat_template.empty() ? "" : ChatTemplateEndOfTurn(chat_name));
     PrintLine(StrFormat("exported %s -> %s (%s, %zu parameters%s%s)", m.source.weights_path.c_str(),
                         o->out.c_str(), m.model->hf()->architecture().c_str(), m.table.total(),
                         m.tokenizer.empty() ? ", no tokenizer" : ", with tokenizer.json",

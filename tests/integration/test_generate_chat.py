@@ -98,12 +98,24 @@ def exports(chat_run):
     return out
 
 
-def test_export_carries_a_template_detected_as_its_name(exports):
+END_OF_TURN = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "deepseek-v3": "<｜end▁of▁sentence｜>"}
+
+
+def test_export_carries_a_template_detected_as_its_name(chat_run, exports):
+    ids = token_ids(chat_run[2])
     for name, folder in exports.items():
         config = json.loads((folder / "tokenizer_config.json").read_text())
         assert "{%" in config["chat_template"]
         proc = run_crucible("chat-template", "detect", folder / "tokenizer_config.json")
         assert proc.stdout.startswith(f"chat_template={name} "), proc.stdout
+        # generate in transformers ends a turn where crucible does: the EOS and the end-of-turn
+        # marker, as instruct models ship generation_config.json.
+        generation = json.loads((folder / "generation_config.json").read_text())
+        assert generation["eos_token_id"] == [ids["<|endoftext|>"], ids[END_OF_TURN[name]]], name
+    # Without a template, the EOS alone.
+    plain = chat_run[0] / "hf-plain"
+    run_crucible("export", "hf", chat_run[1], plain)
+    assert json.loads((plain / "generation_config.json").read_text())["eos_token_id"] == ids["<|endoftext|>"]
 
 
 def test_generate_chat_on_the_export_detects_the_template_and_gives_the_same_tokens(chat_run, exports):
@@ -131,12 +143,13 @@ def test_generate_chat_on_the_export_detects_the_template_and_gives_the_same_tok
 
 HF_APPLY = r"""
 import json, sys
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig
 folders, conversations = json.loads(sys.stdin.read())
 out = {}
 for name, folder in folders.items():
     tokenizer = AutoTokenizer.from_pretrained(folder)
     out[name] = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                 "generation_eos": GenerationConfig.from_pretrained(folder).eos_token_id,
                  "texts": [tokenizer.apply_chat_template(c["messages"], tokenize=False,
                                                          add_generation_prompt=c["add_generation_prompt"])
                            for c in conversations]}
@@ -151,6 +164,8 @@ def test_exported_template_renders_in_transformers_as_crucible_does(hf, exports)
                                          lines=CONVERSATIONS)
         assert proc.returncode == 0, proc.stderr
         assert got[name]["texts"] == [e["text"] for e in expected], name
+        eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+        assert got[name]["generation_eos"] == eos and len(eos) == 2, name
     assert got["llama3"]["bos_token"] == "<|begin_of_text|>"
     assert got["llama3"]["texts"][0].startswith("<|begin_of_text|><|start_header_id|>user")
 
