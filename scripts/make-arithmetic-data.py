@@ -4,12 +4,15 @@ generated exactly as `crucible grpo` generates them (MakeProblem: splitmix64 of 
 worked answers.
 
   make-arithmetic-data.py OUT [--task sum_digits|addition] [--pretrain N] [--sft N] [--heldout N]
+                         [--digits LOW-HIGH] [--grpo N]
 
 writes into OUT:
   pretrain.jsonl  N documents {"text": prompt + "\\n" + worked answer}, problems (seed 1, 0..N-1)
   sft-train.jsonl N {"prompt": ..., "completion": worked answer}, problems (seed 2, 0..N-1)
   heldout.jsonl   N {"prompt": ..., "answer": ...}, problems (seed 3, 0..N-1), never trained on
                   (`crucible grpo` draws its problems from debug.seed, which demo-rl.sh sets to 4)
+  grpo-prompts.jsonl  with --digits other than 2-8 only: N {"prompt", "answer"} (seed 4), for
+                  grpo.prompts (the built-in check scores a prompts file's "answer")
 The worked answer of "What is the sum of the digits of 48213? ..." is
   4+8=12 12+2=14 14+1=15 15+3=18
   Answer: 18
@@ -50,11 +53,12 @@ class ProblemRandom:
         return value
 
 
-def make_problem(task, seed, index):
-    """(prompt, answer, worked answer) as MakeProblem(task, seed, index)."""
+def make_problem(task, seed, index, digits=(2, 8)):
+    """(prompt, answer, worked answer) as MakeProblem(task, seed, index); `digits`, the range of the
+    number's length (sum_digits), is the built-in task's (2, 8) unless narrowed."""
     r = ProblemRandom(seed, index)
     if task == "sum_digits":
-        number = r.number(r.uniform(2, 8))
+        number = r.number(r.uniform(*digits))
         digits = [int(d) for d in str(number)]
         steps, total = [], digits[0]
         for d in digits[1:]:
@@ -82,17 +86,30 @@ def main():
     p.add_argument("--pretrain", type=int, default=20000)
     p.add_argument("--sft", type=int, default=4000)
     p.add_argument("--heldout", type=int, default=200)
+    p.add_argument("--digits", default="2-8",
+                   help="sum_digits: the range of the number's length, LOW-HIGH (the built-in task's "
+                        "is 2-8; a narrower one also writes grpo-prompts.jsonl for grpo.prompts)")
+    p.add_argument("--grpo", type=int, default=4000,
+                   help="prompts in grpo-prompts.jsonl (seed 4), written when --digits is not 2-8")
     args = p.parse_args()
+    try:
+        low, high = (int(x) for x in args.digits.split("-"))
+        assert 1 <= low <= high <= 18
+    except (ValueError, AssertionError):
+        p.error(f"--digits {args.digits}: expected LOW-HIGH with 1 <= LOW <= HIGH <= 18, e.g. 2-4")
     os.makedirs(args.out, exist_ok=True)
 
     def write(name, rows):
         with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
 
-    problems = lambda seed, n: (make_problem(args.task, seed, i) for i in range(n))
+    problems = lambda seed, n: (make_problem(args.task, seed, i, (low, high)) for i in range(n))
     write("pretrain.jsonl", ({"text": f"{q}\n{w}"} for q, _, w in problems(1, args.pretrain)))
     write("sft-train.jsonl", ({"prompt": q, "completion": w} for q, _, w in problems(2, args.sft)))
     write("heldout.jsonl", ({"prompt": q, "answer": a} for q, a, _ in problems(3, args.heldout)))
+    if (low, high) != (2, 8):  # crucible grpo's own problems have 2 to 8 digits
+        write("grpo-prompts.jsonl",
+              ({"prompt": q, "answer": a} for q, a, _ in problems(4, args.grpo)))
     print(f"{args.task}: {args.pretrain} pre-training documents, {args.sft} SFT pairs, "
           f"{args.heldout} held-out prompts in {args.out}")
 

@@ -28,12 +28,21 @@ def test_demo_rl_runs_every_phase(tmp_path):
     assert log.count("demo-rl:   done steps=") == 3  # pre-training, SFT, GRPO
     curve = [line for line in log.splitlines() if re.match(r"demo-rl: +[0-9]+-[0-9]+ ", line)]
     assert len(curve) == 3, log[-3000:]
-    for name in ["SFT ", "GRPO"]:
-        line = next(line for line in log.splitlines() if line.startswith(f"demo-rl: held-out accuracy {name}"))
-        assert "+-" in line and "(n=20, greedy)" in line, line
-    assert "GRPO - SFT = " in log
+    lines = log.splitlines()
+    for label in ["greedy", "sampled at 0.7, 4 a problem"]:
+        at = lines.index(f"demo-rl: held-out accuracy, {label} (n=20 problems):")
+        assert re.fullmatch(r"demo-rl:   SFT  [01]\.[0-9]{3} \+- [0-9.]+", lines[at + 1]), lines[at + 1]
+        assert re.fullmatch(r"demo-rl:   GRPO [01]\.[0-9]{3} \+- [0-9.]+", lines[at + 2]), lines[at + 2]
+        assert re.match(r"demo-rl:   GRPO - SFT [-+][01]\.[0-9]{3} \(paired standard error ", lines[at + 3])
     for run in ["sft", "grpo"]:
-        assert len(json.loads((out / f"answers-{run}.json").read_text())["results"]) == 20
+        for suffix in [""] + [f"-t0.7-seed{k}" for k in (1, 2, 3, 4)]:
+            assert len(json.loads((out / f"answers-{run}{suffix}.json").read_text())["results"]) == 20
+    # The data's numbers have 2 to 4 digits, and GRPO read its prompts from the data.
+    for name in ["heldout.jsonl", "grpo-prompts.jsonl"]:
+        for line in open(out / "data" / name):
+            number = re.search(r"digits of ([0-9]+)\?", json.loads(line)["prompt"]).group(1)
+            assert 2 <= len(number) <= 4, number
+    assert f"prompts = '{out}/data/grpo-prompts.jsonl'" in (out / "grpo" / "config.toml").read_text()
     # Every digit is a token of its own, and the held-out prompts are the built-in generator's.
     tokenizer = json.loads((out / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
@@ -57,3 +66,7 @@ def test_the_generator_is_the_built_in_one():
     assert gen.make_problem("addition", 3, 1)[:2] == ('What is 802 + 8761? Finish with a line "Answer: <integer>".',
                                                      "9563")
     assert gen.make_problem("addition", 3, 2)[2] == "9+5=14 4+8+1=13 5+8+1=14 2+6+1=9 8+0=8\nAnswer: 89434"
+    # A narrower range of digits draws from the same stream: the built-in range is (2, 8).
+    assert gen.make_problem("sum_digits", 3, 0, (2, 8)) == gen.make_problem("sum_digits", 3, 0)
+    assert all(2 <= len(gen.make_problem("sum_digits", 4, i, (2, 4))[0].split("digits of ")[1].split("?")[0]) <= 4
+               for i in range(200))
