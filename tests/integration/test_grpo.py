@@ -88,6 +88,18 @@ def test_builtin_task_runs_and_logs_every_metric(setup, tmp_path):
         assert 0 < r["entropy"] <= math.log(320)  # nats per completion token, at most log V
 
 
+def test_every_grpo_metric_reaches_tensorboard(setup, tmp_path):
+    """The GRPO metrics join the step's record, so TensorBoard gets each as train/<name>, equal to
+    metrics.jsonl (read back with TensorBoard's own reader)."""
+    from test_tensorboard import assert_scalars_equal, expected_scalars, read
+    run = tmp_path / "run"
+    grpo(setup, run, "training.steps=2", "grpo.task=sum_digits", "metrics.enable_tensorboard=true", command=None)
+    expected = expected_scalars(run / "metrics.jsonl", "train")
+    for key in METRICS + ["accuracy", "format_rate"]:
+        assert f"train/{key}" in expected, key
+    assert_scalars_equal(read(run / "tb"), expected, "train")
+
+
 def test_same_seed_same_weights_and_the_ratio_is_one_at_the_rollout_weights(setup, tmp_path):
     first = grpo(setup, tmp_path / "a")
     second = grpo(setup, tmp_path / "b")
