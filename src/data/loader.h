@@ -36,6 +36,14 @@ struct Batch {
   // Packed documents (TokenSource::packed): each input's position in its document; else empty
   // (the model then gets nullptr).
   std::vector<int32_t> positions;
+  // Rows shorter than seq_len (a StepBatches' batch: GRPO's): micro-batch m's rows are
+  // micro_lengths[m] positions long, laid out (rows, micro_lengths[m]) from the micro-batch's
+  // first row on (inputs_at), the rest of its rows x seq_len block unused (targets -1, weights
+  // 0); the model runs that length (ForwardOptions::seq_len). Empty: every row seq_len long.
+  std::vector<int64_t> micro_lengths;
+  int64_t length_of(int64_t micro_batch) const {
+    return micro_lengths.empty() ? seq_len : micro_lengths[static_cast<size_t>(micro_batch)];
+  }
 
   // Rows [row, row + n) as the model reads them (a micro-batch starting at `row`).
   const int32_t* inputs_at(int64_t row) const { return inputs.data() + row * seq_len; }

@@ -11,7 +11,7 @@
 namespace crucible {
 
 RopePositions::RopePositions(ComputeBackend& backend, int64_t B, int64_t T, int64_t D, double theta)
-    : backend_(backend), B_(B), T_(T), half_(D / 2) {
+    : backend_(backend), B_(B), T_(T), T_max_(T), half_(D / 2) {
   host_cos_.resize(static_cast<size_t>(T * half_));
   host_sin_.resize(host_cos_.size());
   kernels::rope_tables(host_cos_.data(), host_sin_.data(), T, D, theta);
@@ -19,6 +19,13 @@ RopePositions::RopePositions(ComputeBackend& backend, int64_t B, int64_t T, int6
   sin_ = DeviceArray<float>(backend, host_sin_.size());
   cos_.CopyFrom(host_cos_.data(), host_cos_.size());
   sin_.CopyFrom(host_sin_.data(), host_sin_.size());
+}
+
+void RopePositions::SetLength(int64_t T) {
+  if (T < 1 || T > T_max_)
+    throw Error(kExitFailure, StrFormat("internal: RoPE rows of %lld positions, built for %lld",
+                                        (long long)T, (long long)T_max_));
+  T_ = T;
 }
 
 void RopePositions::Set(const int32_t* positions) {
@@ -36,9 +43,9 @@ void RopePositions::Set(const int32_t* positions) {
                               (long long)b, (long long)t, p));
     }
   const size_t n = static_cast<size_t>(B_ * T_ * half_);
-  if (!rows_cos_.data()) {
-    rows_cos_ = DeviceArray<float>(backend_, n);
-    rows_sin_ = DeviceArray<float>(backend_, n);
+  if (!rows_cos_.data()) {  // for the longest rows
+    rows_cos_ = DeviceArray<float>(backend_, static_cast<size_t>(B_ * T_max_ * half_));
+    rows_sin_ = DeviceArray<float>(backend_, static_cast<size_t>(B_ * T_max_ * half_));
   }
   host_rows_.resize(n);
   for (const auto& [table, rows] :

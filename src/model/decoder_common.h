@@ -45,6 +45,9 @@ class RopePositions {
   // must start every row at 0 and either restart at 0 or grow by one (an internal error names
   // the first that does not). The pointer is kept for the Backward: it must stay valid until then.
   void Set(const int32_t* positions);
+  // The rows' length of the next Forward (before Set): at most the T it was built for, whose
+  // tables' first rows serve any shorter length.
+  void SetLength(int64_t T);
   const int32_t* positions() const { return positions_; }  // host; nullptr when not packed
   const float* cos() const { return positions_ ? rows_cos_.data() : cos_.data(); }
   const float* sin() const { return positions_ ? rows_sin_.data() : sin_.data(); }
@@ -54,7 +57,7 @@ class RopePositions {
 
  private:
   ComputeBackend& backend_;
-  int64_t B_, T_, half_;
+  int64_t B_, T_, T_max_, half_;
   std::vector<float> host_cos_, host_sin_, host_rows_;
   DeviceArray<float> cos_, sin_, rows_cos_, rows_sin_;  // rows_*: at the first packed batch
   const int32_t* positions_ = nullptr;

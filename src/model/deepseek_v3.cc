@@ -187,6 +187,7 @@ DeepSeekV3Model::DeepSeekV3Model(const DeepSeekV3Config& config, int64_t batch_s
       table_(DeepSeekV3ParameterTable(config, parallelism.ep_degree, parallelism.ep_rank)),
       B_(batch_size),
       T_(seq_len),
+      T_max_(seq_len),
       backend_(std::move(backend)),
       buffers_(new Buffers) {
   if (std::string why = backend_->inherited_kernels_refused(); !why.empty())
@@ -571,9 +572,22 @@ void DeepSeekV3Model::ExpertsBackward(int64_t l, const float* w, float* g,
     access.AddGradient(unit, mine, mine + count, other + static_cast<size_t>(s) * count);
 }
 
+void DeepSeekV3Model::SetLength(int64_t seq_len) {
+  const int64_t T = seq_len > 0 ? seq_len : T_max_;
+  if (T > T_max_ || (T != T_max_ && experts_))
+    throw Error(kExitFailure,
+                StrFormat("internal: a forward of rows of %lld positions on a model built for "
+                          "%lld%s",
+                          (long long)T, (long long)T_max_,
+                          T > T_max_ ? "" : " under expert parallelism (not supported)"));
+  T_ = T;
+  buffers_->rope->SetLength(T);
+}
+
 LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
                                  const int32_t* targets, const float* loss_weights,
                                  const ForwardOptions& options) {
+  SetLength(options.seq_len);
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
   const DeepSeekV3Config& c = config_;
@@ -625,7 +639,8 @@ LossSum DeepSeekV3Model::Forward(ParameterAccess& access, const int32_t* tokens,
                      &b.host_chunk);
     scored_ = true;
   } else {
-    if (!b.logits.data()) b.logits = Buffers::Floats(be, static_cast<size_t>(N * V));
+    if (!b.logits.data())  // for the longest rows
+      b.logits = Buffers::Floats(be, static_cast<size_t>(B_ * T_max_ * V));
     be.MatmulForward(b.logits.data(), b.lnf.data(), head, N, C, V);
     be.CrossEntropyForward(b.losses.data(), b.lse.data(), b.logits.data(), b.targets.data(), N, V);
     b.host_logits_current = false;
@@ -690,6 +705,18 @@ LossSum DeepSeekV3Model::Retarget(const int32_t* targets) {
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   return SumWithAux(SumLosses(losses(), targets, loss_weights_, N));  // the forward's aux
+}
+
+LossSum DeepSeekV3Model::Reweight(const float* loss_weights) {
+  Buffers& b = *buffers_;
+  const int64_t N = B_ * T_;
+  if (fused_ || scored_ || !b.logits.data())
+    throw Error(kExitFailure,
+                "internal: Reweight after a fused or scored forward (no logits kept; ask "
+                "Forward for ForwardOptions::Logits())");
+  loss_weights_ = loss_weights;
+  if (loss_weights && !backend_->host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
+  return SumWithAux(SumLosses(losses(), b.host_targets.data(), loss_weights_, N));  // forward's aux
 }
 
 void DeepSeekV3Model::FfnBackward(int64_t l, const float* w, float* g, float loss_scale,

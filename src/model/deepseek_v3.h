@@ -227,13 +227,14 @@ class DeepSeekV3Model final : public Model {
 
   const ParameterTable& table() const override { return table_; }
   int64_t batch_size() const override { return B_; }
-  int64_t seq_len() const override { return T_; }
+  int64_t seq_len() const override { return T_max_; }
   size_t activation_bytes() const override;
 
   LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                   const float* loss_weights, const ForwardOptions& options) override;
   const float* logits() const override;
   LossSum Retarget(const int32_t* targets) override;
+  LossSum Reweight(const float* loss_weights) override;
   const float* losses() const override;
   const int32_t* predictions() const override;
   void Backward(ParameterAccess& access, float loss_scale) override;
@@ -261,7 +262,10 @@ class DeepSeekV3Model final : public Model {
   void SetTargets(const int32_t* targets);
   DeepSeekV3Config config_;
   ParameterTable table_;
-  int64_t B_, T_;
+  // T_: the rows' length of the last Forward (ForwardOptions::seq_len), at most T_max_, the
+  // length the buffers were built for.
+  int64_t B_, T_, T_max_;
+  void SetLength(int64_t seq_len);
   std::shared_ptr<ComputeBackend> backend_;
   std::unique_ptr<ExpertParallelOps> experts_;  // expert parallelism (ep_degree > 1)
   std::unique_ptr<UnitMemory> units_;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "compute/backend.h"
 #include "kernels/cpu/kernels.h"
 
@@ -74,6 +75,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, int64_t batch_size, int64_t se
       table_(LlamaParameterTable(config, parallelism)),
       B_(batch_size),
       T_(seq_len),
+      T_max_(seq_len),
       backend_(std::move(backend)),
       buffers_(new Buffers) {
   tp_ = std::make_unique<TensorParallelOps>(parallelism, *backend_);
@@ -308,8 +310,22 @@ const float* LlamaModel::AllRows(const float* local, float* full, const char* wh
   return full;
 }
 
+void LlamaModel::SetLength(int64_t seq_len) {
+  const int64_t T = seq_len > 0 ? seq_len : T_max_;
+  if (T > T_max_ || (T != T_max_ && (parallelism_.tp_chunks > 1 || sp_)))
+    throw Error(kExitFailure,
+                StrFormat("internal: a forward of rows of %lld positions on a model built for "
+                          "%lld%s",
+                          (long long)T, (long long)T_max_,
+                          T > T_max_ ? "" : " under tensor parallelism (not supported)"));
+  T_ = T;
+  rows_ = B_ * T;
+  buffers_->rope->SetLength(T);
+}
+
 LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                             const float* loss_weights, const ForwardOptions& options) {
+  SetLength(options.seq_len);
   Buffers& b = *buffers_;
   ComputeBackend& be = *backend_;
   const LlamaConfig& c = config_;
@@ -424,7 +440,8 @@ LossSum LlamaModel::Forward(ParameterAccess& access, const int32_t* tokens, cons
   } else {
     fused_ = false;
     scored_ = false;
-    if (!b.logits.data()) b.logits = Buffers::Floats(be, static_cast<size_t>(N * V));
+    if (!b.logits.data())  // for the longest rows
+      b.logits = Buffers::Floats(be, static_cast<size_t>(B_ * T_max_ * V));
     be.MatmulForward(b.logits.data(), head_rows_, head, N, C, V);
     sum = Retarget(targets);
   }
@@ -651,6 +668,18 @@ LossSum LlamaModel::Retarget(const int32_t* targets) {
   b.host_logits_current = false;
   if (!backend_->host_memory()) b.losses.CopyTo(b.host_losses.data(), N);
   return SumLosses(targets);
+}
+
+LossSum LlamaModel::Reweight(const float* loss_weights) {
+  Buffers& b = *buffers_;
+  const int64_t N = B_ * T_;
+  if (fused_ || scored_ || !b.logits.data())
+    throw Error(kExitFailure,
+                "internal: Reweight after a fused or scored forward (no logits kept; ask "
+                "Forward for ForwardOptions::Logits())");
+  loss_weights_ = loss_weights;
+  if (loss_weights && !backend_->host_memory()) b.loss_weights.CopyFrom(loss_weights, N);
+  return SumLosses(b.host_targets.data());
 }
 
 LossSum LlamaModel::SumLosses(const int32_t* targets) const {

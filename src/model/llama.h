@@ -176,13 +176,14 @@ class LlamaModel final : public Model {
   const LlamaConfig& config() const { return config_; }
   const ParameterTable& table() const override { return table_; }
   int64_t batch_size() const override { return B_; }
-  int64_t seq_len() const override { return T_; }
+  int64_t seq_len() const override { return T_max_; }
   size_t activation_bytes() const override;
 
   LossSum Forward(ParameterAccess& access, const int32_t* tokens, const int32_t* targets,
                   const float* loss_weights, const ForwardOptions& options) override;
   const float* logits() const override;
   LossSum Retarget(const int32_t* targets) override;
+  LossSum Reweight(const float* loss_weights) override;
   const float* losses() const override;
   const int32_t* predictions() const override;
   void Backward(ParameterAccess& access, float loss_scale) override;
@@ -261,7 +262,10 @@ class LlamaModel final : public Model {
   // untied head in the tail unit), and of each layer's.
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerOffsets> layers_;
-  int64_t B_, T_;
+  // T_: the rows' length of the last Forward (ForwardOptions::seq_len), at most T_max_, the
+  // length the buffers were built for.
+  int64_t B_, T_, T_max_;
+  void SetLength(int64_t seq_len);
   const float* loss_weights_ = nullptr;  // of the last Forward, read by Backward
   // The last Forward was kFused, with this loss scale (its head's backward is done).
   bool fused_ = false;

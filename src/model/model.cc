@@ -34,6 +34,10 @@ LossSum Model::Retarget(const int32_t*) {
       "estimate needs (optimizer.name); choose another optimizer");
 }
 
+LossSum Model::Reweight(const float*) {
+  throw Error(kExitFailure, "internal: this model cannot replace the loss weights of a forward");
+}
+
 std::unique_ptr<InferenceModel> ModelSpec::StartInference(ParameterAccess&, int64_t, int64_t,
                                                           std::shared_ptr<ComputeBackend>,
                                                           WeightType) const {

@@ -66,6 +66,12 @@ struct ForwardOptions {
   // RoPE counts from its start. nullptr: each row is one document (positions 0..T-1). Read
   // again by Backward, so it must stay valid and unchanged until then.
   const int32_t* positions = nullptr;
+  // The rows' length for this Forward and the Backward that follows: 0 (the built seq_len), or
+  // 1..seq_len, the tokens, targets, loss weights and positions then (B, seq_len) contiguous and
+  // the model computes only those positions (a StepBatches whose rows are shorter than
+  // training.seq_len: GRPO's micro-batches, Batch::micro_lengths). Without tensor or expert
+  // parallelism only (an internal error).
+  int64_t seq_len = 0;
 
   static ForwardOptions Logits() { return {}; }
   static ForwardOptions Fused(float loss_scale) { return {Head::kFused, loss_scale, nullptr}; }
@@ -111,6 +117,12 @@ class Model {
   // (train/sampled_targets.h). A model without it refuses an optimizer that needs it (the
   // default: an error naming it).
   virtual LossSum Retarget(const int32_t* targets);
+  // Replaces the loss weights of the last kLogits Forward (before its Backward): the next
+  // Backward is the gradient with `loss_weights` (B,T; the same contract as Forward's), against
+  // the same targets; returns their loss sum (aux: the forward's). For an objective whose
+  // weights are computed from the forward's own log-probabilities (StepBatches::
+  // WeightsFromForward, GRPO). The default: an internal error (every family has it).
+  virtual LossSum Reweight(const float* loss_weights);
   // The gradient of loss_scale * (the loss sum of the last Forward), written over every unit's
   // gradient through `access`.
   virtual void Backward(ParameterAccess& access, float loss_scale) = 0;

@@ -139,6 +139,19 @@ std::vector<PromptItem> ReadPrompts(const std::string& path, bool need_answer) {
   return items;
 }
 
+// The entropy -Σ p log p of the distribution softmax(z) over `vocab` logits: H = log Σ e^(z - max)
+// - Σ e^(z - max) (z - max) / Σ e^(z - max), in double, in vocabulary order.
+float TokenEntropy(const float* z, int64_t vocab) {
+  const double top = *std::max_element(z, z + vocab);
+  double sum = 0, weighted = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double d = static_cast<double>(z[v]) - top, e = std::exp(d);
+    sum += e;
+    weighted += e * d;
+  }
+  return static_cast<float>(std::log(sum) - weighted / sum);
+}
+
 // The trainer's DataLoader reads nothing of it: every step's batch comes from the rollouts.
 class RolloutPlaceholder : public TokenSource {
  public:
@@ -306,44 +319,73 @@ class GrpoBatches : public StepBatches {
 
   const Batch& Next(int64_t step) override {
     const int64_t rollout_step = (step - 1) / s_.iterations + 1;
-    const bool first_iteration = (step - 1) % s_.iterations == 0;
+    first_iteration_ = (step - 1) % s_.iterations == 0;
     generation_seconds_ = reward_seconds_ = 0;
     Timer score_timer;
-    if (!first_iteration && !restored_.is_null()) {
+    if (!first_iteration_ && !restored_.is_null()) {
       RestoreBatch(rollout_step);
-      logp_.assign(local_ * seq_len_, 0.0f);
-      entropy_.assign(local_ * seq_len_, 0.0f);
-      trainer_.ScoreTargets(batch_, logp_.data(), false, entropy_.data());
-    } else if (first_iteration) {
+    } else if (first_iteration_) {
       Rollout(rollout_step);
       score_timer.Reset();
+      // The old log-probabilities are the first iteration's own forward (WeighMicroBatch).
       old_logp_.assign(local_ * seq_len_, 0.0f);
-      entropy_.assign(local_ * seq_len_, 0.0f);
-      trainer_.ScoreTargets(batch_, old_logp_.data(), false, entropy_.data());
       if (s_.loss.beta > 0) {
         ref_logp_.assign(local_ * seq_len_, 0.0f);
         trainer_.ScoreTargets(batch_, ref_logp_.data(), /*reference=*/true);
-      }
-      logp_ = old_logp_;
-      if (keep_batch_) {  // every rank's, for a checkpoint inside the batch
-        all_old_logp_.assign(total_ * seq_len_, 0.0f);
-        trainer_.comm().AllGatherFloat(old_logp_.data(), all_old_logp_.data(), old_logp_.size(),
-                                       "grpo old log-probabilities all-gather");
-        if (s_.loss.beta > 0) {
+        if (keep_batch_) {  // every rank's, for a checkpoint inside the batch
           all_ref_logp_.assign(total_ * seq_len_, 0.0f);
           trainer_.comm().AllGatherFloat(ref_logp_.data(), all_ref_logp_.data(), ref_logp_.size(),
                                          "grpo reference log-probabilities all-gather");
         }
       }
-    } else {
-      trainer_.ScoreTargets(batch_, logp_.data(), false, entropy_.data());
     }
     score_seconds_ = score_timer.Seconds();
-    ComputeEntropy();
-    ComputeWeights();
-    ReduceStep();
+    logp_.assign(local_ * seq_len_, 0.0f);
+    entropy_.assign(local_ * seq_len_, 0.0f);
+    dloss_.assign(local_ * seq_len_, 0.0f);
+    loss_sums_.assign(local_ / micro_batch_, GrpoLossSums());
     train_timer_.Reset();
     return batch_;
+  }
+
+  // The loss weights come from the training forward: at the first iteration of a rollout batch
+  // its log-probabilities are the old ones (the rollout weights), so no scoring pass runs for
+  // the policy, only for the reference.
+  bool WeightsFromForward() const override { return true; }
+
+  // Micro-batch m: the policy's log-probabilities and entropy from the forward, the old ones at
+  // the first iteration, then GrpoLoss: its sums (ReduceStep reduces them) and the loss weights
+  // -dL/dlogp of the micro-batch's completion tokens.
+  void WeighMicroBatch(int64_t, int64_t m, const float* logp, const float* logits,
+                       int64_t vocab) override {
+    const int64_t length = batch_.micro_lengths[m], positions = micro_batch_ * length;
+    const size_t at = At(m * micro_batch_, 0);
+    std::copy(logp, logp + positions, logp_.begin() + at);
+    if (first_iteration_) std::copy(logp, logp + positions, old_logp_.begin() + at);
+    for (int64_t i = 0; i < positions; ++i)
+      if (mask_[at + i] != 0) entropy_[at + i] = TokenEntropy(logits + i * vocab, vocab);
+    const std::span<const float> ref =
+        s_.loss.beta > 0 ? std::span<const float>(ref_logp_).subspan(at, positions)
+                         : std::span<const float>();
+    loss_sums_[m] =
+        GrpoLoss(s_.loss, totals_, micro_batch_, length,
+                 std::span<const float>(logp_).subspan(at, positions),
+                 std::span<const float>(old_logp_).subspan(at, positions), ref,
+                 std::span<const float>(mask_).subspan(at, positions),
+                 std::span<const double>(advantages_).subspan(m * micro_batch_, micro_batch_),
+                 std::span<float>(dloss_).subspan(at, positions));
+    for (int64_t i = 0; i < positions; ++i)
+      batch_.loss_weights[at + i] = mask_[at + i] != 0 ? -dloss_[at + i] : 0.0f;
+  }
+
+  void AfterBackward(int64_t) override {
+    if (first_iteration_ && keep_batch_) {  // every rank's, for a checkpoint inside the batch
+      all_old_logp_.assign(total_ * seq_len_, 0.0f);
+      trainer_.comm().AllGatherFloat(old_logp_.data(), all_old_logp_.data(), old_logp_.size(),
+                                     "grpo old log-probabilities all-gather");
+    }
+    ComputeEntropy();
+    ReduceStep();
   }
 
   double Normalizer(int64_t) override { return 1.0; }  // the weights carry the aggregation
@@ -570,30 +612,59 @@ class GrpoBatches : public StepBatches {
 
   // This rank's rows of the step (from rows_), and the step's advantages, totals and reward
   // metrics (from the rewards and flags of every completion: sums in completion order).
+  //
+  // The rows are trained in order of length (rows_ sorted by length, ties in completion order:
+  // order_), micro-batch g of the step (training.local_batch_size rows) taking rows g B ..
+  // (g + 1) B - 1 of that order, and each micro-batch runs at its longest row's length rounded up
+  // to a multiple of 8 (Batch::micro_lengths), so that short completions do not pay for the long
+  // ones' padding. Both are pure functions of the step's rows: the same on every rank, at any
+  // rank count, and after a resume. Rank r trains micro-batches [r A, (r + 1) A) (A per rank),
+  // whichever rank sampled their completions (every rank holds every row).
   void BuildBatch() {
+    order_.resize(total_);
+    for (int64_t c = 0; c < total_; ++c) order_[c] = c;
+    std::stable_sort(order_.begin(), order_.end(),
+                     [this](int64_t a, int64_t b) { return rows_[a].size() < rows_[b].size(); });
     batch_ = Batch();
     batch_.first_sample = first_;
     batch_.samples = local_;
     batch_.seq_len = seq_len_;
+    batch_.micro_lengths.assign(local_ / micro_batch_, 1);
+    for (int64_t i = 0; i < local_; ++i) {
+      const int64_t inputs = static_cast<int64_t>(rows_[Completion(i)].size()) - 1;
+      int64_t& length = batch_.micro_lengths[i / micro_batch_];
+      length = std::max(length, std::min(seq_len_, (inputs + 7) / 8 * 8));
+    }
     batch_.inputs.assign(local_ * seq_len_, 0);
     batch_.targets.assign(local_ * seq_len_, -1);
     batch_.loss_weights.assign(local_ * seq_len_, 0.0f);
     mask_.assign(local_ * seq_len_, 0.0f);
     for (int64_t i = 0; i < local_; ++i) {
-      const std::vector<int32_t>& row = rows_[first_ + i];
+      const std::vector<int32_t>& row = rows_[Completion(i)];
       const int64_t n = static_cast<int64_t>(row.size());
-      const int64_t p = prompt_lengths_[first_ + i];
+      const int64_t p = prompt_lengths_[Completion(i)];
       for (int64_t t = 0; t + 1 < n; ++t) {
-        batch_.inputs[i * seq_len_ + t] = row[t];
+        batch_.inputs[At(i, t)] = row[t];
         if (t + 1 >= p) {  // the target is a completion token
-          batch_.targets[i * seq_len_ + t] = row[t + 1];
-          mask_[i * seq_len_ + t] = 1.0f;
+          batch_.targets[At(i, t)] = row[t + 1];
+          mask_[At(i, t)] = 1.0f;
         }
       }
     }
     const std::vector<double> advantages = ComputeAdvantages(rewards_, s_.group_size, s_.scaling);
-    advantages_.assign(advantages.begin() + first_, advantages.begin() + first_ + local_);
+    advantages_.resize(local_);
+    for (int64_t i = 0; i < local_; ++i) advantages_[i] = advantages[Completion(i)];
     ReduceTotals();
+  }
+
+  // The completion that this rank's row i trains (BuildBatch's order).
+  int64_t Completion(int64_t i) const { return order_[first_ + i]; }
+  // Where row i's position t is in every per-position array of this rank's batch (inputs,
+  // targets, loss weights, mask, log-probabilities, entropy): micro-batch m = i / B's block of
+  // B x seq_len positions, its rows micro_lengths[m] long one after the other.
+  size_t At(int64_t i, int64_t t) const {
+    const int64_t m = i / micro_batch_, r = i % micro_batch_;
+    return static_cast<size_t>(m * micro_batch_ * seq_len_ + r * batch_.micro_lengths[m] + t);
   }
 
   // This rank's entropy sum over its completion tokens, each completion's in position order (the
@@ -601,31 +672,8 @@ class GrpoBatches : public StepBatches {
   void ComputeEntropy() {
     entropy_sums_.assign(local_, 0.0);
     for (int64_t i = 0; i < local_; ++i)
-      for (int64_t t = 0; t < seq_len_; ++t)
-        if (mask_[i * seq_len_ + t] != 0) entropy_sums_[i] += entropy_[i * seq_len_ + t];
-  }
-
-  // GrpoLoss per micro-batch: the loss weights -dL/dlogp, and this rank's loss sums per
-  // micro-batch (ReduceStep reduces them).
-  void ComputeWeights() {
-    const int64_t micro_batches = local_ / micro_batch_, positions = micro_batch_ * seq_len_;
-    dloss_.assign(local_ * seq_len_, 0.0f);
-    loss_sums_.assign(micro_batches, GrpoLossSums());
-    for (int64_t m = 0; m < micro_batches; ++m) {
-      const size_t at = static_cast<size_t>(m * positions);
-      const std::span<const float> ref =
-          s_.loss.beta > 0 ? std::span<const float>(ref_logp_).subspan(at, positions)
-                           : std::span<const float>();
-      loss_sums_[m] =
-          GrpoLoss(s_.loss, totals_, micro_batch_, seq_len_,
-                   std::span<const float>(logp_).subspan(at, positions),
-                   std::span<const float>(old_logp_).subspan(at, positions), ref,
-                   std::span<const float>(mask_).subspan(at, positions),
-                   std::span<const double>(advantages_).subspan(m * micro_batch_, micro_batch_),
-                   std::span<float>(dloss_).subspan(at, positions));
-    }
-    for (size_t i = 0; i < dloss_.size(); ++i)
-      batch_.loss_weights[i] = mask_[i] != 0 ? -dloss_[i] : 0.0f;
+      for (int64_t t = 0; t < batch_.micro_lengths[i / micro_batch_]; ++t)
+        if (mask_[At(i, t)] != 0) entropy_sums_[i] += entropy_[At(i, t)];
   }
 
   // ---- Every reduction across ranks of a step, here and only here. ----
@@ -650,7 +698,7 @@ class GrpoBatches : public StepBatches {
   void ReduceTotals() {
     __int128 tokens = 0, value = 0;
     for (int64_t i = 0; i < local_; ++i) {
-      DoubleToFixed(lengths_[first_ + i], &value);  // a count: always on the grid
+      DoubleToFixed(lengths_[Completion(i)], &value);  // a count: always on the grid
       tokens += value;
     }
     step_sum_.AllReduce(&tokens, 1, "grpo completion tokens");
@@ -672,7 +720,7 @@ class GrpoBatches : public StepBatches {
         sums[kStepSums + k] += 1;
     };
     for (int64_t i = 0; i < local_; ++i) {
-      const int64_t c = first_ + i;
+      const int64_t c = Completion(i);
       add(kRewards, rewards_[c]);
       add(kRewardSquares, rewards_[c] * rewards_[c]);
       add(kCorrect, correct_[c]);
@@ -744,7 +792,8 @@ class GrpoBatches : public StepBatches {
   std::vector<double> entropy_sums_;     // this rank's completions' entropy sums
   std::vector<GrpoLossSums> loss_sums_;  // this rank's micro-batches' loss sums
   ExactGroupSum step_sum_;               // every sum of ReduceTotals and ReduceStep
-  std::vector<double> advantages_;
+  std::vector<double> advantages_;       // of this rank's rows
+  std::vector<int64_t> order_;           // the step's completions in training order (BuildBatch)
   // Every completion of the rollout batch, on every rank, in completion order: its row (prompt
   // + completion tokens), prompt length, reward and flags; with keep_batch_ also the old and
   // reference log-probabilities of every row (what a checkpoint inside the batch holds).
@@ -752,10 +801,11 @@ class GrpoBatches : public StepBatches {
   std::vector<int64_t> prompt_lengths_;
   std::vector<double> rewards_, correct_, format_ok_, lengths_, truncated_;
   std::vector<float> all_old_logp_, all_ref_logp_;
-  bool keep_batch_ = false;     // grpo.iterations > 1 and checkpoints enabled
-  nlohmann::json reference_;    // {"source", "xxh3"} of the initial weights
-  nlohmann::json restored_;     // a resumed checkpoint's batch, until Next restores it
-  std::string restored_where_;  // its state.json, for messages
+  bool keep_batch_ = false;      // grpo.iterations > 1 and checkpoints enabled
+  bool first_iteration_ = true;  // the step is its rollout batch's first optimizer step
+  nlohmann::json reference_;     // {"source", "xxh3"} of the initial weights
+  nlohmann::json restored_;      // a resumed checkpoint's batch, until Next restores it
+  std::string restored_where_;   // its state.json, for messages
   GrpoBatchTotals totals_;
   GrpoLossSums sums_;
   double reward_mean_ = 0, reward_std_ = 0, accuracy_ = 0, format_rate_ = 0, truncated_rate_ = 0;

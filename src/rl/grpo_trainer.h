@@ -13,13 +13,17 @@
 //   rewards      over the whole step, on every rank from the gathered completions (built-in
 //                tasks), or the reward command on rank 0 over all N, its rewards broadcast
 //   advantages   ComputeAdvantages over the N rewards (rl/grpo_loss.h), groups of G
-//   old logp     the rollout weights' log-probabilities (Trainer::ScoreTargets); ref logp: the
-//                initial weights' when grpo.beta > 0
-// and every optimizer step (each of the grpo.iterations): logp at the current weights (at the
-// first, the old logp itself: the ratio is exactly 1), GrpoLoss per micro-batch, and the loss
-// weights -dL/dlogp, which the Trainer's weighted cross-entropy backward turns into the GRPO
-// gradient with normaliser 1. A row is prompt + completion tokens, inputs and targets shifted
-// by one, padded to training.seq_len; only targets that are completion tokens count.
+//   ref logp     the initial weights' log-probabilities when grpo.beta > 0 (Trainer::
+//                ScoreTargets, a forward pass of the reference)
+// and every optimizer step (each of the grpo.iterations): logp at the current weights from the
+// training forward itself (StepBatches::WeightsFromForward: the trainer hands each micro-batch's
+// log-probabilities and logits to WeighMicroBatch between its forward and its backward), at the
+// first iteration also the old logp (the rollout weights': the ratio is exactly 1, and no
+// separate scoring pass runs), GrpoLoss per micro-batch, and the loss weights -dL/dlogp, which
+// the Trainer's weighted cross-entropy backward turns into the GRPO gradient with normaliser 1.
+// A row is prompt + completion tokens, inputs and targets shifted by one; only targets that are
+// completion tokens count. The rows train sorted by length, each micro-batch at its longest
+// row's length rounded up to 8 (Batch::micro_lengths), not padded to training.seq_len.
 //
 // Checkpoints (Trainer's, with StepBatches::CheckpointState in state.json's "step_batches"):
 // the rollout step, the initial weights' source and xxh3 (a resumed run with grpo.beta > 0
@@ -32,8 +36,8 @@
 //
 // Every reduction across ranks is in one place, GrpoBatches::ReduceTotals and ReduceStep: exact
 // sums (ExactGroupSum, fixed128 grid) over the data-parallel group of each rank's own
-// contributions, per completion (tokens, rewards, flags, the policy's entropy from the scoring
-// pass's logits, Trainer::ScoreTargets) and per micro-batch (the GrpoLoss sums); the same bits at
+// contributions, per completion (tokens, rewards, flags, the policy's entropy from the training
+// forward's logits) and per micro-batch (the GrpoLoss sums); the same bits at
 // any rank count. The completions themselves are gathered to every rank, and every rank computes
 // every group's advantages from its G rewards. debug.grpo_average_reduction (test only) averages
 // the loss sums or the entropy sum over the ranks instead: what the GRPO smoke gate must catch.

@@ -714,7 +714,7 @@ uint64_t Trainer::KeepInitialWeightsAsReference() {
   return hash;
 }
 
-void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference, float* entropy) {
+void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
   if (reference && !reference_access_)
     throw Error(kExitFailure, "internal: ScoreTargets(reference) before KeepReferenceWeights");
   TrainingAccess& access = reference ? *reference_access_ : *access_;
@@ -725,34 +725,15 @@ void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference, floa
   if (sharded_) access.BeginStep();  // the gathered units of an earlier step are stale
   for (int64_t m = 0; m < micro_batches; ++m) {
     access.BeginMicroBatch(m + 1 == micro_batches, -1);
-    ForwardOptions options = entropy ? ForwardOptions::Logits() : ForwardOptions::Scored();
+    ForwardOptions options = ForwardOptions::Scored();
     options.positions = batch.positions_at(m * rows);
+    options.seq_len = batch.length_of(m);
     model_->Forward(access, batch.inputs_at(m * rows), batch.targets_at(m * rows), nullptr,
                     options);
     const float* losses = model_->losses();
     const int32_t* targets = batch.targets_at(m * rows);
     for (int64_t i = 0; i < positions; ++i)
       logp[m * positions + i] = targets[i] < 0 ? 0.0f : -losses[i];
-    if (!entropy) continue;
-    // H = log Σ e^(z - max) - Σ e^(z - max) (z - max) / Σ e^(z - max), in double, vocab order.
-    const int64_t vocab = model_spec_->vocab_size();
-    const float* logits = model_->logits();
-    for (int64_t i = 0; i < positions; ++i) {
-      float& out = entropy[m * positions + i];
-      if (targets[i] < 0) {
-        out = 0.0f;
-        continue;
-      }
-      const float* z = logits + i * vocab;
-      const double top = *std::max_element(z, z + vocab);
-      double sum = 0, weighted = 0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        const double d = static_cast<double>(z[v]) - top, e = std::exp(d);
-        sum += e;
-        weighted += e * d;
-      }
-      out = static_cast<float>(std::log(sum) - weighted / sum);
-    }
   }
 }
 
@@ -837,6 +818,7 @@ StepReport Trainer::Step(int64_t step) {
   const Batch& batch = step_batches_ ? step_batches_->Next(step) : NextBatch();
   expert_loads_->BeginStep();
   const bool finite = ForwardBackward(batch, step);
+  if (step_batches_) step_batches_->AfterBackward(step);
   StepReport r;
   r.expert_loads = expert_loads_->FinishStep(data_parallel_->batch(), step);
   r.step = step;
@@ -926,22 +908,33 @@ bool Trainer::ForwardBackward(const Batch& batch, int64_t step, bool sampled_tar
   // One warning per step and rank: the first tensor and micro-batch, and how many were not finite.
   std::string first_non_finite;
   int64_t non_finite_micro_batches = 0;
+  const bool weigh = step_batches_ && step_batches_->WeightsFromForward() && !sampled_targets;
+  if (weigh) forward_logp_.resize(static_cast<size_t>(rows * batch.seq_len));
   access_->BeginStep();
   for (int64_t m = 0; m < accumulation; ++m) {
     access_->BeginMicroBatch(m + 1 == accumulation,
                              sampled_targets ? -1 : faults_->NanElement(step, m));
     // The fused head (its backward during Forward) unless the targets are resampled from the
-    // whole logits.
+    // whole logits or the loss weights are computed from them.
     ForwardOptions options =
-        sampled_targets ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
+        sampled_targets || weigh ? ForwardOptions::Logits() : ForwardOptions::Fused(loss_scale_);
     options.positions = batch.positions_at(m * rows);
-    const LossSum sum =
-        model_->Forward(*access_, batch.inputs_at(m * rows), batch.targets_at(m * rows),
-                        batch.loss_weights_at(m * rows), options);
+    options.seq_len = batch.length_of(m);
+    const int32_t* targets = batch.targets_at(m * rows);
+    LossSum sum = model_->Forward(*access_, batch.inputs_at(m * rows), targets,
+                                  batch.loss_weights_at(m * rows), options);
+    if (weigh) {  // the StepBatches writes the micro-batch's weights from this forward
+      const float* losses = model_->losses();
+      for (int64_t i = 0; i < rows * batch.length_of(m); ++i)
+        forward_logp_[i] = targets[i] < 0 ? 0.0f : -losses[i];
+      step_batches_->WeighMicroBatch(step, m, forward_logp_.data(), model_->logits(),
+                                     model_spec_->vocab_size());
+      sum = model_->Reweight(batch.loss_weights_at(m * rows));
+    }
     micro_losses_[m] = sum.loss;
     micro_aux_[m] = sum.aux;
     if (sampled_targets) {
-      SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.seq_len,
+      SampleTargets(model_->logits(), batch.targets_at(m * rows), rows, batch.length_of(m),
                     model_spec_->vocab_size(), training_.seed, step, batch.first_sample + m * rows,
                     sampled_targets_.data());
       micro_losses_[m] = model_->Retarget(sampled_targets_.data()).loss;

@@ -76,6 +76,23 @@ class StepBatches {
   virtual double Normalizer(int64_t step) = 0;
   // Metrics of the step, by name, for metrics.jsonl and the progress line (after the update).
   virtual std::vector<std::pair<std::string, double>> Metrics(int64_t /*step*/) { return {}; }
+  // Loss weights that are a function of the step's own forward pass (a policy-gradient objective:
+  // its weights depend on the current log-probabilities). true: ForwardBackward runs each
+  // micro-batch's forward with the whole logits, calls WeighMicroBatch, and back-propagates with
+  // the weights it wrote; the forward is not run a second time to score the batch. false (the
+  // default): Next's loss_weights are used as they are.
+  virtual bool WeightsFromForward() const { return false; }
+  // Micro-batch `micro_batch` of this rank's slice (its rows from micro_batch x
+  // training.local_batch_size on): `logp` (rows x seq_len) each target's log-probability under
+  // the current weights (0 where the target is -1), `logits` (rows x seq_len, vocab) the whole
+  // logits. Writes the micro-batch's loss weights into the Batch that Next returned. Called on
+  // every rank for each of its micro-batches in order, between the forward and the backward;
+  // not collective.
+  virtual void WeighMicroBatch(int64_t /*step*/, int64_t /*micro_batch*/, const float* /*logp*/,
+                               const float* /*logits*/, int64_t /*vocab*/) {}
+  // After the step's last backward, before the update, on every rank: where a StepBatches
+  // reduces across ranks what WeighMicroBatch computed (collective).
+  virtual void AfterBackward(int64_t /*step*/) {}
   // What a checkpoint after step `step` must hold for Next(step + 1) to resume exactly, recorded
   // in its state.json (Trainer::resume_point().progress.step_batches on resume); null: nothing.
   // Called on rank 0 only, after Metrics(step): not collective.
@@ -128,11 +145,9 @@ class Trainer {
   // at a time) under the current weights, or under the kept reference weights: forward only,
   // through the training model and its ParameterAccess (so any ZeRO stage), written to
   // logp[row * seq_len + t]; 0 where the target is ignored (< 0). `batch.samples` must be a
-  // multiple of the micro-batch. `entropy` (optional): each such position's entropy of the
-  // model's distribution, -Σ p log p over the vocabulary (0 where ignored); the forward then
-  // keeps the whole logits of a micro-batch (ForwardOptions::Logits, the same losses).
-  void ScoreTargets(const Batch& batch, float* logp, bool reference = false,
-                    float* entropy = nullptr);
+  // multiple of the micro-batch. (The policy's own log-probabilities at the current weights
+  // come from the training forward itself: StepBatches::WeighMicroBatch.)
+  void ScoreTargets(const Batch& batch, float* logp, bool reference = false);
 
   // ---- for the hooks ----
   const Config& config() const { return config_; }
@@ -276,6 +291,7 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   std::vector<double> micro_losses_, micro_weights_, micro_aux_;
   std::vector<int32_t> sampled_targets_;  // one micro-batch's, for the Hessian pass
+  std::vector<float> forward_logp_;       // one micro-batch's, for WeighMicroBatch
   std::vector<bool> metric_warned_;       // per optimizer metric: above its threshold last step
   int64_t valid_local_ = 0;
   float loss_scale_ = 0;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "common/error.h"
@@ -124,6 +125,37 @@ TEST(DeepSeekV3, AnExpertParallelRankHoldsItsBlockOfTheExpertsAndPlansWhatItHold
       EXPECT_EQ(together, values) << c.flavor << " ep " << ep;  // dense tensors from every rank
     }
   }
+}
+
+// ForwardOptions::seq_len: rows shorter than the model was built for, laid out (B, seq_len), give
+// the bits of a model built for that length (the MoE layer's routing and balance loss included).
+TEST(DeepSeekV3, ShorterRowsGiveTheBitsOfAModelBuiltForThem) {
+  const DeepSeekV3Spec spec(Model({}));
+  constexpr int64_t B = 2, T = 12, kShort = 7;
+  std::unique_ptr<crucible::Model> built = spec.Build(B, T), built_short = spec.Build(B, kShort);
+  std::vector<float> weights(built->table().total());
+  spec.InitWeights(built->table(), 5, 0, weights.size(), weights.data());
+  std::mt19937 rng(3);
+  std::vector<int32_t> tokens(B * kShort), targets(B * kShort);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(rng() % spec.vocab_size());
+    targets[i] = i % 4 == 3 ? -1 : static_cast<int32_t>(rng() % spec.vocab_size());
+  }
+  auto pass = [&](crucible::Model& model, int64_t seq_len, std::vector<float>* grads) {
+    grads->assign(weights.size(), 0.0f);
+    FlatParameterAccess access(model.table(), weights.data(), grads->data());
+    ForwardOptions options = ForwardOptions::Fused(0.25f);
+    options.seq_len = seq_len;
+    const LossSum sum = model.Forward(access, tokens.data(), targets.data(), nullptr, options);
+    model.Backward(access, 0.25f);
+    return sum;
+  };
+  std::vector<float> shorter, reference;
+  const LossSum a = pass(*built, kShort, &shorter), b = pass(*built_short, 0, &reference);
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&a.aux, &b.aux, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(shorter.data(), reference.data(), 4 * shorter.size()), 0);
+  EXPECT_EQ(built->seq_len(), T);
 }
 
 TEST(DeepSeekV3, PlannedActivationsAreWhatTheModelAllocates) {

@@ -123,6 +123,81 @@ TEST_F(LlamaPasses, AFusedForwardKeepsNoLogitsAndRefusesWhatWouldNeedThem) {
   EXPECT_NE(model_->logits(), nullptr);
 }
 
+// ForwardOptions::seq_len: rows shorter than the model was built for, laid out (B, seq_len), give
+// the bits of a model built for that length, and the full length afterwards is unchanged.
+TEST_F(LlamaPasses, ShorterRowsGiveTheBitsOfAModelBuiltForThem) {
+  constexpr int64_t kShort = 5;
+  std::vector<int32_t> tokens(B * kShort), targets(B * kShort);
+  std::vector<float> weights(B * kShort);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < kShort; ++t) {
+      tokens[b * kShort + t] = tokens_[b * T + t];
+      targets[b * kShort + t] = targets_[b * T + t];
+      weights[b * kShort + t] = 0.5f + 0.25f * static_cast<float>(t);
+    }
+  auto pass = [&](Model& model, int64_t seq_len) {
+    Pass p;
+    p.grads.assign(weights_.size(), 0.0f);
+    FlatParameterAccess access(model.table(), weights_.data(), p.grads.data());
+    ForwardOptions options = ForwardOptions::Fused(0.1f);
+    options.seq_len = seq_len;
+    p.sum = model.Forward(access, tokens.data(), targets.data(), weights.data(), options);
+    model.Backward(access, 0.1f);
+    return p;
+  };
+  const Pass full = Run(targets_, nullptr, 0.1f);
+  std::unique_ptr<Model> built_short = spec_->Build(B, kShort);
+  const Pass shorter = pass(*model_, kShort), reference = pass(*built_short, 0);
+  EXPECT_EQ(model_->seq_len(), T);  // what it was built for
+  EXPECT_EQ(std::memcmp(&shorter.sum.loss, &reference.sum.loss, sizeof(double)), 0);
+  EXPECT_EQ(shorter.sum.weight, reference.sum.weight);
+  EXPECT_TRUE(SameBits(shorter.grads, reference.grads));
+  EXPECT_FALSE(SameBits(shorter.grads, full.grads));
+  const Pass again = Run(targets_, nullptr, 0.1f);  // seq_len 0: the built length again
+  EXPECT_EQ(std::memcmp(&again.sum.loss, &full.sum.loss, sizeof(double)), 0);
+  EXPECT_TRUE(SameBits(again.grads, full.grads));
+  // Longer than built: an internal error naming both lengths.
+  try {
+    pass(*built_short, T);
+    ADD_FAILURE() << "rows longer than the model were served";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitFailure);
+    EXPECT_NE(std::string(e.what()).find("rows of 8 positions on a model built for 5"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Reweight after a whole-logits forward: the loss and the gradient of a forward that had been
+// given those weights, bit for bit; the targets and the forward are unchanged.
+TEST_F(LlamaPasses, ReweightGivesTheBitsOfAForwardWithThoseWeights) {
+  std::vector<float> first(B * T), second(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    first[i] = 1.0f + 0.1f * static_cast<float>(i % 3);
+    second[i] = -0.5f + 0.2f * static_cast<float>(i % 7);
+  }
+  auto pass = [&](const float* forward_weights, const float* reweight) {
+    Pass p;
+    p.grads.assign(weights_.size(), 0.0f);
+    FlatParameterAccess access(model_->table(), weights_.data(), p.grads.data());
+    p.sum = model_->Forward(access, tokens_.data(), targets_.data(), forward_weights,
+                            ForwardOptions::Logits());
+    if (reweight) p.sum = model_->Reweight(reweight);
+    model_->Backward(access, 0.1f);
+    return p;
+  };
+  const Pass reweighted = pass(first.data(), second.data()), direct = pass(second.data(), nullptr);
+  EXPECT_EQ(std::memcmp(&reweighted.sum.loss, &direct.sum.loss, sizeof(double)), 0);
+  EXPECT_EQ(reweighted.sum.weight, direct.sum.weight);
+  EXPECT_TRUE(SameBits(reweighted.grads, direct.grads));
+  EXPECT_FALSE(SameBits(reweighted.grads, pass(first.data(), nullptr).grads));
+  // After a fused forward there are no logits to reweigh.
+  std::vector<float> grads(weights_.size());
+  FlatParameterAccess access(model_->table(), weights_.data(), grads.data());
+  model_->Forward(access, tokens_.data(), targets_.data(), nullptr, ForwardOptions::Fused(0.5f));
+  EXPECT_THROW(model_->Reweight(second.data()), Error);
+}
+
 TEST(LlamaFusedHead, ChunksAreAFunctionOfTheShapesWithinTheirBounds) {
   EXPECT_EQ(FusedHeadRows(4096, 8192), 512);   // small: 16 MiB of logits a chunk
   EXPECT_EQ(FusedHeadRows(4096, 32000), 512);  // base: at least 512 rows
