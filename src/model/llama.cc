@@ -319,7 +319,7 @@ void LlamaModel::SetLength(int64_t seq_len) {
                           (long long)T, (long long)T_max_,
                           T > T_max_ ? "" : " under tensor parallelism (not supported)"));
   T_ = T;
-  rows_ = B_ * T;
+  if (!sp_) rows_ = B_ * T;  // under sequence parallelism T is the built length
   buffers_->rope->SetLength(T);
 }
 
