@@ -9,7 +9,8 @@
 // backward. The experts of a mixture (the deepseek_v3 `small` flavor: 16 experts of 352, top-2 of
 // 1024 tokens, loads with a CV of about 0.4): their three products forward and backward as one
 // call per expert (Experts/0, the loop) and as grouped products (Experts/1,
-// kernels::grouped_matmul_*).
+// kernels::grouped_matmul_*). The decode step's kernels at the `tiny` model's GRPO rollout shapes
+// (DecodeMatmulRows, DecodeAttention: kernels/cpu/decode.h).
 //
 //   [GEMM_LIBRARY=auto|openblas|onednn] build/kernels_bench [--benchmark_filter=...]
 //   (OMP_NUM_THREADS sets the threads; GEMM_LIBRARY is [debug] gemm_library's rule)
@@ -18,9 +19,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/decode.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/gemm_library.h"
 #include "kernels/cpu/kernels.h"
@@ -258,6 +261,61 @@ void AttentionTileProduct(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2 * n * n * n);
 }
 
+// The decode step's kernels (kernels/cpu/decode.h) at the shapes of `crucible grpo`'s rollouts
+// (the `tiny` model, 64 completions a step): matmul_rows with args {C, OC, weight type 0 f32 /
+// 1 bf16, path 0 tile_isa() / 1 AVX2}, e.g. {256, 688} (gate, up) and {688, 256} (down), N = 64;
+// items = multiply-adds.
+void DecodeMatmulRows(benchmark::State& state) {
+  constexpr int64_t N = 64;
+  const int64_t C = state.range(0), OC = state.range(1);
+  const std::vector<float> inp = Filled(N * C, 0.5f), weight = Filled(OC * C, 0.4f);
+  std::vector<uint16_t> bf16(weight.size());
+  for (size_t i = 0; i < weight.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &weight[i], 4);
+    bf16[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  const crucible::RowWeights rows =
+      state.range(2) == 0 ? crucible::RowWeights(weight.data())
+                          : crucible::RowWeights(bf16.data(), crucible::WeightType::kBF16);
+  std::vector<float> out(N * OC);
+  const crucible::kernels::TileIsa isa = crucible::kernels::tile_isa();
+  if (state.range(3) == 1) crucible::kernels::set_tile_isa(crucible::kernels::TileIsa::kAvx2);
+  for (auto _ : state) {
+    crucible::kernels::matmul_rows(out.data(), inp.data(), rows, N, C, OC);
+    benchmark::DoNotOptimize(out.data());
+  }
+  crucible::kernels::set_tile_isa(isa);
+  state.SetItemsProcessed(state.iterations() * N * C * OC);
+}
+
+// decode_attention for N = 64 sequences of `length` cached positions (arg 0), H = 8 query heads
+// on KV = 4, D = 32 (the `tiny` model); arg 1: path 0 tile_isa() / 1 AVX2. Items = rows x heads.
+void DecodeAttention(benchmark::State& state) {
+  constexpr int64_t N = 64, H = 8, KV = 4, D = 32, kMaxLen = 256;
+  const int64_t length = state.range(0);
+  const std::vector<float> q = Filled(N * H * D, 0.5f);
+  std::vector<std::vector<float>> k_cache, v_cache;
+  std::vector<const float*> keys, values;
+  for (int64_t i = 0; i < N; ++i) {
+    k_cache.push_back(Filled(kMaxLen * KV * D, 0.4f + 1e-3f * static_cast<float>(i)));
+    v_cache.push_back(Filled(kMaxLen * KV * D, 0.3f + 1e-3f * static_cast<float>(i)));
+    keys.push_back(k_cache.back().data());
+    values.push_back(v_cache.back().data());
+  }
+  const std::vector<int64_t> lengths(N, length);
+  std::vector<float> out(N * H * D);
+  const crucible::kernels::TileIsa isa = crucible::kernels::tile_isa();
+  if (state.range(1) == 1) crucible::kernels::set_tile_isa(crucible::kernels::TileIsa::kAvx2);
+  for (auto _ : state) {
+    crucible::kernels::decode_attention(out.data(), q.data(), keys.data(), values.data(),
+                                        lengths.data(), N, H, KV, D);
+    benchmark::DoNotOptimize(out.data());
+  }
+  crucible::kernels::set_tile_isa(isa);
+  state.SetItemsProcessed(state.iterations() * N * H);
+}
+
 // The experts' gate, up and down products, forward and backward (SwiGLU left out: the same in
 // both), for every expert: grouped (one call per product) or a loop of per-expert calls.
 void Experts(benchmark::State& state) {
@@ -326,6 +384,20 @@ void Experts(benchmark::State& state) {
 
 BENCHMARK(Experts)->DenseRange(0, 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(AttentionTileProduct)->DenseRange(0, 2);
+BENCHMARK(DecodeMatmulRows)
+    ->Args({256, 688, 0, 0})
+    ->Args({688, 256, 0, 0})
+    ->Args({256, 320, 0, 0})
+    ->Args({256, 688, 1, 0})
+    ->Args({256, 688, 0, 1})
+    ->Args({688, 256, 0, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(DecodeAttention)
+    ->Args({100, 0})
+    ->Args({100, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(RmsnormForward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(RmsnormBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(CrossEntropyForward)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -50,7 +50,8 @@ void tile_product(const TileProduct& product);
 void transpose_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst,
                     int64_t ldd);
 
-// The instruction set the tile products (and the forward's softmax loop, attention.cc) use:
+// The instruction set the tile products (and the forward's softmax loop, attention.cc, and the
+// decode kernels, decode.cc) use:
 // AVX-512 where the CPU has it, else AVX2 (the build's baseline). The same bits either way; the
 // setter exists for the test that checks it.
 enum class TileIsa { kAvx2, kAvx512 };

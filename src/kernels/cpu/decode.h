@@ -6,6 +6,9 @@
 // shape (matmul.cc), and a library's sgemm may block or vectorise a 1-row product differently
 // from an 8-row one; so the same row can come out with other bits in another batch. Here every
 // output element is one lanes.h dot product in a fixed order.
+//
+// Both kernels run on AVX-512 where attention_tiles.h's tile_isa() selects it, else on the build's
+// AVX2: the same bits either way (decode.cc; tests/unit/kernels/decode_test.cc checks both).
 #pragma once
 
 #include <cstdint>
