@@ -50,10 +50,9 @@ void tile_product(const TileProduct& product);
 void transpose_tile(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst,
                     int64_t ldd);
 
-// The instruction set the tile products (and the forward's softmax loop, attention.cc, and the
-// decode kernels, decode.cc) use:
-// AVX-512 where the CPU has it, else AVX2 (the build's baseline). The same bits either way; the
-// setter exists for the test that checks it.
+// The instruction set the tile products, the forward's softmax loop (attention.cc) and the decode
+// kernels (decode.cc) use: AVX-512 where the CPU has it, else AVX2 (the build's baseline). The
+// same bits either way; the setter exists for the tests that check it.
 enum class TileIsa { kAvx2, kAvx512 };
 TileIsa tile_isa();
 // Selects `isa` for later calls (kAvx512 only where cpu_has_avx512f()); not for use while
