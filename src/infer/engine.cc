@@ -135,16 +135,50 @@ std::vector<int64_t> Engine::Step() {
     ids.push_back(s.id);
     tokens.push_back(s.tokens.back());
   }
-  // ...then waiting sequences take the free slots, in id order.
+  // ...then waiting sequences take the free slots, in id order. A prompt is prefilled once a
+  // step: a sequence whose prompt an earlier one of this step already ran takes that prefill's
+  // logits, and a copy of a slot that holds just that prompt (CopySlot), when it needs a slot.
+  step_prompts_.clear();
   for (Sequence& s : sequences_) {
     if (s.finish != FinishReason::kNone || s.slot >= 0) continue;
     const auto free = std::find(slot_owner_.begin(), slot_owner_.end(), -1);
     if (free == slot_owner_.end()) break;
-    s.slot = free - slot_owner_.begin();
-    *free = s.id;
-    model_.Prefill(s.slot, s.request.prompt.data(), static_cast<int64_t>(s.request.prompt.size()),
-                   logits_.data());
-    Accept(s, logits_.data());
+    const std::vector<int32_t>& prompt = s.request.prompt;
+    const int64_t count = static_cast<int64_t>(prompt.size());
+    const auto same = std::find_if(step_prompts_.begin(), step_prompts_.end(),
+                                   [&](const StepPrompt& p) { return *p.prompt == prompt; });
+    const int64_t slot = free - slot_owner_.begin();
+    if (same == step_prompts_.end()) {
+      const size_t row = step_prompts_.size();
+      prompt_logits_.resize(std::max(prompt_logits_.size(), (row + 1) * static_cast<size_t>(V)));
+      float* logits = prompt_logits_.data() + row * static_cast<size_t>(V);
+      s.slot = slot;
+      *free = s.id;
+      model_.Prefill(slot, prompt.data(), count, logits);
+      ++prefills_;
+      step_prompts_.push_back({&prompt, row, s.id, slot});
+      Accept(s, logits);
+    } else {
+      // The shared logits choose the first token before a slot is taken: a sequence that ends
+      // on it needs no cache.
+      Accept(s, prompt_logits_.data() + same->row * static_cast<size_t>(V));
+      if (s.finish == FinishReason::kNone) {
+        s.slot = slot;
+        *free = s.id;
+        // The holder's slot holds just the prompt while it runs: it was filled in this step.
+        if (slot_owner_[same->holder_slot] == same->holder_id) {
+          model_.CopySlot(same->holder_slot, slot);
+          ++shared_prefills_;
+        } else {  // the holder ended on its first token; the logits are the same bits
+          model_.Prefill(slot, prompt.data(), count, logits_.data());
+          ++prefills_;
+        }
+        same->holder_id = s.id;
+        same->holder_slot = slot;
+      } else {
+        ++shared_prefills_;
+      }
+    }
     stepped.push_back(s.id);
   }
   if (!slots.empty()) {

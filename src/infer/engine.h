@@ -13,6 +13,14 @@
 // kept), it has max_new_tokens tokens ("length"), or its slot's KV cache is full ("context_full").
 // Its tokens depend only on its prompt, its params and its index (infer/sampling.h, and
 // InferenceModel's batch invariance): the same whichever sequences run beside it.
+//
+// Shared prompt prefill: sequences that start in the same Step with exactly the same prompt
+// tokens (GRPO's G samples of a prompt) run it once. The first one's Prefill gives the logits of
+// every one's first token (kept per distinct prompt for the Step), and each of the others that
+// goes on past that token gets its cache by InferenceModel::CopySlot from a slot of this Step
+// that holds just that prompt (a Prefill again only when every such slot has ended). A prefill is
+// deterministic and CopySlot copies its bits, so this changes no bit of any sequence: the
+// contract above holds whether a prompt was shared or not.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +71,10 @@ class Engine {
   const Sequence& sequence(int64_t id) const;
   // Forgets a sequence (running or not), freeing its slot.
   void Free(int64_t id);
+  // InferenceModel::Prefill calls made so far, and the sequences that started on another one's
+  // prefill instead (shared prompt prefill, above): together, the sequences started.
+  int64_t prefills() const { return prefills_; }
+  int64_t shared_prefills() const { return shared_prefills_; }
 
  private:
   Sequence& Find(int64_t id);
@@ -79,6 +91,16 @@ class Engine {
   std::vector<int64_t> slot_owner_;  // per slot: the running sequence's id, or -1
   std::vector<float> logits_;        // (slots, V)
   std::vector<int32_t> seen_;        // scratch: prompt + output
+  // A distinct prompt prefilled in this Step: its tokens (a waiting sequence's), its row of
+  // prompt_logits_, and the last sequence of the Step that took a slot holding just that prompt.
+  struct StepPrompt {
+    const std::vector<int32_t>* prompt;
+    size_t row;
+    int64_t holder_id, holder_slot;
+  };
+  std::vector<StepPrompt> step_prompts_;
+  std::vector<float> prompt_logits_;  // (distinct prompts of the Step, V)
+  int64_t prefills_ = 0, shared_prefills_ = 0;
 };
 
 }  // namespace crucible

@@ -19,6 +19,8 @@
 // each row is routed alone (RouteTokens decides per token), and each expert's rows go through
 // MatmulRows against that expert's weights, so a row's expert products do not depend on which
 // other rows chose the same expert; the weighted combine adds a row's K experts in slot order.
+// CopySlot: per layer, the first `length` positions of the source slot's keys (length, H, Dq) and
+// of its values (length, H, Dv), each contiguous, into the same places of the target slot.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -55,6 +57,15 @@ class DeepSeekV3Inference final : public InferenceSlots {
   }
   float* Values(int64_t slot, int64_t layer) {
     return Keys(slot, layer) + max_len_ * config_.n_heads * config_.qk_head_dim();
+  }
+  void CopyCache(int64_t from, int64_t to, int64_t length) override {
+    const int64_t H = config_.n_heads;
+    const size_t keys = static_cast<size_t>(length * H * config_.qk_head_dim());
+    const size_t values = static_cast<size_t>(length * H * config_.v_head_dim);
+    for (int64_t l = 0; l < config_.n_layers; ++l) {
+      CopyFloats(Keys(to, l), Keys(from, l), keys);
+      CopyFloats(Values(to, l), Values(from, l), values);
+    }
   }
   // Writes `rows` positions of keys [k_nope | k_pe] and values from kvb_ and kpe_ (RoPE applied)
   // starting at row `first`, to `keys` (rows, H, Dq) and `values` (rows, H, Dv).

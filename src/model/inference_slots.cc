@@ -1,5 +1,6 @@
 #include "model/inference_slots.h"
 
+#include <cstring>
 #include <string>
 
 #include "common/error.h"
@@ -70,6 +71,31 @@ InferenceSlots::DecodePlan InferenceSlots::BeginDecode(const int64_t* slots, int
     plan.lengths[static_cast<size_t>(i)] = lengths_[s] + 1;
   }
   return plan;
+}
+
+void InferenceSlots::CopySlot(int64_t from, int64_t to) {
+  const size_t f = CheckSlot(from), t = CheckSlot(to);
+  if (from == to)
+    throw Error(kExitFailure,
+                "internal: copy of sequence slot " + std::to_string(from) + " onto itself");
+  if (lengths_[f] == 0)
+    throw Error(kExitFailure, "internal: copy of empty sequence slot " + std::to_string(from));
+  if (lengths_[t] != 0)
+    throw Error(kExitFailure, "internal: copy into sequence slot " + std::to_string(to) +
+                                  ", which holds " + std::to_string(lengths_[t]) + " positions");
+  CopyCache(from, to, lengths_[f]);
+  lengths_[t] = lengths_[f];
+}
+
+void InferenceSlots::CopyFloats(float* to, const float* from, size_t n) {
+  if (n == 0) return;
+  if (backend_->host_memory()) {
+    std::memcpy(to, from, n * sizeof(float));
+    return;
+  }
+  staging_.resize(n);
+  backend_->CopyToHost(staging_.data(), from, n * sizeof(float));
+  backend_->CopyToDevice(to, staging_.data(), n * sizeof(float));
 }
 
 void InferenceSlots::EndDecode(const int64_t* slots, const DecodePlan& plan) {

@@ -1,7 +1,8 @@
 // What every family's inference path (model/model.h InferenceModel) keeps the same way: its
 // sequence slots, how many positions each holds, the checks of a prefill and a decode step
 // against them, its backend, its scratch (counted as it is allocated) and RoPE tables. A family
-// derives from it and writes only its layers and cache layout.
+// derives from it and writes only its layers and cache layout (CopyCache says where a slot's
+// positions lie).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ class InferenceSlots : public InferenceModel {
   int64_t max_len() const override { return max_len_; }
   int64_t length(int64_t slot) const override { return lengths_.at(CheckSlot(slot)); }
   void Free(int64_t slot) override { lengths_[CheckSlot(slot)] = 0; }
+  // Checks the slots (model.h), has the family copy the positions, then sets the length.
+  void CopySlot(int64_t from, int64_t to) final;
   size_t scratch_bytes() const override { return scratch_bytes_; }
 
  protected:
@@ -48,12 +51,20 @@ class InferenceSlots : public InferenceModel {
   // After the step: each slot holds one more position.
   void EndDecode(const int64_t* slots, const DecodePlan& plan);
   void SetLength(size_t slot, int64_t length) { lengths_[slot] = length; }
+  // Copies positions [0, length) of every layer's keys and values of slot `from` into slot `to`
+  // (distinct valid slots, checked by CopySlot), with CopyFloats.
+  virtual void CopyCache(int64_t from, int64_t to, int64_t length) = 0;
+  // `n` floats of backend memory from `from` to `to` (not overlapping), bit for bit: a memcpy on
+  // host memory; elsewhere through a host buffer, with the backend's own copies (CopyToHost,
+  // CopyToDevice, each of which waits for the work issued before it).
+  void CopyFloats(float* to, const float* from, size_t n);
 
   int64_t slots_, max_len_;
   std::shared_ptr<ComputeBackend> backend_;
 
  private:
   std::vector<int64_t> lengths_;  // per slot
+  std::vector<float> staging_;    // CopyFloats' host buffer off host memory
   size_t scratch_bytes_ = 0;
 };
 

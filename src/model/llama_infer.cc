@@ -8,6 +8,8 @@
 // Decode (n sequences, one row each at its own position p): MatmulRows products, RoPE of each row
 // by the table row of its position, its key and value written at position p of its slot, and
 // DecodeAttention over positions [0, p] of each slot.
+// CopySlot: per layer, the first `length` positions of the source slot's keys and of its values
+// (each a contiguous (length, KV, D) block) into the same places of the target slot.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -36,6 +38,11 @@ class LlamaInference final : public InferenceSlots {
 
  private:
   using Floats = DeviceArray<float>;
+  void CopyCache(int64_t from, int64_t to, int64_t length) override {
+    const size_t n = static_cast<size_t>(length * config_.n_kv_heads * config_.head_dim());
+    for (int64_t l = 0; l < config_.n_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv) CopyFloats(Cache(to, l, kv), Cache(from, l, kv), n);
+  }
   // Where layer l's keys (kv 0) or values (kv 1) of `slot` start: (max_len, KV, D).
   float* Cache(int64_t slot, int64_t layer, int kv) {
     const int64_t KV = config_.n_kv_heads, D = config_.head_dim();

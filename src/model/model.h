@@ -164,6 +164,12 @@ class InferenceModel {
   // of each: appends their keys and values and writes logits (n, vocab_size) (host). Error naming
   // the slot and the limit when a slot is full (length == max_len).
   virtual void Decode(const int64_t* slots, const int32_t* tokens, int64_t n, float* logits) = 0;
+  // Makes the empty slot `to` a copy of the non-empty slot `from`: the same length, and the same
+  // bits of keys and values at each of its positions, so that a Decode of `to` gives the bits a
+  // Decode of `from` would (what a prefill of the same prompt into `to` would have left: the
+  // engine's shared prompt prefill). Internal errors for a slot outside [0, slots), from == to,
+  // an empty `from` or a non-empty `to`.
+  virtual void CopySlot(int64_t from, int64_t to) = 0;
   // Empties `slot` (its cache is overwritten by the next Prefill).
   virtual void Free(int64_t slot) = 0;
 };

@@ -1,7 +1,8 @@
 // The DeepSeek-V3 family's inference path (model/deepseek_v3_infer.cc): MLA with values of another
 // width than the keys, a dense first layer, then MoE layers. The KV cache against the training
 // Forward over the whole prefix at every step, and decode's batch and thread invariance, bit for
-// bit (the routed experts' products included), for two shapes of the family.
+// bit (the routed experts' products included), for two shapes of the family; CopySlot and the
+// engine's shared prompt prefill (shared_prefill_checks.h).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,6 +15,8 @@
 #include "common/error.h"
 #include "common/philox.h"
 #include "model/model.h"
+#include "shared_prefill_checks.h"
+#include "support/staged_backend.h"
 
 namespace crucible {
 namespace {
@@ -202,6 +205,38 @@ TEST_P(DeepSeekInference, RefusesAPromptBeyondItsCacheNamingTheSlot) {
   inference->Prefill(0, tokens.data(), 8, logits.data());
   const int64_t slot = 0;
   EXPECT_THROW(inference->Decode(&slot, &tokens[8], 1, logits.data()), Error);
+}
+
+// ---- shared prompt prefill (shared_prefill_checks.h) ----
+
+TEST_P(DeepSeekInference, CopySlotDecodesAsAPrefill) {
+  const std::vector<int32_t> prompt = Tokens(21, 7);
+  shared_prefill::CheckCopySlotDecodesAsAPrefill(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      prompt);
+  shared_prefill::CheckCopySlotDecodesAsAPrefill(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, std::make_shared<StagedBackend>());
+      },
+      prompt);
+}
+
+TEST_P(DeepSeekInference, CopySlotRefusesWrongSlots) {
+  shared_prefill::CheckCopySlotRefusesWrongSlots(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      Tokens(22, 5));
+}
+
+TEST_P(DeepSeekInference, EngineSharesPromptPrefillsBitForBit) {
+  shared_prefill::CheckEngineSharesPromptPrefills(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      [&](int i) { return Tokens(30 + i, 3 + 2 * i); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeepSeekInference, ::testing::ValuesIn(kShapes),

@@ -1,5 +1,6 @@
 // The inference path: the KV cache against a full recomputation, batch invariance of decode,
-// the logits processors, and reproducible sampling through the engine.
+// CopySlot and the engine's shared prompt prefill, the logits processors, and reproducible
+// sampling through the engine.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,6 +15,8 @@
 #include "infer/engine.h"
 #include "infer/sampling.h"
 #include "model/model.h"
+#include "shared_prefill_checks.h"
+#include "support/staged_backend.h"
 
 namespace crucible {
 namespace {
@@ -162,6 +165,39 @@ TEST_F(Inference, DecodeLogitsDoNotDependOnTheBatchOrTheThreads) {
       DecodeBeside(*other_threads, a, 1, {others[0], others[2]}, 10, false);
   omp_set_num_threads(threads);
   EXPECT_EQ(std::memcmp(alone.data(), rethreaded.data(), alone.size() * sizeof(float)), 0);
+}
+
+// ---- shared prompt prefill (shared_prefill_checks.h) ----
+
+TEST_F(Inference, CopySlotDecodesAsAPrefill) {
+  const std::vector<int32_t> prompt = Tokens(21, 7);
+  shared_prefill::CheckCopySlotDecodesAsAPrefill(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      prompt);
+  // Off host memory: the cache is copied through the backend's own copies.
+  shared_prefill::CheckCopySlotDecodesAsAPrefill(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, std::make_shared<StagedBackend>());
+      },
+      prompt);
+}
+
+TEST_F(Inference, CopySlotRefusesWrongSlots) {
+  shared_prefill::CheckCopySlotRefusesWrongSlots(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      Tokens(22, 5));
+}
+
+TEST_F(Inference, EngineSharesPromptPrefillsBitForBit) {
+  shared_prefill::CheckEngineSharesPromptPrefills(
+      [&](int64_t slots, int64_t max_len) {
+        return spec_->StartInference(*access_, slots, max_len, DefaultCpuBackend());
+      },
+      [&](int i) { return Tokens(30 + i, 3 + 2 * i); });
 }
 
 // ---- the logits processors ----
