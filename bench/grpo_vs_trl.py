@@ -48,17 +48,20 @@ gradient_checkpointing = False (GRPOConfig's default is True: a recomputed forwa
 crucible's order) and logging_steps = 1 (the per-step metrics). What still differs, by design of
 each side: sampling (two different random streams: the completions, hence their lengths and
 rewards, differ; the table gives each side's mean length, and a ratio per completion token when
-they differ by more than 10%); crucible scores the batch at the rollout weights once more (the
-"old" log-probabilities, a forward pass TRL skips at num_iterations 1, where they equal the
-current ones), crucible computes log-probabilities at temperature 1 and TRL at 0.7
-(docs/post-training.md), and crucible pads its rows to training.seq_len = 128 and splits the 64
-into two micro-batches of 32 (training.local_batch_size in the demo's config), TRL pads to the
-longest row of the batch in one.
+they differ by more than 10%); crucible computes log-probabilities at temperature 1 and TRL at
+0.7 (docs/post-training.md); crucible prefills each prompt once for its 8 completions (the
+engine's shared prompt prefill; TRL's `generate` runs the 64 rows' prompts); and crucible splits
+the 64 rows into two micro-batches of 32 (training.local_batch_size in the demo's config), the
+rows sorted by length, each micro-batch at its longest row's length rounded up to 8, where TRL
+pads to the longest row of the batch in one. Neither side scores the policy apart from the
+training forward at num_iterations 1 (the "old" log-probabilities are the current ones; crucible
+takes them from its training forward), and both score the reference in a forward pass of its
+own.
 
 What is timed, per step:
 - crucible: metrics.jsonl's step_seconds (the whole optimizer step, rollout included),
   generation_s (sampling, the inference copy of the weights included), reward_s, score_s (the
-  old and the reference log-probabilities) and train_s (forward, backward, update);
+  reference's log-probabilities) and train_s (forward, loss weights, backward, update);
   training s = score_s + train_s;
 - TRL: the wall clock from a TrainerCallback's on_step_begin to on_step_end (its whole
   training_step, generation included, and the optimizer step), generation_s = the time in
