@@ -841,7 +841,8 @@ int RunGrpo(Config config, const std::string& resume_mode) {
         "aggregation), which would scale the balance loss by the batch's tokens; set it to 0 "
         "(the balance bias, model.bias_update_speed, still works)");
   const int64_t seq_len = config.Int("training.seq_len");
-  Trainer trainer(std::move(config), resume_mode, std::make_unique<RolloutPlaceholder>(seq_len));
+  Trainer trainer(std::move(config), resume_mode, std::make_unique<RolloutPlaceholder>(seq_len),
+                  /*whole_logits=*/true);  // GrpoBatches weighs from the forward
   GrpoBatches batches(trainer, settings);
   trainer.SetStepBatches(&batches);
   if (trainer.leader())

@@ -107,9 +107,11 @@ MemoryPlan PlanMemory(const Config& config, const ModelSpec& model, const Traini
   // Off the host (a GPU) the activations are the device's (CheckDeviceFits); the host keeps the
   // model's copies of the targets and the per-position losses.
   // The training forward keeps a chunk of the logits, not the whole (ForwardOptions::kFused); an
-  // optimizer that samples targets from the logits (SophiaG's Hessian pass) keeps them whole.
+  // optimizer that samples targets from the logits (SophiaG's Hessian pass), or a StepBatches
+  // whose loss weights come from the forward (GRPO: shape.whole_logits), keeps them whole.
   const BufferSizes buffers = model.PlannedBuffers(B, T, parallelism);
-  const double whole_logits = optimizer->hessian_interval() > 0 ? buffers.whole_logits_bytes : 0;
+  const double whole_logits =
+      shape.whole_logits || optimizer->hessian_interval() > 0 ? buffers.whole_logits_bytes : 0;
   plan.activations = activations_on_host ? buffers.total_bytes + whole_logits : 8 * B * T;
   // The loader holds two batches (the step's and the next, read ahead), each an int32 input and
   // target per position (and a float loss weight, for a weighted source), plus one sample.

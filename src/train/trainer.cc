@@ -133,8 +133,9 @@ void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* p
 
 // ---- setup ----
 
-Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source)
-    : config_(std::move(config)), source_(std::move(source)) {
+Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source,
+                 bool whole_logits)
+    : config_(std::move(config)), source_(std::move(source)), whole_logits_(whole_logits) {
   ResolveConfig(resume_mode);
   // The schedule's (with stages, their policies' segments), scaled by the batch ramp's LR rule.
   learning_rate_ = [this](int64_t step) {
@@ -227,6 +228,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, data_size_);
+  training_.shape.whole_logits = whole_logits_;
   // After the stages set training.steps.
   schedule_ = BuildLrScheduleConfig(config_);
   if (!training_.stages.empty()) lr_segments_ = StageLrSegments(schedule_, training_.stages);
@@ -261,7 +263,8 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
       CheckTrainingFits(config_, *model_spec_, training_, comm(), *backend_, parallelism_);
   if (leader()) WarnOfTensorParallelGroupsAcrossHosts(hosts);
   CheckDeviceFits(*model_spec_, training_.shape, *backend_,
-                  /*whole_logits=*/optimizer_config_.optimizer->hessian_interval() > 0);
+                  /*whole_logits=*/training_.shape.whole_logits ||
+                      optimizer_config_.optimizer->hessian_interval() > 0);
   // After the memory check: the table of an absurd config (model.n_layers = 1e8) would itself not
   // fit in memory.
   CheckOptimizerFitsTable(optimizer_config_, model_spec_->BuildTable(),
@@ -735,6 +738,14 @@ void Trainer::ScoreTargets(const Batch& batch, float* logp, bool reference) {
     for (int64_t i = 0; i < positions; ++i)
       logp[m * positions + i] = targets[i] < 0 ? 0.0f : -losses[i];
   }
+}
+
+void Trainer::SetStepBatches(StepBatches* batches) {
+  if (batches && batches->WeightsFromForward() && !training_.shape.whole_logits)
+    throw Error(kExitFailure,
+                "internal: a StepBatches that weighs from the forward on a Trainer built without "
+                "whole_logits (its memory plan does not count the whole logits)");
+  step_batches_ = batches;
 }
 
 bool Trainer::AnyRank(bool value, const char* what) {

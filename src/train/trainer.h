@@ -103,10 +103,13 @@ class Trainer {
  public:
   // Sets the run up: everything up to the first step. `resume_mode`: "auto" (the newest
   // checkpoint that verifies, if the run directory has any), "none", or a checkpoint folder.
-  // `source`: where the samples come from (nullptr: the config's [training] dataset). Throws
-  // crucible::Error with the documented exit code.
+  // `source`: where the samples come from (nullptr: the config's [training] dataset).
+  // `whole_logits`: the StepBatches the caller will set computes its loss weights from the
+  // forward (StepBatches::WeightsFromForward), so every micro-batch keeps its whole logits: the
+  // memory checks count them (TrainingShape::whole_logits). Throws crucible::Error with the
+  // documented exit code.
   Trainer(Config config, const std::string& resume_mode,
-          std::unique_ptr<TokenSource> source = nullptr);
+          std::unique_ptr<TokenSource> source = nullptr, bool whole_logits = false);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -127,7 +130,9 @@ class Trainer {
   }
 
   // Each step's batch from `batches` instead of the DataLoader (above; not owned, outlives Run).
-  void SetStepBatches(StepBatches* batches) { step_batches_ = batches; }
+  // An internal error for one that weighs from the forward when the Trainer was not built with
+  // `whole_logits` (its memory was planned without them).
+  void SetStepBatches(StepBatches* batches);
 
   // ---- for a StepBatches (collective, every rank in the same order) ----
   // The whole model's weights on every rank, in whole_table()'s layout (this rank's buffer
@@ -249,6 +254,7 @@ class Trainer {
   ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;
+  bool whole_logits_ = false;  // the constructor's: TrainingShape::whole_logits
   std::string run_dir_;
   int64_t dump_gradients_step_ = 0;  // debug.dump_gradients_step
   // The run directory's and the checkpoint folder's, held until everything that writes in them

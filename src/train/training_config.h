@@ -23,6 +23,10 @@ struct TrainingShape {
   int zero_stage = 1;
   ExactGrid exact_grid;  // [parallelism] exact_reduction
   bool overlap = false;  // overlapped gradient reduction (with more than one rank)
+  // The training forward keeps a micro-batch's whole logits (ForwardOptions::Logits): a
+  // StepBatches whose loss weights come from the forward (GRPO; the Trainer's `whole_logits`).
+  // An optimizer's Hessian pass keeps them too; the memory plan counts them for either.
+  bool whole_logits = false;
 };
 
 // The step guards (train/step_guard.h): [training] max_consecutive_skips, spike_*,

@@ -85,7 +85,7 @@ TEST(DeviceMemory, TheHostPlanLeavesADevicesActivationsToTheDeviceCheck) {
   EXPECT_EQ(device.batch, host.batch);
 }
 
-TEST(MemoryPlan, TheWholeLogitsArePlannedOnlyForAnOptimizerThatSamplesTargetsFromThem) {
+TEST(MemoryPlan, TheWholeLogitsArePlannedOnlyWhenTheForwardKeepsThem) {
   Config config = Config::Defaults();
   const auto spec = BuildModelSpec(config);
   TrainingShape shape;
@@ -93,8 +93,16 @@ TEST(MemoryPlan, TheWholeLogitsArePlannedOnlyForAnOptimizerThatSamplesTargetsFro
   const BufferSizes buffers = spec->PlannedBuffers(8, 256);
   EXPECT_EQ(buffers.whole_logits_bytes, 4.0 * 8 * 256 * static_cast<double>(spec->vocab_size()));
   EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations, buffers.total_bytes);
+  // Loss weights computed from the forward (GRPO: TrainingShape::whole_logits).
+  TrainingShape weighed = shape;
+  weighed.whole_logits = true;
+  EXPECT_EQ(PlanMemory(config, *spec, weighed, 0, 1).activations,
+            buffers.total_bytes + buffers.whole_logits_bytes);
+  // An optimizer that samples targets from them; both at once keep one copy.
   config.ApplyOverride("optimizer.name=SophiaG");
   EXPECT_EQ(PlanMemory(config, *spec, shape, 0, 1).activations,
+            buffers.total_bytes + buffers.whole_logits_bytes);
+  EXPECT_EQ(PlanMemory(config, *spec, weighed, 0, 1).activations,
             buffers.total_bytes + buffers.whole_logits_bytes);
 }
 
