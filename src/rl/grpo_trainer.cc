@@ -400,6 +400,7 @@ class GrpoBatches : public StepBatches {
     if (!s_.command) out.emplace_back("format_rate", format_rate_);
     out.insert(out.end(), {{"completion_length", completion_length_},
                            {"truncated_rate", truncated_rate_},
+                           {"trained_positions", static_cast<double>(trained_positions_)},
                            {"grpo_loss", sums_.loss},
                            {"kl", m.kl},
                            {"entropy", entropy_mean_},
@@ -629,12 +630,17 @@ class GrpoBatches : public StepBatches {
     batch_.first_sample = first_;
     batch_.samples = local_;
     batch_.seq_len = seq_len_;
-    batch_.micro_lengths.assign(local_ / micro_batch_, 1);
-    for (int64_t i = 0; i < local_; ++i) {
-      const int64_t inputs = static_cast<int64_t>(rows_[Completion(i)].size()) - 1;
-      int64_t& length = batch_.micro_lengths[i / micro_batch_];
+    // Every micro-batch's length (the step's: trained_positions), this rank's in the batch.
+    std::vector<int64_t> lengths(total_ / micro_batch_, 1);
+    for (int64_t c = 0; c < total_; ++c) {
+      const int64_t inputs = static_cast<int64_t>(rows_[order_[c]].size()) - 1;
+      int64_t& length = lengths[c / micro_batch_];
       length = std::max(length, std::min(seq_len_, (inputs + 7) / 8 * 8));
     }
+    trained_positions_ = 0;
+    for (int64_t length : lengths) trained_positions_ += micro_batch_ * length;
+    batch_.micro_lengths.assign(lengths.begin() + first_ / micro_batch_,
+                                lengths.begin() + (first_ + local_) / micro_batch_);
     batch_.inputs.assign(local_ * seq_len_, 0);
     batch_.targets.assign(local_ * seq_len_, -1);
     batch_.loss_weights.assign(local_ * seq_len_, 0.0f);
@@ -794,6 +800,7 @@ class GrpoBatches : public StepBatches {
   ExactGroupSum step_sum_;               // every sum of ReduceTotals and ReduceStep
   std::vector<double> advantages_;       // of this rank's rows
   std::vector<int64_t> order_;           // the step's completions in training order (BuildBatch)
+  int64_t trained_positions_ = 0;        // the step's micro-batches' rows x lengths, all ranks
   // Every completion of the rollout batch, on every rank, in completion order: its row (prompt
   // + completion tokens), prompt length, reward and flags; with keep_batch_ also the old and
   // reference log-probabilities of every row (what a checkpoint inside the batch holds).

@@ -135,8 +135,8 @@ void CopyStateParts(const StateSpec& spec, const ParameterTable& parts, float* p
 
 Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<TokenSource> source,
                  bool whole_logits)
-    : config_(std::move(config)), source_(std::move(source)), whole_logits_(whole_logits) {
-  ResolveConfig(resume_mode);
+    : config_(std::move(config)), source_(std::move(source)) {
+  ResolveConfig(resume_mode, whole_logits);
   // The schedule's (with stages, their policies' segments), scaled by the batch ramp's LR rule.
   learning_rate_ = [this](int64_t step) {
     const double scheduled = lr_segments_.empty() ? LearningRate(schedule_, step)
@@ -168,7 +168,7 @@ Trainer::Trainer(Config config, const std::string& resume_mode, std::unique_ptr<
 Trainer::~Trainer() = default;
 
 // The config, checked on every rank and across ranks, before anything is allocated.
-void Trainer::ResolveConfig(const std::string& resume_mode) {
+void Trainer::ResolveConfig(const std::string& resume_mode, bool whole_logits) {
   config_.Validate();
   EnableKernelProfile(config_.Bool("metrics.profile"));
   model_spec_ = BuildModelSpec(config_);
@@ -228,7 +228,7 @@ void Trainer::ResolveConfig(const std::string& resume_mode) {
   parallelism_.sequence_parallel = config_.Bool("parallelism.sequence_parallel");
   CheckTensorParallelism();
   training_ = BuildTrainingConfig(config_, data_size_);
-  training_.shape.whole_logits = whole_logits_;
+  training_.shape.whole_logits = whole_logits;
   // After the stages set training.steps.
   schedule_ = BuildLrScheduleConfig(config_);
   if (!training_.stages.empty()) lr_segments_ = StageLrSegments(schedule_, training_.stages);

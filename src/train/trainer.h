@@ -148,8 +148,9 @@ class Trainer {
   uint64_t KeepInitialWeightsAsReference();
   // The log-probability of each target of `batch` (this rank's rows, training.local_batch_size
   // at a time) under the current weights, or under the kept reference weights: forward only,
-  // through the training model and its ParameterAccess (so any ZeRO stage), written to
-  // logp[row * seq_len + t]; 0 where the target is ignored (< 0). `batch.samples` must be a
+  // through the training model and its ParameterAccess (so any ZeRO stage), written to logp in
+  // the batch's own layout (row r of micro-batch m at m x rows x seq_len + r x
+  // batch.length_of(m)); 0 where the target is ignored (< 0). `batch.samples` must be a
   // multiple of the micro-batch. (The policy's own log-probabilities at the current weights
   // come from the training forward itself: StepBatches::WeighMicroBatch.)
   void ScoreTargets(const Batch& batch, float* logp, bool reference = false);
@@ -188,7 +189,7 @@ class Trainer {
 
  private:
   // ---- setup ----
-  void ResolveConfig(const std::string& resume_mode);
+  void ResolveConfig(const std::string& resume_mode, bool whole_logits);
   void CheckTensorParallelism();
   Communicator& PartsGroup();
   ModelParallelism PartsLayout(int r) const;
@@ -254,7 +255,6 @@ class Trainer {
   ParameterTable whole_table_;
   TrainingConfig training_;
   std::unique_ptr<TokenSource> source_;
-  bool whole_logits_ = false;  // the constructor's: TrainingShape::whole_logits
   std::string run_dir_;
   int64_t dump_gradients_step_ = 0;  // debug.dump_gradients_step
   // The run directory's and the checkpoint folder's, held until everything that writes in them

@@ -26,7 +26,7 @@ ENV = {"OMP_NUM_THREADS": "2"}
 TEXT = 'What is the sum of the digits of 48213? Finish with a line "Answer: <integer>".\nAnswer: 18\n'
 METRICS = ["reward_mean", "reward_std", "completion_length", "truncated_rate", "grpo_loss", "kl", "entropy",
            "mean_ratio", "clip_ratio_low_mean", "clip_ratio_high_mean", "clip_ratio_region_mean",
-           "generation_s", "reward_s", "score_s", "train_s"]
+           "trained_positions", "generation_s", "reward_s", "score_s", "train_s"]
 E_REWARD = "import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n    print(c.count('e') / max(len(c), 1))\n"
 LENGTH_REWARD = "import json, sys\nfor line in sys.stdin:\n    print(len(json.loads(line)['completion']) % 7)\n"
 
@@ -86,6 +86,11 @@ def test_builtin_task_runs_and_logs_every_metric(setup, tmp_path):
         assert 1 <= r["completion_length"] <= 16 and 0 <= r["accuracy"] <= r["format_rate"] <= 1
         assert r["rollout_step"] == r["step"]
         assert 0 < r["entropy"] <= math.log(320)  # nats per completion token, at most log V
+        # The micro-batches (2 rows) run at their longest row rounded up to 8, not training.seq_len
+        # = 64: every row's inputs (prompt + completion - 1 >= its completion) fit, and the step's
+        # 8 rows take fewer positions than 8 x 64.
+        assert r["trained_positions"] % 16 == 0, r["trained_positions"]
+        assert 8 * r["completion_length"] <= r["trained_positions"] < 8 * 64, r
 
 
 def test_every_grpo_metric_reaches_tensorboard(setup, tmp_path):
